@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Makes the test models, their sample Parquet files and the reference outputs.
+
+Every model here is real: trained with scikit-learn on its bundled datasets (or on seeded synthetic
+data) and exported with skl2onnx, or built with the `onnx` package where the point is a specific
+graph shape (a fixed batch size, several inputs, every input type). The reference outputs come from
+Python onnxruntime on the same rows, so the Rust tests compare batchinfer with an independent
+implementation. Re-runnable: the same seeds give the same files.
+
+    python3 data/make_data.py            # writes data/models, data/sample, data/reference
+"""
+import os
+import pathlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pyarrow as pa
+import pyarrow.parquet as pq
+from onnx import TensorProto, helper, numpy_helper
+from skl2onnx import convert_sklearn
+from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+from sklearn.compose import ColumnTransformer
+from sklearn.datasets import load_breast_cancer, load_iris
+from sklearn.ensemble import GradientBoostingClassifier
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+HERE = pathlib.Path(__file__).resolve().parent
+MODELS, SAMPLE, REFERENCE = HERE / "models", HERE / "sample", HERE / "reference"
+OPSET = 17
+
+
+def save_model(model: onnx.ModelProto, name: str) -> pathlib.Path:
+    # IR 9 is what onnxruntime 1.31 and older runtimes all read; onnx 1.23 would default to 14.
+    model.ir_version = min(model.ir_version, 9)
+    onnx.checker.check_model(model)
+    path = MODELS / f"{name}.onnx"
+    # Deterministic bytes: no producer version that changes between skl2onnx releases.
+    model.producer_version = ""
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def run_reference(path: pathlib.Path, feeds: dict) -> dict:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def write_parquet(table: pa.Table, path: pathlib.Path, row_group_size: int = 4096) -> None:
+    pq.write_table(table, path, row_group_size=row_group_size, compression="zstd")
+
+
+def fixed_list(values: np.ndarray) -> pa.Array:
+    n, k = values.shape
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), k)
+
+
+def linear_graph(weights: np.ndarray, bias: float, batch, name: str) -> onnx.ModelProto:
+    """`Linear(10 -> 1)` as in the tutorial's SimpleModel: y = x @ W + b."""
+    k = weights.shape[0]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["input", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["score"]),
+        ],
+        name,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, k])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, [batch, 1])],
+        [
+            numpy_helper.from_array(weights.reshape(k, 1).astype(np.float32), "W"),
+            numpy_helper.from_array(np.array([bias], dtype=np.float32), "b"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def make_linear(rng: np.random.Generator) -> None:
+    """Linear regression trained on 10 float features; the fixed-batch twin has the same weights."""
+    n = 10_000
+    x = rng.standard_normal((n, 10)).astype(np.float32)
+    true_w = np.linspace(-1.0, 1.0, 10)
+    y = x @ true_w + 0.5 + rng.normal(0, 0.1, n)
+    reg = LinearRegression().fit(x, y)
+    linear = save_model(linear_graph(reg.coef_, float(reg.intercept_), "batch", "linear"), "linear")
+    save_model(linear_graph(reg.coef_, float(reg.intercept_), 1, "linear_fixed1"), "linear_fixed1")
+
+    ids = np.arange(n, dtype=np.int64)
+    cols = {"id": pa.array(ids)}
+    for j in range(10):
+        cols[f"f{j}"] = pa.array(x[:, j])
+    write_parquet(pa.table(cols), SAMPLE / "features.parquet")
+    write_parquet(pa.table({"id": pa.array(ids), "features": fixed_list(x)}), SAMPLE / "vectors.parquet")
+
+    out = run_reference(linear, {"input": x})["score"].reshape(-1)
+    write_parquet(pa.table({"id": ids, "score": pa.array(out)}), REFERENCE / "linear.parquet")
+
+
+def make_iris() -> None:
+    """Logistic regression on iris, exported without ZipMap: `label` + `probabilities`."""
+    data = load_iris()
+    x = data.data.astype(np.float32)
+    clf = LogisticRegression(max_iter=500).fit(x, data.target)
+    model = convert_sklearn(
+        clf, "iris", [("float_input", FloatTensorType([None, 4]))],
+        options={id(clf): {"zipmap": False}}, target_opset=OPSET,
+    )
+    path = save_model(model, "iris")
+    names = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
+    # Stored as float64, as pandas and most tools write them: predict casts to the model's float32.
+    cols = {"id": pa.array(np.arange(len(x), dtype=np.int64))}
+    for j, name in enumerate(names):
+        cols[name] = pa.array(data.data[:, j])
+    cols["species"] = pa.array([data.target_names[t] for t in data.target])
+    write_parquet(pa.table(cols), SAMPLE / "iris.parquet", row_group_size=64)
+
+    ref = run_reference(path, {"float_input": data.data.astype(np.float32)})
+    write_parquet(pa.table({
+        "id": cols["id"], "label": pa.array(ref["label"]),
+        "probabilities": fixed_list(ref["probabilities"]),
+    }), REFERENCE / "iris.parquet")
+
+
+def make_breast_cancer() -> None:
+    """Gradient-boosted trees on breast_cancer: ONNX TreeEnsembleClassifier."""
+    data = load_breast_cancer()
+    x = data.data.astype(np.float32)
+    clf = GradientBoostingClassifier(n_estimators=60, max_depth=3, random_state=0).fit(x, data.target)
+    model = convert_sklearn(
+        clf, "breast_cancer", [("input", FloatTensorType([None, x.shape[1]]))],
+        options={id(clf): {"zipmap": False}}, target_opset={"": OPSET, "ai.onnx.ml": 3},
+    )
+    path = save_model(model, "breast_cancer")
+    names = [n.replace(" ", "_") for n in data.feature_names]
+    cols = {"id": pa.array(np.arange(len(x), dtype=np.int64))}
+    for j, name in enumerate(names):
+        cols[name] = pa.array(x[:, j])
+    write_parquet(pa.table(cols), SAMPLE / "breast_cancer.parquet", row_group_size=128)
+
+    ref = run_reference(path, {"input": x})
+    write_parquet(pa.table({
+        "id": cols["id"], "label": pa.array(ref["label"]),
+        "probabilities": fixed_list(ref["probabilities"]),
+    }), REFERENCE / "breast_cancer.parquet")
+
+
+def make_churn(rng: np.random.Generator) -> None:
+    """A scikit-learn pipeline with a string categorical input: one-hot(city) + scaled numbers."""
+    n = 2_000
+    cities = np.array(["berlin", "istanbul", "lagos", "lima", "osaka"])
+    city = rng.choice(cities, n)
+    age = rng.integers(18, 80, n).astype(np.float32)
+    spend = rng.gamma(2.0, 50.0, n).astype(np.float32)
+    logit = 0.04 * (age - 45) - 0.01 * (spend - 100) + np.where(city == "lagos", 1.0, -0.3)
+    churned = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+
+    pipe = Pipeline([
+        ("prep", ColumnTransformer([
+            ("city", OneHotEncoder(handle_unknown="ignore"), [0]),
+            ("num", StandardScaler(), [1, 2]),
+        ])),
+        ("clf", LogisticRegression(max_iter=500)),
+    ])
+    table = np.empty((n, 3), dtype=object)
+    table[:, 0], table[:, 1], table[:, 2] = city, age, spend
+    pipe.fit(table, churned)
+    model = convert_sklearn(
+        pipe, "churn",
+        [("city", StringTensorType([None, 1])), ("age", FloatTensorType([None, 1])),
+         ("spend", FloatTensorType([None, 1]))],
+        options={id(pipe.steps[-1][1]): {"zipmap": False}}, target_opset={"": OPSET, "ai.onnx.ml": 3},
+    )
+    path = save_model(model, "churn")
+    ids = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "city": city, "age": age, "spend": spend, "churned": churned}),
+                  SAMPLE / "customers.parquet", row_group_size=512)
+
+    ref = run_reference(path, {"city": city.reshape(-1, 1), "age": age.reshape(-1, 1),
+                               "spend": spend.reshape(-1, 1)})
+    write_parquet(pa.table({
+        "id": ids, "label": pa.array(ref["label"]),
+        "probabilities": fixed_list(ref["probabilities"]),
+    }), REFERENCE / "churn.parquet")
+
+
+def make_two_inputs(rng: np.random.Generator) -> None:
+    """Two named inputs bound by position: a vector `x` [N,3] and a per-row weight `w` [N]."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=0),
+            helper.make_node("Mul", ["s", "w"], ["y"]),
+        ],
+        "two_inputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")],
+    )
+    path = save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "two_inputs")
+    n = 1_000
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    ids = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "x": fixed_list(x), "w": w}), SAMPLE / "pairs.parquet", 256)
+    y = run_reference(path, {"x": x, "w": w})["y"]
+    write_parquet(pa.table({"id": ids, "y": y}), REFERENCE / "two_inputs.parquet")
+
+
+def make_types(rng: np.random.Generator) -> None:
+    """One input of each element type predict binds: int32, int64, float64, bool -> float64."""
+    def cast(name, to):
+        return helper.make_node("Cast", [name], [f"{name}_d"], to=to)
+
+    graph = helper.make_graph(
+        [
+            cast("a", TensorProto.DOUBLE), cast("b", TensorProto.DOUBLE), cast("d", TensorProto.DOUBLE),
+            helper.make_node("Add", ["a_d", "b_d"], ["ab"]),
+            helper.make_node("Add", ["ab", "c"], ["abc"]),
+            helper.make_node("Mul", ["d_d", "ten"], ["d10"]),
+            helper.make_node("Add", ["abc", "d10"], ["y"]),
+        ],
+        "types",
+        [helper.make_tensor_value_info("a", TensorProto.INT32, ["batch"]),
+         helper.make_tensor_value_info("b", TensorProto.INT64, ["batch"]),
+         helper.make_tensor_value_info("c", TensorProto.DOUBLE, ["batch"]),
+         helper.make_tensor_value_info("d", TensorProto.BOOL, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch"])],
+        [numpy_helper.from_array(np.array([10.0]), "ten")],
+    )
+    path = save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "types")
+    n = 500
+    a = rng.integers(-1000, 1000, n).astype(np.int32)
+    b = rng.integers(-10**12, 10**12, n).astype(np.int64)
+    c = rng.standard_normal(n)
+    d = rng.random(n) < 0.5
+    ids = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "a": a, "b": b, "c": c, "d": d}), SAMPLE / "types.parquet", 128)
+    y = run_reference(path, {"a": a, "b": b, "c": c, "d": d})["y"]
+    write_parquet(pa.table({"id": ids, "y": y}), REFERENCE / "types.parquet")
+
+
+def main() -> None:
+    for d in (MODELS, SAMPLE, REFERENCE):
+        d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(20261130)
+    make_linear(rng)
+    make_iris()
+    make_breast_cancer()
+    make_churn(rng)
+    make_two_inputs(rng)
+    make_types(rng)
+    for d in (MODELS, SAMPLE, REFERENCE):
+        for f in sorted(d.iterdir()):
+            print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main()

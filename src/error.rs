@@ -1,0 +1,131 @@
+//! The crate's one error type, and its conversions to and from DataFusion's.
+//!
+//! Errors raised inside `predict` travel through DataFusion as `DataFusionError`; the messages are
+//! written for a person at a terminal: which model, which input, what was expected, what was given.
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+
+/// Everything that can go wrong in batchinfer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The ONNX Runtime library could not be found, fetched or loaded.
+    #[error("ONNX Runtime is not available: {0}")]
+    Runtime(String),
+
+    /// `predict('name', ...)` named a model that is not registered.
+    #[error("unknown model '{name}'; {available}")]
+    UnknownModel { name: String, available: String },
+
+    /// A model file could not be read or is not a model ONNX Runtime accepts.
+    #[error("model '{model}' could not be loaded from {path}: {message}")]
+    ModelLoad {
+        model: String,
+        path: String,
+        message: String,
+    },
+
+    /// The columns given to a model do not fit its inputs (a planning-time error).
+    #[error("model '{model}': {message}")]
+    Binding { model: String, message: String },
+
+    /// ONNX Runtime failed while running a model on a batch.
+    #[error("model '{model}' failed on rows {first_row}..{end_row} of a batch: {message}")]
+    Inference {
+        model: String,
+        first_row: usize,
+        end_row: usize,
+        message: String,
+    },
+
+    /// A model produced an output batchinfer cannot turn into an Arrow column.
+    #[error("model '{model}', output '{output}': {message}")]
+    Output {
+        model: String,
+        output: String,
+        message: String,
+    },
+
+    /// The command line or a SQL file was not usable.
+    #[error("{0}")]
+    Usage(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(transparent)]
+    Arrow(#[from] ArrowError),
+
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An I/O error with what was being done and to which path.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<Error> for DataFusionError {
+    fn from(err: Error) -> Self {
+        match err {
+            Error::DataFusion(e) => e,
+            Error::Arrow(e) => DataFusionError::ArrowError(Box::new(e), None),
+            // Planning-time mistakes read as plan errors, the way DataFusion reports its own.
+            e @ (Error::UnknownModel { .. } | Error::Binding { .. }) => {
+                DataFusionError::Plan(e.to_string())
+            }
+            e => DataFusionError::External(Box::new(e)),
+        }
+    }
+}
+
+/// Renders an error for a person: DataFusion wraps errors in layers ("External error: ..."),
+/// and the innermost message is the one that says what happened.
+pub fn display_error(err: &Error) -> String {
+    match err {
+        Error::DataFusion(e) => display_datafusion_error(e),
+        e => e.to_string(),
+    }
+}
+
+fn display_datafusion_error(err: &DataFusionError) -> String {
+    match err {
+        DataFusionError::External(inner) => match inner.downcast_ref::<Error>() {
+            Some(e) => display_error(e),
+            None => match inner.downcast_ref::<DataFusionError>() {
+                Some(e) => display_datafusion_error(e),
+                None => inner.to_string(),
+            },
+        },
+        DataFusionError::Context(ctx, inner) => {
+            format!("{ctx}: {}", display_datafusion_error(inner))
+        }
+        DataFusionError::Shared(inner) => display_datafusion_error(inner),
+        DataFusionError::Diagnostic(_, inner) => display_datafusion_error(inner),
+        DataFusionError::Plan(msg) => msg.clone(),
+        DataFusionError::ArrowError(e, _) => match e.as_ref() {
+            ArrowError::ExternalError(inner) => match inner.downcast_ref::<DataFusionError>() {
+                Some(e) => display_datafusion_error(e),
+                None => match inner.downcast_ref::<Error>() {
+                    Some(e) => display_error(e),
+                    None => e.to_string(),
+                },
+            },
+            _ => err.strip_backtrace(),
+        },
+        _ => err.strip_backtrace(),
+    }
+}

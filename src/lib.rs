@@ -1,0 +1,34 @@
+//! batchinfer: batch inference in SQL. ONNX models run over Parquet tables through DataFusion,
+//! with ONNX Runtime.
+//!
+//! ```sql
+//! COPY (SELECT id, predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS score
+//!       FROM 'data/sample/features.parquet')
+//! TO 'out/scores.parquet' STORED AS PARQUET;
+//! ```
+//!
+//! # Layout
+//! - [`engine`]: [`Engine`], the library entry point: a SessionContext plus the model registry.
+//! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).
+//! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
+//! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
+//!   scoring of one record batch.
+//! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back.
+//! - [`udf`]: the SQL functions (`predict`).
+//! - [`runtime`]: finding, fetching and loading the ONNX Runtime library.
+//! - [`output`]: printing results as a table, CSV or JSON.
+//! - [`error`]: the crate's error type.
+
+pub mod config;
+pub mod context;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod output;
+pub mod runtime;
+pub mod tensor;
+pub mod udf;
+
+pub use config::EngineConfig;
+pub use engine::Engine;
+pub use error::{Error, Result};

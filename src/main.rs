@@ -1,0 +1,175 @@
+//! The `batchinfer` command line: a thin layer over the library's [`Engine`].
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use batchinfer::error::display_error;
+use batchinfer::output::{OutputFormat, print_batches};
+use batchinfer::{Engine, EngineConfig, Error, Result};
+use clap::{Args, Parser, Subcommand};
+
+/// Batch inference in SQL: ONNX models over Parquet, with DataFusion and ONNX Runtime.
+#[derive(Debug, Parser)]
+#[command(name = "batchinfer", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    engine: EngineArgs,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Options that set up the engine; accepted before or after the subcommand.
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// Folder of ONNX models: NAME.onnx and NAME/model.onnx are the model NAME
+    #[arg(long, global = true, env = "BATCHINFER_MODELS", value_name = "DIR")]
+    models: Option<PathBuf>,
+
+    /// How result rows are printed
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
+
+    /// Partitions scored in parallel [default: the number of cores]
+    #[arg(long, global = true, value_name = "N")]
+    partitions: Option<usize>,
+
+    /// ONNX Runtime sessions per model [default: one per partition]
+    #[arg(long, global = true, value_name = "N")]
+    sessions: Option<usize>,
+
+    /// ONNX Runtime threads per session [default: cores / sessions, at least 1]
+    #[arg(long, global = true, value_name = "N")]
+    threads: Option<usize>,
+
+    /// Rows per record batch read from the input [default: 8192]
+    #[arg(long, global = true, value_name = "ROWS")]
+    batch_rows: Option<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run SQL statements from -e and -f (or standard input) and exit
+    Query {
+        /// SQL to run; several statements separated by ';'. May be repeated.
+        #[arg(short = 'e', long = "execute", value_name = "SQL")]
+        execute: Vec<String>,
+        /// A file of SQL statements separated by ';' ('-' for standard input). May be repeated;
+        /// files run before -e statements.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: Vec<PathBuf>,
+    },
+    /// Read statements from the terminal (or standard input), run each as it is completed by ';'
+    Shell,
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("batchinfer: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(main_inner(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", display_error(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn main_inner(cli: Cli) -> Result<()> {
+    let args = cli.engine;
+    let defaults = EngineConfig::default();
+    let config = EngineConfig {
+        models_dir: args.models,
+        target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
+        sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
+        intra_threads: args.threads.unwrap_or(defaults.intra_threads),
+        batch_size: args.batch_rows.unwrap_or(defaults.batch_size),
+    };
+    let engine = Engine::new(config)?;
+    match cli.command {
+        Some(Command::Query { execute, file }) => {
+            let mut scripts = Vec::new();
+            for path in &file {
+                scripts.push(read_script(path)?);
+            }
+            scripts.extend(execute);
+            if scripts.is_empty() {
+                scripts.push(read_script(&PathBuf::from("-"))?);
+            }
+            for script in scripts {
+                run_script(&engine, &script, args.format).await?;
+            }
+            Ok(())
+        }
+        Some(Command::Shell) | None => shell(&engine, args.format).await,
+    }
+}
+
+fn read_script(path: &PathBuf) -> Result<String> {
+    if path.as_os_str() == "-" {
+        return std::io::read_to_string(std::io::stdin()).map_err(|e| Error::io("reading standard input", e));
+    }
+    std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+}
+
+/// Runs each statement of a script in order, printing results; stops at the first error.
+async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<()> {
+    for statement in engine.parse(sql)? {
+        let df = engine.execute(statement).await?;
+        let schema = df.schema().inner().clone();
+        let batches = df.collect().await?;
+        let mut stdout = std::io::stdout().lock();
+        print_batches(&mut stdout, format, &schema, &batches)?;
+        stdout.flush().map_err(|e| Error::io("writing results", e))?;
+    }
+    Ok(())
+}
+
+/// A line-oriented shell: statements run when a line ends with ';'. Errors are reported and the
+/// shell goes on.
+async fn shell(engine: &Engine, format: OutputFormat) -> Result<()> {
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("batchinfer {}: end statements with ';', quit with \\q or Ctrl-D", env!("CARGO_PKG_VERSION"));
+    }
+    let mut pending = String::new();
+    let mut failed = false;
+    let stdin = std::io::stdin();
+    loop {
+        if interactive {
+            eprint!("{}", if pending.is_empty() { "batchinfer> " } else { "         -> " });
+        }
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line).map_err(|e| Error::io("reading standard input", e))? == 0 {
+            break;
+        }
+        if pending.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
+            break;
+        }
+        pending.push_str(&line);
+        if pending.trim_end().ends_with(';') {
+            let sql = std::mem::take(&mut pending);
+            if let Err(e) = run_script(engine, &sql, format).await {
+                eprintln!("Error: {}", display_error(&e));
+                failed = true;
+            }
+        }
+    }
+    if !pending.trim().is_empty() {
+        run_script(engine, &pending, format).await?;
+    }
+    if failed && !interactive {
+        return Err(Error::Usage("some statements failed".to_string()));
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! Models by name: the registry that maps `predict('name', ...)` to a loaded model.
+//!
+//! A model is registered from a path and loaded on first use, once per process; the loaded model
+//! (its signature and its session pool) is shared by every partition of every query.
+
+mod pool;
+pub mod score;
+pub mod signature;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ort::session::SessionInputValue;
+use ort::value::DynValue;
+use sha2::{Digest, Sha256};
+
+pub use pool::SessionOptions;
+use pool::SessionPool;
+pub use signature::{ModelSignature, TensorSpec};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+
+/// A model loaded into ONNX Runtime.
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub path: PathBuf,
+    pub signature: ModelSignature,
+    /// sha256 of the model file, recorded with the results it produces.
+    pub sha256: String,
+    pub size_bytes: usize,
+    pool: SessionPool,
+}
+
+impl Model {
+    /// Reads and loads a model file. The bytes are read once and kept, so that a file replaced
+    /// on disk while the process runs is never half-read by a later session.
+    pub fn load(name: &str, path: &Path, options: SessionOptions) -> Result<Model> {
+        let load_error = |message: String| Error::ModelLoad {
+            model: name.to_string(),
+            path: path.display().to_string(),
+            message,
+        };
+        let bytes: Arc<[u8]> = std::fs::read(path)
+            .map_err(|e| load_error(e.to_string()))?
+            .into();
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let (pool, first) = SessionPool::new(bytes.clone(), options).map_err(load_error)?;
+        let signature = ModelSignature::from_session(&first).map_err(load_error)?;
+        pool.give(first);
+        Ok(Model {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            signature,
+            sha256,
+            size_bytes: bytes.len(),
+            pool,
+        })
+    }
+
+    /// Runs the model on one set of input tensors and returns its outputs in the model's order.
+    pub fn run(&self, inputs: Vec<SessionInputValue<'_>>) -> std::result::Result<Vec<DynValue>, String> {
+        let mut session = self.pool.acquire()?;
+        let mut outputs = session.run(inputs.as_slice()).map_err(|e| e.to_string())?;
+        self.signature
+            .outputs
+            .iter()
+            .map(|o| {
+                outputs
+                    .remove(o.name.as_str())
+                    .ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))
+            })
+            .collect()
+    }
+
+    /// ONNX Runtime sessions built for this model so far.
+    pub fn sessions(&self) -> usize {
+        self.pool.sessions()
+    }
+}
+
+/// A registered model: where it comes from, and the model once loaded.
+#[derive(Debug)]
+struct ModelEntry {
+    path: PathBuf,
+    loaded: Mutex<Option<Arc<Model>>>,
+}
+
+/// Name -> model, shared by the whole engine.
+#[derive(Debug)]
+pub struct ModelRegistry {
+    entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
+    options: SessionOptions,
+}
+
+impl ModelRegistry {
+    /// An empty registry whose models get sessions as `config` says.
+    pub fn new(config: &EngineConfig) -> Self {
+        ModelRegistry {
+            entries: RwLock::new(BTreeMap::new()),
+            options: SessionOptions {
+                max_sessions: config.sessions(),
+                intra_threads: config.threads_per_session(),
+            },
+        }
+    }
+
+    /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
+    pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        let listing = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(format!("reading the models folder {}", dir.display()), e))?;
+        let mut found = Vec::new();
+        for entry in listing {
+            let path = entry
+                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+                .path();
+            let model_file = if path.is_dir() {
+                path.join("model.onnx")
+            } else {
+                path.clone()
+            };
+            let is_onnx = model_file.extension().is_some_and(|e| e == "onnx");
+            if !is_onnx || !model_file.is_file() {
+                continue;
+            }
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            self.register(name, &model_file);
+            found.push(name.to_string());
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Registers (or re-registers) one model file under `name`; it is loaded on first use.
+    pub fn register(&self, name: &str, path: &Path) {
+        let entry = Arc::new(ModelEntry {
+            path: path.to_path_buf(),
+            loaded: Mutex::new(None),
+        });
+        self.write().insert(name.to_string(), entry);
+    }
+
+    /// Names of the registered models, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// The model `name`, loading it on first use.
+    pub fn get(&self, name: &str) -> Result<Arc<Model>> {
+        let entry = self.read().get(name).cloned();
+        let Some(entry) = entry else {
+            let names = self.names();
+            let available = if names.is_empty() {
+                "no models are registered (pass --models DIR)".to_string()
+            } else {
+                format!("the models are: {}", names.join(", "))
+            };
+            return Err(Error::UnknownModel {
+                name: name.to_string(),
+                available,
+            });
+        };
+        let mut loaded = entry
+            .loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(model) = loaded.as_ref() {
+            return Ok(model.clone());
+        }
+        let model = Arc::new(Model::load(name, &entry.path, self.options)?);
+        *loaded = Some(model.clone());
+        Ok(model)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,425 @@
+//! Arrow columns to model inputs.
+//!
+//! [`InputBinding::plan`] decides, from the model's inputs and the argument types, how columns
+//! feed inputs (at planning time, so mistakes fail before any row is read). [`prepare`] then turns
+//! one batch's arrays into row-major data of the model's element type: without copying where the
+//! layout already is one (a primitive column, a `FixedSizeList` or `List` of the right type with no
+//! nulls), with one copy where columns must be packed side by side. [`InputTensor::to_value`]
+//! hands that data to ONNX Runtime, borrowing the Arrow buffer for numeric types.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType};
+use ort::session::SessionInputValue;
+use ort::value::{Tensor, TensorElementType, TensorRef};
+
+use super::with_arrow_primitive;
+use crate::model::signature::{element_arrow_type, element_name};
+use crate::model::{ModelSignature, TensorSpec};
+
+/// Where one model input takes its data from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputSource {
+    /// One column: a scalar column for an [N] or [N, 1] input, a list column for [N, k, ...].
+    Column(usize),
+    /// k scalar columns packed side by side into an [N, k] input.
+    Packed(Vec<usize>),
+}
+
+/// How the feature columns of a `predict` call feed the model's inputs, one source per input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputBinding {
+    pub sources: Vec<InputSource>,
+}
+
+impl InputBinding {
+    /// Binds `args` (the types of the feature columns, model name excluded) to the inputs of
+    /// `signature`, or says why they do not fit.
+    pub fn plan(signature: &ModelSignature, args: &[DataType]) -> Result<Self, String> {
+        let inputs = &signature.inputs;
+        let mismatch = |why: String| {
+            format!(
+                "{why}\nThe model's inputs are:\n{}\nGiven: ({})",
+                signature.describe_inputs(),
+                args.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+            )
+        };
+        if args.is_empty() {
+            return Err(mismatch("no feature columns were given".to_string()));
+        }
+        let sources = if inputs.len() == 1 && (args.len() > 1 || !is_list(&args[0])) {
+            let input = &inputs[0];
+            if args.len() > 1 || !input.is_scalar_per_row() {
+                match input.row_elements() {
+                    Some(k) if k != args.len() => {
+                        return Err(mismatch(format!(
+                            "input '{}' takes {k} values per row, {} columns were given",
+                            input.name,
+                            args.len()
+                        )));
+                    }
+                    _ => {}
+                }
+                vec![InputSource::Packed((0..args.len()).collect())]
+            } else {
+                vec![InputSource::Column(0)]
+            }
+        } else if args.len() == inputs.len() {
+            (0..args.len()).map(InputSource::Column).collect()
+        } else {
+            return Err(mismatch(format!(
+                "the model takes {} inputs, {} columns were given",
+                inputs.len(),
+                args.len()
+            )));
+        };
+        let binding = InputBinding { sources };
+        for (input, source) in inputs.iter().zip(&binding.sources) {
+            check_source(input, source, args).map_err(&mismatch)?;
+        }
+        Ok(binding)
+    }
+}
+
+fn is_list(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _)
+    )
+}
+
+fn list_item(t: &DataType) -> Option<(&DataType, Option<usize>)> {
+    match t {
+        DataType::List(f) | DataType::LargeList(f) => Some((f.data_type(), None)),
+        DataType::FixedSizeList(f, k) => Some((f.data_type(), Some(*k as usize))),
+        _ => None,
+    }
+}
+
+/// Whether values of type `from` may feed an input of element type `to`.
+fn castable(from: &DataType, to: TensorElementType) -> bool {
+    let Some(target) = element_arrow_type(to) else {
+        return false;
+    };
+    match to {
+        TensorElementType::String => matches!(
+            from,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+        ) || matches!(from, DataType::Dictionary(_, v) if castable(v, to)),
+        // Numbers are not parsed from text: that is a mistake more often than an intent.
+        _ => {
+            (from.is_numeric() || matches!(from, DataType::Boolean | DataType::Null))
+                && can_cast_types(from, &target)
+        }
+    }
+}
+
+fn check_source(input: &TensorSpec, source: &InputSource, args: &[DataType]) -> Result<(), String> {
+    let element = match input.element {
+        Some(e) if element_arrow_type(e).is_some() => e,
+        Some(e) => {
+            return Err(format!(
+                "input '{}' has element type {}, which batchinfer does not support yet",
+                input.name,
+                element_name(e)
+            ));
+        }
+        None => {
+            return Err(format!(
+                "input '{}' is {}, not a tensor; batchinfer feeds tensors only",
+                input.name, input.description
+            ));
+        }
+    };
+    let expect = |arg: usize, t: &DataType| {
+        if castable(t, element) {
+            Ok(())
+        } else {
+            Err(format!(
+                "column {} is {t}, which cannot be converted to input '{}' ({})",
+                arg + 1,
+                input.name,
+                element_name(element)
+            ))
+        }
+    };
+    match source {
+        InputSource::Packed(columns) => columns.iter().try_for_each(|&c| {
+            if is_list(&args[c]) {
+                Err(format!(
+                    "column {} is a list; pass either one list column or scalar columns",
+                    c + 1
+                ))
+            } else {
+                expect(c, &args[c])
+            }
+        }),
+        InputSource::Column(c) => match list_item(&args[*c]) {
+            Some((item, size)) => {
+                expect(*c, item)?;
+                match (size, input.row_elements()) {
+                    (Some(k), Some(p)) if k != p => Err(format!(
+                        "column {} holds {k} values per row, input '{}' takes {p}",
+                        c + 1,
+                        input.name
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            None if input.is_scalar_per_row() => expect(*c, &args[*c]),
+            None => Err(format!(
+                "column {} is a single value per row, input '{}' takes {} per row: pass a list \
+                 column or one column per value",
+                c + 1,
+                input.name,
+                input
+                    .row_elements()
+                    .map_or("several".to_string(), |p| p.to_string())
+            )),
+        },
+    }
+}
+
+/// One input's data for one call, in the model's element type and row-major order.
+#[derive(Debug)]
+pub enum InputTensor {
+    /// A primitive array with no nulls whose values buffer is the tensor's data.
+    Primitive { values: ArrayRef, shape: Vec<i64> },
+    /// ONNX booleans are one byte each; Arrow's are bits, so they are unpacked.
+    Bool { values: Vec<bool>, shape: Vec<i64> },
+    /// UTF-8 strings; ONNX Runtime copies them into its own string tensor.
+    Strings { values: ArrayRef, shape: Vec<i64> },
+}
+
+impl InputTensor {
+    /// The tensor's shape.
+    pub fn shape(&self) -> &[i64] {
+        match self {
+            InputTensor::Primitive { shape, .. }
+            | InputTensor::Bool { shape, .. }
+            | InputTensor::Strings { shape, .. } => shape,
+        }
+    }
+
+    /// An ONNX Runtime value over this data; numeric tensors borrow the Arrow buffer.
+    pub fn to_value(&self) -> Result<SessionInputValue<'_>, String> {
+        let err = |e: ort::Error| e.to_string();
+        match self {
+            InputTensor::Primitive { values, shape } => {
+                let element = tensor_element_of(values.data_type())
+                    .ok_or_else(|| format!("no tensor type for {}", values.data_type()))?;
+                with_arrow_primitive!(element, T => borrow_primitive::<T>(values, shape),
+                    _ => Err(format!("no tensor type for {}", values.data_type())))
+            }
+            InputTensor::Bool { values, shape } => {
+                Ok(TensorRef::from_array_view((shape.clone(), values.as_slice()))
+                    .map_err(err)?
+                    .into())
+            }
+            InputTensor::Strings { values, shape } => {
+                // ONNX Runtime copies strings into its own tensor; the owned copy here is the price of
+                // `ort` taking only `'static` string types.
+                let strings: Vec<String> =
+                    values.as_string::<i32>().iter().map(|s| s.unwrap_or_default().to_string()).collect();
+                Ok(Tensor::from_string_array((shape.clone(), strings.as_slice()))
+                    .map_err(err)?
+                    .into())
+            }
+        }
+    }
+}
+
+fn borrow_primitive<'a, T: ArrowPrimitiveType>(
+    values: &'a ArrayRef,
+    shape: &[i64],
+) -> Result<SessionInputValue<'a>, String>
+where
+    T::Native: ort::value::PrimitiveTensorElementType + std::fmt::Debug,
+{
+    let data: &[T::Native] = values.as_primitive::<T>().values();
+    Ok(TensorRef::from_array_view((shape.to_vec(), data))
+        .map_err(|e| e.to_string())?
+        .into())
+}
+
+fn tensor_element_of(t: &DataType) -> Option<TensorElementType> {
+    Some(match t {
+        DataType::Float32 => TensorElementType::Float32,
+        DataType::Float64 => TensorElementType::Float64,
+        DataType::Int8 => TensorElementType::Int8,
+        DataType::Int16 => TensorElementType::Int16,
+        DataType::Int32 => TensorElementType::Int32,
+        DataType::Int64 => TensorElementType::Int64,
+        DataType::UInt8 => TensorElementType::Uint8,
+        DataType::UInt16 => TensorElementType::Uint16,
+        DataType::UInt32 => TensorElementType::Uint32,
+        DataType::UInt64 => TensorElementType::Uint64,
+        _ => return None,
+    })
+}
+
+/// Turns the columns of `rows` rows (no row NULL in any column) into the data for `input`.
+pub fn prepare(
+    input: &TensorSpec,
+    source: &InputSource,
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<InputTensor, String> {
+    let element = input
+        .element
+        .ok_or_else(|| format!("input '{}' is not a tensor", input.name))?;
+    let target = element_arrow_type(element)
+        .ok_or_else(|| format!("input '{}': unsupported element type", input.name))?;
+    let (values, shape) = match source {
+        InputSource::Column(c) => {
+            let column = &columns[*c];
+            match column.data_type() {
+                DataType::FixedSizeList(_, _) | DataType::List(_) | DataType::LargeList(_) => {
+                    let (values, per_row) = list_values(column, input, c + 1)?;
+                    let shape = row_major_shape(input, rows, per_row, c + 1)?;
+                    (convert(&values, &target)?, shape)
+                }
+                _ => {
+                    let shape = if input.row_shape().is_empty() {
+                        vec![rows as i64]
+                    } else {
+                        vec![rows as i64, 1]
+                    };
+                    (convert(column, &target)?, shape)
+                }
+            }
+        }
+        InputSource::Packed(indices) => {
+            let converted = indices
+                .iter()
+                .map(|&c| convert(&columns[c], &target))
+                .collect::<Result<Vec<_>, _>>()?;
+            let shape = row_major_shape(input, rows, indices.len(), indices[0] + 1)?;
+            (pack(&converted, element, rows)?, shape)
+        }
+    };
+    Ok(match element {
+        TensorElementType::Bool => InputTensor::Bool {
+            values: values.as_boolean().values().iter().collect(),
+            shape,
+        },
+        TensorElementType::String => InputTensor::Strings { values, shape },
+        _ => InputTensor::Primitive { values, shape },
+    })
+}
+
+/// The values of a list column, checked to be one rectangular block: every row the same length
+/// and no NULL element. The result is a slice of the list's child array (no copy).
+fn list_values(column: &ArrayRef, input: &TensorSpec, arg: usize) -> Result<(ArrayRef, usize), String> {
+    let (values, per_row) = match column.data_type() {
+        DataType::FixedSizeList(_, k) => {
+            let list = column.as_fixed_size_list();
+            (list.values().clone(), *k as usize)
+        }
+        DataType::List(_) => {
+            let list = column.as_list::<i32>();
+            let offsets: Vec<usize> = list.offsets().iter().map(|&o| o as usize).collect();
+            let per_row = uniform_length(&offsets, input, arg)?;
+            let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
+            (list.values().slice(start, end - start), per_row)
+        }
+        DataType::LargeList(_) => {
+            let list = column.as_list::<i64>();
+            let offsets: Vec<usize> = list.offsets().iter().map(|&o| o as usize).collect();
+            let per_row = uniform_length(&offsets, input, arg)?;
+            let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
+            (list.values().slice(start, end - start), per_row)
+        }
+        other => return Err(format!("column {arg} is {other}, not a list")),
+    };
+    if values.null_count() > 0 {
+        return Err(format!(
+            "column {arg} has NULL elements inside its lists; input '{}' needs every element",
+            input.name
+        ));
+    }
+    Ok((values, per_row))
+}
+
+fn uniform_length(offsets: &[usize], input: &TensorSpec, arg: usize) -> Result<usize, String> {
+    let lengths = offsets.windows(2).map(|w| w[1] - w[0]);
+    let expected = input.row_elements();
+    let mut first = None;
+    for (row, len) in lengths.enumerate() {
+        let want = *first.get_or_insert(expected.unwrap_or(len));
+        if len != want {
+            return Err(format!(
+                "column {arg}: row {row} of the batch holds {len} values, input '{}' takes {want} per row",
+                input.name
+            ));
+        }
+    }
+    Ok(first.or(expected).unwrap_or(0))
+}
+
+/// The tensor shape for `rows` rows of `per_row` values: the model's row dimensions, with one
+/// open dimension resolved from `per_row`.
+fn row_major_shape(input: &TensorSpec, rows: usize, per_row: usize, arg: usize) -> Result<Vec<i64>, String> {
+    let dims = input.row_shape();
+    let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+    let open = dims.iter().filter(|&&d| d < 0).count();
+    let mut shape = vec![rows as i64];
+    match open {
+        0 if known == per_row => shape.extend_from_slice(dims),
+        0 if dims.is_empty() && per_row == 1 => {}
+        1 if known > 0 && per_row % known == 0 => {
+            shape.extend(dims.iter().map(|&d| if d < 0 { (per_row / known) as i64 } else { d }))
+        }
+        _ if dims.len() <= 1 => shape.push(per_row as i64),
+        _ => {
+            return Err(format!(
+                "column {arg} holds {per_row} values per row, which does not fit input '{}' of shape {:?}",
+                input.name, input.shape
+            ));
+        }
+    }
+    Ok(shape)
+}
+
+/// Casts to the model's element type; the array is returned as is (no copy) when it already is.
+fn convert(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> {
+    if array.data_type() == target {
+        return Ok(array.clone());
+    }
+    // `safe: false`: a value that does not fit (300 into int8) is an error, not a silent NULL.
+    let options = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    cast_with_options(array, target, &options)
+        .map_err(|e| format!("cannot convert {} to {target}: {e}", array.data_type()))
+}
+
+/// Packs k columns of one element type side by side: row i is `[c0[i], c1[i], ...]`.
+fn pack(columns: &[ArrayRef], element: TensorElementType, rows: usize) -> Result<ArrayRef, String> {
+    with_arrow_primitive!(element, T => Ok(pack_primitive::<T>(columns, rows)),
+        _ => pack_other(columns, rows))
+}
+
+fn pack_primitive<T: ArrowPrimitiveType>(columns: &[ArrayRef], rows: usize) -> ArrayRef {
+    let k = columns.len();
+    let mut out = vec![T::Native::default(); rows * k];
+    for (j, column) in columns.iter().enumerate() {
+        let values = column.as_primitive::<T>().values();
+        for (row, value) in out.chunks_exact_mut(k).zip(values.iter()) {
+            row[j] = *value;
+        }
+    }
+    Arc::new(PrimitiveArray::<T>::new(out.into(), None))
+}
+
+/// Packing for booleans and strings, which are rare enough to leave to `interleave`.
+fn pack_other(columns: &[ArrayRef], rows: usize) -> Result<ArrayRef, String> {
+    use datafusion::arrow::compute::interleave;
+    let k = columns.len();
+    let refs: Vec<&dyn Array> = columns.iter().map(|c| c.as_ref()).collect();
+    let indices: Vec<(usize, usize)> = (0..rows).flat_map(|r| (0..k).map(move |j| (j, r))).collect();
+    interleave(&refs, &indices).map_err(|e| e.to_string())
+}

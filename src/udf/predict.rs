@@ -1,0 +1,129 @@
+//! `predict('model', col, ...)`: runs a model over the rows of a query.
+//!
+//! ```sql
+//! SELECT id, predict('churn', city, age, spend)['probabilities'] AS p FROM 'customers.parquet';
+//! ```
+//! The model name must be a string literal: the model is looked up (and loaded) while the query
+//! is planned, which fixes the result type from the model's outputs and turns an unknown model
+//! or columns that do not fit into a planning error, before any row is read.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::{ScalarValue, exec_err, plan_err};
+use datafusion::error::Result;
+use datafusion::logical_expr::{
+    ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
+    Volatility,
+};
+
+use crate::config::BatchInferOptions;
+use crate::error::Error;
+use crate::model::ModelRegistry;
+use crate::model::score::score;
+use crate::tensor::input::InputBinding;
+
+/// The `predict` scalar function over a [`ModelRegistry`].
+#[derive(Debug)]
+pub struct PredictUdf {
+    signature: Signature,
+    registry: Arc<ModelRegistry>,
+}
+
+impl PredictUdf {
+    pub fn new(registry: Arc<ModelRegistry>) -> Self {
+        PredictUdf {
+            signature: Signature::variadic_any(Volatility::Immutable),
+            registry,
+        }
+    }
+
+    fn bind(&self, name: &str, feature_types: &[DataType]) -> Result<(Arc<crate::model::Model>, InputBinding)> {
+        let model = self.registry.get(name)?;
+        let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| Error::Binding {
+            model: name.to_string(),
+            message,
+        })?;
+        Ok((model, binding))
+    }
+}
+
+// Two `predict`s are the same function when they read the same registry.
+impl PartialEq for PredictUdf {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.registry, &other.registry)
+    }
+}
+impl Eq for PredictUdf {}
+impl Hash for PredictUdf {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.registry), state);
+    }
+}
+
+/// The model name: the first argument, a non-NULL string literal.
+fn model_name(arg: Option<&ScalarValue>) -> Result<String> {
+    match arg {
+        Some(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s))) => {
+            Ok(s.clone())
+        }
+        _ => plan_err!(
+            "predict: the first argument must be the model's name as a string literal, as in predict('churn', age, spend)"
+        ),
+    }
+}
+
+impl ScalarUDFImpl for PredictUdf {
+    fn name(&self) -> &str {
+        "predict"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        // The type depends on the model named by a literal: see return_field_from_args.
+        exec_err!("predict: the result type is derived from the model in return_field_from_args")
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let name = model_name(args.scalar_arguments.first().copied().flatten())?;
+        let features: Vec<DataType> = args.arg_fields.iter().skip(1).map(|f| f.data_type().clone()).collect();
+        let (model, _) = self.bind(&name, &features)?;
+        Ok(Arc::new(Field::new(self.name(), model.signature.output_type.clone(), true)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let name = match args.args.first() {
+            Some(ColumnarValue::Scalar(value)) => model_name(Some(value))?,
+            _ => model_name(None)?,
+        };
+        let rows = args.number_rows;
+        let columns = args.args[1..]
+            .iter()
+            .map(|a| a.to_array(rows))
+            .collect::<Result<Vec<_>>>()?;
+        let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+        let (model, binding) = self.bind(&name, &types)?;
+        let max_rows = args
+            .config_options
+            .extensions
+            .get::<BatchInferOptions>()
+            .map_or(0, |o| o.batch_size);
+        let result = score(&model, &binding, &columns, rows, max_rows)?;
+        if result.data_type() != args.return_field.data_type() {
+            return exec_err!(
+                "predict: model '{name}' now returns {}, but the query was planned for {} (was the model replaced?)",
+                result.data_type(),
+                args.return_field.data_type()
+            );
+        }
+        Ok(ColumnarValue::Array(result))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        None
+    }
+}
