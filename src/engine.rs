@@ -43,7 +43,11 @@ impl Engine {
             registry.register_dir(dir)?;
         }
         let ctx = build_context(&config, registry.clone());
-        Ok(Engine { ctx, registry, config })
+        Ok(Engine {
+            ctx,
+            registry,
+            config,
+        })
     }
 
     /// The DataFusion context, to register tables or run DataFrame code.

@@ -69,7 +69,10 @@ fn main() -> ExitCode {
         eprintln!("batchinfer: internal error: {info}");
     }));
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: cannot start the async runtime: {e}");
@@ -117,7 +120,8 @@ async fn main_inner(cli: Cli) -> Result<()> {
 
 fn read_script(path: &PathBuf) -> Result<String> {
     if path.as_os_str() == "-" {
-        return std::io::read_to_string(std::io::stdin()).map_err(|e| Error::io("reading standard input", e));
+        return std::io::read_to_string(std::io::stdin())
+            .map_err(|e| Error::io("reading standard input", e));
     }
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
 }
@@ -130,7 +134,9 @@ async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<
         let batches = df.collect().await?;
         let mut stdout = std::io::stdout().lock();
         print_batches(&mut stdout, format, &schema, &batches)?;
-        stdout.flush().map_err(|e| Error::io("writing results", e))?;
+        stdout
+            .flush()
+            .map_err(|e| Error::io("writing results", e))?;
     }
     Ok(())
 }
@@ -140,17 +146,32 @@ async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<
 async fn shell(engine: &Engine, format: OutputFormat) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("batchinfer {}: end statements with ';', quit with \\q or Ctrl-D", env!("CARGO_PKG_VERSION"));
+        eprintln!(
+            "batchinfer {}: end statements with ';', quit with \\q or Ctrl-D",
+            env!("CARGO_PKG_VERSION")
+        );
     }
     let mut pending = String::new();
     let mut failed = false;
     let stdin = std::io::stdin();
     loop {
         if interactive {
-            eprint!("{}", if pending.is_empty() { "batchinfer> " } else { "         -> " });
+            eprint!(
+                "{}",
+                if pending.is_empty() {
+                    "batchinfer> "
+                } else {
+                    "         -> "
+                }
+            );
         }
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| Error::io("reading standard input", e))? == 0 {
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| Error::io("reading standard input", e))?
+            == 0
+        {
             break;
         }
         if pending.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {

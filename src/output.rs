@@ -38,7 +38,10 @@ pub fn print_batches(
         OutputFormat::Table => {
             let options = FormatOptions::default().with_null("NULL");
             let table = if batches.is_empty() {
-                pretty_format_batches_with_options(&[RecordBatch::new_empty(schema.clone())], &options)?
+                pretty_format_batches_with_options(
+                    &[RecordBatch::new_empty(schema.clone())],
+                    &options,
+                )?
             } else {
                 pretty_format_batches_with_options(batches, &options)?
             };
@@ -71,7 +74,11 @@ pub fn print_batches(
 /// CSV writer refuses) print too.
 fn write_csv(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
     let io = |e: std::io::Error| Error::io("writing results", e);
-    let header: Vec<String> = schema.fields().iter().map(|f| csv_field(f.name())).collect();
+    let header: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| csv_field(f.name()))
+        .collect();
     writeln!(out, "{}", header.join(",")).map_err(io)?;
     let options = FormatOptions::default();
     for batch in batches {

@@ -135,9 +135,15 @@ fn wheel_for_this_machine() -> Result<&'static Wheel> {
 
 fn fetch_library(wheel: &Wheel, dir: &Path, dest: &Path) -> Result<()> {
     let url = format!("{PYPI}/{}", wheel.url);
-    eprintln!("batchinfer: fetching ONNX Runtime {ORT_VERSION} from PyPI (once; cached in {})", dir.display());
+    eprintln!(
+        "batchinfer: fetching ONNX Runtime {ORT_VERSION} from PyPI (once; cached in {})",
+        dir.display()
+    );
     let bytes = download(&url).map_err(|e| {
-        Error::Runtime(format!("downloading {url} failed: {e}. {}", how_to_provide()))
+        Error::Runtime(format!(
+            "downloading {url} failed: {e}. {}",
+            how_to_provide()
+        ))
     })?;
     let digest = hex::encode(Sha256::digest(&bytes));
     if digest != wheel.sha256 {
@@ -161,8 +167,13 @@ fn fetch_library(wheel: &Wheel, dir: &Path, dest: &Path) -> Result<()> {
 /// Writes `dest` through a temporary file and a rename, so that concurrent first runs (parallel
 /// tests, say) never see a half-written library.
 fn write_atomically(dir: &Path, dest: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let tmp = dir.join(format!(".partial-{}-{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let tmp = dir.join(format!(
+        ".partial-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::write(&tmp, bytes).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
     std::fs::rename(&tmp, dest).map_err(|e| Error::io(format!("writing {}", dest.display()), e))
 }

@@ -61,7 +61,10 @@ impl Model {
     }
 
     /// Runs the model on one set of input tensors and returns its outputs in the model's order.
-    pub fn run(&self, inputs: Vec<SessionInputValue<'_>>) -> std::result::Result<Vec<DynValue>, String> {
+    pub fn run(
+        &self,
+        inputs: Vec<SessionInputValue<'_>>,
+    ) -> std::result::Result<Vec<DynValue>, String> {
         let mut session = self.pool.acquire()?;
         let mut outputs = session.run(inputs.as_slice()).map_err(|e| e.to_string())?;
         self.signature
@@ -177,10 +180,14 @@ impl ModelRegistry {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
-        self.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.entries
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
-        self.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.entries
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

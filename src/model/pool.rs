@@ -99,20 +99,26 @@ impl SessionPool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
         // A panic while holding the lock leaves the session list intact: keep using it.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 impl std::ops::Deref for PooledSession<'_> {
     type Target = Session;
     fn deref(&self) -> &Session {
-        self.session.as_ref().expect("a pooled session is present until dropped")
+        self.session
+            .as_ref()
+            .expect("a pooled session is present until dropped")
     }
 }
 
 impl std::ops::DerefMut for PooledSession<'_> {
     fn deref_mut(&mut self) -> &mut Session {
-        self.session.as_mut().expect("a pooled session is present until dropped")
+        self.session
+            .as_mut()
+            .expect("a pooled session is present until dropped")
     }
 }
 

@@ -28,9 +28,9 @@ pub fn score(
     if rows == 0 {
         return Ok(new_empty_array(out_type));
     }
-    let valid = columns
-        .iter()
-        .fold(None::<NullBuffer>, |acc, c| NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref()));
+    let valid = columns.iter().fold(None::<NullBuffer>, |acc, c| {
+        NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
+    });
     let Some(valid) = valid.filter(|v| v.null_count() > 0) else {
         return score_dense(model, binding, columns, rows, max_rows);
     };
@@ -81,7 +81,11 @@ fn score_dense(
         let call_rows = fixed.unwrap_or(len);
         let results = call(model, binding, &arrays, call_rows, start)?;
         for (all, result) in per_output.iter_mut().zip(results) {
-            all.push(if result.len() > len { result.slice(0, len) } else { result });
+            all.push(if result.len() > len {
+                result.slice(0, len)
+            } else {
+                result
+            });
         }
         start += len;
     }
@@ -97,7 +101,12 @@ fn score_dense(
 
 /// The columns for one call: a zero-copy slice, padded by repeating the last row when the model
 /// fixes a batch size larger than what is left.
-fn call_columns(columns: &[ArrayRef], start: usize, len: usize, fixed: Option<usize>) -> Result<Vec<ArrayRef>> {
+fn call_columns(
+    columns: &[ArrayRef],
+    start: usize,
+    len: usize,
+    fixed: Option<usize>,
+) -> Result<Vec<ArrayRef>> {
     let sliced: Vec<ArrayRef> = columns.iter().map(|c| c.slice(start, len)).collect();
     match fixed {
         Some(f) if f > len => {
@@ -112,7 +121,13 @@ fn call_columns(columns: &[ArrayRef], start: usize, len: usize, fixed: Option<us
 }
 
 /// One model call on `rows` rows; `first_row` places them in the batch for error messages.
-fn call(model: &Model, binding: &InputBinding, columns: &[ArrayRef], rows: usize, first_row: usize) -> Result<Vec<ArrayRef>> {
+fn call(
+    model: &Model,
+    binding: &InputBinding,
+    columns: &[ArrayRef],
+    rows: usize,
+    first_row: usize,
+) -> Result<Vec<ArrayRef>> {
     let failed = |message: String| Error::Inference {
         model: model.name.clone(),
         first_row,

@@ -74,7 +74,13 @@ impl fmt::Display for TensorSpec {
                         (_, d) => d.to_string(),
                     })
                     .collect();
-                write!(f, "{}: {} [{}]", self.name, element_name(element), dims.join(", "))
+                write!(
+                    f,
+                    "{}: {} [{}]",
+                    self.name,
+                    element_name(element),
+                    dims.join(", ")
+                )
             }
             None => write!(f, "{}: {}", self.name, self.description),
         }
@@ -135,8 +141,16 @@ pub struct ModelSignature {
 impl ModelSignature {
     /// Reads the signature of a loaded session. Fails for outputs no Arrow type can hold.
     pub fn from_session(session: &Session) -> Result<Self, String> {
-        let inputs: Vec<TensorSpec> = session.inputs().iter().map(TensorSpec::from_outlet).collect();
-        let outputs: Vec<TensorSpec> = session.outputs().iter().map(TensorSpec::from_outlet).collect();
+        let inputs: Vec<TensorSpec> = session
+            .inputs()
+            .iter()
+            .map(TensorSpec::from_outlet)
+            .collect();
+        let outputs: Vec<TensorSpec> = session
+            .outputs()
+            .iter()
+            .map(TensorSpec::from_outlet)
+            .collect();
         if inputs.is_empty() || outputs.is_empty() {
             return Err("the graph has no inputs or no outputs".to_string());
         }

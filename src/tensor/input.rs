@@ -43,7 +43,10 @@ impl InputBinding {
             format!(
                 "{why}\nThe model's inputs are:\n{}\nGiven: ({})",
                 signature.describe_inputs(),
-                args.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+                args.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         };
         if args.is_empty() {
@@ -104,10 +107,12 @@ fn castable(from: &DataType, to: TensorElementType) -> bool {
         return false;
     };
     match to {
-        TensorElementType::String => matches!(
-            from,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
-        ) || matches!(from, DataType::Dictionary(_, v) if castable(v, to)),
+        TensorElementType::String => {
+            matches!(
+                from,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+            ) || matches!(from, DataType::Dictionary(_, v) if castable(v, to))
+        }
         // Numbers are not parsed from text: that is a mistake more often than an intent.
         _ => {
             (from.is_numeric() || matches!(from, DataType::Boolean | DataType::Null))
@@ -213,19 +218,25 @@ impl InputTensor {
                 with_arrow_primitive!(element, T => borrow_primitive::<T>(values, shape),
                     _ => Err(format!("no tensor type for {}", values.data_type())))
             }
-            InputTensor::Bool { values, shape } => {
-                Ok(TensorRef::from_array_view((shape.clone(), values.as_slice()))
-                    .map_err(err)?
-                    .into())
-            }
+            InputTensor::Bool { values, shape } => Ok(TensorRef::from_array_view((
+                shape.clone(),
+                values.as_slice(),
+            ))
+            .map_err(err)?
+            .into()),
             InputTensor::Strings { values, shape } => {
                 // ONNX Runtime copies strings into its own tensor; the owned copy here is the price of
                 // `ort` taking only `'static` string types.
-                let strings: Vec<String> =
-                    values.as_string::<i32>().iter().map(|s| s.unwrap_or_default().to_string()).collect();
-                Ok(Tensor::from_string_array((shape.clone(), strings.as_slice()))
-                    .map_err(err)?
-                    .into())
+                let strings: Vec<String> = values
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|s| s.unwrap_or_default().to_string())
+                    .collect();
+                Ok(
+                    Tensor::from_string_array((shape.clone(), strings.as_slice()))
+                        .map_err(err)?
+                        .into(),
+                )
             }
         }
     }
@@ -312,7 +323,11 @@ pub fn prepare(
 
 /// The values of a list column, checked to be one rectangular block: every row the same length
 /// and no NULL element. The result is a slice of the list's child array (no copy).
-fn list_values(column: &ArrayRef, input: &TensorSpec, arg: usize) -> Result<(ArrayRef, usize), String> {
+fn list_values(
+    column: &ArrayRef,
+    input: &TensorSpec,
+    arg: usize,
+) -> Result<(ArrayRef, usize), String> {
     let (values, per_row) = match column.data_type() {
         DataType::FixedSizeList(_, k) => {
             let list = column.as_fixed_size_list();
@@ -351,7 +366,7 @@ fn uniform_length(offsets: &[usize], input: &TensorSpec, arg: usize) -> Result<u
         let want = *first.get_or_insert(expected.unwrap_or(len));
         if len != want {
             return Err(format!(
-                "column {arg}: row {row} of the batch holds {len} values, input '{}' takes {want} per row",
+                "column {arg}: row {row} of the batch holds {len} value(s), input '{}' takes {want} per row",
                 input.name
             ));
         }
@@ -361,17 +376,27 @@ fn uniform_length(offsets: &[usize], input: &TensorSpec, arg: usize) -> Result<u
 
 /// The tensor shape for `rows` rows of `per_row` values: the model's row dimensions, with one
 /// open dimension resolved from `per_row`.
-fn row_major_shape(input: &TensorSpec, rows: usize, per_row: usize, arg: usize) -> Result<Vec<i64>, String> {
+fn row_major_shape(
+    input: &TensorSpec,
+    rows: usize,
+    per_row: usize,
+    arg: usize,
+) -> Result<Vec<i64>, String> {
     let dims = input.row_shape();
-    let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+    let known: usize = dims
+        .iter()
+        .filter(|&&d| d >= 0)
+        .map(|&d| d as usize)
+        .product();
     let open = dims.iter().filter(|&&d| d < 0).count();
     let mut shape = vec![rows as i64];
     match open {
         0 if known == per_row => shape.extend_from_slice(dims),
         0 if dims.is_empty() && per_row == 1 => {}
-        1 if known > 0 && per_row % known == 0 => {
-            shape.extend(dims.iter().map(|&d| if d < 0 { (per_row / known) as i64 } else { d }))
-        }
+        1 if known > 0 && per_row.is_multiple_of(known) => shape.extend(
+            dims.iter()
+                .map(|&d| if d < 0 { (per_row / known) as i64 } else { d }),
+        ),
         _ if dims.len() <= 1 => shape.push(per_row as i64),
         _ => {
             return Err(format!(
@@ -420,6 +445,8 @@ fn pack_other(columns: &[ArrayRef], rows: usize) -> Result<ArrayRef, String> {
     use datafusion::arrow::compute::interleave;
     let k = columns.len();
     let refs: Vec<&dyn Array> = columns.iter().map(|c| c.as_ref()).collect();
-    let indices: Vec<(usize, usize)> = (0..rows).flat_map(|r| (0..k).map(move |j| (j, r))).collect();
+    let indices: Vec<(usize, usize)> = (0..rows)
+        .flat_map(|r| (0..k).map(move |j| (j, r)))
+        .collect();
     interleave(&refs, &indices).map_err(|e| e.to_string())
 }

@@ -56,3 +56,6 @@ macro_rules! with_arrow_primitive {
     }};
 }
 pub(crate) use with_arrow_primitive;
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,12 @@ use super::with_arrow_primitive;
 use crate::model::TensorSpec;
 
 /// Converts one output of a call on `rows` rows into an array of `rows` values of type `declared`.
-pub fn to_array(value: &DynValue, spec: &TensorSpec, declared: &DataType, rows: usize) -> Result<ArrayRef, String> {
+pub fn to_array(
+    value: &DynValue,
+    spec: &TensorSpec,
+    declared: &DataType,
+    rows: usize,
+) -> Result<ArrayRef, String> {
     let element = spec
         .element
         .ok_or_else(|| format!("output '{}' is not a tensor", spec.name))?;
@@ -23,7 +28,9 @@ pub fn to_array(value: &DynValue, spec: &TensorSpec, declared: &DataType, rows: 
             (shape.to_vec(), Arc::new(StringArray::from(strings)))
         }
         TensorElementType::Bool => {
-            let (shape, data) = value.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
+            let (shape, data) = value
+                .try_extract_tensor::<bool>()
+                .map_err(|e| e.to_string())?;
             (shape.to_vec(), Arc::new(BooleanArray::from(data.to_vec())))
         }
         e => with_arrow_primitive!(e, T => extract_primitive::<T>(value)?,
@@ -38,7 +45,9 @@ pub fn to_array(value: &DynValue, spec: &TensorSpec, declared: &DataType, rows: 
     nest(values, rows, &shape[1..], declared).map_err(|e| format!("output '{}': {e}", spec.name))
 }
 
-fn extract_primitive<T: ArrowPrimitiveType>(value: &DynValue) -> Result<(Vec<i64>, ArrayRef), String>
+fn extract_primitive<T: ArrowPrimitiveType>(
+    value: &DynValue,
+) -> Result<(Vec<i64>, ArrayRef), String>
 where
     T::Native: ort::value::PrimitiveTensorElementType,
 {
@@ -50,7 +59,12 @@ where
 }
 
 /// Wraps flat row-major `values` into the list levels of `declared`, one per row dimension.
-fn nest(values: ArrayRef, rows: usize, row_dims: &[i64], declared: &DataType) -> Result<ArrayRef, String> {
+fn nest(
+    values: ArrayRef,
+    rows: usize,
+    row_dims: &[i64],
+    declared: &DataType,
+) -> Result<ArrayRef, String> {
     let mut levels: Vec<(Option<i32>, FieldRef)> = Vec::new();
     let mut t = declared;
     loop {
@@ -64,29 +78,41 @@ fn nest(values: ArrayRef, rows: usize, row_dims: &[i64], declared: &DataType) ->
     }
     if levels.is_empty() {
         if values.len() != rows {
-            return Err(format!("{} values per row where one was declared", values.len() / rows.max(1)));
+            return Err(format!(
+                "{} values per row where one was declared",
+                values.len() / rows.max(1)
+            ));
         }
         return Ok(values);
     }
     if levels.len() != row_dims.len() {
-        return Err(format!("shape {row_dims:?} per row does not match the declared type {declared}"));
+        return Err(format!(
+            "shape {row_dims:?} per row does not match the declared type {declared}"
+        ));
     }
     let mut array = values;
-    for ((size, field), &dim) in levels.iter().zip(row_dims).rev() {
+    for (level, ((size, field), &dim)) in levels.iter().zip(row_dims).enumerate().rev() {
         let dim = usize::try_from(dim).map_err(|_| format!("negative dimension {dim}"))?;
+        // As many lists at this level as rows times the dimensions above it.
+        let lists = row_dims[..level]
+            .iter()
+            .fold(rows, |n, &d| n * d.max(0) as usize);
         array = match size {
             Some(k) => {
                 if *k as usize != dim {
                     return Err(format!("dimension {dim} where the model declared {k}"));
                 }
                 Arc::new(
-                    FixedSizeListArray::try_new(field.clone(), *k, array, None).map_err(|e| e.to_string())?,
+                    FixedSizeListArray::try_new(field.clone(), *k, array, None)
+                        .map_err(|e| e.to_string())?,
                 )
             }
             None => {
-                let lists = if dim == 0 { rows } else { array.len() / dim };
                 let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(dim, lists));
-                Arc::new(ListArray::try_new(field.clone(), offsets, array, None).map_err(|e| e.to_string())?)
+                Arc::new(
+                    ListArray::try_new(field.clone(), offsets, array, None)
+                        .map_err(|e| e.to_string())?,
+                )
             }
         };
     }

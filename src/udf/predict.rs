@@ -39,11 +39,17 @@ impl PredictUdf {
         }
     }
 
-    fn bind(&self, name: &str, feature_types: &[DataType]) -> Result<(Arc<crate::model::Model>, InputBinding)> {
+    fn bind(
+        &self,
+        name: &str,
+        feature_types: &[DataType],
+    ) -> Result<(Arc<crate::model::Model>, InputBinding)> {
         let model = self.registry.get(name)?;
-        let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| Error::Binding {
-            model: name.to_string(),
-            message,
+        let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| {
+            Error::Binding {
+                model: name.to_string(),
+                message,
+            }
         })?;
         Ok((model, binding))
     }
@@ -65,9 +71,11 @@ impl Hash for PredictUdf {
 /// The model name: the first argument, a non-NULL string literal.
 fn model_name(arg: Option<&ScalarValue>) -> Result<String> {
     match arg {
-        Some(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s))) => {
-            Ok(s.clone())
-        }
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(s.clone()),
         _ => plan_err!(
             "predict: the first argument must be the model's name as a string literal, as in predict('churn', age, spend)"
         ),
@@ -90,9 +98,18 @@ impl ScalarUDFImpl for PredictUdf {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let name = model_name(args.scalar_arguments.first().copied().flatten())?;
-        let features: Vec<DataType> = args.arg_fields.iter().skip(1).map(|f| f.data_type().clone()).collect();
+        let features: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .skip(1)
+            .map(|f| f.data_type().clone())
+            .collect();
         let (model, _) = self.bind(&name, &features)?;
-        Ok(Arc::new(Field::new(self.name(), model.signature.output_type.clone(), true)))
+        Ok(Arc::new(Field::new(
+            self.name(),
+            model.signature.output_type.clone(),
+            true,
+        )))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -1,0 +1,368 @@
+//! The command-line contract, tested on the real binary: `query -e/-f`, `--models`, `--format`,
+//! engine options before or after the subcommand, exit status and readable errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn batchinfer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(args)
+        .output()
+        .expect("the batchinfer binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "batchinfer failed:\nstdout: {}\nstderr: {}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
+/// A failure is a non-zero exit and one readable message: no panic, no backtrace.
+fn assert_clean_failure(out: &Output, expected: &str) {
+    let err = stderr(out);
+    assert!(
+        !out.status.success(),
+        "expected a failure, got success:\n{}",
+        stdout(out)
+    );
+    assert!(
+        err.contains(expected),
+        "stderr does not mention {expected:?}:\n{err}"
+    );
+    assert!(
+        err.starts_with("Error: "),
+        "stderr should start with 'Error: ':\n{err}"
+    );
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!err.contains(bad), "stderr shows {bad:?}:\n{err}");
+    }
+}
+
+const LINEAR: &str = "predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)";
+
+#[test]
+fn sample_job_writes_parquet_that_rereads_to_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("scores.parquet");
+    let job = format!(
+        "COPY (SELECT id, {LINEAR} AS score FROM 'data/sample/features.parquet') TO '{}' STORED AS PARQUET",
+        out_file.display()
+    );
+    let out = batchinfer(&["query", "--models", "data/models", "-e", &job]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("10000"),
+        "COPY reports the rows written:\n{}",
+        stdout(&out)
+    );
+    assert!(out_file.is_file());
+
+    // Re-read the written file and compare with Python onnxruntime's reference.
+    let check = format!(
+        "SELECT count(*) AS n, sum(CASE WHEN abs(s.score - r.score) <= 1e-6 * greatest(abs(r.score), 1) THEN 1 ELSE 0 END) AS same \
+         FROM '{}' s JOIN 'data/reference/linear.parquet' r ON s.id = r.id",
+        out_file.display()
+    );
+    let out = batchinfer(&["query", "--format", "csv", "-e", &check]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "n,same\n10000,10000\n");
+}
+
+#[test]
+fn file_with_several_statements_runs_them_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.sql");
+    std::fs::write(
+        &job,
+        format!(
+            "-- a job file\n\
+             CREATE EXTERNAL TABLE customers STORED AS PARQUET LOCATION 'data/sample/customers.parquet';\n\
+             CREATE TABLE scored AS SELECT id, predict('churn', city, age, spend)['label'] AS label FROM customers;\n\
+             COPY scored TO '{}/scored.parquet' STORED AS PARQUET;\n\
+             SELECT count(*) AS n FROM '{}/scored.parquet';\n",
+            dir.path().display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "-f",
+        job.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    // COPY prints its count, then the SELECT prints its row.
+    assert_eq!(stdout(&out), "count\n2000\nn\n2000\n");
+}
+
+#[test]
+fn engine_options_go_before_or_after_the_subcommand() {
+    let sql = format!("SELECT {LINEAR} AS s FROM 'data/sample/features.parquet' WHERE id = 0");
+    let before = batchinfer(&[
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "query",
+        "-e",
+        &sql,
+    ]);
+    let after = batchinfer(&[
+        "query",
+        "-e",
+        &sql,
+        "--format",
+        "csv",
+        "--models",
+        "data/models",
+    ]);
+    assert_ok(&before);
+    assert_ok(&after);
+    assert_eq!(stdout(&before), stdout(&after));
+    assert!(stdout(&before).starts_with("s\n"));
+}
+
+#[test]
+fn formats_print_the_same_rows() {
+    let sql = "SELECT id, predict('iris', sepal_length, sepal_width, petal_length, petal_width)['label'] AS label \
+               FROM 'data/sample/iris.parquet' WHERE id IN (0, 149) ORDER BY id";
+    let run = |format: &str| {
+        let out = batchinfer(&[
+            "query",
+            "--models",
+            "data/models",
+            "--format",
+            format,
+            "-e",
+            sql,
+        ]);
+        assert_ok(&out);
+        stdout(&out)
+    };
+    assert_eq!(run("csv"), "id,label\n0,0\n149,2\n");
+    assert_eq!(
+        run("json"),
+        "[{\"id\":0,\"label\":0},{\"id\":149,\"label\":2}]\n"
+    );
+    assert_eq!(
+        run("ndjson"),
+        "{\"id\":0,\"label\":0}\n{\"id\":149,\"label\":2}\n"
+    );
+    let table = run("table");
+    assert!(table.contains("| id  | label |"), "{table}");
+    assert!(table.contains("| 149 | 2     |"), "{table}");
+}
+
+#[test]
+fn list_and_struct_results_print_as_csv() {
+    let sql = "SELECT predict('iris', sepal_length, sepal_width, petal_length, petal_width) AS p \
+               FROM 'data/sample/iris.parquet' WHERE id = 0";
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "-e",
+        sql,
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("p\n\"{label: 0, probabilities: ["),
+        "{text}"
+    );
+}
+
+#[test]
+fn directories_are_queried_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    for part in 0..3 {
+        let sql = format!(
+            "COPY (SELECT * FROM 'data/sample/features.parquet' WHERE id % 3 = {part}) TO '{}/part{part}.parquet' STORED AS PARQUET",
+            dir.path().display()
+        );
+        assert_ok(&batchinfer(&["query", "-e", &sql]));
+    }
+    let sql = format!(
+        "SELECT count(*) AS n, count({LINEAR}) AS scored FROM '{}/'",
+        dir.path().display()
+    );
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "-e",
+        &sql,
+    ]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "n,scored\n10000,10000\n");
+}
+
+#[test]
+fn statements_from_standard_input_without_a_subcommand() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(["--models", "data/models", "--format", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\n",
+        )
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "n\n150\ntwo\n2\n");
+}
+
+#[test]
+fn unknown_model_fails_cleanly_and_lists_the_models() {
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "-e",
+        "SELECT predict('nope', 1.0)",
+    ]);
+    assert_clean_failure(
+        &out,
+        "unknown model 'nope'; the models are: breast_cancer, churn, iris",
+    );
+}
+
+#[test]
+fn wrong_columns_fail_cleanly_naming_the_inputs() {
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "-e",
+        "SELECT predict('churn', age, spend) FROM 'data/sample/customers.parquet'",
+    ]);
+    assert_clean_failure(
+        &out,
+        "model 'churn': the model takes 3 inputs, 2 columns were given",
+    );
+    assert!(
+        stderr(&out).contains("city: string [N, 1]"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn missing_input_file_fails_cleanly() {
+    let out = batchinfer(&[
+        "query",
+        "-e",
+        "SELECT * FROM 'data/sample/no_such_file.parquet'",
+    ]);
+    assert_clean_failure(&out, "no_such_file.parquet");
+}
+
+#[test]
+fn missing_models_folder_fails_cleanly() {
+    let out = batchinfer(&["query", "--models", "no/such/folder", "-e", "SELECT 1"]);
+    assert_clean_failure(&out, "reading the models folder no/such/folder");
+}
+
+#[test]
+fn corrupt_model_file_fails_cleanly_naming_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("broken.onnx"), b"this is not an ONNX model").unwrap();
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        dir.path().to_str().unwrap(),
+        "-e",
+        "SELECT predict('broken', 1.0)",
+    ]);
+    assert_clean_failure(&out, "model 'broken' could not be loaded from");
+}
+
+#[test]
+fn models_in_subfolders_are_found_by_folder_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("scorer")).unwrap();
+    std::fs::copy(
+        "data/models/linear.onnx",
+        dir.path().join("scorer/model.onnx"),
+    )
+    .unwrap();
+    let sql = "SELECT count(predict('scorer', features)) AS n FROM 'data/sample/vectors.parquet'";
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        dir.path().to_str().unwrap(),
+        "--format",
+        "csv",
+        "-e",
+        sql,
+    ]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "n\n10000\n");
+}
+
+#[test]
+fn failed_statement_stops_the_script_with_a_nonzero_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("never.parquet");
+    let sql = format!(
+        "SELECT predict('nope', 1); COPY (SELECT 1 AS a) TO '{}' STORED AS PARQUET",
+        target.display()
+    );
+    let out = batchinfer(&["query", "--models", "data/models", "-e", &sql]);
+    assert_clean_failure(&out, "unknown model 'nope'");
+    assert!(
+        !Path::new(&target).exists(),
+        "statements after a failure must not run"
+    );
+}
+
+#[test]
+fn unusable_onnx_runtime_library_says_how_to_provide_one() {
+    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args([
+            "query",
+            "--models",
+            "data/models",
+            "-e",
+            "SELECT predict('linear', features) FROM 'data/sample/vectors.parquet'",
+        ])
+        .env("ORT_DYLIB_PATH", "/no/such/libonnxruntime.so")
+        .output()
+        .unwrap();
+    assert_clean_failure(
+        &out,
+        "ORT_DYLIB_PATH is /no/such/libonnxruntime.so, which is not a file",
+    );
+    assert!(
+        stderr(&out).contains("pip install onnxruntime==1.31.1"),
+        "{}",
+        stderr(&out)
+    );
+}
