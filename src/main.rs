@@ -81,6 +81,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(main_inner(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that stopped reading (`batchinfer ... | head`) is not a failure.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("Error: {}", display_error(&e));
             ExitCode::FAILURE
