@@ -19,6 +19,22 @@ pub struct EngineConfig {
     pub intra_threads: usize,
     /// Rows per record batch that DataFusion reads and hands to `predict`.
     pub batch_size: usize,
+    /// ONNX Runtime graph optimizations applied when a model is loaded.
+    pub optimization: GraphOptimization,
+}
+
+/// ONNX Runtime's graph optimization levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum GraphOptimization {
+    /// No graph rewrites.
+    Disable,
+    /// Constant folding and redundant-node removal.
+    Basic,
+    /// Basic, plus fusions of common node patterns.
+    Extended,
+    /// Everything, including layout optimizations (the default).
+    #[default]
+    All,
 }
 
 impl Default for EngineConfig {
@@ -29,6 +45,7 @@ impl Default for EngineConfig {
             sessions_per_model: 0,
             intra_threads: 0,
             batch_size: 8192,
+            optimization: GraphOptimization::All,
         }
     }
 }

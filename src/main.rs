@@ -4,6 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use batchinfer::config::GraphOptimization;
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
 use batchinfer::{Engine, EngineConfig, Error, Result};
@@ -46,6 +47,10 @@ struct EngineArgs {
     /// Rows per record batch read from the input [default: 8192]
     #[arg(long, global = true, value_name = "ROWS")]
     batch_rows: Option<usize>,
+
+    /// ONNX Runtime graph optimizations applied when a model is loaded
+    #[arg(long, global = true, value_enum, default_value_t = GraphOptimization::All)]
+    graph_optimization: GraphOptimization,
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,6 +106,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
         sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
         batch_size: args.batch_rows.unwrap_or(defaults.batch_size),
+        optimization: args.graph_optimization,
     };
     let engine = Engine::new(config)?;
     match cli.command {

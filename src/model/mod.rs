@@ -106,6 +106,7 @@ impl ModelRegistry {
             options: SessionOptions {
                 max_sessions: config.sessions(),
                 intra_threads: config.threads_per_session(),
+                optimization: config.optimization,
             },
         }
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 
+use crate::config::GraphOptimization;
 use crate::runtime;
 
 /// How sessions of a model are built.
@@ -16,6 +17,7 @@ use crate::runtime;
 pub struct SessionOptions {
     pub max_sessions: usize,
     pub intra_threads: usize,
+    pub optimization: GraphOptimization,
 }
 
 #[derive(Debug)]
@@ -134,7 +136,12 @@ fn build_session(bytes: &[u8], options: SessionOptions) -> Result<Session, Strin
     let env = runtime::environment().map_err(|e| e.to_string())?;
     let build = || -> ort::Result<Session> {
         Session::builder(env)?
-            .with_optimization_level(GraphOptimizationLevel::All)?
+            .with_optimization_level(match options.optimization {
+                GraphOptimization::Disable => GraphOptimizationLevel::Disable,
+                GraphOptimization::Basic => GraphOptimizationLevel::Level1,
+                GraphOptimization::Extended => GraphOptimizationLevel::Level2,
+                GraphOptimization::All => GraphOptimizationLevel::All,
+            })?
             .with_intra_threads(options.intra_threads.max(1))?
             .with_inter_threads(1)?
             // Threads that spin between calls steal the cores DataFusion decodes Parquet on.

@@ -91,7 +91,10 @@ fn score_dense(
     }
     let joined = per_output
         .into_iter()
-        .map(|parts| {
+        .map(|mut parts| {
+            if parts.len() == 1 {
+                return Ok(parts.remove(0));
+            }
             let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
             concat(&refs)
         })
