@@ -187,13 +187,17 @@ fn predict_overhead(c: &mut Criterion) {
     let mut group = c.benchmark_group("predict_8192_rows");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.bench_function("whole_udf_10_columns", |b| {
-        b.iter(|| std::hint::black_box(score(&model, &binding, &columns, ROWS, 0).unwrap()))
+        b.iter(|| {
+            std::hint::black_box(
+                score(&model, &binding, &columns, ROWS, Default::default()).unwrap(),
+            )
+        })
     });
     let packed = floats(ROWS * K);
     group.bench_function("model_call_alone", |b| {
         b.iter(|| {
             let input = TensorRef::from_array_view(([ROWS, K], packed.as_slice())).unwrap();
-            std::hint::black_box(model.run(vec![input.into()]).unwrap());
+            std::hint::black_box(model.run(vec![input.into()], ROWS).unwrap());
         })
     });
     group.finish();

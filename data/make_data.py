@@ -241,6 +241,31 @@ def make_types(rng: np.random.Generator) -> None:
     write_parquet(pa.table({"id": ids, "y": y}), REFERENCE / "types.parquet")
 
 
+def make_lookup() -> None:
+    """A model that fails inside its graph for some rows: Gather from a 10-entry table, so an
+    index outside 0..9 makes ONNX Runtime fail the call (for batchinfer.on_error)."""
+    table = (np.arange(10, dtype=np.float32) * 1.5).reshape(10)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "idx"], ["value"], axis=0)],
+        "lookup",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("value", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "lookup")
+
+
+def make_half() -> None:
+    """A model with a float16 input, which batchinfer does not convert yet (an error case)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+    )
+    save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "half")
+
+
 def main() -> None:
     for d in (MODELS, SAMPLE, REFERENCE):
         d.mkdir(parents=True, exist_ok=True)
@@ -251,6 +276,8 @@ def main() -> None:
     make_churn(rng)
     make_two_inputs(rng)
     make_types(rng)
+    make_lookup()
+    make_half()
     for d in (MODELS, SAMPLE, REFERENCE):
         for f in sorted(d.iterdir()):
             print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use datafusion::common::config::ConfigExtension;
+use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
 use datafusion::common::extensions_options;
+use datafusion::error::DataFusionError;
 
 /// Settings fixed for the life of an engine (one process, or one library `Engine`).
 #[derive(Debug, Clone)]
@@ -21,6 +22,8 @@ pub struct EngineConfig {
     pub batch_size: usize,
     /// ONNX Runtime graph optimizations applied when a model is loaded.
     pub optimization: GraphOptimization,
+    /// Bytes that DataFusion's buffering operators may hold before they spill (None: no limit).
+    pub memory_limit: Option<usize>,
 }
 
 /// ONNX Runtime's graph optimization levels.
@@ -46,6 +49,7 @@ impl Default for EngineConfig {
             intra_threads: 0,
             batch_size: 8192,
             optimization: GraphOptimization::All,
+            memory_limit: None,
         }
     }
 }
@@ -90,9 +94,101 @@ extensions_options! {
     pub struct BatchInferOptions {
         /// Most rows per model call (0: the whole record batch in one call).
         pub batch_size: usize, default = 0
+        /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
+        pub on_error: OnError, default = OnError::Fail
+    }
+}
+
+/// `SET batchinfer.on_error = 'fail' | 'null'`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// A model call that fails fails the statement (the default).
+    #[default]
+    Fail,
+    /// The rows the model fails on are isolated (by bisecting the call) and get NULL; the
+    /// statement goes on and the count of such rows is reported when it ends.
+    Null,
+}
+
+impl std::fmt::Display for OnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnError::Fail => "fail",
+            OnError::Null => "null",
+        })
+    }
+}
+
+impl ConfigField for OnError {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        *self = match value.trim().to_ascii_lowercase().as_str() {
+            "fail" => OnError::Fail,
+            "null" => OnError::Null,
+            other => {
+                return Err(DataFusionError::Configuration(format!(
+                    "batchinfer.on_error must be 'fail' or 'null', not '{other}'"
+                )));
+            }
+        };
+        Ok(())
+    }
+
+    fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
+        *self = OnError::Fail;
+        Ok(())
     }
 }
 
 impl ConfigExtension for BatchInferOptions {
     const PREFIX: &'static str = "batchinfer";
+}
+
+/// Parses a size such as `512M`, `2G`, `1.5g`, `100000` (bytes; K, M, G, T are powers of 1024).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches(['B', 'I'])
+    {
+        "" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        "G" => 1024.0 * 1024.0 * 1024.0,
+        "T" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => {
+            return Err(format!(
+                "'{text}' is not a size: use a number with K, M, G or T"
+            ));
+        }
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size: use a number with K, M, G or T"))?;
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("'{text}' is not a positive size"));
+    }
+    Ok((value * scale) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("1000"), Ok(1000));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+    }
 }

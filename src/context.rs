@@ -1,25 +1,51 @@
 //! The one place that builds a DataFusion `SessionContext` for batchinfer: its functions, its
 //! configuration and the tables it can read by path.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionConfig;
 
 use crate::config::{BatchInferOptions, EngineConfig};
+use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::udf::PredictUdf;
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
 /// files or folders directly (`FROM 'data/sample/features.parquet'`).
-pub fn build_context(config: &EngineConfig, registry: Arc<ModelRegistry>) -> SessionContext {
+///
+/// With a memory limit, operators that buffer (sorts, aggregations, joins) share a fair pool of
+/// that size and spill to temporary files, or fail with "Resources exhausted" naming the biggest
+/// consumers, rather than let the process be killed.
+pub fn build_context(
+    config: &EngineConfig,
+    registry: Arc<ModelRegistry>,
+) -> Result<SessionContext> {
     let session_config = SessionConfig::new()
         .with_target_partitions(config.partitions())
         .with_batch_size(config.batch_size)
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default());
-    let ctx = SessionContext::new_with_config(session_config).enable_url_table();
+    let mut runtime = RuntimeEnvBuilder::new();
+    let mut session_config = session_config;
+    if let Some(limit) = config.memory_limit {
+        // A sort reserves this much up front for its merge; DataFusion's 10 MB would exceed a
+        // small limit by itself and turn a sort that could spill into an error.
+        let execution = &mut session_config.options_mut().execution;
+        execution.sort_spill_reservation_bytes =
+            execution.sort_spill_reservation_bytes.min(limit / 8);
+        let pool = TrackConsumersPool::new(
+            FairSpillPool::new(limit),
+            NonZeroUsize::new(5).expect("5 > 0"),
+        );
+        runtime = runtime.with_memory_pool(Arc::new(pool));
+    }
+    let ctx =
+        SessionContext::new_with_config_rt(session_config, runtime.build_arc()?).enable_url_table();
     ctx.register_udf(ScalarUDF::from(PredictUdf::new(registry)));
-    ctx
+    Ok(ctx)
 }

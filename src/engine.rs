@@ -42,7 +42,7 @@ impl Engine {
         if let Some(dir) = &config.models_dir {
             registry.register_dir(dir)?;
         }
-        let ctx = build_context(&config, registry.clone());
+        let ctx = build_context(&config, registry.clone())?;
         Ok(Engine {
             ctx,
             registry,

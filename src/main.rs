@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use batchinfer::config::GraphOptimization;
+use batchinfer::config::{GraphOptimization, parse_size};
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
 use batchinfer::{Engine, EngineConfig, Error, Result};
@@ -51,6 +51,10 @@ struct EngineArgs {
     /// ONNX Runtime graph optimizations applied when a model is loaded
     #[arg(long, global = true, value_enum, default_value_t = GraphOptimization::All)]
     graph_optimization: GraphOptimization,
+
+    /// Memory for sorts, aggregations and joins before they spill to disk, e.g. 2G [default: no limit]
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
+    memory_limit: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +111,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
         batch_size: args.batch_rows.unwrap_or(defaults.batch_size),
         optimization: args.graph_optimization,
+        memory_limit: args.memory_limit,
     };
     let engine = Engine::new(config)?;
     match cli.command {
@@ -147,6 +152,11 @@ async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<
         stdout
             .flush()
             .map_err(|e| Error::io("writing results", e))?;
+        for (model, rows) in engine.registry().take_failed_rows() {
+            eprintln!(
+                "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
+            );
+        }
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use ort::environment::Environment;
 use sha2::{Digest, Sha256};
@@ -66,7 +66,17 @@ pub fn environment() -> Result<&'static Environment> {
                     how_to_provide()
                 )
             })?;
+            // ONNX Runtime logs failures to stderr itself; batchinfer reports them in its own
+            // errors, so its log is shown only on request (BATCHINFER_ORT_LOG=1).
+            let verbose = std::env::var_os("BATCHINFER_ORT_LOG").is_some();
+            let logger: ort::logging::LoggerFunction =
+                Arc::new(move |level, category, _, location, message| {
+                    if verbose {
+                        eprintln!("onnxruntime {level:?} [{category}] {location}: {message}");
+                    }
+                });
             builder
+                .with_logger(logger)
                 .with_name("batchinfer")
                 .with_telemetry(false)
                 .build()

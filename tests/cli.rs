@@ -250,7 +250,7 @@ fn unknown_model_fails_cleanly_and_lists_the_models() {
     ]);
     assert_clean_failure(
         &out,
-        "unknown model 'nope'; the models are: breast_cancer, churn, iris",
+        "unknown model 'nope'; the models are: breast_cancer, churn, half, iris",
     );
 }
 

@@ -9,6 +9,7 @@ pub mod signature;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ort::session::SessionInputValue;
@@ -31,23 +32,50 @@ pub struct Model {
     /// sha256 of the model file, recorded with the results it produces.
     pub sha256: String,
     pub size_bytes: usize,
+    /// Rows given NULL because the model failed on them (`batchinfer.on_error = 'null'`).
+    pub failed_rows: AtomicU64,
+    /// Calls into ONNX Runtime, rows scored, and nanoseconds spent inside ONNX Runtime.
+    pub stats: ModelStats,
     pool: SessionPool,
+}
+
+/// Counters of a model's work since it was loaded.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    pub calls: AtomicU64,
+    pub rows: AtomicU64,
+    pub nanos: AtomicU64,
 }
 
 impl Model {
     /// Reads and loads a model file. The bytes are read once and kept, so that a file replaced
     /// on disk while the process runs is never half-read by a later session.
     pub fn load(name: &str, path: &Path, options: SessionOptions) -> Result<Model> {
+        let bytes: Arc<[u8]> = std::fs::read(path)
+            .map_err(|e| Error::ModelLoad {
+                model: name.to_string(),
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?
+            .into();
+        Self::from_bytes(name, path, bytes, options)
+    }
+
+    /// Loads a model from its bytes; `path` says where they came from, for messages.
+    pub fn from_bytes(
+        name: &str,
+        path: &Path,
+        bytes: Arc<[u8]>,
+        options: SessionOptions,
+    ) -> Result<Model> {
         let load_error = |message: String| Error::ModelLoad {
             model: name.to_string(),
             path: path.display().to_string(),
             message,
         };
-        let bytes: Arc<[u8]> = std::fs::read(path)
-            .map_err(|e| load_error(e.to_string()))?
-            .into();
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        let (pool, first) = SessionPool::new(bytes.clone(), options).map_err(load_error)?;
+        let size_bytes = bytes.len();
+        let (pool, first) = SessionPool::new(bytes, options).map_err(load_error)?;
         let signature = ModelSignature::from_session(&first).map_err(load_error)?;
         pool.give(first);
         Ok(Model {
@@ -55,18 +83,29 @@ impl Model {
             path: path.to_path_buf(),
             signature,
             sha256,
-            size_bytes: bytes.len(),
+            size_bytes,
+            failed_rows: AtomicU64::new(0),
+            stats: ModelStats::default(),
             pool,
         })
     }
 
-    /// Runs the model on one set of input tensors and returns its outputs in the model's order.
+    /// Runs the model on one set of input tensors (of `rows` rows) and returns its outputs in the
+    /// model's order.
     pub fn run(
         &self,
         inputs: Vec<SessionInputValue<'_>>,
+        rows: usize,
     ) -> std::result::Result<Vec<DynValue>, String> {
         let mut session = self.pool.acquire()?;
-        let mut outputs = session.run(inputs.as_slice()).map_err(|e| e.to_string())?;
+        let started = std::time::Instant::now();
+        let result = session.run(inputs.as_slice());
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.stats
+            .nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut outputs = result.map_err(|e| e.to_string())?;
         self.signature
             .outputs
             .iter()
@@ -96,6 +135,7 @@ struct ModelEntry {
 pub struct ModelRegistry {
     entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
     options: SessionOptions,
+    loads: AtomicU64,
 }
 
 impl ModelRegistry {
@@ -103,6 +143,7 @@ impl ModelRegistry {
     pub fn new(config: &EngineConfig) -> Self {
         ModelRegistry {
             entries: RwLock::new(BTreeMap::new()),
+            loads: AtomicU64::new(0),
             options: SessionOptions {
                 max_sessions: config.sessions(),
                 intra_threads: config.threads_per_session(),
@@ -176,8 +217,30 @@ impl ModelRegistry {
             return Ok(model.clone());
         }
         let model = Arc::new(Model::load(name, &entry.path, self.options)?);
+        self.loads.fetch_add(1, Ordering::Relaxed);
         *loaded = Some(model.clone());
         Ok(model)
+    }
+
+    /// How many times a model file was loaded (each model once, unless re-registered).
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Rows given NULL on model failure since the last call, per model; resets the counts.
+    pub fn take_failed_rows(&self) -> Vec<(String, u64)> {
+        self.read()
+            .iter()
+            .filter_map(|(name, entry)| {
+                let loaded = entry
+                    .loaded
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()?;
+                let n = loaded.failed_rows.swap(0, Ordering::Relaxed);
+                (n > 0).then(|| (name.clone(), n))
+            })
+            .collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {

@@ -2,6 +2,7 @@
 //! cap, or the batch dimension a model fixes), results joined and put back in row order.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, StructArray, UInt32Array, new_empty_array, new_null_array,
@@ -11,18 +12,28 @@ use datafusion::arrow::compute::{concat, filter, take};
 use datafusion::arrow::datatypes::{DataType, Fields};
 
 use super::Model;
+use crate::config::OnError;
 use crate::error::{Error, Result};
 use crate::tensor::input::{InputBinding, InputTensor, prepare};
 use crate::tensor::output::to_array;
 
-/// Scores `rows` rows of `columns` (the feature columns) with `model`; at most `max_rows` rows
-/// per model call (0: no cap). A row with a NULL in any feature column gets a NULL result.
+/// How a batch is cut into model calls, and what a failing call does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScoreOptions {
+    /// Most rows per model call (0: no cap).
+    pub max_rows: usize,
+    /// Fail the batch, or give NULL to the rows the model fails on.
+    pub on_error: OnError,
+}
+
+/// Scores `rows` rows of `columns` (the feature columns) with `model`. A row with a NULL in any
+/// feature column gets a NULL result.
 pub fn score(
     model: &Model,
     binding: &InputBinding,
     columns: &[ArrayRef],
     rows: usize,
-    max_rows: usize,
+    options: ScoreOptions,
 ) -> Result<ArrayRef> {
     let out_type = &model.signature.output_type;
     if rows == 0 {
@@ -32,7 +43,7 @@ pub fn score(
         NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
     });
     let Some(valid) = valid.filter(|v| v.null_count() > 0) else {
-        return score_dense(model, binding, columns, rows, max_rows);
+        return score_dense(model, binding, columns, rows, options);
     };
     let present = valid.len() - valid.null_count();
     if present == 0 {
@@ -43,19 +54,22 @@ pub fn score(
         .iter()
         .map(|c| filter(c.as_ref(), &mask))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let scored = score_dense(model, binding, &dense, present, max_rows)?;
-    // Row i takes result k (its rank among the valid rows), or NULL.
+    let scored = score_dense(model, binding, &dense, present, options)?;
+    scatter(scored.as_ref(), valid.iter())
+}
+
+/// Places result k at the k-th row whose flag is true, and NULL at the others.
+fn scatter(results: &dyn Array, keep: impl Iterator<Item = bool>) -> Result<ArrayRef> {
     let mut next = 0u32;
-    let positions: UInt32Array = valid
-        .iter()
-        .map(|is_valid| {
-            is_valid.then(|| {
+    let positions: UInt32Array = keep
+        .map(|kept| {
+            kept.then(|| {
                 next += 1;
                 next - 1
             })
         })
         .collect();
-    Ok(take(scored.as_ref(), &positions, None)?)
+    Ok(take(results, &positions, None)?)
 }
 
 /// Scores rows that have no NULL feature, in calls of the right size.
@@ -64,32 +78,34 @@ fn score_dense(
     binding: &InputBinding,
     columns: &[ArrayRef],
     rows: usize,
-    max_rows: usize,
+    options: ScoreOptions,
 ) -> Result<ArrayRef> {
     let fixed = model.signature.fixed_batch();
-    let chunk = match (fixed, max_rows) {
+    let chunk = match (fixed, options.max_rows) {
         (Some(f), _) => f,
         (None, 0) => rows,
         (None, m) => m.min(rows),
     };
-    let outputs = model.signature.outputs.len();
-    let mut per_output: Vec<Vec<ArrayRef>> = vec![Vec::new(); outputs];
+    let mut scored = Scored {
+        per_output: vec![Vec::new(); model.signature.outputs.len()],
+        failed: Vec::new(),
+    };
     let mut start = 0;
     while start < rows {
         let len = chunk.min(rows - start);
-        let arrays = call_columns(columns, start, len, fixed)?;
-        let call_rows = fixed.unwrap_or(len);
-        let results = call(model, binding, &arrays, call_rows, start)?;
-        for (all, result) in per_output.iter_mut().zip(results) {
-            all.push(if result.len() > len {
-                result.slice(0, len)
-            } else {
-                result
-            });
-        }
+        score_range(
+            model,
+            binding,
+            columns,
+            start,
+            len,
+            options.on_error,
+            &mut scored,
+        )?;
         start += len;
     }
-    let joined = per_output
+    let joined = scored
+        .per_output
         .into_iter()
         .map(|mut parts| {
             if parts.len() == 1 {
@@ -99,7 +115,84 @@ fn score_dense(
             concat(&refs)
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    assemble(&model.signature.output_type, joined)
+    let result = assemble(&model.signature.output_type, joined)?;
+    if scored.failed.is_empty() {
+        return Ok(result);
+    }
+    model
+        .failed_rows
+        .fetch_add(scored.failed.len() as u64, Ordering::Relaxed);
+    let mut positions: Vec<Option<u32>> = (0..rows as u32).map(Some).collect();
+    for row in scored.failed {
+        positions[row] = None;
+    }
+    // Through `take`, so that a struct result is NULL as a whole, not field by field.
+    Ok(take(result.as_ref(), &UInt32Array::from(positions), None)?)
+}
+
+/// Results gathered call by call, and the rows the model failed on.
+struct Scored {
+    per_output: Vec<Vec<ArrayRef>>,
+    failed: Vec<usize>,
+}
+
+/// Scores rows `start..start + len`. With `on_error = null`, a failing call is split in halves
+/// until the rows that fail on their own are found; they get placeholder results and are
+/// recorded as failed. A row's result never depends on which rows shared its call.
+fn score_range(
+    model: &Model,
+    binding: &InputBinding,
+    columns: &[ArrayRef],
+    start: usize,
+    len: usize,
+    on_error: OnError,
+    scored: &mut Scored,
+) -> Result<()> {
+    let fixed = model.signature.fixed_batch();
+    let arrays = call_columns(columns, start, len, fixed)?;
+    match call(
+        model,
+        binding,
+        &arrays,
+        fixed.unwrap_or(len).max(len),
+        start,
+    ) {
+        Ok(results) => {
+            for (all, result) in scored.per_output.iter_mut().zip(results) {
+                all.push(if result.len() > len {
+                    result.slice(0, len)
+                } else {
+                    result
+                });
+            }
+            Ok(())
+        }
+        Err(_) if on_error == OnError::Null && len == 1 => {
+            for (all, ty) in scored
+                .per_output
+                .iter_mut()
+                .zip(&model.signature.output_types)
+            {
+                all.push(new_null_array(ty, 1));
+            }
+            scored.failed.push(start);
+            Ok(())
+        }
+        Err(_) if on_error == OnError::Null => {
+            let half = len / 2;
+            score_range(model, binding, columns, start, half, on_error, scored)?;
+            score_range(
+                model,
+                binding,
+                columns,
+                start + half,
+                len - half,
+                on_error,
+                scored,
+            )
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The columns for one call: a zero-copy slice, padded by repeating the last row when the model
@@ -150,7 +243,7 @@ fn call(
         .map(InputTensor::to_value)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(failed)?;
-    let outputs = model.run(values).map_err(failed)?;
+    let outputs = model.run(values, rows).map_err(failed)?;
     let signature = &model.signature;
     outputs
         .iter()

@@ -107,10 +107,17 @@ fn castable(from: &DataType, to: TensorElementType) -> bool {
         return false;
     };
     match to {
+        // Binary columns are accepted as text and checked to be UTF-8 row by row.
         TensorElementType::String => {
             matches!(
                 from,
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+                DataType::Utf8
+                    | DataType::LargeUtf8
+                    | DataType::Utf8View
+                    | DataType::Binary
+                    | DataType::LargeBinary
+                    | DataType::BinaryView
+                    | DataType::Null
             ) || matches!(from, DataType::Dictionary(_, v) if castable(v, to))
         }
         // Numbers are not parsed from text: that is a mistake more often than an intent.
@@ -278,9 +285,16 @@ pub fn prepare(
     columns: &[ArrayRef],
     rows: usize,
 ) -> Result<InputTensor, String> {
-    let element = input
-        .element
-        .ok_or_else(|| format!("input '{}' is not a tensor", input.name))?;
+    prepare_values(input, source, columns, rows).map_err(|e| format!("input '{}': {e}", input.name))
+}
+
+fn prepare_values(
+    input: &TensorSpec,
+    source: &InputSource,
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<InputTensor, String> {
+    let element = input.element.ok_or("not a tensor")?;
     let target = element_arrow_type(element)
         .ok_or_else(|| format!("input '{}': unsupported element type", input.name))?;
     let (values, shape) = match source {

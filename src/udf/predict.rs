@@ -21,7 +21,7 @@ use datafusion::logical_expr::{
 use crate::config::BatchInferOptions;
 use crate::error::Error;
 use crate::model::ModelRegistry;
-use crate::model::score::score;
+use crate::model::score::{ScoreOptions, score};
 use crate::tensor::input::InputBinding;
 
 /// The `predict` scalar function over a [`ModelRegistry`].
@@ -124,12 +124,15 @@ impl ScalarUDFImpl for PredictUdf {
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
         let (model, binding) = self.bind(&name, &types)?;
-        let max_rows = args
+        let options = args
             .config_options
             .extensions
             .get::<BatchInferOptions>()
-            .map_or(0, |o| o.batch_size);
-        let result = score(&model, &binding, &columns, rows, max_rows)?;
+            .map_or_else(ScoreOptions::default, |o| ScoreOptions {
+                max_rows: o.batch_size,
+                on_error: o.on_error,
+            });
+        let result = score(&model, &binding, &columns, rows, options)?;
         if result.data_type() != args.return_field.data_type() {
             return exec_err!(
                 "predict: model '{name}' now returns {}, but the query was planned for {} (was the model replaced?)",
