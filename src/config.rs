@@ -96,6 +96,9 @@ extensions_options! {
         pub batch_size: usize, default = 0
         /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
         pub on_error: OnError, default = OnError::Fail
+        /// embed: most tokens (rows x padded length) per model call, rows sorted by length
+        /// (0: no sorting, calls of 32 rows in the input's order).
+        pub token_budget: usize, default = 2048
     }
 }
 

@@ -3,9 +3,11 @@
 //! A model is registered from a path and loaded on first use, once per process; the loaded model
 //! (its signature and its session pool) is shared by every partition of every query.
 
+pub mod embed;
 mod pool;
 pub mod score;
 pub mod signature;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +38,8 @@ pub struct Model {
     pub failed_rows: AtomicU64,
     /// Calls into ONNX Runtime, rows scored, and nanoseconds spent inside ONNX Runtime.
     pub stats: ModelStats,
+    /// Tokenizer and pooling, for a model folder with `tokenizer.json` (`embed` needs one).
+    pub text: Option<text::TextConfig>,
     pool: SessionPool,
 }
 
@@ -58,7 +62,18 @@ impl Model {
                 message: e.to_string(),
             })?
             .into();
-        Self::from_bytes(name, path, bytes, options)
+        let mut model = Self::from_bytes(name, path, bytes, options)?;
+        if path.file_name().is_some_and(|f| f == "model.onnx")
+            && let Some(dir) = path.parent()
+        {
+            model.text =
+                text::TextConfig::from_folder(dir).map_err(|message| Error::ModelLoad {
+                    model: name.to_string(),
+                    path: dir.display().to_string(),
+                    message,
+                })?;
+        }
+        Ok(model)
     }
 
     /// Loads a model from its bytes; `path` says where they came from, for messages.
@@ -86,6 +101,7 @@ impl Model {
             size_bytes,
             failed_rows: AtomicU64::new(0),
             stats: ModelStats::default(),
+            text: None,
             pool,
         })
     }
@@ -115,6 +131,11 @@ impl Model {
                     .ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))
             })
             .collect()
+    }
+
+    /// Most sessions this model's pool will build: how many calls can run at once.
+    pub fn max_sessions(&self) -> usize {
+        self.pool.max_sessions()
     }
 
     /// ONNX Runtime sessions built for this model so far.

@@ -94,6 +94,11 @@ impl SessionPool {
         }
     }
 
+    /// The most sessions this pool builds.
+    pub fn max_sessions(&self) -> usize {
+        self.options.max_sessions.max(1)
+    }
+
     /// Sessions built so far.
     pub fn sessions(&self) -> usize {
         self.lock().created

@@ -1,0 +1,278 @@
+//! Embedding texts with a text model: tokenize, sort by token count, cut micro-batches by a token
+//! budget, run them on the model's sessions in parallel, pool and normalize, and put the vectors
+//! back in the order of the texts.
+//!
+//! Sorting keeps padding small (a micro-batch's rows have similar lengths, so little of each call
+//! is spent on padding); the token budget (rows x padded length) keeps calls of long texts from
+//! growing large. Each worker prepares its next micro-batch (padding into tensors) while the
+//! other workers' model calls run, so preparation overlaps with inference.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ort::value::TensorRef;
+use tokenizers::Encoding;
+
+use super::Model;
+use super::text::{Pooling, TextConfig};
+
+/// How texts are cut into model calls.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedOptions {
+    /// Most tokens (rows x padded length) per model call; 0: no sorting, calls of
+    /// `rows_per_call` rows in the texts' own order (the naive way, for comparison).
+    pub token_budget: usize,
+    /// Rows per call when `token_budget` is 0.
+    pub rows_per_call: usize,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        EmbedOptions {
+            token_budget: 2048,
+            rows_per_call: 32,
+        }
+    }
+}
+
+/// The names of a text model's inputs, found by name.
+struct TextInputs {
+    ids: usize,
+    mask: usize,
+    types: Option<usize>,
+}
+
+fn text_inputs(model: &Model) -> Result<TextInputs, String> {
+    let find = |name: &str| model.signature.inputs.iter().position(|i| i.name == name);
+    let (Some(ids), Some(mask)) = (find("input_ids"), find("attention_mask")) else {
+        return Err(format!(
+            "a text model takes input_ids and attention_mask (and optionally token_type_ids); this one takes:\n{}",
+            model.signature.describe_inputs()
+        ));
+    };
+    let types = find("token_type_ids");
+    let known = 2 + usize::from(types.is_some());
+    if model.signature.inputs.len() != known {
+        return Err(format!(
+            "a text model takes only input_ids, attention_mask and token_type_ids; this one takes:\n{}",
+            model.signature.describe_inputs()
+        ));
+    }
+    Ok(TextInputs { ids, mask, types })
+}
+
+/// The vector size a text model produces: the last dimension of its first output.
+pub fn embedding_dim(model: &Model) -> Result<usize, String> {
+    if model.text.is_none() {
+        return Err(format!(
+            "model '{}' is not a text model: its folder needs a tokenizer.json beside model.onnx",
+            model.name
+        ));
+    }
+    text_inputs(model)?;
+    let output = &model.signature.outputs[0];
+    match output.shape.as_slice() {
+        [_, _, d] | [_, d] if *d > 0 => Ok(*d as usize),
+        _ => Err(format!(
+            "output '{}' has shape {:?}; a text model returns [N, tokens, dim] or [N, dim] with a fixed dim",
+            output.name, output.shape
+        )),
+    }
+}
+
+/// Embeds `texts`; returns `texts.len() * dim` values, row-major, in the order of `texts`.
+pub fn embed_texts(
+    model: &Model,
+    texts: &[&str],
+    options: EmbedOptions,
+) -> Result<Vec<f32>, String> {
+    let config = model.text.as_ref().ok_or("not a text model")?;
+    let inputs = text_inputs(model)?;
+    let dim = embedding_dim(model)?;
+    if texts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let encodings = config
+        .tokenizer
+        .encode_batch(texts.to_vec(), true)
+        .map_err(|e| format!("tokenizing: {e}"))?;
+    let calls = plan_calls(&encodings, options);
+    let out = Mutex::new(vec![0f32; texts.len() * dim]);
+    let next = AtomicUsize::new(0);
+    let workers = model.max_sessions().min(calls.len()).max(1);
+    let worker = || -> Result<(), String> {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(rows) = calls.get(i) else {
+                return Ok(());
+            };
+            let vectors = run_call(model, config, &inputs, &encodings, rows, dim)?;
+            let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+            for (row, vector) in rows.iter().zip(vectors.chunks_exact(dim)) {
+                out[row * dim..(row + 1) * dim].copy_from_slice(vector);
+            }
+        }
+    };
+    if workers == 1 {
+        worker()?;
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(worker)).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("an embedding worker panicked".to_string()))
+                })
+                .collect::<Result<Vec<()>, String>>()
+        })?;
+    }
+    Ok(out.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// The rows of each model call. Sorted by token count and cut by the token budget, or in order.
+fn plan_calls(encodings: &[Encoding], options: EmbedOptions) -> Vec<Vec<usize>> {
+    if options.token_budget == 0 {
+        let per_call = options.rows_per_call.max(1);
+        return (0..encodings.len())
+            .collect::<Vec<_>>()
+            .chunks(per_call)
+            .map(|c| c.to_vec())
+            .collect();
+    }
+    let mut order: Vec<usize> = (0..encodings.len()).collect();
+    order.sort_by_key(|&i| encodings[i].len());
+    let mut calls = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    for row in order {
+        // Sorted ascending: this row is the longest so far, so it sets the padded length.
+        let padded = encodings[row].len().max(1);
+        if !current.is_empty() && (current.len() + 1) * padded > options.token_budget {
+            calls.push(std::mem::take(&mut current));
+        }
+        current.push(row);
+    }
+    if !current.is_empty() {
+        calls.push(current);
+    }
+    calls
+}
+
+/// One model call: pads the rows' tokens into tensors, runs, pools; one vector per row.
+fn run_call(
+    model: &Model,
+    config: &TextConfig,
+    inputs: &TextInputs,
+    encodings: &[Encoding],
+    rows: &[usize],
+    dim: usize,
+) -> Result<Vec<f32>, String> {
+    let n = rows.len();
+    let len = rows
+        .iter()
+        .map(|&r| encodings[r].len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut ids = vec![0i64; n * len];
+    let mut mask = vec![0i64; n * len];
+    let mut types = vec![0i64; n * len];
+    for (i, &row) in rows.iter().enumerate() {
+        let e = &encodings[row];
+        for (t, ((&id, &m), &ty)) in e
+            .get_ids()
+            .iter()
+            .zip(e.get_attention_mask())
+            .zip(e.get_type_ids())
+            .enumerate()
+        {
+            ids[i * len + t] = id as i64;
+            mask[i * len + t] = m as i64;
+            types[i * len + t] = ty as i64;
+        }
+    }
+    let shape = [n, len];
+    let err = |e: ort::Error| e.to_string();
+    let mut values: Vec<Option<ort::session::SessionInputValue<'_>>> =
+        (0..model.signature.inputs.len()).map(|_| None).collect();
+    values[inputs.ids] = Some(
+        TensorRef::from_array_view((shape, ids.as_slice()))
+            .map_err(err)?
+            .into(),
+    );
+    values[inputs.mask] = Some(
+        TensorRef::from_array_view((shape, mask.as_slice()))
+            .map_err(err)?
+            .into(),
+    );
+    if let Some(t) = inputs.types {
+        values[t] = Some(
+            TensorRef::from_array_view((shape, types.as_slice()))
+                .map_err(err)?
+                .into(),
+        );
+    }
+    let values: Vec<_> = values
+        .into_iter()
+        .map(|v| v.expect("every input is set"))
+        .collect();
+    let outputs = model.run(values, n)?;
+    let (out_shape, hidden) = outputs[0].try_extract_tensor::<f32>().map_err(err)?;
+    let mut vectors = match **out_shape {
+        [b, t, d] if b as usize == n && d as usize == dim => {
+            pool(hidden, &mask, n, t as usize, dim, config.pooling)
+        }
+        [b, d] if b as usize == n && d as usize == dim => hidden.to_vec(),
+        _ => {
+            return Err(format!(
+                "output shape {:?} is not [{n}, tokens, {dim}]",
+                &**out_shape
+            ));
+        }
+    };
+    if config.normalize {
+        for v in vectors.chunks_exact_mut(dim) {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    Ok(vectors)
+}
+
+/// Pools [n, tokens, dim] token vectors into [n, dim] over the attention mask.
+fn pool(
+    hidden: &[f32],
+    mask: &[i64],
+    n: usize,
+    tokens: usize,
+    dim: usize,
+    pooling: Pooling,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n * dim];
+    for i in 0..n {
+        let row = &mut out[i * dim..(i + 1) * dim];
+        let token = |t: usize| &hidden[(i * tokens + t) * dim..(i * tokens + t + 1) * dim];
+        let present = (0..tokens).filter(|&t| mask.get(i * tokens + t).copied().unwrap_or(0) != 0);
+        match pooling {
+            Pooling::Cls => row.copy_from_slice(token(0)),
+            Pooling::Mean => {
+                let mut count = 0f32;
+                for t in present {
+                    row.iter_mut().zip(token(t)).for_each(|(r, h)| *r += h);
+                    count += 1.0;
+                }
+                let count = count.max(1e-9);
+                row.iter_mut().for_each(|r| *r /= count);
+            }
+            Pooling::Max => {
+                row.fill(f32::NEG_INFINITY);
+                for t in present {
+                    row.iter_mut()
+                        .zip(token(t))
+                        .for_each(|(r, h)| *r = r.max(*h));
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,147 @@
+//! Text models: an ONNX transformer with the files that turn text into its inputs and its
+//! outputs into one vector per text.
+//!
+//! A model folder is a text model when it holds `tokenizer.json` beside `model.onnx`. The rest
+//! follows sentence-transformers' layout, read when present:
+//! - `1_Pooling/config.json`: `pooling_mode_mean_tokens` (the default) or `pooling_mode_cls_token`
+//!   or `pooling_mode_max_tokens`;
+//! - `modules.json`: L2 normalization when it lists a `Normalize` module (without `modules.json`,
+//!   vectors are normalized);
+//! - `sentence_bert_config.json`: `max_seq_length`, where texts are truncated (else
+//!   `tokenizer_config.json`'s `model_max_length`, else 512);
+//! - `batchinfer.json` (optional, batchinfer's own): `{"pooling": "mean" | "cls" | "max",
+//!   "normalize": true | false, "max_tokens": N}` overrides any of the above.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tokenizers::{Tokenizer, TruncationParams};
+
+/// How token vectors become one text vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of the token vectors, over the attention mask.
+    Mean,
+    /// The first token's vector ([CLS]).
+    Cls,
+    /// The element-wise maximum over the attention mask.
+    Max,
+}
+
+impl Pooling {
+    fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "max" => Ok(Pooling::Max),
+            other => Err(format!("pooling '{other}' is not one of mean, cls, max")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Max => "max",
+        }
+    }
+}
+
+/// The tokenizer and the pooling settings of a text model.
+pub struct TextConfig {
+    pub tokenizer: Tokenizer,
+    pub max_tokens: usize,
+    pub pooling: Pooling,
+    pub normalize: bool,
+}
+
+impl std::fmt::Debug for TextConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextConfig")
+            .field("max_tokens", &self.max_tokens)
+            .field("pooling", &self.pooling)
+            .field("normalize", &self.normalize)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("{} is not valid JSON: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
+}
+
+impl TextConfig {
+    /// The text configuration of the model folder `dir`, or `None` when it has no tokenizer.
+    pub fn from_folder(dir: &Path) -> Result<Option<TextConfig>, String> {
+        let tokenizer_path = dir.join("tokenizer.json");
+        if !tokenizer_path.is_file() {
+            return Ok(None);
+        }
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+            format!(
+                "{} is not a usable tokenizer: {e}",
+                tokenizer_path.display()
+            )
+        })?;
+
+        let mut pooling = Pooling::Mean;
+        if let Some(config) = read_json(&dir.join("1_Pooling").join("config.json"))? {
+            let on = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+            if on("pooling_mode_cls_token") {
+                pooling = Pooling::Cls;
+            } else if on("pooling_mode_max_tokens") {
+                pooling = Pooling::Max;
+            }
+        }
+        let normalize = match read_json(&dir.join("modules.json"))? {
+            Some(Value::Array(modules)) => modules.iter().any(|m| {
+                m.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t.ends_with("Normalize"))
+            }),
+            _ => true,
+        };
+        let max_tokens = read_json(&dir.join("sentence_bert_config.json"))?
+            .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64))
+            .or_else(|| {
+                read_json(&dir.join("tokenizer_config.json"))
+                    .ok()
+                    .flatten()
+                    .and_then(|c| c.get("model_max_length").and_then(Value::as_u64))
+                    .filter(|&n| n <= 1 << 20)
+            })
+            .unwrap_or(512) as usize;
+
+        let (mut pooling, mut normalize, mut max_tokens) = (pooling, normalize, max_tokens);
+        if let Some(overrides) = read_json(&dir.join("batchinfer.json"))? {
+            if let Some(p) = overrides.get("pooling").and_then(Value::as_str) {
+                pooling = Pooling::parse(p)?;
+            }
+            if let Some(n) = overrides.get("normalize").and_then(Value::as_bool) {
+                normalize = n;
+            }
+            if let Some(m) = overrides.get("max_tokens").and_then(Value::as_u64) {
+                max_tokens = m as usize;
+            }
+        }
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: max_tokens,
+                ..Default::default()
+            }))
+            .map_err(|e| e.to_string())?;
+        tokenizer.with_padding(None);
+        let config = TextConfig {
+            tokenizer,
+            max_tokens,
+            pooling,
+            normalize,
+        };
+        Ok(Some(config))
+    }
+}

