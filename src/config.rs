@@ -24,6 +24,8 @@ pub struct EngineConfig {
     pub optimization: GraphOptimization,
     /// Bytes that DataFusion's buffering operators may hold before they spill (None: no limit).
     pub memory_limit: Option<usize>,
+    /// Where model definitions and `CREATE TABLE ... AS` tables persist (None: in memory only).
+    pub warehouse: Option<PathBuf>,
 }
 
 /// ONNX Runtime's graph optimization levels.
@@ -50,6 +52,7 @@ impl Default for EngineConfig {
             batch_size: 8192,
             optimization: GraphOptimization::All,
             memory_limit: None,
+            warehouse: None,
         }
     }
 }

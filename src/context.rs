@@ -13,6 +13,7 @@ use datafusion::prelude::SessionConfig;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
+use crate::model::listing::ModelsFunction;
 use crate::udf::{EmbedUdf, PredictUdf, Similarity, SimilarityUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -47,8 +48,9 @@ pub fn build_context(
     let ctx =
         SessionContext::new_with_config_rt(session_config, runtime.build_arc()?).enable_url_table();
     ctx.register_udf(ScalarUDF::from(PredictUdf::new(registry.clone())));
-    ctx.register_udf(ScalarUDF::from(EmbedUdf::new(registry)));
+    ctx.register_udf(ScalarUDF::from(EmbedUdf::new(registry.clone())));
     ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine)));
     ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Dot)));
+    ctx.register_udtf("models", Arc::new(ModelsFunction { registry }));
     Ok(ctx)
 }

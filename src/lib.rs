@@ -17,6 +17,10 @@
 //! - [`udf`]: the SQL functions (`predict`).
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library.
 //! - [`output`]: printing results as a table, CSV or JSON.
+//! - [`progress`]: the progress line on long statements and the per-statement summary.
+//! - [`shell`]: the interactive shell (datafusion-cli's editor helper and printing).
+//! - [`statements`]: splitting scripts, and the model statements (`CREATE MODEL` ...).
+//! - [`warehouse`]: the folder where model definitions and tables persist.
 //! - [`error`]: the crate's error type.
 
 pub mod config;
@@ -25,9 +29,13 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod output;
+pub mod progress;
 pub mod runtime;
+pub mod shell;
+pub mod statements;
 pub mod tensor;
 pub mod udf;
+pub mod warehouse;
 
 pub use config::EngineConfig;
 pub use engine::Engine;

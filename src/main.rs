@@ -7,8 +7,12 @@ use std::process::ExitCode;
 use batchinfer::config::{GraphOptimization, parse_size};
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
+use batchinfer::progress::run_with_progress;
+use batchinfer::shell::{ShellOptions, run_shell};
 use batchinfer::{Engine, EngineConfig, Error, Result};
 use clap::{Args, Parser, Subcommand};
+use datafusion_cli::print_format::PrintFormat;
+use datafusion_cli::print_options::{MaxRows, PrintOptions};
 
 /// Batch inference in SQL: ONNX models over Parquet, with DataFusion and ONNX Runtime.
 #[derive(Debug, Parser)]
@@ -55,6 +59,20 @@ struct EngineArgs {
     /// Memory for sorts, aggregations and joins before they spill to disk, e.g. 2G [default: no limit]
     #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<usize>,
+
+    /// Where model definitions and CREATE TABLE ... AS tables persist
+    #[arg(
+        long,
+        global = true,
+        env = "BATCHINFER_WAREHOUSE",
+        value_name = "DIR",
+        default_value = "warehouse"
+    )]
+    warehouse: PathBuf,
+
+    /// After each statement, print rows, wall time and the time spent inside the model
+    #[arg(long, global = true)]
+    timing: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,8 +130,9 @@ async fn main_inner(cli: Cli) -> Result<()> {
         batch_size: args.batch_rows.unwrap_or(defaults.batch_size),
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
+        warehouse: Some(args.warehouse),
     };
-    let engine = Engine::new(config)?;
+    let engine = Engine::open(config).await?;
     match cli.command {
         Some(Command::Query { execute, file }) => {
             let mut scripts = Vec::new();
@@ -125,11 +144,11 @@ async fn main_inner(cli: Cli) -> Result<()> {
                 scripts.push(read_script(&PathBuf::from("-"))?);
             }
             for script in scripts {
-                run_script(&engine, &script, args.format).await?;
+                run_script(&engine, &script, args.format, args.timing).await?;
             }
             Ok(())
         }
-        Some(Command::Shell) | None => shell(&engine, args.format).await,
+        Some(Command::Shell) | None => shell(&engine, args.format, args.timing).await,
     }
 }
 
@@ -142,16 +161,18 @@ fn read_script(path: &PathBuf) -> Result<String> {
 }
 
 /// Runs each statement of a script in order, printing results; stops at the first error.
-async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<()> {
-    for statement in engine.parse(sql)? {
-        let df = engine.execute(statement).await?;
-        let schema = df.schema().inner().clone();
-        let batches = df.collect().await?;
+async fn run_script(engine: &Engine, sql: &str, format: OutputFormat, timing: bool) -> Result<()> {
+    for statement in engine.statements(sql)? {
+        let started = std::time::Instant::now();
+        let report = run_with_progress(engine, statement).await?;
         let mut stdout = std::io::stdout().lock();
-        print_batches(&mut stdout, format, &schema, &batches)?;
+        print_batches(&mut stdout, format, &report.schema, &report.batches)?;
         stdout
             .flush()
             .map_err(|e| Error::io("writing results", e))?;
+        if timing {
+            eprintln!("{}", report.summary(started.elapsed()));
+        }
         for (model, rows) in engine.registry().take_failed_rows() {
             eprintln!(
                 "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
@@ -161,30 +182,35 @@ async fn run_script(engine: &Engine, sql: &str, format: OutputFormat) -> Result<
     Ok(())
 }
 
-/// A line-oriented shell: statements run when a line ends with ';'. Errors are reported and the
-/// shell goes on.
-async fn shell(engine: &Engine, format: OutputFormat) -> Result<()> {
-    let interactive = std::io::stdin().is_terminal();
-    if interactive {
-        eprintln!(
-            "batchinfer {}: end statements with ';', quit with \\q or Ctrl-D",
-            env!("CARGO_PKG_VERSION")
-        );
+/// The shell: the interactive one on a terminal, else statements read from standard input and
+/// run as each is completed by ';' (errors are reported and the rest still run).
+async fn shell(engine: &Engine, format: OutputFormat, timing: bool) -> Result<()> {
+    if std::io::stdin().is_terminal() {
+        let print = PrintOptions {
+            format: match format {
+                OutputFormat::Table => PrintFormat::Table,
+                OutputFormat::Csv => PrintFormat::Csv,
+                OutputFormat::Json => PrintFormat::Json,
+                OutputFormat::Ndjson => PrintFormat::NdJson,
+            },
+            quiet: false,
+            maxrows: MaxRows::Limited(40),
+            color: true,
+            instrumented_registry: Default::default(),
+        };
+        return run_shell(
+            engine,
+            ShellOptions {
+                print,
+                timing: true,
+            },
+        )
+        .await;
     }
     let mut pending = String::new();
     let mut failed = false;
     let stdin = std::io::stdin();
     loop {
-        if interactive {
-            eprint!(
-                "{}",
-                if pending.is_empty() {
-                    "batchinfer> "
-                } else {
-                    "         -> "
-                }
-            );
-        }
         let mut line = String::new();
         if stdin
             .lock()
@@ -200,16 +226,16 @@ async fn shell(engine: &Engine, format: OutputFormat) -> Result<()> {
         pending.push_str(&line);
         if pending.trim_end().ends_with(';') {
             let sql = std::mem::take(&mut pending);
-            if let Err(e) = run_script(engine, &sql, format).await {
+            if let Err(e) = run_script(engine, &sql, format, timing).await {
                 eprintln!("Error: {}", display_error(&e));
                 failed = true;
             }
         }
     }
     if !pending.trim().is_empty() {
-        run_script(engine, &pending, format).await?;
+        run_script(engine, &pending, format, timing).await?;
     }
-    if failed && !interactive {
+    if failed {
         return Err(Error::Usage("some statements failed".to_string()));
     }
     Ok(())

@@ -4,11 +4,20 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The binary, with a warehouse outside the repository unless a test names its own.
 fn batchinfer(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_batchinfer"))
         .args(args)
+        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
         .output()
         .expect("the batchinfer binary runs")
+}
+
+fn scratch_warehouse() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "batchinfer-cli-test-warehouse-{}",
+        std::process::id()
+    ))
 }
 
 fn stdout(out: &Output) -> String {
@@ -96,16 +105,23 @@ fn file_with_several_statements_runs_them_in_order() {
         ),
     )
     .unwrap();
+    let warehouse = dir.path().join("warehouse");
     let out = batchinfer(&[
         "query",
         "--models",
         "data/models",
+        "--warehouse",
+        warehouse.to_str().unwrap(),
         "--format",
         "csv",
         "-f",
         job.to_str().unwrap(),
     ]);
     assert_ok(&out);
+    assert!(
+        warehouse.join("tables/scored").is_dir(),
+        "CREATE TABLE AS writes into the warehouse"
+    );
     // COPY prints its count, then the SELECT prints its row.
     assert_eq!(stdout(&out), "count\n2000\nn\n2000\n");
 }
@@ -221,6 +237,7 @@ fn statements_from_standard_input_without_a_subcommand() {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
         .args(["--models", "data/models", "--format", "csv"])
+        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -91,9 +91,12 @@ fn slt_files(filter: Option<&str>) -> Vec<PathBuf> {
 
 async fn run_file(path: &Path, scratch: &Path) -> Result<(), String> {
     let scratch = scratch.to_path_buf();
+    let warehouse = scratch.join("warehouse");
     let mut runner = sqllogictest::Runner::new(move || {
+        // Each file gets a warehouse of its own: CREATE TABLE ... AS writes Parquet there.
         let engine = Engine::new(EngineConfig {
             models_dir: Some("data/models".into()),
+            warehouse: Some(warehouse.clone()),
             ..Default::default()
         });
         async move {

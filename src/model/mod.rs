@@ -4,6 +4,7 @@
 //! (its signature and its session pool) is shared by every partition of every query.
 
 pub mod embed;
+pub mod listing;
 mod pool;
 pub mod score;
 pub mod signature;
@@ -210,6 +211,36 @@ impl ModelRegistry {
         self.write().insert(name.to_string(), entry);
     }
 
+    /// Registers a model that is already loaded (CREATE MODEL loads to check before it registers).
+    pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
+        let entry = Arc::new(ModelEntry {
+            path: model.path.clone(),
+            loaded: Mutex::new(Some(model)),
+        });
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        self.write().insert(name.to_string(), entry);
+    }
+
+    /// Removes a model; whether it was there.
+    pub fn unregister(&self, name: &str) -> bool {
+        self.write().remove(name).is_some()
+    }
+
+    /// Whether `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// The file a registered model comes from.
+    pub fn source(&self, name: &str) -> Option<PathBuf> {
+        self.read().get(name).map(|e| e.path.clone())
+    }
+
+    /// The options sessions are built with.
+    pub fn session_options(&self) -> SessionOptions {
+        self.options
+    }
+
     /// Names of the registered models, sorted.
     pub fn names(&self) -> Vec<String> {
         self.read().keys().cloned().collect()
@@ -241,6 +272,20 @@ impl ModelRegistry {
         self.loads.fetch_add(1, Ordering::Relaxed);
         *loaded = Some(model.clone());
         Ok(model)
+    }
+
+    /// Rows scored, nanoseconds inside ONNX Runtime and calls, summed over the loaded models.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        self.read()
+            .values()
+            .filter_map(|e| e.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .fold((0, 0, 0), |(r, n, c), m| {
+                (
+                    r + m.stats.rows.load(Ordering::Relaxed),
+                    n + m.stats.nanos.load(Ordering::Relaxed),
+                    c + m.stats.calls.load(Ordering::Relaxed),
+                )
+            })
     }
 
     /// How many times a model file was loaded (each model once, unless re-registered).

@@ -1,0 +1,180 @@
+//! Models as tables: `SHOW MODELS`, `DESCRIBE MODEL name`, and the `models()` table function.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::datasource::MemTable;
+
+use super::{Model, ModelRegistry};
+use crate::error::Result;
+
+fn join(specs: &[super::TensorSpec]) -> String {
+    specs
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One row of SHOW MODELS: name, source, inputs, outputs, size, sha256.
+type ModelRow = (String, String, String, String, Option<u64>, Option<String>);
+
+/// One row per registered model: name, source, inputs, outputs, size, sha256. Loads each model
+/// (its signature is read from the file).
+pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
+    let names = registry.names();
+    let mut rows: Vec<ModelRow> = Vec::new();
+    for name in names {
+        let source = registry
+            .source(&name)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        match registry.get(&name) {
+            Ok(model) => rows.push((
+                name,
+                source,
+                join(&model.signature.inputs),
+                join(&model.signature.outputs),
+                Some(model.size_bytes as u64),
+                Some(model.sha256.clone()),
+            )),
+            Err(e) => rows.push((
+                name,
+                source,
+                format!("(not loadable: {e})"),
+                String::new(),
+                None,
+                None,
+            )),
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("inputs", DataType::Utf8, false),
+        Field::new("outputs", DataType::Utf8, false),
+        Field::new("size_bytes", DataType::UInt64, true),
+        Field::new("sha256", DataType::Utf8, true),
+    ]));
+    let column = |f: &dyn Fn(&ModelRow) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+    };
+    let columns: Vec<ArrayRef> = vec![
+        column(&|r| r.0.clone()),
+        column(&|r| r.1.clone()),
+        column(&|r| r.2.clone()),
+        column(&|r| r.3.clone()),
+        Arc::new(rows.iter().map(|r| r.4).collect::<UInt64Array>()),
+        Arc::new(rows.iter().map(|r| r.5.clone()).collect::<StringArray>()),
+    ];
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Each input and output of a model with its element type and shape, and a text model's settings.
+pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
+    let mut rows: Vec<[String; 4]> = Vec::new();
+    for (kind, specs) in [
+        ("input", &model.signature.inputs),
+        ("output", &model.signature.outputs),
+    ] {
+        for spec in specs {
+            let element = spec
+                .element
+                .map(|e| super::signature::element_name(e).to_string())
+                .unwrap_or_else(|| spec.description.clone());
+            let shape = spec
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| match (i, d) {
+                    (0, d) if d < 0 => "N".to_string(),
+                    (_, d) if d < 0 => "?".to_string(),
+                    (_, d) => d.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            rows.push([
+                kind.into(),
+                spec.name.clone(),
+                element,
+                format!("[{shape}]"),
+            ]);
+        }
+    }
+    rows.push([
+        "returns".into(),
+        "predict".into(),
+        model.signature.output_type.to_string(),
+        String::new(),
+    ]);
+    if let Some(text) = &model.text {
+        let dim = super::embed::embedding_dim(model)
+            .map(|d| d.to_string())
+            .unwrap_or_else(|e| e);
+        rows.push([
+            "text".into(),
+            "tokenizer".into(),
+            "tokenizer.json".into(),
+            String::new(),
+        ]);
+        rows.push([
+            "text".into(),
+            "pooling".into(),
+            text.pooling.name().into(),
+            String::new(),
+        ]);
+        rows.push([
+            "text".into(),
+            "normalize".into(),
+            text.normalize.to_string(),
+            String::new(),
+        ]);
+        rows.push([
+            "text".into(),
+            "max_tokens".into(),
+            text.max_tokens.to_string(),
+            String::new(),
+        ]);
+        rows.push([
+            "returns".into(),
+            "embed".into(),
+            format!("FixedSizeList({dim} x Float32)"),
+            String::new(),
+        ]);
+    }
+    let schema = Arc::new(Schema::new(
+        ["kind", "name", "type", "shape"]
+            .iter()
+            .map(|n| Field::new(*n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ));
+    let columns: Vec<ArrayRef> = (0..4)
+        .map(|c| {
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r[c].clone()),
+            )) as ArrayRef
+        })
+        .collect();
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// `SELECT * FROM models()`: the registered models as a table.
+#[derive(Debug)]
+pub struct ModelsFunction {
+    pub registry: Arc<ModelRegistry>,
+}
+
+impl TableFunctionImpl for ModelsFunction {
+    fn call_with_args(
+        &self,
+        _args: TableFunctionArgs,
+    ) -> datafusion::error::Result<Arc<dyn TableProvider>> {
+        let batch = models_batch(&self.registry)?;
+        Ok(Arc::new(MemTable::try_new(
+            batch.schema(),
+            vec![vec![batch]],
+        )?))
+    }
+}

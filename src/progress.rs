@@ -1,0 +1,136 @@
+//! Long work shows progress: while a statement runs for more than a second and stderr is a
+//! terminal, a line on stderr shows the rows scored so far, rows/s, the time elapsed, and an
+//! estimate of the time left where Parquet metadata gives the row count. Nothing is printed when
+//! stderr is not a terminal, so scripts stay clean. After the statement, [`RunReport::summary`]
+//! says how long it took and how much of it was spent inside the model.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::stats::Precision;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::statements::Statement;
+
+/// What a statement returned, and the model work it took.
+pub struct RunReport {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+    /// Rows the models scored, calls into ONNX Runtime, and time inside them (summed over
+    /// sessions running in parallel).
+    pub scored_rows: u64,
+    pub model_calls: u64,
+    pub model_time: Duration,
+}
+
+impl RunReport {
+    /// One line: rows, wall time, and the time inside the model versus the rest.
+    pub fn summary(&self, wall: Duration) -> String {
+        let rows: usize = self.batches.iter().map(|b| b.num_rows()).sum();
+        let mut line = format!("{rows} row(s) returned in {:.3} s", wall.as_secs_f64());
+        if self.model_calls > 0 {
+            line.push_str(&format!(
+                "; {} row(s) scored in {} model call(s), {:.3} s inside the model (summed over parallel calls), {:.3} s in the rest of the engine (wall time minus model time per session)",
+                self.scored_rows,
+                self.model_calls,
+                self.model_time.as_secs_f64(),
+                (wall.as_secs_f64() - self.model_time.as_secs_f64() / self.parallelism()).max(0.0)
+            ));
+        }
+        line
+    }
+
+    fn parallelism(&self) -> f64 {
+        crate::config::EngineConfig::cores() as f64
+    }
+}
+
+/// Runs one statement to completion, with a progress line on a terminal.
+pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<RunReport> {
+    let registry = engine.registry().clone();
+    let before = registry.totals();
+    let total = Arc::new(AtomicU64::new(0));
+    let work = {
+        let total = total.clone();
+        async move {
+            let df = engine.run(statement).await?;
+            let schema = df.schema().inner().clone();
+            let task = Arc::new(df.task_ctx());
+            let plan = df.create_physical_plan().await?;
+            total.store(leaf_rows(&plan), Ordering::Relaxed);
+            let batches = collect(plan, task).await?;
+            Ok::<_, crate::error::Error>((schema, batches))
+        }
+    };
+    let (schema, batches) = if std::io::stderr().is_terminal() {
+        show_progress(work, &registry, before.0, &total).await?
+    } else {
+        work.await?
+    };
+    let after = registry.totals();
+    Ok(RunReport {
+        schema,
+        batches,
+        scored_rows: after.0 - before.0,
+        model_time: Duration::from_nanos(after.1 - before.1),
+        model_calls: after.2 - before.2,
+    })
+}
+
+async fn show_progress<T>(
+    work: impl std::future::Future<Output = Result<T>>,
+    registry: &crate::model::ModelRegistry,
+    base_rows: u64,
+    total: &AtomicU64,
+) -> Result<T> {
+    let started = Instant::now();
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let mut shown = false;
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            result = &mut work => {
+                if shown {
+                    eprint!("\r\x1b[2K");
+                    let _ = std::io::stderr().flush();
+                }
+                return result;
+            }
+            _ = ticker.tick() => {
+                let elapsed = started.elapsed();
+                if elapsed < Duration::from_secs(1) {
+                    continue;
+                }
+                let rows = registry.totals().0 - base_rows;
+                let rate = rows as f64 / elapsed.as_secs_f64();
+                let mut line = format!("{rows} rows scored, {rate:.0} rows/s, {:.1} s elapsed", elapsed.as_secs_f64());
+                let total = total.load(Ordering::Relaxed);
+                if total > 0 && rows > 0 && rows <= total {
+                    let left = (total - rows) as f64 / rate.max(1e-9);
+                    line.push_str(&format!(", about {left:.0} s left of {total} rows"));
+                }
+                eprint!("\r\x1b[2K{line}");
+                let _ = std::io::stderr().flush();
+                shown = true;
+            }
+        }
+    }
+}
+
+/// Rows the plan's sources will read, where their metadata says (Parquet footers do).
+#[allow(deprecated)] // partition_statistics is the per-node entry point that leaf sources still implement
+fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    if plan.children().is_empty() {
+        return match plan.partition_statistics(None).map(|s| s.num_rows) {
+            Ok(Precision::Exact(n) | Precision::Inexact(n)) => n as u64,
+            _ => 0,
+        };
+    }
+    plan.children().into_iter().map(leaf_rows).sum()
+}

@@ -1,0 +1,214 @@
+//! The interactive shell: DataFusion's own line editor helper, printing and backslash commands
+//! (`datafusion-cli` as a library), around batchinfer's statement router so that `CREATE MODEL`
+//! and friends work beside SQL.
+//!
+//! History (`~/.batchinfer_history`), multi-line statements ended by `;`, `\?`, `\d`, `\q`,
+//! `\pset format csv`, `\timing` (the per-statement summary), and Ctrl-C, which cancels the
+//! running statement and keeps the shell.
+
+use std::borrow::Cow;
+use std::time::Instant;
+
+use datafusion::config::FormatOptions;
+use datafusion_cli::command::{Command, OutputFormat};
+use datafusion_cli::helper::CliHelper;
+use datafusion_cli::print_options::PrintOptions;
+use rustyline::completion::{Completer, Pair};
+use rustyline::error::ReadlineError;
+use rustyline::highlight::{CmdKind, Highlighter};
+use rustyline::hint::Hinter;
+use rustyline::validate::{ValidationContext, ValidationResult, Validator};
+use rustyline::{Context, Editor, Helper};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result, display_error};
+use crate::progress::{RunReport, run_with_progress};
+use crate::statements::{Statement, split};
+
+/// DataFusion's helper, with a validator that also accepts batchinfer's statements.
+struct ShellHelper {
+    inner: CliHelper,
+}
+
+impl Helper for ShellHelper {}
+
+impl Completer for ShellHelper {
+    type Candidate = Pair;
+    fn complete(
+        &self,
+        line: &str,
+        pos: usize,
+        ctx: &Context<'_>,
+    ) -> rustyline::Result<(usize, Vec<Pair>)> {
+        self.inner.complete(line, pos, ctx)
+    }
+}
+
+impl Hinter for ShellHelper {
+    type Hint = String;
+    fn hint(&self, line: &str, pos: usize, ctx: &Context<'_>) -> Option<String> {
+        self.inner.hint(line, pos, ctx)
+    }
+}
+
+impl Highlighter for ShellHelper {
+    fn highlight<'l>(&self, line: &'l str, pos: usize) -> Cow<'l, str> {
+        self.inner.highlight(line, pos)
+    }
+    fn highlight_char(&self, line: &str, pos: usize, kind: CmdKind) -> bool {
+        self.inner.highlight_char(line, pos, kind)
+    }
+    fn highlight_hint<'h>(&self, hint: &'h str) -> Cow<'h, str> {
+        self.inner.highlight_hint(hint)
+    }
+}
+
+impl Validator for ShellHelper {
+    fn validate(&self, ctx: &mut ValidationContext<'_>) -> rustyline::Result<ValidationResult> {
+        let input = ctx.input().trim_end();
+        if input.starts_with('\\') {
+            return Ok(ValidationResult::Valid(None));
+        }
+        if !input.ends_with(';') {
+            return Ok(ValidationResult::Incomplete);
+        }
+        // Statements are checked when they run, where errors get the engine's full message.
+        Ok(ValidationResult::Valid(None))
+    }
+}
+
+/// Settings of a shell session.
+pub struct ShellOptions {
+    pub print: PrintOptions,
+    pub timing: bool,
+}
+
+/// Runs the interactive shell until `\q` or end of input.
+pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()> {
+    let mut editor: Editor<ShellHelper, rustyline::history::DefaultHistory> =
+        Editor::new().map_err(|e| Error::Usage(format!("cannot start the line editor: {e}")))?;
+    let dialect = engine
+        .context()
+        .state()
+        .config()
+        .options()
+        .sql_parser
+        .dialect;
+    editor.set_helper(Some(ShellHelper {
+        inner: CliHelper::new(&dialect, options.print.color),
+    }));
+    let history =
+        std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".batchinfer_history"));
+    if let Some(h) = &history {
+        let _ = editor.load_history(h);
+    }
+    println!(
+        "batchinfer {}: SQL with predict() and embed(). End statements with ';'. \\? for help, \\q to quit.",
+        env!("CARGO_PKG_VERSION")
+    );
+    loop {
+        match editor.readline("batchinfer> ") {
+            Ok(line) if line.trim_start().starts_with('\\') => {
+                let _ = editor.add_history_entry(line.trim_end());
+                let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
+                if command == "\\timing" {
+                    options.timing = !options.timing;
+                    println!("Timing is {}.", if options.timing { "on" } else { "off" });
+                    continue;
+                }
+                match command[1..].parse::<Command>() {
+                    Ok(Command::Quit) => break,
+                    Ok(Command::OutputFormat(Some(format))) => match format.parse::<OutputFormat>()
+                    {
+                        Ok(change) => {
+                            if let Err(e) = change.execute(&mut options.print) {
+                                eprintln!("{e}");
+                            }
+                        }
+                        Err(_) => eprintln!(
+                            "'\\{}' is not a valid command; \\? lists them",
+                            &command[1..]
+                        ),
+                    },
+                    Ok(Command::OutputFormat(None)) => {
+                        println!("Output format is {:?}.", options.print.format)
+                    }
+                    Ok(cmd) => {
+                        if let Err(e) = cmd.execute(engine.context(), &mut options.print).await {
+                            eprintln!("Error: {e}");
+                        }
+                    }
+                    Err(_) => eprintln!(
+                        "'\\{}' is not a valid command; \\? lists them",
+                        &command[1..]
+                    ),
+                }
+            }
+            Ok(line) => {
+                let _ = editor.add_history_entry(line.trim_end());
+                let statements = match split(&line) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("Error: {}", display_error(&e));
+                        continue;
+                    }
+                };
+                for statement in statements {
+                    tokio::select! {
+                        result = run_and_print(engine, statement, &options) => {
+                            if let Err(e) = result {
+                                eprintln!("Error: {}", display_error(&e));
+                                break;
+                            }
+                        }
+                        _ = tokio::signal::ctrl_c() => {
+                            println!("^C (cancelled)");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(ReadlineError::Interrupted) => {
+                println!("^C");
+                continue;
+            }
+            Err(ReadlineError::Eof) => {
+                println!("\\q");
+                break;
+            }
+            Err(e) => return Err(Error::Usage(format!("reading the terminal: {e}"))),
+        }
+    }
+    if let Some(h) = &history {
+        let _ = editor.save_history(h);
+    }
+    Ok(())
+}
+
+async fn run_and_print(
+    engine: &Engine,
+    statement: Statement,
+    options: &ShellOptions,
+) -> Result<()> {
+    let started = Instant::now();
+    let report: RunReport = run_with_progress(engine, statement).await?;
+    if !report.schema.fields().is_empty() {
+        let rows = report.batches.iter().map(|b| b.num_rows()).sum();
+        options.print.print_batches(
+            report.schema.clone(),
+            &report.batches,
+            started,
+            rows,
+            &FormatOptions::default(),
+        )?;
+    }
+    if options.timing {
+        println!("{}", report.summary(started.elapsed()));
+    }
+    for (model, rows) in engine.registry().take_failed_rows() {
+        eprintln!(
+            "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
+        );
+    }
+    Ok(())
+}
