@@ -383,3 +383,164 @@ fn unusable_onnx_runtime_library_says_how_to_provide_one() {
         stderr(&out)
     );
 }
+
+fn in_warehouse(warehouse: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--warehouse", warehouse.to_str().unwrap()];
+    all.extend_from_slice(args);
+    batchinfer(&all)
+}
+
+#[test]
+fn models_and_tables_persist_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let out = in_warehouse(
+        &wh,
+        &[
+            "query",
+            "-e",
+            "CREATE MODEL churn2 FROM 'data/models/churn.onnx'; \
+             CREATE TABLE scored AS SELECT id, predict('churn2', city, age, spend)['label'] AS label FROM 'data/sample/customers.parquet'",
+        ],
+    );
+    assert_ok(&out);
+    // A new process, without --models: the model and the table are still there.
+    let out = in_warehouse(
+        &wh,
+        &[
+            "query",
+            "--format",
+            "csv",
+            "-e",
+            "SELECT count(*) AS n FROM scored; SELECT name FROM models(); SHOW TABLES",
+        ],
+    );
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(text.starts_with("n\n2000\nname\nchurn2\n"), "{text}");
+    assert!(text.contains("scored"), "{text}");
+
+    // The table's files name the model and its file's hash.
+    let file = std::fs::read_dir(wh.join("tables/scored"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let reader = datafusion::parquet::file::reader::SerializedFileReader::new(
+        std::fs::File::open(&file).unwrap(),
+    )
+    .unwrap();
+    use datafusion::parquet::file::reader::FileReader;
+    let kv = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default();
+    let models = kv
+        .iter()
+        .find(|k| k.key == "batchinfer.models")
+        .and_then(|k| k.value.clone())
+        .unwrap();
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(
+        std::fs::read("data/models/churn.onnx").unwrap(),
+    ));
+    assert!(
+        models.contains("\"name\":\"churn2\"") && models.contains(&sha),
+        "{models}"
+    );
+
+    // DROP removes the files and the definition.
+    assert_ok(&in_warehouse(
+        &wh,
+        &["query", "-e", "DROP TABLE scored; DROP MODEL churn2"],
+    ));
+    assert!(!wh.join("tables/scored").exists());
+    let out = in_warehouse(
+        &wh,
+        &[
+            "query",
+            "--format",
+            "csv",
+            "-e",
+            "SELECT count(*) AS n FROM models()",
+        ],
+    );
+    assert_eq!(stdout(&out), "n\n0\n");
+}
+
+#[test]
+fn a_failing_create_table_leaves_no_table_and_no_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    // Rows 10..99 are out of the lookup table's range: the model fails part-way.
+    let out = in_warehouse(
+        &wh,
+        &[
+            "query",
+            "--models",
+            "data/models",
+            "-e",
+            "CREATE TABLE bad AS SELECT value, predict('lookup', value) AS v FROM range(100)",
+        ],
+    );
+    assert_clean_failure(&out, "model 'lookup' failed");
+    let leftovers: Vec<_> = std::fs::read_dir(wh.join("tables"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        leftovers.is_empty(),
+        "a failed CREATE TABLE left {leftovers:?}"
+    );
+    let out = in_warehouse(&wh, &["query", "-e", "SELECT * FROM bad"]);
+    assert_clean_failure(&out, "table 'datafusion.public.bad' not found");
+}
+
+#[test]
+fn the_shell_runs_statements_typed_at_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let command = format!(
+        "{} shell --models data/models --warehouse {}",
+        env!("CARGO_BIN_EXE_batchinfer"),
+        wh.display()
+    );
+    let mut session =
+        rexpect::spawn(&command, Some(30_000)).expect("the shell starts in a pseudo-terminal");
+    session.exp_string("batchinfer> ").unwrap();
+    // A statement over two lines, ended by ';'.
+    session.send_line("SELECT predict('iris', sepal_length, sepal_width, petal_length, petal_width)['label'] AS label").unwrap();
+    session
+        .send_line("FROM 'data/sample/iris.parquet' WHERE id = 149;")
+        .unwrap();
+    session.exp_string("| 2     |").unwrap();
+    session.exp_string("1 row(s) fetched.").unwrap();
+    session.exp_string("inside the model").unwrap();
+    // batchinfer's own statements, and DataFusion's backslash commands. Each line is typed once
+    // the shell prompts again (what is typed while a statement runs is not read).
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line("CREATE MODEL flowers FROM 'data/models/iris.onnx';")
+        .unwrap();
+    session.exp_string("0 row(s) returned in").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("DESCRIBE MODEL flowers;").unwrap();
+    session.exp_string("float_input").unwrap();
+    session.exp_string("row(s) returned in").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("SELECT predict('nope', 1);").unwrap();
+    session.exp_string("Error: unknown model 'nope'").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("\\pset format csv").unwrap();
+    session.exp_string("Output format is Csv.").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("SELECT 40 + 2 AS answer;").unwrap();
+    session.exp_string("answer\r\n42").unwrap();
+    session.send_line("\\q").unwrap();
+    session.exp_eof().unwrap();
+    // What was created in the shell persists.
+    let models = std::fs::read_to_string(wh.join("models.json")).unwrap();
+    assert!(models.contains("flowers"), "{models}");
+}

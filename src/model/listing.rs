@@ -144,19 +144,25 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
             String::new(),
         ]);
     }
-    let schema = Arc::new(Schema::new(
-        ["kind", "name", "type", "shape"]
-            .iter()
-            .map(|n| Field::new(*n, DataType::Utf8, false))
-            .collect::<Vec<_>>(),
-    ));
-    let columns: Vec<ArrayRef> = (0..4)
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("type", DataType::Utf8, false),
+        Field::new("shape", DataType::Utf8, true),
+    ]));
+    let mut columns: Vec<ArrayRef> = (0..3)
         .map(|c| {
             Arc::new(StringArray::from_iter_values(
                 rows.iter().map(|r| r[c].clone()),
             )) as ArrayRef
         })
         .collect();
+    // Settings and return types have no shape.
+    columns.push(Arc::new(
+        rows.iter()
+            .map(|r| (!r[3].is_empty()).then(|| r[3].clone()))
+            .collect::<StringArray>(),
+    ));
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
