@@ -14,7 +14,7 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
-use crate::udf::{EmbedUdf, PredictUdf, Similarity, SimilarityUdf};
+use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, SimilarityUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
 /// files or folders directly (`FROM 'data/sample/features.parquet'`).
@@ -51,6 +51,12 @@ pub fn build_context(
     ctx.register_udf(ScalarUDF::from(EmbedUdf::new(registry.clone())));
     ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine)));
     ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Dot)));
-    ctx.register_udtf("models", Arc::new(ModelsFunction { registry }));
+    ctx.register_udtf(
+        "models",
+        Arc::new(ModelsFunction {
+            registry: registry.clone(),
+        }),
+    );
+    ctx.register_udtf("predict_table", Arc::new(PredictTableFunction { registry }));
     Ok(ctx)
 }

@@ -544,3 +544,47 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     let models = std::fs::read_to_string(wh.join("models.json")).unwrap();
     assert!(models.contains("flowers"), "{models}");
 }
+
+#[test]
+fn explain_analyze_shows_the_rows_and_time_inside_each_model() {
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "-e",
+        "EXPLAIN ANALYZE SELECT predict('linear', features) FROM 'data/sample/vectors.parquet'",
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    assert!(
+        text.contains("batchinfer_model,\"model 'linear': 10000 rows scored in 2 calls, "),
+        "{text}"
+    );
+    assert!(text.contains("ms inside ONNX Runtime"), "{text}");
+}
+
+#[test]
+fn timing_prints_a_summary_per_statement_on_stderr() {
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--timing",
+        "--format",
+        "csv",
+        "-e",
+        "SELECT count(predict('linear', features)) AS n FROM 'data/sample/vectors.parquet'",
+    ]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "n\n10000\n");
+    let err = stderr(&out);
+    assert!(err.contains("1 row(s) returned in"), "{err}");
+    assert!(
+        err.contains("10000 row(s) scored in 2 model call(s)"),
+        "{err}"
+    );
+    // No progress line when stderr is not a terminal.
+    assert!(!err.contains("rows/s"), "{err}");
+}

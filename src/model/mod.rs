@@ -274,6 +274,22 @@ impl ModelRegistry {
         Ok(model)
     }
 
+    /// Per loaded model: (name, rows scored, nanoseconds inside ONNX Runtime, calls).
+    pub fn stats_by_model(&self) -> Vec<(String, u64, u64, u64)> {
+        self.read()
+            .iter()
+            .filter_map(|(name, e)| {
+                let m = e.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+                Some((
+                    name.clone(),
+                    m.stats.rows.load(Ordering::Relaxed),
+                    m.stats.nanos.load(Ordering::Relaxed),
+                    m.stats.calls.load(Ordering::Relaxed),
+                ))
+            })
+            .collect()
+    }
+
     /// Rows scored, nanoseconds inside ONNX Runtime and calls, summed over the loaded models.
     pub fn totals(&self) -> (u64, u64, u64) {
         self.read()
