@@ -443,12 +443,22 @@ fn pack(columns: &[ArrayRef], element: TensorElementType, rows: usize) -> Result
 }
 
 fn pack_primitive<T: ArrowPrimitiveType>(columns: &[ArrayRef], rows: usize) -> ArrayRef {
+    // Rows are packed in blocks so that the block being written (BLOCK x k values) stays in the
+    // L1 cache while every column is read once, sequentially.
+    const BLOCK: usize = 256;
     let k = columns.len();
+    let values: Vec<&[T::Native]> = columns
+        .iter()
+        .map(|c| c.as_primitive::<T>().values().as_ref())
+        .collect();
     let mut out = vec![T::Native::default(); rows * k];
-    for (j, column) in columns.iter().enumerate() {
-        let values = column.as_primitive::<T>().values();
-        for (row, value) in out.chunks_exact_mut(k).zip(values.iter()) {
-            row[j] = *value;
+    for (block, chunk) in out.chunks_mut(BLOCK * k).enumerate() {
+        let first = block * BLOCK;
+        for (j, column) in values.iter().enumerate() {
+            let column = &column[first..first + chunk.len() / k];
+            for (row, value) in chunk.chunks_exact_mut(k).zip(column) {
+                row[j] = *value;
+            }
         }
     }
     Arc::new(PrimitiveArray::<T>::new(out.into(), None))
