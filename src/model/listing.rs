@@ -84,23 +84,7 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
                 .element
                 .map(|e| super::signature::element_name(e).to_string())
                 .unwrap_or_else(|| spec.description.clone());
-            let shape = spec
-                .shape
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| match (i, d) {
-                    (0, d) if d < 0 => "N".to_string(),
-                    (_, d) if d < 0 => "?".to_string(),
-                    (_, d) => d.to_string(),
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            rows.push([
-                kind.into(),
-                spec.name.clone(),
-                element,
-                format!("[{shape}]"),
-            ]);
+            rows.push([kind.into(), spec.name.clone(), element, spec.shape_text()]);
         }
     }
     rows.push([

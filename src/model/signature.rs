@@ -54,6 +54,22 @@ impl TensorSpec {
             .try_fold(1usize, |acc, &d| (d >= 0).then(|| acc * d as usize))
     }
 
+    /// The shape as users read it: `[N, 10]`, with `N` for an open batch dimension and `?` for
+    /// other open dimensions.
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| match (i, d) {
+                (0, d) if d < 0 => "N".to_string(),
+                (_, d) if d < 0 => "?".to_string(),
+                (_, d) => d.to_string(),
+            })
+            .collect();
+        format!("[{}]", dims.join(", "))
+    }
+
     /// Whether one row is a single value ([N] or [N, 1]).
     pub fn is_scalar_per_row(&self) -> bool {
         matches!(self.row_shape(), [] | [1])
@@ -64,22 +80,12 @@ impl fmt::Display for TensorSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.element {
             Some(element) => {
-                let dims: Vec<String> = self
-                    .shape
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &d)| match (i, d) {
-                        (0, d) if d < 0 => "N".to_string(),
-                        (_, d) if d < 0 => "?".to_string(),
-                        (_, d) => d.to_string(),
-                    })
-                    .collect();
                 write!(
                     f,
-                    "{}: {} [{}]",
+                    "{}: {} {}",
                     self.name,
                     element_name(element),
-                    dims.join(", ")
+                    self.shape_text()
                 )
             }
             None => write!(f, "{}: {}", self.name, self.description),

@@ -7,13 +7,12 @@
 //! Returns `FixedSizeList<Float32, dim>`; NULL text gives a NULL vector, empty text a vector. An
 //! `embed` of a literal is folded into a constant at planning time: computed once per query.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
-use datafusion::common::{ScalarValue, exec_err, plan_err};
+use datafusion::common::{ScalarValue, exec_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
@@ -56,35 +55,19 @@ impl EmbedUdf {
     }
 }
 
-impl PartialEq for EmbedUdf {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.registry, &other.registry)
-    }
-}
-impl Eq for EmbedUdf {}
-impl Hash for EmbedUdf {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        std::ptr::hash(Arc::as_ptr(&self.registry), state);
-    }
-}
-
-fn model_name(arg: Option<&ScalarValue>) -> Result<String> {
-    match arg {
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Ok(s.clone()),
-        _ => plan_err!(
-            "embed: the first argument must be the model's name as a string literal, as in embed('minilm', body)"
-        ),
-    }
-}
-
 fn vector_type(dim: usize) -> DataType {
     DataType::FixedSizeList(
         Arc::new(Field::new_list_field(DataType::Float32, true)),
         dim as i32,
+    )
+}
+
+super::same_registry_identity!(EmbedUdf);
+
+fn model_name_of(arg: Option<&ScalarValue>) -> Result<String> {
+    super::model_name(
+        arg,
+        "embed: the first argument must be the model's name as a string literal, as in embed('minilm', body)",
     )
 }
 
@@ -102,15 +85,15 @@ impl ScalarUDFImpl for EmbedUdf {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let name = model_name(args.scalar_arguments.first().copied().flatten())?;
+        let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
         let (_, dim) = self.model(&name, args.arg_fields[1].data_type())?;
         Ok(Arc::new(Field::new(self.name(), vector_type(dim), true)))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = match &args.args[0] {
-            ColumnarValue::Scalar(value) => model_name(Some(value))?,
-            _ => model_name(None)?,
+            ColumnarValue::Scalar(value) => model_name_of(Some(value))?,
+            _ => model_name_of(None)?,
         };
         let rows = args.number_rows;
         let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;

@@ -9,3 +9,38 @@ pub use embed::EmbedUdf;
 pub use predict::PredictUdf;
 pub use predict_table::PredictTableFunction;
 pub use vector::{Similarity, SimilarityUdf};
+
+use datafusion::common::{ScalarValue, plan_err};
+
+/// The model name of a call: a non-NULL string literal, else a planning error showing `usage`.
+pub(crate) fn model_name(
+    arg: Option<&ScalarValue>,
+    usage: &str,
+) -> datafusion::error::Result<String> {
+    match arg {
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(s.clone()),
+        _ => plan_err!("{usage}"),
+    }
+}
+
+/// Functions over a model registry are equal when they read the same registry.
+macro_rules! same_registry_identity {
+    ($t:ty) => {
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                std::sync::Arc::ptr_eq(&self.registry, &other.registry)
+            }
+        }
+        impl Eq for $t {}
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                std::ptr::hash(std::sync::Arc::as_ptr(&self.registry), state);
+            }
+        }
+    };
+}
+pub(crate) use same_registry_identity;

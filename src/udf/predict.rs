@@ -7,11 +7,10 @@
 //! is planned, which fixes the result type from the model's outputs and turns an unknown model
 //! or columns that do not fit into a planning error, before any row is read.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
-use datafusion::common::{ScalarValue, exec_err, plan_err};
+use datafusion::common::{ScalarValue, exec_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
@@ -55,31 +54,13 @@ impl PredictUdf {
     }
 }
 
-// Two `predict`s are the same function when they read the same registry.
-impl PartialEq for PredictUdf {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.registry, &other.registry)
-    }
-}
-impl Eq for PredictUdf {}
-impl Hash for PredictUdf {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        std::ptr::hash(Arc::as_ptr(&self.registry), state);
-    }
-}
+super::same_registry_identity!(PredictUdf);
 
-/// The model name: the first argument, a non-NULL string literal.
-fn model_name(arg: Option<&ScalarValue>) -> Result<String> {
-    match arg {
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Ok(s.clone()),
-        _ => plan_err!(
-            "predict: the first argument must be the model's name as a string literal, as in predict('churn', age, spend)"
-        ),
-    }
+fn model_name_of(arg: Option<&ScalarValue>) -> Result<String> {
+    super::model_name(
+        arg,
+        "predict: the first argument must be the model's name as a string literal, as in predict('churn', age, spend)",
+    )
 }
 
 impl ScalarUDFImpl for PredictUdf {
@@ -97,7 +78,7 @@ impl ScalarUDFImpl for PredictUdf {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let name = model_name(args.scalar_arguments.first().copied().flatten())?;
+        let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
         let features: Vec<DataType> = args
             .arg_fields
             .iter()
@@ -114,8 +95,8 @@ impl ScalarUDFImpl for PredictUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = match args.args.first() {
-            Some(ColumnarValue::Scalar(value)) => model_name(Some(value))?,
-            _ => model_name(None)?,
+            Some(ColumnarValue::Scalar(value)) => model_name_of(Some(value))?,
+            _ => model_name_of(None)?,
         };
         let rows = args.number_rows;
         let columns = args.args[1..]
