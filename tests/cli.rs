@@ -533,6 +533,15 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     session.send_line("SELECT predict('nope', 1);").unwrap();
     session.exp_string("Error: unknown model 'nope'").unwrap();
     session.exp_string("batchinfer> ").unwrap();
+    // A statement running for more than a second shows a progress line; Ctrl-C cancels it and
+    // the shell goes on.
+    let long = "SELECT count(predict('linear', value, value, value, value, value, value, value, value, value, value)) \
+                FROM range(1000000000);";
+    session.send_line(long).unwrap();
+    session.exp_string("rows scored, ").unwrap();
+    session.send_control('c').unwrap();
+    session.exp_string("^C (cancelled)").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
     session.send_line("\\pset format csv").unwrap();
     session.exp_string("Output format is Csv.").unwrap();
     session.exp_string("batchinfer> ").unwrap();
