@@ -13,7 +13,6 @@
 //! - (b) ONNX Runtime alone on already-tokenized input, in the best configuration found among
 //!   rows per call (8, 32), sorted or not, and one 2-thread session or two 1-thread sessions.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -31,19 +30,33 @@ fn arg(flag: &str) -> Option<String> {
         .cloned()
 }
 
-#[allow(clippy::zombie_processes)] // wait4 reaps the child
-fn measure(name: &str, mut command: Command) -> (f64, f64) {
-    command.stdout(std::process::Stdio::null());
+fn measure(name: &str, command: Command) -> (f64, f64) {
+    run_measured(name, command)
+}
+
+/// Runs one command; its wall time and peak resident memory in MiB. The peak comes from GNU
+/// time, which starts the command from its own small process: a child forked straight from this
+/// (large) benchmark process would count this process's memory in its peak, since Linux keeps
+/// the high-water mark of the memory a process had before it called exec.
+fn run_measured(name: &str, command: Command) -> (f64, f64) {
+    let peak_file = std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
+    let mut timed = Command::new("/usr/bin/time");
+    timed.arg("-f").arg("%M").arg("-o").arg(&peak_file).arg(command.get_program()).args(command.get_args());
+    if let Some(dir) = command.get_current_dir() {
+        timed.current_dir(dir);
+    }
+    timed.stdout(std::process::Stdio::null());
     let start = Instant::now();
-    let child = command.spawn().unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut status = 0;
-    // SAFETY: rusage is plain data filled by wait4 for our child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    assert!(unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) } > 0);
+    let status = timed
+        .status()
+        .unwrap_or_else(|e| panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}"));
     let seconds = start.elapsed().as_secs_f64();
-    let exit = std::process::ExitStatus::from_raw(status);
-    assert!(exit.success(), "{name}: {exit}");
-    (seconds, usage.ru_maxrss as f64 / 1024.0)
+    assert!(status.success(), "{name}: exited with {status}");
+    let kib: f64 = std::fs::read_to_string(&peak_file)
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
+        .unwrap_or(f64::NAN);
+    (seconds, kib / 1024.0)
 }
 
 fn sentences(rows: usize, dir: &Path) -> PathBuf {
