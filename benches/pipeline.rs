@@ -213,17 +213,24 @@ fn measure(name: &str, repeat: usize, make: impl Fn() -> Command) -> Run {
 /// (large) benchmark process would count this process's memory in its peak, since Linux keeps
 /// the high-water mark of the memory a process had before it called exec.
 fn run_measured(name: &str, command: Command) -> (f64, f64) {
-    let peak_file = std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
+    let peak_file =
+        std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
     let mut timed = Command::new("/usr/bin/time");
-    timed.arg("-f").arg("%M").arg("-o").arg(&peak_file).arg(command.get_program()).args(command.get_args());
+    timed
+        .arg("-f")
+        .arg("%M")
+        .arg("-o")
+        .arg(&peak_file)
+        .arg(command.get_program())
+        .args(command.get_args());
     if let Some(dir) = command.get_current_dir() {
         timed.current_dir(dir);
     }
     timed.stdout(std::process::Stdio::null());
     let start = Instant::now();
-    let status = timed
-        .status()
-        .unwrap_or_else(|e| panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}"));
+    let status = timed.status().unwrap_or_else(|e| {
+        panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}")
+    });
     let seconds = start.elapsed().as_secs_f64();
     assert!(status.success(), "{name}: exited with {status}");
     let kib: f64 = std::fs::read_to_string(&peak_file)
@@ -341,9 +348,18 @@ fn main() {
     );
     let list_arithmetic = format!(
         "{} + {bias:?}",
-        weights.iter().enumerate().map(|(j, w)| format!("{w:?} * features[{}]", j + 1)).collect::<Vec<_>>().join(" + ")
+        weights
+            .iter()
+            .enumerate()
+            .map(|(j, w)| format!("{w:?} * features[{}]", j + 1))
+            .collect::<Vec<_>>()
+            .join(" + ")
     );
-    let v_ceiling = measure("vectors ceiling", r, batchinfer(copy(&list_arithmetic, &vectors, "vb.parquet"), &[]));
+    let v_ceiling = measure(
+        "vectors ceiling",
+        r,
+        batchinfer(copy(&list_arithmetic, &vectors, "vb.parquet"), &[]),
+    );
     let shared = measure(
         "shared",
         r,
@@ -402,6 +418,11 @@ fn main() {
         v,
     );
     line(
+        "(2b) the same file, arithmetic on the list elements (ceiling)",
+        opts.rows,
+        v_ceiling,
+    );
+    line(
         "    (a) with one session shared by all partitions",
         opts.rows,
         shared,
@@ -429,6 +450,10 @@ fn main() {
         "  (2)/(a) time       {:.2}x  [<= 1.0x]  {}",
         v.seconds / a.seconds,
         check(v.seconds <= a.seconds)
+    );
+    println!(
+        "  (2)/(2b) time      {:.2}x  (predict on the list column vs arithmetic on the same file)",
+        v.seconds / v_ceiling.seconds
     );
     println!(
         "  shared/(a) time    {:.2}x  (one shared session vs one per partition)",
