@@ -101,6 +101,9 @@ fn onnxruntime_alone(
             ..Default::default()
         }))
         .unwrap();
+    // tokenizer.json asks for padding to the longest text of each encode_batch call: off, so that
+    // each call below is padded to its own longest row only.
+    tokenizer.with_padding(None);
     let encodings = tokenizer.encode_batch(texts.to_vec(), true).unwrap();
     let mut order: Vec<usize> = (0..texts.len()).collect();
     if sorted {
