@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+mod common;
+
 use batchinfer::{Engine, EngineConfig};
+use common::run_measured;
 use ort::session::Session;
 use ort::value::TensorRef;
 use tokenizers::Tokenizer;
@@ -32,38 +35,6 @@ fn arg(flag: &str) -> Option<String> {
 
 fn measure(name: &str, command: Command) -> (f64, f64) {
     run_measured(name, command)
-}
-
-/// Runs one command; its wall time and peak resident memory in MiB. The peak comes from GNU
-/// time, which starts the command from its own small process: a child forked straight from this
-/// (large) benchmark process would count this process's memory in its peak, since Linux keeps
-/// the high-water mark of the memory a process had before it called exec.
-fn run_measured(name: &str, command: Command) -> (f64, f64) {
-    let peak_file =
-        std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
-    let mut timed = Command::new("/usr/bin/time");
-    timed
-        .arg("-f")
-        .arg("%M")
-        .arg("-o")
-        .arg(&peak_file)
-        .arg(command.get_program())
-        .args(command.get_args());
-    if let Some(dir) = command.get_current_dir() {
-        timed.current_dir(dir);
-    }
-    timed.stdout(std::process::Stdio::null());
-    let start = Instant::now();
-    let status = timed.status().unwrap_or_else(|e| {
-        panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}")
-    });
-    let seconds = start.elapsed().as_secs_f64();
-    assert!(status.success(), "{name}: exited with {status}");
-    let kib: f64 = std::fs::read_to_string(&peak_file)
-        .ok()
-        .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
-        .unwrap_or(f64::NAN);
-    (seconds, kib / 1024.0)
 }
 
 fn sentences(rows: usize, dir: &Path) -> PathBuf {

@@ -1,0 +1,36 @@
+//! What the end-to-end benchmarks share.
+
+use std::process::Command;
+use std::time::Instant;
+
+/// Runs one command; its wall time and peak resident memory in MiB. The peak comes from GNU
+/// time, which starts the command from its own small process: a child forked straight from this
+/// (large) benchmark process would count this process's memory in its peak, since Linux keeps
+/// the high-water mark of the memory a process had before it called exec.
+pub fn run_measured(name: &str, command: Command) -> (f64, f64) {
+    let peak_file =
+        std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
+    let mut timed = Command::new("/usr/bin/time");
+    timed
+        .arg("-f")
+        .arg("%M")
+        .arg("-o")
+        .arg(&peak_file)
+        .arg(command.get_program())
+        .args(command.get_args());
+    if let Some(dir) = command.get_current_dir() {
+        timed.current_dir(dir);
+    }
+    timed.stdout(std::process::Stdio::null());
+    let start = Instant::now();
+    let status = timed.status().unwrap_or_else(|e| {
+        panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}")
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(status.success(), "{name}: exited with {status}");
+    let kib: f64 = std::fs::read_to_string(&peak_file)
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
+        .unwrap_or(f64::NAN);
+    (seconds, kib / 1024.0)
+}
