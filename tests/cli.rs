@@ -498,6 +498,15 @@ fn a_failing_create_table_leaves_no_table_and_no_files() {
     assert_clean_failure(&out, "table 'datafusion.public.bad' not found");
 }
 
+/// Types one line at the shell's prompt, waits for each expected text, then for the next prompt.
+fn type_and_expect(session: &mut rexpect::session::PtySession, line: &str, expected: &[&str]) {
+    session.send_line(line).unwrap();
+    for text in expected {
+        session.exp_string(text).unwrap();
+    }
+    session.exp_string("batchinfer> ").unwrap();
+}
+
 #[test]
 fn the_shell_runs_statements_typed_at_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
@@ -521,18 +530,21 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     // batchinfer's own statements, and DataFusion's backslash commands. Each line is typed once
     // the shell prompts again (what is typed while a statement runs is not read).
     session.exp_string("batchinfer> ").unwrap();
-    session
-        .send_line("CREATE MODEL flowers FROM 'data/models/iris.onnx';")
-        .unwrap();
-    session.exp_string("0 row(s) returned in").unwrap();
-    session.exp_string("batchinfer> ").unwrap();
-    session.send_line("DESCRIBE MODEL flowers;").unwrap();
-    session.exp_string("float_input").unwrap();
-    session.exp_string("row(s) returned in").unwrap();
-    session.exp_string("batchinfer> ").unwrap();
-    session.send_line("SELECT predict('nope', 1);").unwrap();
-    session.exp_string("Error: unknown model 'nope'").unwrap();
-    session.exp_string("batchinfer> ").unwrap();
+    type_and_expect(
+        &mut session,
+        "CREATE MODEL flowers FROM 'data/models/iris.onnx';",
+        &["0 row(s) returned in"],
+    );
+    type_and_expect(
+        &mut session,
+        "DESCRIBE MODEL flowers;",
+        &["float_input", "row(s) returned in"],
+    );
+    type_and_expect(
+        &mut session,
+        "SELECT predict('nope', 1);",
+        &["Error: unknown model 'nope'"],
+    );
     // A statement running for more than a second shows a progress line; Ctrl-C cancels it and
     // the shell goes on.
     let long = "SELECT count(predict('linear', value, value, value, value, value, value, value, value, value, value)) \
