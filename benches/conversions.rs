@@ -6,11 +6,11 @@
 //! cargo bench --bench conversions
 //! ```
 
-use std::path::Path;
 use std::sync::Arc;
 
 use batchinfer::model::score::score;
-use batchinfer::model::{Model, SessionOptions, TensorSpec};
+use batchinfer::model::{Model, ModelSource, SessionOptions, TensorSpec};
+use batchinfer::storage::StoreRegistry;
 use batchinfer::tensor::input::{InputBinding, InputSource, prepare};
 use batchinfer::tensor::output::to_array;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -180,7 +180,13 @@ fn predict_overhead(c: &mut Criterion) {
         intra_threads: 1,
         optimization: Default::default(),
     };
-    let model = Model::load("linear", Path::new("data/models/linear.onnx"), options).unwrap();
+    let model = Model::load(
+        "linear",
+        &ModelSource::File("data/models/linear.onnx".into()),
+        options,
+        &StoreRegistry::new(),
+    )
+    .unwrap();
     let columns = columns_f32();
     let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
     let binding = InputBinding::plan(&model.signature, &types).unwrap();

@@ -10,6 +10,8 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionConfig;
 
+use datafusion_cli::object_storage::AwsOptions;
+
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
@@ -17,7 +19,8 @@ use crate::model::listing::ModelsFunction;
 use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, SimilarityUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
-/// files or folders directly (`FROM 'data/sample/features.parquet'`).
+/// files or folders directly (`FROM 'data/sample/features.parquet'`), local or in S3 (the
+/// registry's object stores).
 ///
 /// With a memory limit, operators that buffer (sorts, aggregations, joins) share a fair pool of
 /// that size and spill to temporary files, or fail with "Resources exhausted" naming the biggest
@@ -26,13 +29,13 @@ pub fn build_context(
     config: &EngineConfig,
     registry: Arc<ModelRegistry>,
 ) -> Result<SessionContext> {
-    let session_config = SessionConfig::new()
+    let mut session_config = SessionConfig::new()
         .with_target_partitions(config.partitions())
         .with_batch_size(config.batch_size)
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default());
-    let mut runtime = RuntimeEnvBuilder::new();
-    let mut session_config = session_config;
+    let mut runtime =
+        RuntimeEnvBuilder::new().with_object_store_registry(registry.stores().clone());
     if let Some(limit) = config.memory_limit {
         // A sort reserves this much up front for its merge; DataFusion's 10 MB would exceed a
         // small limit by itself and turn a sort that could spill into an error.
@@ -47,6 +50,8 @@ pub fn build_context(
     }
     let ctx =
         SessionContext::new_with_config_rt(session_config, runtime.build_arc()?).enable_url_table();
+    // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli.
+    ctx.register_table_options_extension(AwsOptions::default());
     ctx.register_udf(ScalarUDF::from(PredictUdf::new(registry.clone())));
     ctx.register_udf(ScalarUDF::from(EmbedUdf::new(registry.clone())));
     ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine)));

@@ -24,24 +24,31 @@ use std::sync::Arc;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::config::ExtensionOptions;
 use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::ParquetReadOptions;
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, ObjectName, ObjectType, Statement as SQLStatement,
+    CreateTable, ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
 };
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use datafusion_cli::object_storage::AwsOptions;
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use url::Url;
 
 use crate::config::EngineConfig;
 use crate::context::build_context;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
-use crate::model::{Model, ModelRegistry};
+use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
+use crate::storage::{StoreRegistry, delete_prefix, is_object_store_url, object_path};
 use crate::warehouse::Warehouse;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows.
@@ -56,11 +63,16 @@ impl Engine {
     /// An engine with the models of `config.models_dir` and of the warehouse registered (loaded on
     /// first use). Warehouse tables are attached by [`Engine::open`].
     pub fn new(config: EngineConfig) -> Result<Self> {
-        let registry = Arc::new(ModelRegistry::new(&config));
-        let warehouse = config.warehouse.as_ref().map(Warehouse::new);
+        let stores = Arc::new(StoreRegistry::new());
+        let registry = Arc::new(ModelRegistry::new(&config, stores.clone()));
+        let warehouse = config
+            .warehouse
+            .as_ref()
+            .map(|root| Warehouse::new(root, stores))
+            .transpose()?;
         if let Some(warehouse) = &warehouse {
             for (name, source) in warehouse.models()? {
-                registry.register(&name, Path::new(&source));
+                registry.register(&name, ModelSource::parse(&source).map_err(Error::Usage)?);
             }
         }
         // Models of --models DIR win over the warehouse's of the same name.
@@ -80,12 +92,17 @@ impl Engine {
     pub async fn open(config: EngineConfig) -> Result<Self> {
         let engine = Self::new(config)?;
         if let Some(warehouse) = &engine.warehouse {
-            warehouse.remove_abandoned_staging();
+            if warehouse.bucket().is_none() {
+                warehouse.remove_abandoned_staging();
+            }
             for name in warehouse.tables()? {
-                let dir = warehouse.table_dir(&name);
                 engine
                     .ctx
-                    .register_parquet(&name, &dir_url(&dir), ParquetReadOptions::default())
+                    .register_parquet(
+                        &name,
+                        &warehouse.table_location(&name)?,
+                        ParquetReadOptions::default(),
+                    )
                     .await?;
             }
         }
@@ -156,6 +173,17 @@ impl Engine {
         let Some(statement) = self.parse_sql(sql)? else {
             return self.empty();
         };
+        match &statement {
+            DFStatement::CopyTo(copy) if is_object_store_url(&copy.target) => {
+                return self.copy_to_object_store(statement).await;
+            }
+            DFStatement::CreateExternalTable(table) => {
+                for location in &table.locations {
+                    self.connect_with_options(location, &table.options)?;
+                }
+            }
+            _ => {}
+        }
         if let (Some(warehouse), DFStatement::Statement(s)) = (&self.warehouse, &statement) {
             match s.as_ref() {
                 SQLStatement::CreateTable(ct) if ct.query.is_some() => {
@@ -182,6 +210,53 @@ impl Engine {
             return self.explain_analyze(statement).await;
         }
         self.execute(statement).await
+    }
+
+    /// COPY ... TO 's3://...': the files appear when the whole statement has succeeded, or never
+    /// (see [`crate::storage::commit`]).
+    async fn copy_to_object_store(&self, statement: DFStatement) -> Result<DataFrame> {
+        let DFStatement::CopyTo(copy) = &statement else {
+            return Err(Error::Usage("expected a COPY statement".into()));
+        };
+        self.connect_with_options(&copy.target, &copy.options)?;
+        let url = parse_url(&copy.target)?;
+        let store = self.registry.stores().commit_store(&url)?;
+        let pending = store.begin(object_path(&url)?);
+        let written = match self.execute(statement).await {
+            Ok(df) => df.collect().await.map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(batches) => {
+                pending.commit().await?;
+                Ok(self.ctx.read_batches(batches)?)
+            }
+            Err(e) => {
+                pending.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// `OPTIONS ('aws.region' '...', 'aws.endpoint' '...')` on an `s3://` location: the bucket
+    /// is connected with them (over the environment's settings).
+    fn connect_with_options(&self, location: &str, options: &[(String, SqlValue)]) -> Result<()> {
+        let aws: Vec<(&String, String)> = options
+            .iter()
+            .filter(|(key, _)| key.starts_with("aws."))
+            .map(|(key, value)| (key, option_text(value)))
+            .collect();
+        if aws.is_empty() || !is_object_store_url(location) {
+            return Ok(());
+        }
+        let mut options = AwsOptions::default();
+        for (key, value) in aws {
+            options.set(key, &value)?;
+        }
+        self.registry
+            .stores()
+            .connect_s3(&parse_url(location)?, &options)?;
+        Ok(())
     }
 
     /// EXPLAIN ANALYZE, with a row per model: rows scored, calls, and time inside the model.
@@ -226,8 +301,45 @@ impl Engine {
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
-        let plan = self.ctx.state().statement_to_plan(statement).await?;
+        let plan = match self.ctx.state().statement_to_plan(statement).await {
+            Ok(plan) => plan,
+            Err(e) => return Err(self.explain_missing_table(e).await),
+        };
         Ok(self.ctx.execute_logical_plan(plan).await?)
+    }
+
+    /// DataFusion reports any failure to open `FROM 's3://...'` as "table not found"; the object
+    /// store says why (no such object or bucket, credentials refused, endpoint unreachable).
+    async fn explain_missing_table(&self, err: DataFusionError) -> Error {
+        let message = err.to_string();
+        let Some(name) = message
+            .split_once("table '")
+            .and_then(|(_, rest)| rest.split_once("' not found"))
+            .map(|(name, _)| name.trim_start_matches("datafusion.public."))
+            .filter(|name| is_object_store_url(name))
+        else {
+            return err.into();
+        };
+        let Ok(url) = parse_url(name) else {
+            return err.into();
+        };
+        let probe = async {
+            let store = self.registry.stores().store_for(&url)?;
+            let path = object_path(&url)?;
+            match store.head(&path).await {
+                Ok(_) => return Ok(true),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::from(e)),
+            }
+            Ok(store.list(Some(&path)).next().await.transpose()?.is_some())
+        };
+        match probe.await {
+            Ok(true) => err.into(),
+            Ok(false) => Error::Usage(format!(
+                "no object at {name}: nothing is stored under that key"
+            )),
+            Err(e) => Error::Usage(format!("cannot read {name}: {}", display_error(&e))),
+        }
     }
 
     fn empty(&self) -> Result<DataFrame> {
@@ -262,29 +374,79 @@ impl Engine {
         options
             .key_value_metadata
             .insert("batchinfer.models".to_string(), Some(models.clone()));
-        let schema = df.schema().inner().clone();
-        let staging = warehouse.staging_dir(&name)?;
-        let written = df
-            .write_parquet(
-                &dir_url(&staging),
-                DataFrameWriteOptions::new(),
-                Some(options),
-            )
-            .await
-            .map_err(Error::from)
-            .and_then(|_| write_schema_if_empty(&staging, schema, &models));
-        if let Err(e) = written {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
+        let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
+        if warehouse.bucket().is_some() {
+            self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
+                .await?;
+            if self.ctx.table_exist(name.as_str())? {
+                self.ctx.deregister_table(name.as_str())?;
+            }
+        } else {
+            let staging = warehouse.staging_dir(&name)?;
+            let written = df
+                .write_parquet(
+                    &dir_url(&staging),
+                    DataFrameWriteOptions::new(),
+                    Some(options),
+                )
+                .await
+                .map_err(Error::from)
+                .and_then(|_| write_if_empty(&staging, &empty_file));
+            if let Err(e) = written {
+                let _ = std::fs::remove_dir_all(&staging);
+                return Err(e);
+            }
+            if self.ctx.table_exist(name.as_str())? {
+                self.ctx.deregister_table(name.as_str())?;
+            }
+            warehouse.commit(&staging, &name)?;
         }
-        if self.ctx.table_exist(name.as_str())? {
-            self.ctx.deregister_table(name.as_str())?;
-        }
-        let dir = warehouse.commit(&staging, &name)?;
         self.ctx
-            .register_parquet(&name, &dir_url(&dir), ParquetReadOptions::default())
+            .register_parquet(
+                &name,
+                &warehouse.table_location(&name)?,
+                ParquetReadOptions::default(),
+            )
             .await?;
         self.empty()
+    }
+
+    /// A warehouse table in S3: the new files are uploaded with their completion held back; then
+    /// the old table's files (OR REPLACE) are deleted and the new ones completed.
+    async fn write_table_in_bucket(
+        &self,
+        warehouse: &Warehouse,
+        name: &str,
+        df: DataFrame,
+        options: TableParquetOptions,
+        empty_file: Vec<u8>,
+    ) -> Result<()> {
+        let location = warehouse.table_location(name)?;
+        let url = parse_url(&location)?;
+        let store = self.registry.stores().commit_store(&url)?;
+        let prefix = object_path(&url)?;
+        let pending = store.begin(prefix.clone());
+        let written = async {
+            df.write_parquet(&location, DataFrameWriteOptions::new(), Some(options))
+                .await?;
+            if pending.objects() == 0 {
+                let path = prefix.clone().join("part-0.parquet");
+                object_store::ObjectStoreExt::put(store.as_ref(), &path, empty_file.into()).await?;
+            }
+            // Objects already complete under the prefix are the old table's.
+            delete_prefix(store.inner().as_ref(), &prefix).await
+        }
+        .await;
+        match written {
+            Ok(()) => {
+                pending.commit().await?;
+                Ok(())
+            }
+            Err(e) => {
+                pending.abort().await;
+                Err(e)
+            }
+        }
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256.
@@ -309,7 +471,7 @@ impl Engine {
         let models: Vec<serde_json::Value> = names
             .keys()
             .filter_map(|n| self.registry.get(n).ok())
-            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.path.display().to_string()}))
+            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
             .collect();
         Ok(serde_json::Value::Array(models).to_string())
     }
@@ -326,11 +488,16 @@ impl Engine {
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
                     )));
                 }
-                let path = model_file(&source)?;
-                let model = Model::load(&name, &path, self.registry.session_options())?;
+                let source = model_source(&source)?;
+                let model = Model::load(
+                    &name,
+                    &source,
+                    self.registry.session_options(),
+                    self.registry.stores(),
+                )?;
                 self.registry.insert_loaded(&name, Arc::new(model));
                 self.persist_models(|models| {
-                    models.insert(name.clone(), path.display().to_string());
+                    models.insert(name.clone(), source.to_string());
                 })?;
                 self.empty()
             }
@@ -364,10 +531,27 @@ impl Engine {
     }
 }
 
-/// The model file a CREATE MODEL source names: a `.onnx` file, or a folder with `model.onnx`;
-/// made absolute so that the definition means the same in a process started elsewhere.
-fn model_file(source: &str) -> Result<PathBuf> {
-    let path = PathBuf::from(source);
+/// The model file a CREATE MODEL source names: a `.onnx` file, or a folder with `model.onnx`,
+/// local or in S3; a local path is made absolute so that the definition means the same in a
+/// process started elsewhere.
+fn model_source(source: &str) -> Result<ModelSource> {
+    let mut url = match ModelSource::parse(source).map_err(Error::Usage)? {
+        ModelSource::Object(url) => url,
+        ModelSource::File(path) => return model_file(&path, source).map(ModelSource::File),
+    };
+    if !url.path().ends_with(".onnx") {
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        url = url
+            .join("model.onnx")
+            .map_err(|e| Error::Usage(format!("{source}: {e}")))?;
+    }
+    Ok(ModelSource::Object(url))
+}
+
+fn model_file(path: &Path, source: &str) -> Result<PathBuf> {
+    let path = path.to_path_buf();
     let path = if path.is_dir() {
         path.join("model.onnx")
     } else {
@@ -395,15 +579,8 @@ fn table_name(name: &ObjectName) -> Result<String> {
     }
 }
 
-/// An empty result writes no file; a table needs one to carry its schema.
-fn write_schema_if_empty(
-    dir: &Path,
-    schema: datafusion::arrow::datatypes::SchemaRef,
-    models: &str,
-) -> Result<()> {
-    use datafusion::parquet::arrow::ArrowWriter;
-    use datafusion::parquet::file::metadata::KeyValue;
-    use datafusion::parquet::file::properties::WriterProperties;
+/// Writes `file` as the table's one file when the write made none.
+fn write_if_empty(dir: &Path, file: &[u8]) -> Result<()> {
     let has_files = std::fs::read_dir(dir)
         .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
         .next()
@@ -412,18 +589,41 @@ fn write_schema_if_empty(
         return Ok(());
     }
     let path = dir.join("part-0.parquet");
-    let file = std::fs::File::create(&path)
-        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    std::fs::write(&path, file).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
+fn empty_table_file(
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    models: &str,
+) -> Result<Vec<u8>> {
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::metadata::KeyValue;
+    use datafusion::parquet::file::properties::WriterProperties;
     let props = WriterProperties::builder()
         .set_key_value_metadata(Some(vec![KeyValue::new(
             "batchinfer.models".to_string(),
             models.to_string(),
         )]))
         .build();
-    let writer =
-        ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| Error::Usage(e.to_string()))?;
+    let mut bytes = Vec::new();
+    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))
+        .map_err(|e| Error::Usage(e.to_string()))?;
     writer.close().map_err(|e| Error::Usage(e.to_string()))?;
-    Ok(())
+    Ok(bytes)
+}
+
+/// An `s3://` location as a URL.
+fn parse_url(location: &str) -> Result<Url> {
+    Url::parse(location).map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")))
+}
+
+/// The text of a SQL option's value (`'us-east-1'`, `true`, `9000`).
+fn option_text(value: &SqlValue) -> String {
+    match value {
+        SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// A folder as a listing-table location (trailing slash: every file in it).

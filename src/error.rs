@@ -62,6 +62,9 @@ pub enum Error {
     Arrow(#[from] ArrowError),
 
     #[error(transparent)]
+    ObjectStore(#[from] object_store::Error),
+
+    #[error(transparent)]
     DataFusion(#[from] DataFusionError),
 }
 
@@ -83,6 +86,7 @@ impl From<Error> for DataFusionError {
         match err {
             Error::DataFusion(e) => e,
             Error::Arrow(e) => DataFusionError::ArrowError(Box::new(e), None),
+            Error::ObjectStore(e) => DataFusionError::ObjectStore(Box::new(e)),
             // Planning-time mistakes read as plan errors, the way DataFusion reports its own.
             e @ (Error::UnknownModel { .. } | Error::Binding { .. }) => {
                 DataFusionError::Plan(e.to_string())
@@ -95,10 +99,79 @@ impl From<Error> for DataFusionError {
 /// Renders an error for a person: DataFusion wraps errors in layers ("External error: ..."),
 /// and the innermost message is the one that says what happened.
 pub fn display_error(err: &Error) -> String {
-    match err {
+    let message = match err {
         Error::DataFusion(e) => display_datafusion_error(e),
         e => e.to_string(),
-    }
+    };
+    describe_s3_error(&message).unwrap_or(message)
+}
+
+/// object_store's S3 errors print the HTTP exchange ("Generic S3 error: Error performing GET
+/// http://host/bucket/key in 3ms, after 3 retries ... <Code>NoSuchBucket</Code>..."); a person
+/// needs what went wrong and what to do about it.
+fn describe_s3_error(message: &str) -> Option<String> {
+    let start = [
+        "Generic S3 error: ",
+        "The operation lacked the necessary privileges",
+        "The operation lacked valid authentication credentials",
+    ]
+    .iter()
+    .filter_map(|marker| message.find(marker))
+    .min()?;
+    let (before, s3) = message.split_at(start);
+    let request = s3
+        .rsplit_once("Error performing ")
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|u| url::Url::parse(u).ok());
+    let endpoint = request
+        .as_ref()
+        .map(|u| format!(" {}", u.origin().ascii_serialization()))
+        .unwrap_or_default();
+    let bucket = request
+        .as_ref()
+        .and_then(|u| u.path_segments()?.next().map(str::to_string))
+        .unwrap_or_default();
+    let code = s3
+        .split_once("<Code>")
+        .and_then(|(_, rest)| rest.split_once("</Code>"))
+        .map(|(code, _)| code);
+    let what = match code {
+        Some(code @ ("SignatureDoesNotMatch" | "InvalidAccessKeyId" | "AccessDenied")) => format!(
+            "the S3 server{endpoint} rejected the credentials ({code}): check \
+             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the AWS profile"
+        ),
+        None if s3.contains("403 Forbidden") || s3.starts_with("The operation lacked") => format!(
+            "the S3 server{endpoint} refused access (403): check AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY (or the AWS profile), and the bucket's permissions"
+        ),
+        Some("NoSuchBucket") => {
+            format!("bucket '{bucket}' does not exist on the S3 server{endpoint}")
+        }
+        _ if ["error sending request", "onnect", "timed out", "dns error"]
+            .iter()
+            .any(|t| s3.contains(t)) =>
+        {
+            format!(
+                "could not reach the S3 endpoint{endpoint} after {} retries over at most {}s: \
+                 is the server running, and are AWS_ENDPOINT_URL / aws.endpoint right?",
+                crate::storage::RETRIES,
+                crate::storage::RETRY_TIMEOUT.as_secs()
+            )
+        }
+        _ => return None,
+    };
+    // Keep our own context ("cannot read s3://..."), drop DataFusion's ("IO error: ").
+    let context = before
+        .trim_end()
+        .trim_end_matches("IO error:")
+        .trim_end_matches("Object Store error:")
+        .trim_end_matches("External error:")
+        .trim();
+    Some(if context.is_empty() {
+        what
+    } else {
+        format!("{context} {what}")
+    })
 }
 
 fn display_datafusion_error(err: &DataFusionError) -> String {

@@ -20,7 +20,9 @@
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`shell`]: the interactive shell (datafusion-cli's editor helper and printing).
 //! - [`statements`]: splitting scripts, and the model statements (`CREATE MODEL` ...).
-//! - [`warehouse`]: the folder where model definitions and tables persist.
+//! - [`storage`]: object stores (local files, S3 and S3-compatible servers) and deferred commits
+//!   of writes to them.
+//! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
 //! - [`error`]: the crate's error type.
 
 pub mod config;
@@ -33,6 +35,7 @@ pub mod progress;
 pub mod runtime;
 pub mod shell;
 pub mod statements;
+pub mod storage;
 pub mod tensor;
 pub mod udf;
 pub mod warehouse;

@@ -9,30 +9,81 @@
 //! A table appears only by the rename of a complete folder, so a CREATE TABLE that fails or is
 //! interrupted leaves nothing a later query would read (staging folders are hidden, and removed
 //! when the warehouse is next opened).
+//!
+//! A warehouse in S3 (`--warehouse s3://bucket/wh/`) has the same layout without staging folders:
+//! a table's files are uploaded in place with their completion held back, and completed together
+//! once all are written ([`crate::storage::commit`]), so a failed CREATE TABLE leaves no object.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Value};
+use url::Url;
 
 use crate::error::{Error, Result};
+use crate::storage::{StoreRegistry, is_object_store_url};
 
-/// A warehouse folder (created on first write).
+/// A warehouse folder (created on first write), local or in S3.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
     root: PathBuf,
+    /// The warehouse's URL (ending in `/`) when it is in S3.
+    bucket: Option<Url>,
+    stores: Arc<StoreRegistry>,
 }
 
 static STAGING: AtomicU64 = AtomicU64::new(0);
 
 impl Warehouse {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Warehouse { root: root.into() }
+    /// The warehouse at `root`: a folder, or an `s3://bucket/prefix/` whose objects `stores`
+    /// reach.
+    pub fn new(root: impl Into<PathBuf>, stores: Arc<StoreRegistry>) -> Result<Self> {
+        let root = root.into();
+        let bucket = match root.to_str() {
+            Some(location) if is_object_store_url(location) => {
+                let mut url = Url::parse(location)
+                    .map_err(|e| Error::Usage(format!("warehouse '{location}': {e}")))?;
+                if !url.path().ends_with('/') {
+                    url.set_path(&format!("{}/", url.path()));
+                }
+                Some(url)
+            }
+            _ => None,
+        };
+        Ok(Warehouse {
+            root,
+            bucket,
+            stores,
+        })
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The warehouse's URL when it is in S3 (`s3://bucket/prefix/`).
+    pub fn bucket(&self) -> Option<&Url> {
+        self.bucket.as_ref()
+    }
+
+    fn object(&self, bucket: &Url, name: &str) -> Result<Url> {
+        bucket
+            .join(name)
+            .map_err(|e| Error::Usage(format!("{bucket}{name}: {e}")))
+    }
+
+    /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).
+    pub fn table_location(&self, name: &str) -> Result<String> {
+        match &self.bucket {
+            Some(bucket) => Ok(self.object(bucket, &format!("tables/{name}/"))?.to_string()),
+            None => {
+                let mut dir = self.table_dir(name).display().to_string();
+                dir.push('/');
+                Ok(dir)
+            }
+        }
     }
 
     fn models_file(&self) -> PathBuf {
@@ -50,14 +101,33 @@ impl Warehouse {
 
     /// Models defined by CREATE MODEL: name -> source path.
     pub fn models(&self) -> Result<BTreeMap<String, String>> {
-        let path = self.models_file();
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-            Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+        let (text, path) = match &self.bucket {
+            Some(bucket) => {
+                let url = self.object(bucket, "models.json")?;
+                match self.stores.read_blocking(&url) {
+                    Ok(bytes) => (
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                        url.to_string(),
+                    ),
+                    Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => {
+                        return Ok(BTreeMap::new());
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => {
+                let path = self.models_file();
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => (text, path.display().to_string()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(BTreeMap::new());
+                    }
+                    Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+                }
+            }
         };
         let json: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Usage(format!("{} is not valid JSON: {e}", path.display())))?;
+            .map_err(|e| Error::Usage(format!("{path} is not valid JSON: {e}")))?;
         Ok(json
             .get("models")
             .and_then(Value::as_object)
@@ -77,6 +147,12 @@ impl Warehouse {
             .collect();
         let text = serde_json::to_string_pretty(&serde_json::json!({ "models": map }))
             .map_err(|e| Error::Usage(e.to_string()))?;
+        if let Some(bucket) = &self.bucket {
+            // One PUT: S3 replaces an object atomically.
+            return self
+                .stores
+                .write_blocking(&self.object(bucket, "models.json")?, text.into_bytes());
+        }
         std::fs::create_dir_all(&self.root)
             .map_err(|e| Error::io(format!("creating {}", self.root.display()), e))?;
         let tmp = self
@@ -90,6 +166,18 @@ impl Warehouse {
 
     /// Names of the complete tables.
     pub fn tables(&self) -> Result<Vec<String>> {
+        if let Some(bucket) = &self.bucket {
+            let mut names: Vec<String> = self
+                .stores
+                .list_blocking(&self.object(bucket, "tables/")?)?
+                .iter()
+                .filter_map(|key| Some(key.split_once('/')?.0.to_string()))
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            names.sort();
+            names.dedup();
+            return Ok(names);
+        }
         let dir = self.tables_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
@@ -130,6 +218,11 @@ impl Warehouse {
 
     /// Removes a table's files.
     pub fn remove_table(&self, name: &str) -> Result<()> {
+        if let Some(bucket) = &self.bucket {
+            return self
+                .stores
+                .delete_prefix_blocking(&self.object(bucket, &format!("tables/{name}/"))?);
+        }
         let dir = self.table_dir(name);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),

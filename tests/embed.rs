@@ -2,6 +2,9 @@
 //! `scripts/fetch_minilm.sh`) against the Python stack on the same files, and the vector
 //! functions that make semantic search run in SQL.
 
+#[path = "s3_server/mod.rs"]
+mod s3_server;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -219,4 +222,47 @@ async fn embed_refuses_models_without_a_tokenizer_and_non_text_columns() {
         err.to_string().contains("vectors of 2 and 3 values"),
         "{err}"
     );
+}
+
+/// The same model folder, read from S3 (model, tokenizer and pooling files, into memory): the
+/// same vectors, normalized as the folder says.
+#[test]
+fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
+    let model = models_dir().join("minilm");
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    for file in [
+        "model.onnx",
+        "tokenizer.json",
+        "config.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+    ] {
+        server.put_file("models", &format!("minilm/{file}"), &model.join(file));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("BATCHINFER_WAREHOUSE", dir.path().join("wh"))
+        .args(["--format", "csv", "--models"])
+        .arg(models_dir())
+        .args(["query", "-e"])
+        .arg(
+            "CREATE MODEL remote FROM 's3://models/minilm/';
+             SELECT min(cosine_similarity(embed('remote', s), embed('minilm', s))) > 0.999999 AS same,
+                    min(abs(dot_product(embed('remote', s), embed('remote', s)) - 1.0)) < 1e-5 AS unit
+             FROM (VALUES ('How do I read a Parquet file?'), ('A cat sat on the mat.'), ('')) AS t(s)",
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "same,unit\ntrue,true\n");
 }

@@ -9,10 +9,9 @@
 //! BATCHINFER_FUZZ_ITERS=20000 BATCHINFER_FUZZ_SEED=$RANDOM cargo test --release --test fuzz_models -- --nocapture
 //! ```
 
-use std::path::Path;
 use std::sync::Arc;
 
-use batchinfer::model::{Model, SessionOptions};
+use batchinfer::model::{Model, ModelSource, SessionOptions};
 use batchinfer::tensor::input::InputBinding;
 use datafusion::arrow::datatypes::DataType;
 
@@ -85,7 +84,12 @@ fn mutated_models_load_or_fail_cleanly() {
     let (mut loaded, mut refused) = (0, 0);
     for _ in 0..iterations {
         let bytes: Arc<[u8]> = mutate(&mut rng, &corpus).into();
-        match Model::from_bytes("fuzzed", Path::new("fuzzed.onnx"), bytes, options) {
+        match Model::from_bytes(
+            "fuzzed",
+            ModelSource::File("fuzzed.onnx".into()),
+            bytes,
+            options,
+        ) {
             Ok(model) => {
                 loaded += 1;
                 // The signature must be usable for planning whatever it holds.

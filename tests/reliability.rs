@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use batchinfer::error::display_error;
+use batchinfer::model::ModelSource;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::Float32Type;
@@ -78,7 +79,7 @@ async fn a_model_path_that_does_not_exist_is_a_load_error() {
     let engine = engine_over(dir.path());
     engine
         .registry()
-        .register("ghost", Path::new("/no/such/ghost.onnx"));
+        .register("ghost", ModelSource::File("/no/such/ghost.onnx".into()));
     let err = error_of(&engine, "SELECT predict('ghost', 1.0)").await;
     assert!(
         err.contains("model 'ghost' could not be loaded from /no/such/ghost.onnx"),
@@ -104,7 +105,9 @@ async fn a_model_deleted_or_replaced_on_disk_keeps_serving_until_reloaded() {
     // then the new file, read whole.
     std::fs::copy("data/models/two_inputs.onnx", &path).unwrap();
     assert_eq!(floats(&run(&engine, sql).await.unwrap(), 0), before);
-    engine.registry().register("scorer", &path);
+    engine
+        .registry()
+        .register("scorer", ModelSource::File(path.clone()));
     let err = error_of(&engine, sql).await;
     assert!(
         err.contains("model 'scorer': the model takes 2 inputs, 1 columns were given"),

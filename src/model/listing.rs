@@ -29,7 +29,7 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     for name in names {
         let source = registry
             .source(&name)
-            .map(|p| p.display().to_string())
+            .map(|s| s.to_string())
             .unwrap_or_default();
         match registry.get(&name) {
             Ok(model) => rows.push((

@@ -8,10 +8,11 @@ pub mod listing;
 mod pool;
 pub mod score;
 pub mod signature;
+mod source;
 pub mod text;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -22,15 +23,17 @@ use sha2::{Digest, Sha256};
 pub use pool::SessionOptions;
 use pool::SessionPool;
 pub use signature::{ModelSignature, TensorSpec};
+pub use source::ModelSource;
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
+use crate::storage::StoreRegistry;
 
 /// A model loaded into ONNX Runtime.
 #[derive(Debug)]
 pub struct Model {
     pub name: String,
-    pub path: PathBuf,
+    pub source: ModelSource,
     pub signature: ModelSignature,
     /// sha256 of the model file, recorded with the results it produces.
     pub sha256: String,
@@ -53,40 +56,37 @@ pub struct ModelStats {
 }
 
 impl Model {
-    /// Reads and loads a model file. The bytes are read once and kept, so that a file replaced
-    /// on disk while the process runs is never half-read by a later session.
-    pub fn load(name: &str, path: &Path, options: SessionOptions) -> Result<Model> {
-        let bytes: Arc<[u8]> = std::fs::read(path)
-            .map_err(|e| Error::ModelLoad {
-                model: name.to_string(),
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?
-            .into();
-        let mut model = Self::from_bytes(name, path, bytes, options)?;
-        if path.file_name().is_some_and(|f| f == "model.onnx")
-            && let Some(dir) = path.parent()
-        {
-            model.text =
-                text::TextConfig::from_folder(dir).map_err(|message| Error::ModelLoad {
-                    model: name.to_string(),
-                    path: dir.display().to_string(),
-                    message,
-                })?;
+    /// Reads and loads a model file, local or in S3. The bytes are read once and kept, so that a
+    /// file replaced while the process runs is never half-read by a later session.
+    pub fn load(
+        name: &str,
+        source: &ModelSource,
+        options: SessionOptions,
+        stores: &StoreRegistry,
+    ) -> Result<Model> {
+        let load_error = |message: String| Error::ModelLoad {
+            model: name.to_string(),
+            path: source.to_string(),
+            message,
+        };
+        let bytes: Arc<[u8]> = source.read(stores).map_err(load_error)?.into();
+        let mut model = Self::from_bytes(name, source.clone(), bytes, options)?;
+        if source.file_name() == Some("model.onnx") {
+            model.text = text::TextConfig::from_files(source, stores).map_err(load_error)?;
         }
         Ok(model)
     }
 
-    /// Loads a model from its bytes; `path` says where they came from, for messages.
+    /// Loads a model from its bytes; `source` says where they came from, for messages.
     pub fn from_bytes(
         name: &str,
-        path: &Path,
+        source: ModelSource,
         bytes: Arc<[u8]>,
         options: SessionOptions,
     ) -> Result<Model> {
         let load_error = |message: String| Error::ModelLoad {
             model: name.to_string(),
-            path: path.display().to_string(),
+            path: source.to_string(),
             message,
         };
         let sha256 = hex::encode(Sha256::digest(&bytes));
@@ -96,7 +96,7 @@ impl Model {
         pool.give(first);
         Ok(Model {
             name: name.to_string(),
-            path: path.to_path_buf(),
+            source,
             signature,
             sha256,
             size_bytes,
@@ -148,7 +148,7 @@ impl Model {
 /// A registered model: where it comes from, and the model once loaded.
 #[derive(Debug)]
 struct ModelEntry {
-    path: PathBuf,
+    source: ModelSource,
     loaded: Mutex<Option<Arc<Model>>>,
 }
 
@@ -157,13 +157,15 @@ struct ModelEntry {
 pub struct ModelRegistry {
     entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
     options: SessionOptions,
+    stores: Arc<StoreRegistry>,
     loads: AtomicU64,
 }
 
 impl ModelRegistry {
     /// An empty registry whose models get sessions as `config` says.
-    pub fn new(config: &EngineConfig) -> Self {
+    pub fn new(config: &EngineConfig, stores: Arc<StoreRegistry>) -> Self {
         ModelRegistry {
+            stores,
             entries: RwLock::new(BTreeMap::new()),
             loads: AtomicU64::new(0),
             options: SessionOptions {
@@ -175,7 +177,11 @@ impl ModelRegistry {
     }
 
     /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
+    /// The folder may be an S3 prefix (`s3://bucket/models/`).
     pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        if let Ok(ModelSource::Object(url)) = ModelSource::from_path(dir) {
+            return self.register_prefix(url);
+        }
         let listing = std::fs::read_dir(dir)
             .map_err(|e| Error::io(format!("reading the models folder {}", dir.display()), e))?;
         let mut found = Vec::new();
@@ -195,17 +201,37 @@ impl ModelRegistry {
             let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
-            self.register(name, &model_file);
+            self.register(name, ModelSource::File(model_file));
             found.push(name.to_string());
         }
         found.sort();
         Ok(found)
     }
 
+    fn register_prefix(&self, mut url: url::Url) -> Result<Vec<String>> {
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        let mut found = Vec::new();
+        for key in self.stores.list_blocking(&url)? {
+            let name = match key.split_once('/') {
+                None => key.strip_suffix(".onnx"),
+                Some((folder, "model.onnx")) => Some(folder),
+                Some(_) => None,
+            };
+            if let (Some(name), Ok(file)) = (name, url.join(&key)) {
+                self.register(name, ModelSource::Object(file));
+                found.push(name.to_string());
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
     /// Registers (or re-registers) one model file under `name`; it is loaded on first use.
-    pub fn register(&self, name: &str, path: &Path) {
+    pub fn register(&self, name: &str, source: ModelSource) {
         let entry = Arc::new(ModelEntry {
-            path: path.to_path_buf(),
+            source,
             loaded: Mutex::new(None),
         });
         self.write().insert(name.to_string(), entry);
@@ -214,7 +240,7 @@ impl ModelRegistry {
     /// Registers a model that is already loaded (CREATE MODEL loads to check before it registers).
     pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
         let entry = Arc::new(ModelEntry {
-            path: model.path.clone(),
+            source: model.source.clone(),
             loaded: Mutex::new(Some(model)),
         });
         self.loads.fetch_add(1, Ordering::Relaxed);
@@ -232,8 +258,13 @@ impl ModelRegistry {
     }
 
     /// The file a registered model comes from.
-    pub fn source(&self, name: &str) -> Option<PathBuf> {
-        self.read().get(name).map(|e| e.path.clone())
+    pub fn source(&self, name: &str) -> Option<ModelSource> {
+        self.read().get(name).map(|e| e.source.clone())
+    }
+
+    /// The object stores models are read from.
+    pub fn stores(&self) -> &Arc<StoreRegistry> {
+        &self.stores
     }
 
     /// The options sessions are built with.
@@ -268,7 +299,12 @@ impl ModelRegistry {
         if let Some(model) = loaded.as_ref() {
             return Ok(model.clone());
         }
-        let model = Arc::new(Model::load(name, &entry.path, self.options)?);
+        let model = Arc::new(Model::load(
+            name,
+            &entry.source,
+            self.options,
+            &self.stores,
+        )?);
         self.loads.fetch_add(1, Ordering::Relaxed);
         *loaded = Some(model.clone());
         Ok(model)

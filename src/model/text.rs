@@ -12,10 +12,11 @@
 //! - `batchinfer.json` (optional, batchinfer's own): `{"pooling": "mean" | "cls" | "max",
 //!   "normalize": true | false, "max_tokens": N}` overrides any of the above.
 
-use std::path::Path;
-
 use serde_json::Value;
 use tokenizers::{Tokenizer, TruncationParams};
+
+use super::ModelSource;
+use crate::storage::StoreRegistry;
 
 /// How token vectors become one text vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,32 +66,32 @@ impl std::fmt::Debug for TextConfig {
     }
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
+fn read_json(file: &ModelSource, stores: &StoreRegistry) -> Result<Option<Value>, String> {
+    match file.read_if_exists(stores)? {
+        Some(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("{} is not valid JSON: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
+            .map_err(|e| format!("{file} is not valid JSON: {e}")),
+        None => Ok(None),
     }
 }
 
 impl TextConfig {
-    /// The text configuration of the model folder `dir`, or `None` when it has no tokenizer.
-    pub fn from_folder(dir: &Path) -> Result<Option<TextConfig>, String> {
-        let tokenizer_path = dir.join("tokenizer.json");
-        if !tokenizer_path.is_file() {
+    /// The text configuration of the folder of `model` (its `model.onnx`), or `None` when the
+    /// folder has no tokenizer.
+    pub fn from_files(
+        model: &ModelSource,
+        stores: &StoreRegistry,
+    ) -> Result<Option<TextConfig>, String> {
+        let tokenizer_file = model.beside("tokenizer.json");
+        let Some(tokenizer_bytes) = tokenizer_file.read_if_exists(stores)? else {
             return Ok(None);
-        }
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| {
-            format!(
-                "{} is not a usable tokenizer: {e}",
-                tokenizer_path.display()
-            )
-        })?;
+        };
+        let mut tokenizer = Tokenizer::from_bytes(&tokenizer_bytes)
+            .map_err(|e| format!("{tokenizer_file} is not a usable tokenizer: {e}"))?;
+        let read_json = |name: &str| read_json(&model.beside(name), stores);
 
         let mut pooling = Pooling::Mean;
-        if let Some(config) = read_json(&dir.join("1_Pooling").join("config.json"))? {
+        if let Some(config) = read_json("1_Pooling/config.json")? {
             let on = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
             if on("pooling_mode_cls_token") {
                 pooling = Pooling::Cls;
@@ -98,7 +99,7 @@ impl TextConfig {
                 pooling = Pooling::Max;
             }
         }
-        let normalize = match read_json(&dir.join("modules.json"))? {
+        let normalize = match read_json("modules.json")? {
             Some(Value::Array(modules)) => modules.iter().any(|m| {
                 m.get("type")
                     .and_then(Value::as_str)
@@ -106,10 +107,10 @@ impl TextConfig {
             }),
             _ => true,
         };
-        let max_tokens = read_json(&dir.join("sentence_bert_config.json"))?
+        let max_tokens = read_json("sentence_bert_config.json")?
             .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64))
             .or_else(|| {
-                read_json(&dir.join("tokenizer_config.json"))
+                read_json("tokenizer_config.json")
                     .ok()
                     .flatten()
                     .and_then(|c| c.get("model_max_length").and_then(Value::as_u64))
@@ -118,7 +119,7 @@ impl TextConfig {
             .unwrap_or(512) as usize;
 
         let (mut pooling, mut normalize, mut max_tokens) = (pooling, normalize, max_tokens);
-        if let Some(overrides) = read_json(&dir.join("batchinfer.json"))? {
+        if let Some(overrides) = read_json("batchinfer.json")? {
             if let Some(p) = overrides.get("pooling").and_then(Value::as_str) {
                 pooling = Pooling::parse(p)?;
             }

@@ -1,0 +1,92 @@
+//! Where a model's files come from: a local path, or an object in S3 read straight into memory
+//! (no temporary file).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use url::Url;
+
+use crate::error::{Error, display_error};
+use crate::storage::{StoreRegistry, is_object_store_url};
+
+/// A model file (or a file beside it, such as its `tokenizer.json`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    File(PathBuf),
+    Object(Url),
+}
+
+impl ModelSource {
+    /// A path or an `s3://` URL, as written in `CREATE MODEL ... FROM`, `--models` or
+    /// `models.json`.
+    pub fn parse(location: &str) -> Result<Self, String> {
+        if is_object_store_url(location) {
+            Url::parse(location)
+                .map(ModelSource::Object)
+                .map_err(|e| format!("'{location}' is not a valid URL: {e}"))
+        } else {
+            Ok(ModelSource::File(PathBuf::from(location)))
+        }
+    }
+
+    /// [`ModelSource::parse`] of a path that may hold a URL (`--models s3://bucket/models/`).
+    pub fn from_path(path: &Path) -> Result<Self, String> {
+        match path.to_str() {
+            Some(location) => Self::parse(location),
+            None => Ok(ModelSource::File(path.to_path_buf())),
+        }
+    }
+
+    /// The file `name` (a relative path) in the folder of this one.
+    pub fn beside(&self, name: &str) -> ModelSource {
+        match self {
+            ModelSource::File(path) => {
+                ModelSource::File(path.parent().unwrap_or(Path::new("")).join(name))
+            }
+            ModelSource::Object(url) => ModelSource::Object(url.join(name).unwrap_or(url.clone())),
+        }
+    }
+
+    /// The last part of the path: `model.onnx` for a model folder's model.
+    pub fn file_name(&self) -> Option<&str> {
+        match self {
+            ModelSource::File(path) => path.file_name()?.to_str(),
+            ModelSource::Object(url) => url.path_segments()?.next_back(),
+        }
+    }
+
+    /// The file's bytes, or `None` when there is no such file.
+    pub fn read_if_exists(&self, stores: &StoreRegistry) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            ModelSource::File(path) => match std::fs::read(path) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(format!("reading {}: {e}", path.display())),
+            },
+            ModelSource::Object(url) => match stores.read_blocking(url) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
+                Err(e) => Err(display_error(&e)),
+            },
+        }
+    }
+
+    /// The file's bytes; its absence is an error.
+    pub fn read(&self, stores: &StoreRegistry) -> Result<Vec<u8>, String> {
+        match self {
+            ModelSource::File(path) => std::fs::read(path).map_err(|e| e.to_string()),
+            ModelSource::Object(_) => self
+                .read_if_exists(stores)?
+                .ok_or_else(|| format!("{self} does not exist")),
+        }
+    }
+}
+
+impl fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelSource::File(path) => write!(f, "{}", path.display()),
+            ModelSource::Object(url) => write!(f, "{url}"),
+        }
+    }
+}

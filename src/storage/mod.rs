@@ -1,0 +1,314 @@
+//! Object stores: local files, and S3 or any S3-compatible server (MinIO, Ceph, R2, ...), found by
+//! URL the first time a query, a model or the warehouse names `s3://bucket/...`.
+//!
+//! An S3 store is configured as `AmazonS3Builder::from_env` reads the environment:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | static credentials |
+//! | `AWS_PROFILE`, `~/.aws/credentials`, `~/.aws/config`, SSO, web identity, instance metadata | the AWS SDK's credential chain, used when no static credentials are set |
+//! | `AWS_REGION` / `AWS_DEFAULT_REGION` | region (else the profile's `region`, else `us-east-1`) |
+//! | `AWS_ENDPOINT_URL` | an S3-compatible server, e.g. `http://localhost:9000` (path-style requests) |
+//! | `AWS_ALLOW_HTTP=true` | allow a plain-HTTP endpoint |
+//! | `AWS_SKIP_SIGNATURE=true` | unsigned requests, for public buckets |
+//!
+//! and per table with SQL `OPTIONS ('aws.region' '...', 'aws.endpoint' '...', 'aws.allow_http'
+//! 'true', 'aws.access_key_id' '...', 'aws.secret_access_key' '...')` on `CREATE EXTERNAL TABLE`
+//! and `COPY ... TO`. Requests give up after [`RETRIES`] retries or [`RETRY_TIMEOUT`], so an
+//! unreachable endpoint is an error within seconds, not a hang.
+//!
+//! Every S3 store is wrapped in a [`CommitStore`], which lets a write defer making its objects
+//! visible until the whole statement has succeeded (see [`commit`]).
+
+pub mod commit;
+mod credentials;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use datafusion::common::DataFusionError;
+use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
+use datafusion_cli::object_storage::AwsOptions;
+use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
+use url::Url;
+
+pub use commit::{CommitStore, PendingWrite};
+
+use crate::error::{Error, Result};
+
+/// Retries of a failed S3 request (connection refused, 5xx, throttling) before it is an error.
+pub const RETRIES: usize = 3;
+/// The longest a request is retried for.
+pub const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest a connection to the endpoint may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The object stores of an engine: DataFusion's registry (local files and whatever is registered
+/// by hand), with S3 buckets connected on first use.
+#[derive(Debug, Default)]
+pub struct StoreRegistry {
+    inner: DefaultObjectStoreRegistry,
+    /// The S3 stores by `s3://bucket`, with the options they were made with, to begin and commit
+    /// deferred writes on them.
+    buckets: RwLock<HashMap<String, (AwsOptions, Arc<CommitStore>)>>,
+}
+
+/// Whether `location` names an object store rather than a local path.
+pub fn is_object_store_url(location: &str) -> bool {
+    ["s3://", "s3a://"]
+        .iter()
+        .any(|scheme| location.starts_with(scheme))
+}
+
+fn store_key(url: &Url) -> String {
+    format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default())
+}
+
+impl StoreRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Connects `url`'s bucket with `options` (SQL `OPTIONS`) over the environment's settings,
+    /// replacing any store the bucket had.
+    pub fn connect_s3(&self, url: &Url, options: &AwsOptions) -> Result<Arc<CommitStore>> {
+        let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
+            Error::Usage(format!("no bucket in '{url}': expected s3://BUCKET/..."))
+        })?;
+        let store = Arc::new(CommitStore::new(Arc::new(
+            s3_builder(bucket, options)?.build()?,
+        )));
+        let key = store_key(url);
+        let base = Url::parse(&key).map_err(|e| Error::Usage(format!("{key}: {e}")))?;
+        self.inner.register_store(&base, store.clone());
+        self.buckets
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (options.clone(), store.clone()));
+        Ok(store)
+    }
+
+    /// The store of an `s3://` URL's bucket, connected from the environment on first use.
+    pub fn commit_store(&self, url: &Url) -> Result<Arc<CommitStore>> {
+        if let Some((_, store)) = self
+            .buckets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&store_key(url))
+        {
+            return Ok(store.clone());
+        }
+        self.connect_s3(url, &AwsOptions::default())
+    }
+
+    /// Reads a whole object into memory (models are loaded from bytes, without a temporary file).
+    pub async fn read(&self, url: &Url) -> Result<Vec<u8>> {
+        let store = self.store_for(url)?;
+        let path = object_path(url)?;
+        let result = object_store::ObjectStoreExt::get(store.as_ref(), &path).await?;
+        Ok(result.bytes().await?.to_vec())
+    }
+
+    /// [`StoreRegistry::read`] from synchronous code (model loading at planning time), on a
+    /// thread and runtime of its own. It uses a client of its own too: connections pooled by a
+    /// runtime do not outlive it.
+    pub fn read_blocking(&self, url: &Url) -> Result<Vec<u8>> {
+        let (store, path) = self.own_client(url)?;
+        block_on_io(async move {
+            let result = object_store::ObjectStoreExt::get(&store, &path).await?;
+            Ok(result.bytes().await?.to_vec())
+        })?
+    }
+
+    /// The keys under the prefix `url`, relative to it, from synchronous code (`--models
+    /// s3://bucket/models/`).
+    pub fn list_blocking(&self, url: &Url) -> Result<Vec<String>> {
+        use futures::TryStreamExt;
+        let (store, prefix) = self.own_client(url)?;
+        let objects: Vec<object_store::ObjectMeta> =
+            block_on_io(async { store.list(Some(&prefix)).try_collect().await })??;
+        Ok(objects
+            .iter()
+            .filter_map(|o| {
+                Some(
+                    o.location
+                        .prefix_match(&prefix)?
+                        .map(|p| p.as_ref().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/"),
+                )
+            })
+            .collect())
+    }
+
+    /// Writes one object (a single PUT, which S3 makes visible atomically), from synchronous code.
+    pub fn write_blocking(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
+        let (store, path) = self.own_client(url)?;
+        block_on_io(async move {
+            object_store::ObjectStoreExt::put(&store, &path, bytes.into()).await?;
+            Ok(())
+        })?
+    }
+
+    /// Deletes every object under the prefix `url`, from synchronous code.
+    pub fn delete_prefix_blocking(&self, url: &Url) -> Result<()> {
+        let (store, prefix) = self.own_client(url)?;
+        block_on_io(delete_prefix(&store, &prefix))?
+    }
+
+    /// A client for `url`'s bucket made with the bucket's options, for use on another runtime.
+    fn own_client(
+        &self,
+        url: &Url,
+    ) -> Result<(object_store::aws::AmazonS3, object_store::path::Path)> {
+        let options = self
+            .buckets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&store_key(url))
+            .map(|(options, _)| options.clone())
+            .unwrap_or_default();
+        let bucket = url.host_str().unwrap_or_default();
+        Ok((s3_builder(bucket, &options)?.build()?, object_path(url)?))
+    }
+
+    /// The store for any URL this registry resolves.
+    pub fn store_for(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
+        Ok(self.get_store(url)?)
+    }
+}
+
+impl ObjectStoreRegistry for StoreRegistry {
+    fn register_store(
+        &self,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        self.inner.register_store(url, store)
+    }
+
+    fn deregister_store(&self, url: &Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
+        self.inner.deregister_store(url)
+    }
+
+    fn get_store(&self, url: &Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
+        match url.scheme() {
+            "s3" | "s3a" => Ok(self.commit_store(url).map_err(DataFusionError::from)?),
+            _ => self.inner.get_store(url),
+        }
+    }
+}
+
+/// Deletes every object under `prefix`.
+pub async fn delete_prefix(
+    store: &dyn ObjectStore,
+    prefix: &object_store::path::Path,
+) -> Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let locations = store
+        .list(Some(prefix))
+        .map_ok(|meta| meta.location)
+        .boxed();
+    store
+        .delete_stream(locations)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// The path of an object within its bucket.
+pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
+    object_store::path::Path::from_url_path(url.path())
+        .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
+}
+
+/// An S3 client for `bucket`: the environment's settings, then `options` over them.
+fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let AwsOptions {
+        access_key_id,
+        secret_access_key,
+        session_token,
+        region,
+        endpoint,
+        allow_http,
+        skip_signature,
+    } = options;
+    if let (Some(key), Some(secret)) = (access_key_id, secret_access_key) {
+        builder = builder
+            .with_access_key_id(key)
+            .with_secret_access_key(secret);
+        if let Some(token) = session_token {
+            builder = builder.with_token(token);
+        }
+    }
+    if let Some(region) = region {
+        builder = builder.with_region(region);
+    }
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(allow_http) = allow_http {
+        builder = builder.with_allow_http(*allow_http);
+    }
+    if let Some(skip) = skip_signature {
+        builder = builder.with_skip_signature(*skip);
+    }
+    if builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none()
+        && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        && let Some(region) = credentials::profile_region()
+    {
+        builder = builder.with_region(region);
+    }
+    let has_static_keys = builder
+        .get_config_value(&AmazonS3ConfigKey::AccessKeyId)
+        .is_some();
+    let skips = builder
+        .get_config_value(&AmazonS3ConfigKey::SkipSignature)
+        .is_some_and(|v| v == "true");
+    let has_env_provider = [
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some());
+    if !has_static_keys && !skips && !has_env_provider {
+        builder = builder.with_credentials(Arc::new(credentials::SdkCredentials::default()));
+    }
+    let seconds = |d: Duration| format!("{}s", d.as_secs());
+    Ok(builder
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: RETRIES,
+            retry_timeout: RETRY_TIMEOUT,
+        })
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            seconds(CONNECT_TIMEOUT),
+        ))
+}
+
+/// Runs an I/O future to completion from synchronous code, on a thread with a runtime of its own.
+pub fn block_on_io<F>(future: F) -> Result<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|rt| rt.block_on(future))
+            })
+            .join()
+    })
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    .map_err(|e| Error::io("starting a runtime for object-store I/O", e))
+}

@@ -1,0 +1,467 @@
+//! Parquet, models and the warehouse in S3, through the real binary, against a real S3-compatible
+//! server (s3s + s3s-fs, in this process, over HTTP on loopback, with SigV4 checked).
+
+mod s3_server;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
+
+const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
+
+/// The binary with the environment of a user of this server: keys, region, endpoint.
+fn batchinfer(server: &S3Server, warehouse: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+    command
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("BATCHINFER_WAREHOUSE", warehouse)
+        .args(["--format", "csv"]);
+    command
+}
+
+fn run(mut command: Command, args: &[&str]) -> Output {
+    command
+        .args(args)
+        .output()
+        .expect("the batchinfer binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "batchinfer failed:\nstdout: {}\nstderr: {}",
+        stdout(out),
+        stderr(out)
+    );
+    stdout(out)
+}
+
+/// A non-zero exit with one readable message that mentions each of `expected`.
+fn assert_failure(out: &Output, expected: &[&str]) -> String {
+    let err = stderr(out);
+    assert!(
+        !out.status.success(),
+        "expected a failure:\n{}",
+        stdout(out)
+    );
+    assert!(err.starts_with("Error: "), "stderr:\n{err}");
+    for text in expected {
+        assert!(
+            err.contains(text),
+            "stderr does not mention {text:?}:\n{err}"
+        );
+    }
+    assert!(!err.contains("panicked"), "stderr:\n{err}");
+    err
+}
+
+/// A server holding the sample features (as 4 files) and the test models.
+fn server_with_data(dir: &Path) -> S3Server {
+    let server = S3Server::start(&dir.join("s3"));
+    for part in 0..4 {
+        server.put_file(
+            "data",
+            &format!("features/part-{part}.parquet"),
+            Path::new("data/sample/features.parquet"),
+        );
+    }
+    server.put_file(
+        "models",
+        "linear.onnx",
+        Path::new("data/models/linear.onnx"),
+    );
+    server.put_file(
+        "models",
+        "scorer/model.onnx",
+        Path::new("data/models/linear.onnx"),
+    );
+    server.bucket("out");
+    server
+}
+
+/// `id,value` rows of CSV output, sorted by id.
+fn rows(csv: &str) -> Vec<(i64, f64)> {
+    let mut rows: Vec<(i64, f64)> = csv
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (id, v) = l.split_once(',').unwrap();
+            (id.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect();
+    rows.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    rows
+}
+
+/// The same rows; scores within 1e-6 relative (ONNX Runtime's float kernels may differ in the
+/// last bits between call sizes).
+fn assert_same_rows(got: &[(i64, f64)], want: &[(i64, f64)]) {
+    assert_eq!(got.len(), want.len(), "row counts differ");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.0, w.0);
+        assert!(
+            (g.1 - w.1).abs() <= 1e-6 * w.1.abs().max(1.0),
+            "id {}: {} vs {}",
+            g.0,
+            g.1,
+            w.1
+        );
+    }
+}
+
+/// The scores of the local sample, four times over (the server holds four copies).
+fn local_scores(warehouse: &Path) -> Vec<(i64, f64)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .env("BATCHINFER_WAREHOUSE", warehouse)
+        .args(["--format", "csv", "--models", "data/models", "query", "-e"])
+        .arg(format!(
+            "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
+        ))
+        .output()
+        .unwrap();
+    let once = rows(&assert_ok(&out));
+    let mut all: Vec<(i64, f64)> = once.iter().flat_map(|r| [*r; 4]).collect();
+    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    all
+}
+
+#[test]
+fn scores_s3_parquet_with_an_s3_model_and_writes_results_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let wh = dir.path().join("wh");
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "--partitions",
+            "4",
+            "query",
+            "-e",
+            &format!(
+                "CREATE MODEL lin FROM 's3://models/linear.onnx';
+                 COPY (SELECT id, predict('lin', {FEATURES}) AS p FROM 's3://data/features/')
+                 TO 's3://out/scores/' STORED AS PARQUET"
+            ),
+        ],
+    );
+    assert_ok(&out);
+    let files = server.keys("out", "scores");
+    assert!(
+        files.len() >= 2 && files.iter().all(|k| k.ends_with(".parquet")),
+        "several Parquet files: {files:?}"
+    );
+    let reread = run(
+        batchinfer(&server, &wh),
+        &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
+    );
+    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(&wh));
+}
+
+#[test]
+fn models_folder_in_s3_registers_files_and_model_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let wh = dir.path().join("wh");
+    let query = format!(
+        "SELECT id, predict('scorer', {FEATURES}) - predict('linear', {FEATURES}) AS d \
+         FROM 's3://data/features/part-0.parquet'"
+    );
+    let out = run(
+        batchinfer(&server, &wh),
+        &["--models", "s3://models/", "query", "-e", &query],
+    );
+    let rows = rows(&assert_ok(&out));
+    assert_eq!(rows.len(), 10_000);
+    assert!(
+        rows.iter().all(|r| r.1 == 0.0),
+        "the same model gives the same scores"
+    );
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "--models",
+            "s3://models/",
+            "query",
+            "-e",
+            "SELECT name, source FROM models()",
+        ],
+    );
+    let listing = assert_ok(&out);
+    assert!(
+        listing.contains("linear,s3://models/linear.onnx")
+            && listing.contains("scorer,s3://models/scorer/model.onnx"),
+        "{listing}"
+    );
+}
+
+#[test]
+fn external_table_options_name_the_endpoint_and_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let mut command = batchinfer(&server, &dir.path().join("wh"));
+    command
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_ALLOW_HTTP")
+        .env_remove("AWS_REGION");
+    let out = run(
+        command,
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE features STORED AS PARQUET LOCATION 's3://data/features/'
+                 OPTIONS ('aws.endpoint' '{}', 'aws.allow_http' 'true', 'aws.region' 'eu-west-1');
+                 SELECT count(*) AS n FROM features",
+                server.endpoint()
+            ),
+        ],
+    );
+    assert_eq!(assert_ok(&out), "n\n40000\n");
+}
+
+#[test]
+fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    server.bucket("lake");
+    let local = dir.path().join("unused");
+    let in_wh = |sql: &str| {
+        run(
+            batchinfer(&server, &local),
+            &["--warehouse", "s3://lake/wh/", "query", "-e", sql],
+        )
+    };
+    assert_ok(&in_wh(&format!(
+        "CREATE MODEL lin FROM 's3://models/scorer/';
+         CREATE TABLE scored AS SELECT id, predict('lin', {FEATURES}) AS p FROM 's3://data/features/'"
+    )));
+    assert!(
+        server
+            .keys("lake", "wh")
+            .contains(&"wh/models.json".to_string())
+    );
+    assert!(!server.keys("lake", "wh/tables/scored").is_empty());
+
+    let out = in_wh("SELECT id, p FROM scored");
+    assert_same_rows(&rows(&assert_ok(&out)), &local_scores(&local));
+    let out = in_wh(&format!(
+        "SELECT count(*) AS n FROM (SELECT predict('lin', {FEATURES}) FROM 's3://data/features/part-1.parquet')"
+    ));
+    assert_eq!(
+        assert_ok(&out),
+        "n\n10000\n",
+        "the model definition persisted"
+    );
+
+    assert_ok(&in_wh(
+        "CREATE OR REPLACE TABLE scored AS SELECT id, p FROM scored WHERE id < 100",
+    ));
+    assert_eq!(
+        assert_ok(&in_wh("SELECT count(*) AS n FROM scored")),
+        "n\n400\n",
+        "the replaced table has only the new rows"
+    );
+    assert_ok(&in_wh("DROP TABLE scored"));
+    assert!(server.keys("lake", "wh/tables/scored").is_empty());
+    assert!(!assert_ok(&in_wh("SHOW TABLES")).contains("scored"));
+}
+
+#[test]
+fn missing_objects_buckets_and_models_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let wh = dir.path().join("wh");
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "query",
+            "-e",
+            "SELECT * FROM 's3://data/nothing-here.parquet'",
+        ],
+    );
+    assert_failure(&out, &["no object at s3://data/nothing-here.parquet"]);
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "query",
+            "-e",
+            "SELECT * FROM 's3://no-such-bucket/x.parquet'",
+        ],
+    );
+    assert_failure(
+        &out,
+        &["bucket 'no-such-bucket' does not exist", &server.endpoint()],
+    );
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "query",
+            "-e",
+            "CREATE MODEL m FROM 's3://models/missing.onnx'",
+        ],
+    );
+    assert_failure(
+        &out,
+        &["model 'm'", "s3://models/missing.onnx", "does not exist"],
+    );
+}
+
+#[test]
+fn wrong_credentials_are_rejected_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let mut command = batchinfer(&server, &dir.path().join("wh"));
+    command.env("AWS_SECRET_ACCESS_KEY", "not-the-secret");
+    let out = run(
+        command,
+        &["query", "-e", "SELECT count(*) FROM 's3://data/features/'"],
+    );
+    assert_failure(
+        &out,
+        &[
+            "s3://data/features/",
+            "refused access",
+            "AWS_SECRET_ACCESS_KEY",
+        ],
+    );
+}
+
+#[test]
+fn an_unreachable_endpoint_fails_after_bounded_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = server_with_data(dir.path());
+    let command = batchinfer(&server, &dir.path().join("wh"));
+    server.stop();
+    let started = Instant::now();
+    let out = run(
+        command,
+        &["query", "-e", "SELECT count(*) FROM 's3://data/features/'"],
+    );
+    assert_failure(
+        &out,
+        &[
+            "cannot read s3://data/features/",
+            "could not reach the S3 endpoint",
+            &server.endpoint(),
+        ],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The server goes away in the middle of a COPY that writes several files (its third write
+/// request is never answered, then the server stops): the command fails clearly, no file of the
+/// output exists, not even those whose data was all sent, and the same COPY succeeds once the
+/// server is back.
+#[test]
+fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = server_with_data(dir.path());
+    let wh = dir.path().join("wh");
+    let copy = format!(
+        "COPY (SELECT id, predict('linear', {FEATURES}) AS p FROM 's3://data/features/')
+         TO 's3://out/scores/' STORED AS PARQUET"
+    );
+    let held = server.hold_write_to("out", 3);
+    let child = batchinfer(&server, &wh)
+        .args([
+            "--models",
+            "data/models",
+            "--partitions",
+            "4",
+            "query",
+            "-e",
+            &copy,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    held.recv_timeout(Duration::from_secs(60))
+        .expect("the COPY starts writing");
+    server.stop();
+    let out = child.wait_with_output().unwrap();
+    assert_failure(&out, &["could not reach"]);
+
+    server.restart();
+    assert_eq!(
+        server.keys("out", ""),
+        Vec::<String>::new(),
+        "no output file exists"
+    );
+    let out = run(
+        batchinfer(&server, &wh),
+        &[
+            "query",
+            "-e",
+            "SELECT count(*) AS n FROM 's3://out/scores/'",
+        ],
+    );
+    assert!(
+        !out.status.success() || stdout(&out) == "n\n0\n",
+        "{}",
+        stdout(&out)
+    );
+
+    assert_ok(&run(
+        batchinfer(&server, &wh),
+        &["--models", "data/models", "query", "-e", &copy],
+    ));
+    let reread = run(
+        batchinfer(&server, &wh),
+        &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
+    );
+    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(&wh));
+}
+
+/// No key in the environment: the AWS SDK's chain finds them in a credentials file, and the region
+/// in the config file, of the profile AWS_PROFILE names.
+#[test]
+fn credentials_and_region_come_from_the_aws_profile_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    let credentials = dir.path().join("credentials");
+    std::fs::write(
+        &credentials,
+        format!("[other]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n[batch]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"),
+    )
+    .unwrap();
+    let config = dir.path().join("config");
+    std::fs::write(&config, "[profile batch]\nregion = eu-central-1\n").unwrap();
+    let mut command = batchinfer(&server, &dir.path().join("wh"));
+    command
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_REGION")
+        .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+        .env("AWS_CONFIG_FILE", &config)
+        .env("AWS_PROFILE", "batch")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    let out = run(
+        command,
+        &[
+            "query",
+            "-e",
+            "SELECT count(*) AS n FROM 's3://data/features/'",
+        ],
+    );
+    assert_eq!(assert_ok(&out), "n\n40000\n");
+}

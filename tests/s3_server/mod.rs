@@ -1,0 +1,186 @@
+//! A real S3-compatible server for the tests: `s3s` with its file-system backend (`s3s-fs`),
+//! in-process, over HTTP on a loopback port, checking SigV4 signatures against one key pair.
+//! Buckets are the folders of its root.
+//!
+//! It can be stopped and started again on the same port and root, and it can hold back the n-th
+//! write to a bucket (the request never gets an answer), so that a test can stop the server in the
+//! middle of a write.
+// Shared by several test crates, each of which uses part of it.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+
+pub const ACCESS_KEY: &str = "batchinfer-test";
+pub const SECRET_KEY: &str = "batchinfer-test-secret";
+
+/// Writes (PUT or POST) into a bucket are counted down; the one that reaches zero is held, and
+/// reported on the channel.
+type Hold = Arc<Mutex<Option<(String, usize, mpsc::Sender<()>)>>>;
+
+pub struct S3Server {
+    pub root: PathBuf,
+    pub addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+    hold: Hold,
+}
+
+impl S3Server {
+    /// A server over `root` (created) on a free loopback port.
+    pub fn start(root: &Path) -> S3Server {
+        std::fs::create_dir_all(root).unwrap();
+        let mut server = S3Server {
+            root: root.to_path_buf(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            runtime: None,
+            hold: Arc::new(Mutex::new(None)),
+        };
+        server.run();
+        server
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A bucket (a folder of the root).
+    pub fn bucket(&self, name: &str) -> PathBuf {
+        let dir = self.root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Puts a local file at `bucket/key`.
+    pub fn put_file(&self, bucket: &str, key: &str, file: &Path) {
+        let path = self.bucket(bucket).join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::copy(file, path).unwrap();
+    }
+
+    /// The keys under `bucket/prefix` whose names do not start with '.' (the server's own files).
+    pub fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        let dir = self.root.join(bucket).join(prefix);
+        let mut stack = vec![dir];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue;
+                }
+                if entry.path().is_dir() {
+                    stack.push(entry.path());
+                } else {
+                    let key = entry.path();
+                    let key = key.strip_prefix(self.root.join(bucket)).unwrap();
+                    keys.push(key.display().to_string());
+                }
+            }
+        }
+        keys.sort();
+        keys
+    }
+
+    /// Holds the `nth` write request (1-based) into `bucket` and says so on the returned channel.
+    pub fn hold_write_to(&self, bucket: &str, nth: usize) -> mpsc::Receiver<()> {
+        let (tx, rx) = mpsc::channel();
+        *self.hold.lock().unwrap() = Some((format!("/{bucket}/"), nth, tx));
+        rx
+    }
+
+    /// Stops the server at once: open connections are dropped mid-request.
+    pub fn stop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    /// Starts the server again on the same port and root.
+    pub fn restart(&mut self) {
+        self.stop();
+        *self.hold.lock().unwrap() = None;
+        self.run();
+    }
+
+    fn run(&mut self) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fs = s3s_fs::FileSystem::new(&self.root).unwrap();
+        let mut builder = S3ServiceBuilder::new(fs);
+        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let s3 = builder.build();
+        let hold = self.hold.clone();
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let s3 = s3.clone();
+                let held = held_by(&hold, &req);
+                async move {
+                    if let Some(report) = held {
+                        // The writes before this one finish first.
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        let _ = report.send(());
+                        std::future::pending::<()>().await;
+                    }
+                    hyper::service::Service::call(&s3, req).await
+                }
+            });
+        let addr = self.addr;
+        let listener = runtime.block_on(async {
+            // Binding again right after a stop needs a few tries while the old socket closes.
+            for _ in 0..50 {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(listener) => return listener,
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                }
+            }
+            panic!("cannot bind {addr}");
+        });
+        self.addr = listener.local_addr().unwrap();
+        runtime.spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            while let Ok((socket, _)) = listener.accept().await {
+                let connection = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                tokio::spawn(connection);
+            }
+        });
+        self.runtime = Some(runtime);
+    }
+}
+
+/// Whether the request is the one to hold: then, where to report it.
+fn held_by(hold: &Hold, req: &hyper::Request<hyper::body::Incoming>) -> Option<mpsc::Sender<()>> {
+    let mut hold = hold.lock().unwrap();
+    let writes = matches!(*req.method(), hyper::Method::PUT | hyper::Method::POST);
+    match hold.as_mut() {
+        Some((prefix, left, tx)) if writes && req.uri().path().starts_with(prefix.as_str()) => {
+            *left -= 1;
+            if *left > 0 {
+                return None;
+            }
+            let report = tx.clone();
+            *hold = None;
+            Some(report)
+        }
+        _ => None,
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
