@@ -3,8 +3,11 @@
 
 use std::path::PathBuf;
 
-use datafusion::common::config::{ConfigExtension, ConfigField, Visit};
-use datafusion::common::extensions_options;
+use std::any::Any;
+
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit,
+};
 use datafusion::error::DataFusionError;
 
 /// Settings fixed for the life of an engine (one process, or one library `Engine`).
@@ -26,6 +29,8 @@ pub struct EngineConfig {
     pub memory_limit: Option<usize>,
     /// Where model definitions and `CREATE TABLE ... AS` tables persist (None: in memory only).
     pub warehouse: Option<PathBuf>,
+    /// A Ballista scheduler (`df://host:port`) to run queries on, instead of this process.
+    pub remote: Option<String>,
 }
 
 /// ONNX Runtime's graph optimization levels.
@@ -53,6 +58,7 @@ impl Default for EngineConfig {
             optimization: GraphOptimization::All,
             memory_limit: None,
             warehouse: None,
+            remote: None,
         }
     }
 }
@@ -92,16 +98,108 @@ impl EngineConfig {
     }
 }
 
-extensions_options! {
-    /// Options a query can set: `SET batchinfer.batch_size = 1024`.
-    pub struct BatchInferOptions {
-        /// Most rows per model call (0: the whole record batch in one call).
-        pub batch_size: usize, default = 0
-        /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
-        pub on_error: OnError, default = OnError::Fail
-        /// embed: most tokens (rows x padded length) per model call, rows sorted by length
-        /// (0: no sorting, calls of 32 rows in the input's order).
-        pub token_budget: usize, default = 2048
+/// Options a query can set: `SET batchinfer.batch_size = 1024`.
+///
+/// Written out rather than with DataFusion's `extensions_options!`, whose entries leave out the
+/// `batchinfer.` prefix: Ballista sends a session's options to the scheduler and executors as
+/// their entries, and unprefixed keys would not be set there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchInferOptions {
+    /// Most rows per model call (0: the whole record batch in one call).
+    pub batch_size: usize,
+    /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
+    pub on_error: OnError,
+    /// embed: most tokens (rows x padded length) per model call, rows sorted by length (0: no
+    /// sorting, calls of 32 rows in the input's order).
+    pub token_budget: usize,
+    /// Model definitions (JSON: name -> source) that a cluster client sends with each query, so
+    /// that the scheduler and the executors resolve model names as it does.
+    pub models: String,
+}
+
+impl Default for BatchInferOptions {
+    fn default() -> Self {
+        BatchInferOptions {
+            batch_size: 0,
+            on_error: OnError::Fail,
+            token_budget: 2048,
+            models: String::new(),
+        }
+    }
+}
+
+impl ExtensionOptions for BatchInferOptions {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> datafusion::error::Result<()> {
+        match key {
+            "batch_size" => self.batch_size.set(key, value),
+            "on_error" => self.on_error.set(key, value),
+            "token_budget" => self.token_budget.set(key, value),
+            "models" => self.models.set(key, value),
+            _ => Err(DataFusionError::Configuration(format!(
+                "batchinfer.{key} is not an option; the options are batch_size, on_error, \
+                 token_budget"
+            ))),
+        }
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        struct Entries(Vec<ConfigEntry>);
+        impl Visit for Entries {
+            fn some<V: std::fmt::Display>(
+                &mut self,
+                key: &str,
+                value: V,
+                description: &'static str,
+            ) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: Some(value.to_string()),
+                    description,
+                });
+            }
+            fn none(&mut self, key: &str, description: &'static str) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: None,
+                    description,
+                });
+            }
+        }
+        let mut entries = Entries(Vec::new());
+        let v = &mut entries;
+        self.batch_size.visit(
+            v,
+            "batchinfer.batch_size",
+            "Most rows per model call (0: the whole record batch in one call).",
+        );
+        self.on_error.visit(
+            v,
+            "batchinfer.on_error",
+            "What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.",
+        );
+        self.token_budget.visit(
+            v,
+            "batchinfer.token_budget",
+            "embed: most tokens (rows x padded length) per model call (0: calls of 32 rows, unsorted).",
+        );
+        self.models.visit(
+            v,
+            "batchinfer.models",
+            "Model definitions (JSON: name -> source) a cluster client sends with each query.",
+        );
+        entries.0
     }
 }
 

@@ -10,8 +10,10 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionConfig;
 
+use ballista_core::extension::SessionStateExt;
 use datafusion_cli::object_storage::AwsOptions;
 
+use crate::cluster::scheduler_url;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
@@ -48,14 +50,19 @@ pub fn build_context(
         );
         runtime = runtime.with_memory_pool(Arc::new(pool));
     }
-    let ctx =
-        SessionContext::new_with_config_rt(session_config, runtime.build_arc()?).enable_url_table();
+    let mut ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
+    if let Some(remote) = &config.remote {
+        // Queries are planned here and run by the cluster's scheduler and executors.
+        let state = ctx.state().upgrade_for_ballista(scheduler_url(remote)?)?;
+        ctx = SessionContext::new_with_state(state);
+    }
+    let ctx = ctx.enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli.
     ctx.register_table_options_extension(AwsOptions::default());
-    ctx.register_udf(ScalarUDF::from(PredictUdf::new(registry.clone())));
-    ctx.register_udf(ScalarUDF::from(EmbedUdf::new(registry.clone())));
-    ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine)));
-    ctx.register_udf(ScalarUDF::from(SimilarityUdf::new(Similarity::Dot)));
+    // After the Ballista upgrade, which replaces the function list.
+    for function in scalar_functions(&registry) {
+        ctx.register_udf(function.as_ref().clone());
+    }
     ctx.register_udtf(
         "models",
         Arc::new(ModelsFunction {
@@ -64,4 +71,14 @@ pub fn build_context(
     );
     ctx.register_udtf("predict_table", Arc::new(PredictTableFunction { registry }));
     Ok(ctx)
+}
+
+/// batchinfer's scalar functions over `registry`: every process of a cluster registers these.
+pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
+    vec![
+        Arc::new(ScalarUDF::from(PredictUdf::new(registry.clone()))),
+        Arc::new(ScalarUDF::from(EmbedUdf::new(registry.clone()))),
+        Arc::new(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine))),
+        Arc::new(ScalarUDF::from(SimilarityUdf::new(Similarity::Dot))),
+    ]
 }

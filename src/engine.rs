@@ -48,12 +48,17 @@ use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
-use crate::storage::{StoreRegistry, delete_prefix, is_object_store_url, object_path};
+use crate::storage::{
+    StagedOutput, StoreRegistry, delete_prefix, is_object_store_url, object_path,
+};
 use crate::warehouse::Warehouse;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows.
 pub struct Engine {
     ctx: SessionContext,
+    /// Where results computed here (model listings, COPY counts, DDL) are handed out from: a
+    /// plain context, so that on a cluster they are not sent to the scheduler.
+    results: SessionContext,
     registry: Arc<ModelRegistry>,
     config: EngineConfig,
     warehouse: Option<Warehouse>,
@@ -71,9 +76,7 @@ impl Engine {
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
         if let Some(warehouse) = &warehouse {
-            for (name, source) in warehouse.models()? {
-                registry.register(&name, ModelSource::parse(&source).map_err(Error::Usage)?);
-            }
+            registry.register_sources(&warehouse.models()?)?;
         }
         // Models of --models DIR win over the warehouse's of the same name.
         if let Some(dir) = &config.models_dir {
@@ -82,6 +85,7 @@ impl Engine {
         let ctx = build_context(&config, registry.clone())?;
         Ok(Engine {
             ctx,
+            results: SessionContext::new(),
             registry,
             config,
             warehouse,
@@ -144,10 +148,26 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
+        if self.config.remote.is_some() {
+            self.share_model_definitions()?;
+        }
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
             Statement::Sql(sql) => self.run_sql(&sql).await,
         }
+    }
+
+    /// On a cluster, the scheduler and executors learn the client's models (including those of
+    /// CREATE MODEL) from a session option sent with every query.
+    fn share_model_definitions(&self) -> Result<()> {
+        let sources = self.registry.shared_sources();
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        state
+            .config_mut()
+            .options_mut()
+            .set("batchinfer.models", &sources)?;
+        Ok(())
     }
 
     /// Parses one statement with DataFusion's parser, in the session's dialect.
@@ -174,6 +194,9 @@ impl Engine {
             return self.empty();
         };
         match &statement {
+            DFStatement::CopyTo(_) if self.config.remote.is_some() => {
+                return self.copy_via_staging(statement).await;
+            }
             DFStatement::CopyTo(copy) if is_object_store_url(&copy.target) => {
                 return self.copy_to_object_store(statement).await;
             }
@@ -229,10 +252,35 @@ impl Engine {
         match written {
             Ok(batches) => {
                 pending.commit().await?;
-                Ok(self.ctx.read_batches(batches)?)
+                Ok(self.results.read_batches(batches)?)
             }
             Err(e) => {
                 pending.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// COPY on a cluster: the executors write into a staging folder beside the target, moved into
+    /// place when the job has succeeded (see [`crate::storage::staging`]).
+    async fn copy_via_staging(&self, statement: DFStatement) -> Result<DataFrame> {
+        let DFStatement::CopyTo(mut copy) = statement else {
+            return Err(Error::Usage("expected a COPY statement".into()));
+        };
+        self.connect_with_options(&copy.target, &copy.options)?;
+        let staged = StagedOutput::new(self.registry.stores(), &copy.target)?;
+        copy.target = staged.location().to_string();
+        let written = match self.execute(DFStatement::CopyTo(copy)).await {
+            Ok(df) => df.collect().await.map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(batches) => {
+                staged.commit().await?;
+                Ok(self.results.read_batches(batches)?)
+            }
+            Err(e) => {
+                staged.discard().await;
                 Err(e)
             }
         }
@@ -296,7 +344,7 @@ impl Engine {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             batches.push(RecordBatch::try_new(schema.clone(), columns)?);
         }
-        Ok(self.ctx.read_batches(batches)?)
+        Ok(self.results.read_batches(batches)?)
     }
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
@@ -344,7 +392,7 @@ impl Engine {
 
     fn empty(&self) -> Result<DataFrame> {
         Ok(self
-            .ctx
+            .results
             .read_batch(RecordBatch::new_empty(Arc::new(Schema::empty())))?)
     }
 
@@ -376,8 +424,13 @@ impl Engine {
             .insert("batchinfer.models".to_string(), Some(models.clone()));
         let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
         if warehouse.bucket().is_some() {
-            self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
-                .await?;
+            if self.config.remote.is_some() {
+                self.write_table_staged(warehouse, &name, df, options, empty_file)
+                    .await?;
+            } else {
+                self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
+                    .await?;
+            }
             if self.ctx.table_exist(name.as_str())? {
                 self.ctx.deregister_table(name.as_str())?;
             }
@@ -409,6 +462,41 @@ impl Engine {
             )
             .await?;
         self.empty()
+    }
+
+    /// A warehouse table in S3 written by a cluster's executors: into a staging folder, moved into
+    /// place (after the old table's files are deleted) when the job has succeeded.
+    async fn write_table_staged(
+        &self,
+        warehouse: &Warehouse,
+        name: &str,
+        df: DataFrame,
+        options: TableParquetOptions,
+        empty_file: Vec<u8>,
+    ) -> Result<()> {
+        let location = warehouse.table_location(name)?;
+        let staged = StagedOutput::new(self.registry.stores(), &location)?;
+        let written = df
+            .write_parquet(
+                staged.location(),
+                DataFrameWriteOptions::new(),
+                Some(options),
+            )
+            .await;
+        if let Err(e) = written {
+            staged.discard().await;
+            return Err(e.into());
+        }
+        let url = parse_url(&location)?;
+        let store = self.registry.stores().store_for(&url)?;
+        let prefix = object_path(&url)?;
+        delete_prefix(store.as_ref(), &prefix).await?;
+        if staged.commit().await? == 0 {
+            store
+                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
+                .await?;
+        }
+        Ok(())
     }
 
     /// A warehouse table in S3: the new files are uploaded with their completion held back; then
@@ -513,10 +601,10 @@ impl Engine {
                 })?;
                 self.empty()
             }
-            ModelStatement::Show => Ok(self.ctx.read_batch(models_batch(&self.registry)?)?),
+            ModelStatement::Show => Ok(self.results.read_batch(models_batch(&self.registry)?)?),
             ModelStatement::Describe { name } => {
                 let model = self.registry.get(&name)?;
-                Ok(self.ctx.read_batch(describe_batch(&model)?)?)
+                Ok(self.results.read_batch(describe_batch(&model)?)?)
             }
         }
     }

@@ -9,6 +9,8 @@
 //!
 //! # Layout
 //! - [`engine`]: [`Engine`], the library entry point: a SessionContext plus the model registry.
+//! - [`cluster`]: the scheduler and executor processes of a Ballista cluster, and what every
+//!   process of one registers.
 //! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
@@ -25,6 +27,7 @@
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
 //! - [`error`]: the crate's error type.
 
+pub mod cluster;
 pub mod config;
 pub mod context;
 pub mod engine;

@@ -1,9 +1,11 @@
 //! The `batchinfer` command line: a thin layer over the library's [`Engine`].
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use batchinfer::cluster;
 use batchinfer::config::{GraphOptimization, parse_size};
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
@@ -75,6 +77,10 @@ struct EngineArgs {
     /// After each statement, print rows, wall time and the time spent inside the model
     #[arg(long, global = true)]
     timing: bool,
+
+    /// Run statements on a DataFusion Ballista cluster, whose scheduler is at df://HOST:PORT
+    #[arg(long, global = true, env = "BATCHINFER_REMOTE", value_name = "URL")]
+    remote: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +97,30 @@ enum Command {
     },
     /// Read statements from the terminal (or standard input), run each as it is completed by ';'
     Shell,
+    /// Run a cluster scheduler (DataFusion Ballista) until stopped
+    Scheduler {
+        /// Address to listen on
+        #[arg(long, default_value = "127.0.0.1:50050", value_name = "HOST:PORT")]
+        bind: SocketAddr,
+    },
+    /// Run a cluster executor, which runs the tasks a scheduler gives it, until stopped
+    Executor {
+        /// The scheduler
+        #[arg(long, default_value = "localhost:50050", value_name = "HOST:PORT")]
+        scheduler: String,
+        /// Address to listen on, as the scheduler and other executors reach it
+        #[arg(long, default_value = "127.0.0.1", value_name = "HOST")]
+        bind_host: String,
+        /// Arrow Flight port for shuffle data; the executor's gRPC port is the next one
+        #[arg(long, default_value_t = 50051)]
+        port: u16,
+        /// Tasks run at once (default: the cores)
+        #[arg(long, value_name = "N")]
+        concurrent_tasks: Option<usize>,
+        /// Folder for shuffle files (default: a temporary folder)
+        #[arg(long, value_name = "DIR")]
+        work_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -133,7 +163,28 @@ async fn main_inner(cli: Cli) -> Result<()> {
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
         warehouse: Some(args.warehouse),
+        remote: args.remote,
     };
+    match cli.command {
+        Some(Command::Scheduler { bind }) => return cluster::run_scheduler(bind, &config).await,
+        Some(Command::Executor {
+            scheduler,
+            bind_host,
+            port,
+            concurrent_tasks,
+            work_dir,
+        }) => {
+            let options = cluster::ExecutorOptions {
+                scheduler,
+                bind_host,
+                port,
+                concurrent_tasks: concurrent_tasks.unwrap_or_else(EngineConfig::cores),
+                work_dir: work_dir.map(|d| d.display().to_string()),
+            };
+            return cluster::run_executor(options, &config).await;
+        }
+        _ => {}
+    }
     let engine = Engine::open(config).await?;
     match cli.command {
         Some(Command::Query { execute, file }) => {
@@ -150,7 +201,9 @@ async fn main_inner(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Some(Command::Shell) | None => shell(&engine, args.format, args.timing).await,
+        Some(Command::Shell | Command::Scheduler { .. } | Command::Executor { .. }) | None => {
+            shell(&engine, args.format, args.timing).await
+        }
     }
 }
 

@@ -52,6 +52,12 @@ impl Warehouse {
             }
             _ => None,
         };
+        // Absolute, so that the executors of a cluster write where this process reads.
+        let root = match bucket {
+            None => std::path::absolute(&root)
+                .map_err(|e| Error::io(format!("resolving {}", root.display()), e))?,
+            Some(_) => root,
+        };
         Ok(Warehouse {
             root,
             bucket,

@@ -201,6 +201,8 @@ impl ModelRegistry {
             let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
+            // Absolute, so that the source means the same to other processes of a cluster.
+            let model_file = std::path::absolute(&model_file).unwrap_or(model_file);
             self.register(name, ModelSource::File(model_file));
             found.push(name.to_string());
         }
@@ -226,6 +228,38 @@ impl ModelRegistry {
         }
         found.sort();
         Ok(found)
+    }
+
+    /// Registers each `name -> source` (a path or an `s3://` URL) that is not already registered
+    /// with that source; a model already loaded from the same source stays loaded.
+    pub fn register_sources(&self, sources: &BTreeMap<String, String>) -> Result<()> {
+        for (name, source) in sources {
+            let source = ModelSource::parse(source).map_err(Error::Usage)?;
+            if self.source(name).as_ref() != Some(&source) {
+                self.register(name, source);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ModelRegistry::register_sources`] of the JSON a cluster client shares (empty: none).
+    pub fn register_shared(&self, json: &str) -> Result<()> {
+        if json.trim().is_empty() {
+            return Ok(());
+        }
+        let sources: BTreeMap<String, String> = serde_json::from_str(json)
+            .map_err(|e| Error::Usage(format!("batchinfer.models is not valid JSON: {e}")))?;
+        self.register_sources(&sources)
+    }
+
+    /// Every registered model as `name -> source`, in JSON, for other processes of a cluster.
+    pub fn shared_sources(&self) -> String {
+        let sources: BTreeMap<String, String> = self
+            .read()
+            .iter()
+            .map(|(name, entry)| (name.clone(), entry.source.to_string()))
+            .collect();
+        serde_json::to_string(&sources).unwrap_or_default()
     }
 
     /// Registers (or re-registers) one model file under `name`; it is loaded on first use.

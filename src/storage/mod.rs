@@ -22,6 +22,7 @@
 
 pub mod commit;
 mod credentials;
+pub mod staging;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -36,6 +37,7 @@ use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 use url::Url;
 
 pub use commit::{CommitStore, PendingWrite};
+pub use staging::StagedOutput;
 
 use crate::error::{Error, Result};
 

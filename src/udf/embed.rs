@@ -97,6 +97,7 @@ impl ScalarUDFImpl for EmbedUdf {
         };
         let rows = args.number_rows;
         let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
+        super::register_shared_models(&self.registry, &name, &args.config_options)?;
         let (model, dim) = self.model(&name, texts.data_type())?;
         let texts = texts.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();

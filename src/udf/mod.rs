@@ -44,3 +44,18 @@ macro_rules! same_registry_identity {
     };
 }
 pub(crate) use same_registry_identity;
+
+/// On a cluster executor, a model the client defined after this process started is known from
+/// the definitions sent with the query (`batchinfer.models`).
+pub(crate) fn register_shared_models(
+    registry: &crate::model::ModelRegistry,
+    name: &str,
+    config: &datafusion::config::ConfigOptions,
+) -> datafusion::error::Result<()> {
+    if !registry.contains(name)
+        && let Some(options) = config.extensions.get::<crate::config::BatchInferOptions>()
+    {
+        registry.register_shared(&options.models)?;
+    }
+    Ok(())
+}

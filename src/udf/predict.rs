@@ -104,6 +104,7 @@ impl ScalarUDFImpl for PredictUdf {
             .map(|a| a.to_array(rows))
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+        super::register_shared_models(&self.registry, &name, &args.config_options)?;
         let (model, binding) = self.bind(&name, &types)?;
         let options = args
             .config_options

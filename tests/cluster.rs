@@ -1,0 +1,354 @@
+//! The same SQL on a DataFusion Ballista cluster: a scheduler and two executors started as real
+//! processes of this binary on loopback ports, checked against the single-process run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+}
+
+/// A port that was free a moment ago, with the next one free too (an executor uses both).
+fn free_port_pair() -> u16 {
+    loop {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A scheduler and executors; all are killed when it is dropped.
+struct Cluster {
+    scheduler: Child,
+    executors: Vec<Child>,
+    port: u16,
+    _work: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Executors get `--models models` when given (else they know only what the client sends).
+    fn start(executors: usize, models: Option<&Path>) -> Cluster {
+        let work = tempfile::tempdir().unwrap();
+        let port = free_port_pair();
+        let quiet = |c: &mut Command| {
+            c.stdout(Stdio::null()).stderr(Stdio::null());
+        };
+        let mut scheduler = bin();
+        scheduler
+            .env("BATCHINFER_WAREHOUSE", work.path().join("wh"))
+            .args(["scheduler", "--bind", &format!("127.0.0.1:{port}")]);
+        quiet(&mut scheduler);
+        let scheduler = scheduler.spawn().unwrap();
+        let mut cluster = Cluster {
+            scheduler,
+            executors: Vec::new(),
+            port,
+            _work: work,
+        };
+        for i in 0..executors {
+            let mut executor = bin();
+            executor
+                .env("BATCHINFER_WAREHOUSE", cluster._work.path().join("wh"))
+                .args(["executor", "--scheduler", &format!("127.0.0.1:{port}")])
+                .args([
+                    "--port",
+                    &free_port_pair().to_string(),
+                    "--concurrent-tasks",
+                    "2",
+                ])
+                .arg("--work-dir")
+                .arg(cluster._work.path().join(format!("executor-{i}")));
+            if let Some(models) = models {
+                executor.arg("--models").arg(models);
+            }
+            quiet(&mut executor);
+            cluster.executors.push(executor.spawn().unwrap());
+        }
+        cluster.wait_ready();
+        cluster
+    }
+
+    fn remote(&self) -> String {
+        format!("df://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `sql` on the cluster with the client's `--models`.
+    fn query(&self, models: Option<&Path>, sql: &str) -> Output {
+        let mut command = bin();
+        command
+            .env("BATCHINFER_WAREHOUSE", self._work.path().join("client-wh"))
+            .args(["--format", "csv", "--remote", &self.remote()]);
+        if let Some(models) = models {
+            command.arg("--models").arg(models);
+        }
+        command.args(["query", "-e", sql]).output().unwrap()
+    }
+
+    /// Waits until the scheduler answers and the executors have registered.
+    fn wait_ready(&self) {
+        let started = Instant::now();
+        loop {
+            let out = self.query(None, "SELECT count(*) AS n FROM (VALUES (1), (2)) AS t(x)");
+            if out.status.success() {
+                // Executors register right after they start; give the last one its moment.
+                std::thread::sleep(Duration::from_secs(2));
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "the cluster did not come up: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.executors.iter_mut().chain([&mut self.scheduler]) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "batchinfer failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The single-process run of `sql`.
+fn local(models: &Path, sql: &str) -> String {
+    let out = bin()
+        .env(
+            "BATCHINFER_WAREHOUSE",
+            std::env::temp_dir().join("batchinfer-cluster-test-wh"),
+        )
+        .args(["--format", "csv", "--models"])
+        .arg(models)
+        .args(["query", "-e", sql])
+        .output()
+        .unwrap();
+    ok(&out)
+}
+
+/// CSV rows as (id, the rest's numbers), sorted by id.
+fn rows(csv: &str) -> Vec<(i64, Vec<f64>)> {
+    let mut rows: Vec<(i64, Vec<f64>)> = csv
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (id, rest) = l.split_once(',').unwrap();
+            let numbers = rest
+                .trim_matches(|c| c == '"' || c == '[' || c == ']')
+                .split(',')
+                .map(|n| n.trim().parse().unwrap())
+                .collect();
+            (id.parse().unwrap(), numbers)
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+/// The same ids; every number within `tolerance` (ONNX Runtime's float kernels may differ in
+/// the last bits between call sizes; embeddings by 1e-5 as in tests/embed.rs).
+fn assert_same_rows(got: &[(i64, Vec<f64>)], want: &[(i64, Vec<f64>)], tolerance: f64) {
+    assert_eq!(got.len(), want.len(), "row counts differ");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.0, w.0, "ids differ");
+        assert_eq!(g.1.len(), w.1.len());
+        for (a, b) in g.1.iter().zip(&w.1) {
+            assert!(
+                (a - b).abs() <= tolerance * b.abs().max(1.0),
+                "id {}: {a} vs {b}",
+                g.0
+            );
+        }
+    }
+}
+
+/// `n` Parquet files splitting `source` (its rows with `filter`) by `id % n`.
+fn split_into_files(source: &str, filter: &str, n: usize, dir: &Path) {
+    let script: String = (0..n)
+        .map(|k| {
+            format!(
+                "COPY (SELECT * FROM '{source}' WHERE {filter} AND id % {n} = {k}) TO '{}' STORED AS PARQUET;",
+                dir.join(format!("part-{k}.parquet")).display()
+            )
+        })
+        .collect();
+    local(Path::new("data/models"), &script);
+}
+
+fn minilm_models() -> PathBuf {
+    let out = Command::new("bash")
+        .arg("scripts/fetch_minilm.sh")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let model = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let dir =
+        std::env::temp_dir().join(format!("batchinfer-cluster-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("minilm");
+    if !link.exists() {
+        std::os::unix::fs::symlink(&model, &link).unwrap();
+    }
+    std::fs::copy("data/models/linear.onnx", dir.join("linear.onnx")).unwrap();
+    dir
+}
+
+#[test]
+fn scoring_and_embedding_on_two_executors_give_the_rows_of_one_process() {
+    let data = tempfile::tempdir().unwrap();
+    split_into_files("data/sample/features.parquet", "true", 8, data.path());
+    let text = tempfile::tempdir().unwrap();
+    split_into_files("data/sample/sentences.parquet", "id < 240", 8, text.path());
+    let models = minilm_models();
+    let cluster = Cluster::start(2, Some(&models));
+
+    let sql = format!(
+        "SELECT id, predict('linear', {FEATURES}) AS p FROM '{}/'",
+        data.path().display()
+    );
+    let remote = rows(&ok(&cluster.query(Some(&models), &sql)));
+    assert_eq!(remote.len(), 10_000);
+    assert_same_rows(&remote, &rows(&local(&models, &sql)), 1e-6);
+
+    let sql = format!(
+        "SELECT id, embed('minilm', body) AS v FROM '{}/'",
+        text.path().display()
+    );
+    let remote = rows(&ok(&cluster.query(Some(&models), &sql)));
+    assert_eq!(remote.len(), 240);
+    assert_eq!(remote[0].1.len(), 384);
+    assert_same_rows(&remote, &rows(&local(&models, &sql)), 1e-5);
+}
+
+/// Executors started without models: the client's CREATE MODEL reaches them with the query, and
+/// the files the executors write re-read to the single-process rows.
+#[test]
+fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
+    let data = tempfile::tempdir().unwrap();
+    split_into_files("data/sample/features.parquet", "true", 8, data.path());
+    let cluster = Cluster::start(2, None);
+    let out_dir = data.path().join("out/scores/");
+    let copy = format!(
+        "CREATE MODEL scorer FROM 'data/models/linear.onnx';
+         COPY (SELECT id, predict('scorer', {FEATURES}) AS p FROM '{}/part-*.parquet')
+         TO '{}/' STORED AS PARQUET",
+        data.path().display(),
+        out_dir.display()
+    );
+    ok(&cluster.query(None, &copy));
+    let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().flatten().collect();
+    assert!(!files.is_empty());
+    assert!(
+        files
+            .iter()
+            .all(|f| f.file_name().to_string_lossy().ends_with(".parquet")),
+        "only complete Parquet files in the output"
+    );
+    assert!(
+        std::fs::read_dir(data.path().join("out"))
+            .unwrap()
+            .flatten()
+            .all(|e| e.file_name() == "scores"),
+        "no staging folder is left"
+    );
+    let reread = local(
+        Path::new("data/models"),
+        &format!("SELECT id, p FROM '{}/'", out_dir.display()),
+    );
+    let want = local(
+        Path::new("data/models"),
+        &format!(
+            "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
+        ),
+    );
+    assert_same_rows(&rows(&reread), &rows(&want), 1e-6);
+}
+
+/// One executor is killed while a COPY runs: the COPY either completes on the other executor
+/// with every row exactly once, or fails with a clear error; either way no partial output is left.
+#[test]
+fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
+    let text = tempfile::tempdir().unwrap();
+    split_into_files("data/sample/sentences.parquet", "id < 1600", 8, text.path());
+    let models = minilm_models();
+    let mut cluster = Cluster::start(2, Some(&models));
+    let out_dir = text.path().join("out/vectors");
+    let copy = format!(
+        "COPY (SELECT id, embed('minilm', body) AS v FROM '{}/part-*.parquet') TO '{}/' STORED AS PARQUET",
+        text.path().display(),
+        out_dir.display()
+    );
+    let client = bin()
+        .env("BATCHINFER_WAREHOUSE", text.path().join("wh"))
+        .args(["--format", "csv", "--remote", &cluster.remote(), "--models"])
+        .arg(&models)
+        .args(["query", "-e", &copy])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut client = client;
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the COPY is still running when the executor is killed"
+    );
+    let victim = &mut cluster.executors[0];
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let out = client.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let reread = local(
+            Path::new("data/models"),
+            &format!(
+                "SELECT id, count(*) AS n FROM '{}/' GROUP BY id",
+                out_dir.display()
+            ),
+        );
+        let counts = rows(&reread);
+        assert_eq!(counts.len(), 1600, "every row is there");
+        assert!(counts.iter().all(|r| r.1 == vec![1.0]), "no row twice");
+    } else {
+        assert!(stderr.starts_with("Error: "), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!out_dir.exists(), "no partial output");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(text.path().join("out"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        leftovers.iter().all(|n| n == "vectors"),
+        "no staging folder is left: {leftovers:?}"
+    );
+    eprintln!(
+        "executor killed mid-COPY: {}",
+        if out.status.success() {
+            "completed on the other executor".to_string()
+        } else {
+            format!("failed: {stderr}")
+        }
+    );
+}
