@@ -49,7 +49,7 @@ use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
 use crate::storage::{
-    StagedOutput, StoreRegistry, delete_prefix, is_object_store_url, object_path,
+    CommittedWrite, StagedOutput, StoreRegistry, delete_prefix, is_object_store_url, object_path,
 };
 use crate::warehouse::Warehouse;
 
@@ -194,11 +194,10 @@ impl Engine {
             return self.empty();
         };
         match &statement {
-            DFStatement::CopyTo(_) if self.config.remote.is_some() => {
-                return self.copy_via_staging(statement).await;
-            }
-            DFStatement::CopyTo(copy) if is_object_store_url(&copy.target) => {
-                return self.copy_to_object_store(statement).await;
+            DFStatement::CopyTo(copy)
+                if self.config.remote.is_some() || is_object_store_url(&copy.target) =>
+            {
+                return self.copy_committed(statement).await;
             }
             DFStatement::CreateExternalTable(table) => {
                 for location in &table.locations {
@@ -235,52 +234,34 @@ impl Engine {
         self.execute(statement).await
     }
 
-    /// COPY ... TO 's3://...': the files appear when the whole statement has succeeded, or never
-    /// (see [`crate::storage::commit`]).
-    async fn copy_to_object_store(&self, statement: DFStatement) -> Result<DataFrame> {
-        let DFStatement::CopyTo(copy) = &statement else {
-            return Err(Error::Usage("expected a COPY statement".into()));
-        };
-        self.connect_with_options(&copy.target, &copy.options)?;
-        let url = parse_url(&copy.target)?;
-        let store = self.registry.stores().commit_store(&url)?;
-        let pending = store.begin(object_path(&url)?);
-        let written = match self.execute(statement).await {
-            Ok(df) => df.collect().await.map_err(Error::from),
-            Err(e) => Err(e),
-        };
-        match written {
-            Ok(batches) => {
-                pending.commit().await?;
-                Ok(self.results.read_batches(batches)?)
-            }
-            Err(e) => {
-                pending.abort().await;
-                Err(e)
-            }
-        }
-    }
-
-    /// COPY on a cluster: the executors write into a staging folder beside the target, moved into
-    /// place when the job has succeeded (see [`crate::storage::staging`]).
-    async fn copy_via_staging(&self, statement: DFStatement) -> Result<DataFrame> {
+    /// COPY whose files must appear all at once or not at all: to S3 from this process (uploads
+    /// completed at the end, see [`crate::storage::commit`]), or anywhere from a cluster's
+    /// executors (a staging folder moved into place, see [`crate::storage::staging`]).
+    async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
         let DFStatement::CopyTo(mut copy) = statement else {
             return Err(Error::Usage("expected a COPY statement".into()));
         };
         self.connect_with_options(&copy.target, &copy.options)?;
-        let staged = StagedOutput::new(self.registry.stores(), &copy.target)?;
-        copy.target = staged.location().to_string();
+        let stores = self.registry.stores();
+        let output = if self.config.remote.is_some() {
+            let staged = StagedOutput::new(stores, &copy.target)?;
+            copy.target = staged.location().to_string();
+            CommittedWrite::Staged(staged)
+        } else {
+            let url = parse_url(&copy.target)?;
+            CommittedWrite::Deferred(stores.commit_store(&url)?.begin(object_path(&url)?))
+        };
         let written = match self.execute(DFStatement::CopyTo(copy)).await {
             Ok(df) => df.collect().await.map_err(Error::from),
             Err(e) => Err(e),
         };
         match written {
             Ok(batches) => {
-                staged.commit().await?;
+                output.commit().await?;
                 Ok(self.results.read_batches(batches)?)
             }
             Err(e) => {
-                staged.discard().await;
+                output.abort().await;
                 Err(e)
             }
         }

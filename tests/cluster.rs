@@ -1,7 +1,9 @@
 //! The same SQL on a DataFusion Ballista cluster: a scheduler and two executors started as real
 //! processes of this binary on loopback ports, checked against the single-process run.
 
-use std::path::{Path, PathBuf};
+mod fixtures;
+
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -193,35 +195,13 @@ fn split_into_files(source: &str, filter: &str, n: usize, dir: &Path) {
     local(Path::new("data/models"), &script);
 }
 
-fn minilm_models() -> PathBuf {
-    let out = Command::new("bash")
-        .arg("scripts/fetch_minilm.sh")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let model = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    let dir =
-        std::env::temp_dir().join(format!("batchinfer-cluster-models-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("minilm");
-    if !link.exists() {
-        std::os::unix::fs::symlink(&model, &link).unwrap();
-    }
-    std::fs::copy("data/models/linear.onnx", dir.join("linear.onnx")).unwrap();
-    dir
-}
-
 #[test]
 fn scoring_and_embedding_on_two_executors_give_the_rows_of_one_process() {
     let data = tempfile::tempdir().unwrap();
     split_into_files("data/sample/features.parquet", "true", 8, data.path());
     let text = tempfile::tempdir().unwrap();
     split_into_files("data/sample/sentences.parquet", "id < 240", 8, text.path());
-    let models = minilm_models();
+    let models = fixtures::models_with_minilm();
     let cluster = Cluster::start(2, Some(&models));
 
     let sql = format!(
@@ -292,7 +272,7 @@ fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
 fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
     let text = tempfile::tempdir().unwrap();
     split_into_files("data/sample/sentences.parquet", "id < 1600", 8, text.path());
-    let models = minilm_models();
+    let models = fixtures::models_with_minilm();
     let mut cluster = Cluster::start(2, Some(&models));
     let out_dir = text.path().join("out/vectors");
     let copy = format!(

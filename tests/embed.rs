@@ -2,12 +2,11 @@
 //! `scripts/fetch_minilm.sh`) against the Python stack on the same files, and the vector
 //! functions that make semantic search run in SQL.
 
-#[path = "s3_server/mod.rs"]
+mod fixtures;
 mod s3_server;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
 use batchinfer::error::display_error;
@@ -15,31 +14,8 @@ use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float32Type, Float64Type};
 
-/// A models folder with `minilm` (the fetched folder) and `linear` (not a text model).
 fn models_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg("scripts/fetch_minilm.sh")
-            .output()
-            .expect("bash runs");
-        assert!(
-            out.status.success(),
-            "fetching the model failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let model = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-        let dir =
-            std::env::temp_dir().join(format!("batchinfer-embed-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let link = dir.join("minilm");
-        if !link.exists() {
-            std::os::unix::fs::symlink(&model, &link).unwrap();
-        }
-        std::fs::copy("data/models/linear.onnx", dir.join("linear.onnx")).unwrap();
-        dir
-    })
-    .clone()
+    fixtures::models_with_minilm()
 }
 
 fn engine() -> Engine {

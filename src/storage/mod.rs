@@ -41,6 +41,34 @@ pub use staging::StagedOutput;
 
 use crate::error::{Error, Result};
 
+/// A write whose files appear together when it commits, or never.
+#[derive(Debug)]
+pub enum CommittedWrite {
+    /// Uploads made by this process, their completion held back.
+    Deferred(PendingWrite),
+    /// Files written by other processes into a staging folder.
+    Staged(StagedOutput),
+}
+
+impl CommittedWrite {
+    /// Makes the files visible.
+    pub async fn commit(self) -> Result<()> {
+        match self {
+            CommittedWrite::Deferred(write) => write.commit().await.map(drop)?,
+            CommittedWrite::Staged(staged) => staged.commit().await.map(drop)?,
+        }
+        Ok(())
+    }
+
+    /// Discards the files.
+    pub async fn abort(self) {
+        match self {
+            CommittedWrite::Deferred(write) => write.abort().await,
+            CommittedWrite::Staged(staged) => staged.discard().await,
+        }
+    }
+}
+
 /// Retries of a failed S3 request (connection refused, 5xx, throttling) before it is an error.
 pub const RETRIES: usize = 3;
 /// The longest a request is retried for.
