@@ -69,7 +69,8 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
         }
     };
     let (schema, batches) = if std::io::stderr().is_terminal() {
-        show_progress(work, &registry, before.0, &total).await?
+        let remote = engine.config().remote.clone();
+        show_progress(work, &registry, before.0, &total, remote.as_deref()).await?
     } else {
         work.await?
     };
@@ -88,6 +89,7 @@ async fn show_progress<T>(
     registry: &crate::model::ModelRegistry,
     base_rows: u64,
     total: &AtomicU64,
+    remote: Option<&str>,
 ) -> Result<T> {
     let started = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
@@ -105,6 +107,13 @@ async fn show_progress<T>(
             _ = ticker.tick() => {
                 let elapsed = started.elapsed();
                 if elapsed < Duration::from_secs(1) {
+                    continue;
+                }
+                if let Some(remote) = remote {
+                    // The executors score the rows; this process only waits for the job.
+                    eprint!("\r\x1b[2Krunning on the cluster at {remote}, {:.1} s elapsed", elapsed.as_secs_f64());
+                    let _ = std::io::stderr().flush();
+                    shown = true;
                     continue;
                 }
                 let rows = registry.totals().0 - base_rows;
