@@ -115,6 +115,7 @@ fn split(source: &str, filter: &str, dir: &Path) {
     assert!(
         bin()
             .args(["query", "-e", &script])
+            .stdout(Stdio::null())
             .status()
             .unwrap()
             .success()
