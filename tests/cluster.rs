@@ -204,13 +204,14 @@ fn scoring_and_embedding_on_two_executors_give_the_rows_of_one_process() {
     let models = fixtures::models_with_minilm();
     let cluster = Cluster::start(2, Some(&models));
 
+    // The same files in one process: the same record batches reach the model, so the same bits.
     let sql = format!(
         "SELECT id, predict('linear', {FEATURES}) AS p FROM '{}/'",
         data.path().display()
     );
     let remote = rows(&ok(&cluster.query(Some(&models), &sql)));
     assert_eq!(remote.len(), 10_000);
-    assert_same_rows(&remote, &rows(&local(&models, &sql)), 1e-6);
+    assert_same_rows(&remote, &rows(&local(&models, &sql)), 0.0);
 
     let sql = format!(
         "SELECT id, embed('minilm', body) AS v FROM '{}/'",
@@ -223,7 +224,8 @@ fn scoring_and_embedding_on_two_executors_give_the_rows_of_one_process() {
 }
 
 /// Executors started without models: the client's CREATE MODEL reaches them with the query, and
-/// the files the executors write re-read to the single-process rows.
+/// the files the executors write (COPY, and CREATE TABLE into the client's warehouse) re-read to
+/// the single-process rows.
 #[test]
 fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
     let data = tempfile::tempdir().unwrap();
@@ -264,6 +266,18 @@ fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
         ),
     );
     assert_same_rows(&rows(&reread), &rows(&want), 1e-6);
+
+    let table = cluster.query(
+        None,
+        &format!(
+            "CREATE OR REPLACE MODEL scorer FROM 'data/models/linear.onnx';
+             CREATE TABLE scored AS SELECT id, predict('scorer', {FEATURES}) AS p
+             FROM '{}/part-*.parquet';
+             SELECT id, p FROM scored",
+            data.path().display()
+        ),
+    );
+    assert_same_rows(&rows(&ok(&table)), &rows(&want), 1e-6);
 }
 
 /// One executor is killed while a COPY runs: the COPY either completes on the other executor
