@@ -8,7 +8,8 @@
 //! ```
 //!
 //! # Layout
-//! - [`engine`]: [`Engine`], the library entry point: a SessionContext plus the model registry.
+//! - [`engine`]: [`Engine`], the library entry point: a SessionContext plus the model registry;
+//!   `engine/write.rs` holds the writes that appear whole (COPY to S3 or from a cluster, CTAS).
 //! - [`cluster`]: the scheduler and executor processes of a Ballista cluster, and what every
 //!   process of one registers.
 //! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).

@@ -23,18 +23,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::config::ExtensionOptions;
-use datafusion::config::TableParquetOptions;
-use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
-use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::ParquetReadOptions;
-use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
+    ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
 };
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use datafusion_cli::object_storage::AwsOptions;
@@ -48,10 +44,10 @@ use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
-use crate::storage::{
-    CommittedWrite, StagedOutput, StoreRegistry, delete_prefix, is_object_store_url, object_path,
-};
+use crate::storage::{StoreRegistry, is_object_store_url, object_path};
 use crate::warehouse::Warehouse;
+
+mod write;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows.
 pub struct Engine {
@@ -234,39 +230,6 @@ impl Engine {
         self.execute(statement).await
     }
 
-    /// COPY whose files must appear all at once or not at all: to S3 from this process (uploads
-    /// completed at the end, see [`crate::storage::commit`]), or anywhere from a cluster's
-    /// executors (a staging folder moved into place, see [`crate::storage::staging`]).
-    async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
-        let DFStatement::CopyTo(mut copy) = statement else {
-            return Err(Error::Usage("expected a COPY statement".into()));
-        };
-        self.connect_with_options(&copy.target, &copy.options)?;
-        let stores = self.registry.stores();
-        let output = if self.config.remote.is_some() {
-            let staged = StagedOutput::new(stores, &copy.target)?;
-            copy.target = staged.location().to_string();
-            CommittedWrite::Staged(staged)
-        } else {
-            let url = parse_url(&copy.target)?;
-            CommittedWrite::Deferred(stores.commit_store(&url)?.begin(object_path(&url)?))
-        };
-        let written = match self.execute(DFStatement::CopyTo(copy)).await {
-            Ok(df) => df.collect().await.map_err(Error::from),
-            Err(e) => Err(e),
-        };
-        match written {
-            Ok(batches) => {
-                output.commit().await?;
-                Ok(self.results.read_batches(batches)?)
-            }
-            Err(e) => {
-                output.abort().await;
-                Err(e)
-            }
-        }
-    }
-
     /// `OPTIONS ('aws.region' '...', 'aws.endpoint' '...')` on an `s3://` location: the bucket
     /// is connected with them (over the environment's settings).
     fn connect_with_options(&self, location: &str, options: &[(String, SqlValue)]) -> Result<()> {
@@ -377,174 +340,6 @@ impl Engine {
             .read_batch(RecordBatch::new_empty(Arc::new(Schema::empty())))?)
     }
 
-    /// CREATE TABLE name AS query, into the warehouse: written to a staging folder, with the
-    /// models and model hashes that produced it in each file's metadata, then committed by rename.
-    async fn create_table_as(&self, warehouse: &Warehouse, ct: &CreateTable) -> Result<DataFrame> {
-        let name = table_name(&ct.name)?;
-        if self.ctx.table_exist(name.as_str())? {
-            if ct.if_not_exists {
-                return self.empty();
-            }
-            if !ct.or_replace {
-                return Err(Error::Usage(format!(
-                    "table '{name}' already exists (use CREATE OR REPLACE TABLE)"
-                )));
-            }
-        }
-        let query = ct
-            .query
-            .clone()
-            .ok_or_else(|| Error::Usage("CREATE TABLE AS needs a query".into()))?;
-        let df = self
-            .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
-            .await?;
-        let models = self.models_used(df.logical_plan())?;
-        let mut options = TableParquetOptions::default();
-        options
-            .key_value_metadata
-            .insert("batchinfer.models".to_string(), Some(models.clone()));
-        let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
-        if warehouse.bucket().is_some() {
-            if self.config.remote.is_some() {
-                self.write_table_staged(warehouse, &name, df, options, empty_file)
-                    .await?;
-            } else {
-                self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
-                    .await?;
-            }
-            if self.ctx.table_exist(name.as_str())? {
-                self.ctx.deregister_table(name.as_str())?;
-            }
-        } else {
-            let staging = warehouse.staging_dir(&name)?;
-            let written = df
-                .write_parquet(
-                    &dir_url(&staging),
-                    DataFrameWriteOptions::new(),
-                    Some(options),
-                )
-                .await
-                .map_err(Error::from)
-                .and_then(|_| write_if_empty(&staging, &empty_file));
-            if let Err(e) = written {
-                let _ = std::fs::remove_dir_all(&staging);
-                return Err(e);
-            }
-            if self.ctx.table_exist(name.as_str())? {
-                self.ctx.deregister_table(name.as_str())?;
-            }
-            warehouse.commit(&staging, &name)?;
-        }
-        self.ctx
-            .register_parquet(
-                &name,
-                &warehouse.table_location(&name)?,
-                ParquetReadOptions::default(),
-            )
-            .await?;
-        self.empty()
-    }
-
-    /// A warehouse table in S3 written by a cluster's executors: into a staging folder, moved into
-    /// place (after the old table's files are deleted) when the job has succeeded.
-    async fn write_table_staged(
-        &self,
-        warehouse: &Warehouse,
-        name: &str,
-        df: DataFrame,
-        options: TableParquetOptions,
-        empty_file: Vec<u8>,
-    ) -> Result<()> {
-        let location = warehouse.table_location(name)?;
-        let staged = StagedOutput::new(self.registry.stores(), &location)?;
-        let written = df
-            .write_parquet(
-                staged.location(),
-                DataFrameWriteOptions::new(),
-                Some(options),
-            )
-            .await;
-        if let Err(e) = written {
-            staged.discard().await;
-            return Err(e.into());
-        }
-        let url = parse_url(&location)?;
-        let store = self.registry.stores().store_for(&url)?;
-        let prefix = object_path(&url)?;
-        delete_prefix(store.as_ref(), &prefix).await?;
-        if staged.commit().await? == 0 {
-            store
-                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// A warehouse table in S3: the new files are uploaded with their completion held back; then
-    /// the old table's files (OR REPLACE) are deleted and the new ones completed.
-    async fn write_table_in_bucket(
-        &self,
-        warehouse: &Warehouse,
-        name: &str,
-        df: DataFrame,
-        options: TableParquetOptions,
-        empty_file: Vec<u8>,
-    ) -> Result<()> {
-        let location = warehouse.table_location(name)?;
-        let url = parse_url(&location)?;
-        let store = self.registry.stores().commit_store(&url)?;
-        let prefix = object_path(&url)?;
-        let pending = store.begin(prefix.clone());
-        let written = async {
-            df.write_parquet(&location, DataFrameWriteOptions::new(), Some(options))
-                .await?;
-            if pending.objects() == 0 {
-                let path = prefix.clone().join("part-0.parquet");
-                object_store::ObjectStoreExt::put(store.as_ref(), &path, empty_file.into()).await?;
-            }
-            // Objects already complete under the prefix are the old table's.
-            delete_prefix(store.inner().as_ref(), &prefix).await
-        }
-        .await;
-        match written {
-            Ok(()) => {
-                pending.commit().await?;
-                Ok(())
-            }
-            Err(e) => {
-                pending.abort().await;
-                Err(e)
-            }
-        }
-    }
-
-    /// JSON naming each model a plan calls (by literal name) with its file's sha256.
-    fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
-        let mut names = BTreeMap::new();
-        plan.apply(|node| {
-            node.apply_expressions(|expr| {
-                expr.apply(|e| {
-                    if let Expr::ScalarFunction(f) = e
-                        && matches!(f.name(), "predict" | "embed")
-                        && let Some(Expr::Literal(
-                            ScalarValue::Utf8(Some(n)) | ScalarValue::Utf8View(Some(n)),
-                            _,
-                        )) = f.args.first()
-                    {
-                        names.insert(n.clone(), ());
-                    }
-                    Ok(TreeNodeRecursion::Continue)
-                })
-            })
-        })?;
-        let models: Vec<serde_json::Value> = names
-            .keys()
-            .filter_map(|n| self.registry.get(n).ok())
-            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
-            .collect();
-        Ok(serde_json::Value::Array(models).to_string())
-    }
-
     async fn run_model_statement(&self, statement: ModelStatement) -> Result<DataFrame> {
         match statement {
             ModelStatement::Create {
@@ -648,40 +443,6 @@ fn table_name(name: &ObjectName) -> Result<String> {
     }
 }
 
-/// Writes `file` as the table's one file when the write made none.
-fn write_if_empty(dir: &Path, file: &[u8]) -> Result<()> {
-    let has_files = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-        .next()
-        .is_some();
-    if has_files {
-        return Ok(());
-    }
-    let path = dir.join("part-0.parquet");
-    std::fs::write(&path, file).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
-/// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
-fn empty_table_file(
-    schema: datafusion::arrow::datatypes::SchemaRef,
-    models: &str,
-) -> Result<Vec<u8>> {
-    use datafusion::parquet::arrow::ArrowWriter;
-    use datafusion::parquet::file::metadata::KeyValue;
-    use datafusion::parquet::file::properties::WriterProperties;
-    let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(vec![KeyValue::new(
-            "batchinfer.models".to_string(),
-            models.to_string(),
-        )]))
-        .build();
-    let mut bytes = Vec::new();
-    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))
-        .map_err(|e| Error::Usage(e.to_string()))?;
-    writer.close().map_err(|e| Error::Usage(e.to_string()))?;
-    Ok(bytes)
-}
-
 /// An `s3://` location as a URL.
 fn parse_url(location: &str) -> Result<Url> {
     Url::parse(location).map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")))
@@ -693,13 +454,4 @@ fn option_text(value: &SqlValue) -> String {
         SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-/// A folder as a listing-table location (trailing slash: every file in it).
-fn dir_url(dir: &Path) -> String {
-    let mut s = dir.display().to_string();
-    if !s.ends_with('/') {
-        s.push('/');
-    }
-    s
 }

@@ -1,0 +1,270 @@
+//! Writes whose files appear whole or not at all: COPY to object stores and from a cluster's
+//! executors, and CREATE TABLE ... AS into the warehouse (local folder or S3).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::config::TableParquetOptions;
+use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::prelude::ParquetReadOptions;
+use datafusion::scalar::ScalarValue;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{CreateTable, Statement as SQLStatement};
+use object_store::ObjectStoreExt;
+
+use super::{Engine, parse_url, table_name};
+use crate::error::{Error, Result};
+use crate::storage::{CommittedWrite, StagedOutput, delete_prefix, object_path};
+use crate::warehouse::Warehouse;
+
+impl Engine {
+    /// COPY whose files must appear all at once or not at all: to S3 from this process (uploads
+    /// completed at the end, see [`crate::storage::commit`]), or anywhere from a cluster's
+    /// executors (a staging folder moved into place, see [`crate::storage::staging`]).
+    pub(super) async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
+        let DFStatement::CopyTo(mut copy) = statement else {
+            return Err(Error::Usage("expected a COPY statement".into()));
+        };
+        self.connect_with_options(&copy.target, &copy.options)?;
+        let stores = self.registry.stores();
+        let output = if self.config.remote.is_some() {
+            let staged = StagedOutput::new(stores, &copy.target)?;
+            copy.target = staged.location().to_string();
+            CommittedWrite::Staged(staged)
+        } else {
+            let url = parse_url(&copy.target)?;
+            CommittedWrite::Deferred(stores.commit_store(&url)?.begin(object_path(&url)?))
+        };
+        let written = match self.execute(DFStatement::CopyTo(copy)).await {
+            Ok(df) => df.collect().await.map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(batches) => {
+                output.commit().await?;
+                Ok(self.results.read_batches(batches)?)
+            }
+            Err(e) => {
+                output.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// CREATE TABLE name AS query, into the warehouse: written to a staging folder, with the
+    /// models and model hashes that produced it in each file's metadata, then committed by rename.
+    pub(super) async fn create_table_as(
+        &self,
+        warehouse: &Warehouse,
+        ct: &CreateTable,
+    ) -> Result<DataFrame> {
+        let name = table_name(&ct.name)?;
+        if self.ctx.table_exist(name.as_str())? {
+            if ct.if_not_exists {
+                return self.empty();
+            }
+            if !ct.or_replace {
+                return Err(Error::Usage(format!(
+                    "table '{name}' already exists (use CREATE OR REPLACE TABLE)"
+                )));
+            }
+        }
+        let query = ct
+            .query
+            .clone()
+            .ok_or_else(|| Error::Usage("CREATE TABLE AS needs a query".into()))?;
+        let df = self
+            .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
+            .await?;
+        let models = self.models_used(df.logical_plan())?;
+        let mut options = TableParquetOptions::default();
+        options
+            .key_value_metadata
+            .insert("batchinfer.models".to_string(), Some(models.clone()));
+        let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
+        if warehouse.bucket().is_some() {
+            if self.config.remote.is_some() {
+                self.write_table_staged(warehouse, &name, df, options, empty_file)
+                    .await?;
+            } else {
+                self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
+                    .await?;
+            }
+            if self.ctx.table_exist(name.as_str())? {
+                self.ctx.deregister_table(name.as_str())?;
+            }
+        } else {
+            let staging = warehouse.staging_dir(&name)?;
+            let written = df
+                .write_parquet(
+                    &dir_url(&staging),
+                    DataFrameWriteOptions::new(),
+                    Some(options),
+                )
+                .await
+                .map_err(Error::from)
+                .and_then(|_| write_if_empty(&staging, &empty_file));
+            if let Err(e) = written {
+                let _ = std::fs::remove_dir_all(&staging);
+                return Err(e);
+            }
+            if self.ctx.table_exist(name.as_str())? {
+                self.ctx.deregister_table(name.as_str())?;
+            }
+            warehouse.commit(&staging, &name)?;
+        }
+        self.ctx
+            .register_parquet(
+                &name,
+                &warehouse.table_location(&name)?,
+                ParquetReadOptions::default(),
+            )
+            .await?;
+        self.empty()
+    }
+
+    /// A warehouse table in S3 written by a cluster's executors: into a staging folder, moved into
+    /// place (after the old table's files are deleted) when the job has succeeded.
+    async fn write_table_staged(
+        &self,
+        warehouse: &Warehouse,
+        name: &str,
+        df: DataFrame,
+        options: TableParquetOptions,
+        empty_file: Vec<u8>,
+    ) -> Result<()> {
+        let location = warehouse.table_location(name)?;
+        let staged = StagedOutput::new(self.registry.stores(), &location)?;
+        let written = df
+            .write_parquet(
+                staged.location(),
+                DataFrameWriteOptions::new(),
+                Some(options),
+            )
+            .await;
+        if let Err(e) = written {
+            staged.discard().await;
+            return Err(e.into());
+        }
+        let url = parse_url(&location)?;
+        let store = self.registry.stores().store_for(&url)?;
+        let prefix = object_path(&url)?;
+        delete_prefix(store.as_ref(), &prefix).await?;
+        if staged.commit().await? == 0 {
+            store
+                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A warehouse table in S3: the new files are uploaded with their completion held back; then
+    /// the old table's files (OR REPLACE) are deleted and the new ones completed.
+    async fn write_table_in_bucket(
+        &self,
+        warehouse: &Warehouse,
+        name: &str,
+        df: DataFrame,
+        options: TableParquetOptions,
+        empty_file: Vec<u8>,
+    ) -> Result<()> {
+        let location = warehouse.table_location(name)?;
+        let url = parse_url(&location)?;
+        let store = self.registry.stores().commit_store(&url)?;
+        let prefix = object_path(&url)?;
+        let pending = store.begin(prefix.clone());
+        let written = async {
+            df.write_parquet(&location, DataFrameWriteOptions::new(), Some(options))
+                .await?;
+            if pending.objects() == 0 {
+                let path = prefix.clone().join("part-0.parquet");
+                object_store::ObjectStoreExt::put(store.as_ref(), &path, empty_file.into()).await?;
+            }
+            // Objects already complete under the prefix are the old table's.
+            delete_prefix(store.inner().as_ref(), &prefix).await
+        }
+        .await;
+        match written {
+            Ok(()) => {
+                pending.commit().await?;
+                Ok(())
+            }
+            Err(e) => {
+                pending.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// JSON naming each model a plan calls (by literal name) with its file's sha256.
+    fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
+        let mut names = BTreeMap::new();
+        plan.apply(|node| {
+            node.apply_expressions(|expr| {
+                expr.apply(|e| {
+                    if let Expr::ScalarFunction(f) = e
+                        && matches!(f.name(), "predict" | "embed")
+                        && let Some(Expr::Literal(
+                            ScalarValue::Utf8(Some(n)) | ScalarValue::Utf8View(Some(n)),
+                            _,
+                        )) = f.args.first()
+                    {
+                        names.insert(n.clone(), ());
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                })
+            })
+        })?;
+        let models: Vec<serde_json::Value> = names
+            .keys()
+            .filter_map(|n| self.registry.get(n).ok())
+            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
+            .collect();
+        Ok(serde_json::Value::Array(models).to_string())
+    }
+}
+
+/// Writes `file` as the table's one file when the write made none.
+fn write_if_empty(dir: &Path, file: &[u8]) -> Result<()> {
+    let has_files = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+        .next()
+        .is_some();
+    if has_files {
+        return Ok(());
+    }
+    let path = dir.join("part-0.parquet");
+    std::fs::write(&path, file).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
+fn empty_table_file(
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    models: &str,
+) -> Result<Vec<u8>> {
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::metadata::KeyValue;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![KeyValue::new(
+            "batchinfer.models".to_string(),
+            models.to_string(),
+        )]))
+        .build();
+    let mut bytes = Vec::new();
+    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    writer.close().map_err(|e| Error::Usage(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// A folder as a listing-table location (trailing slash: every file in it).
+fn dir_url(dir: &Path) -> String {
+    let mut s = dir.display().to_string();
+    if !s.ends_with('/') {
+        s.push('/');
+    }
+    s
+}
