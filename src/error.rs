@@ -144,6 +144,10 @@ fn describe_s3_error(message: &str) -> Option<String> {
             "the S3 server{endpoint} refused access (403): check AWS_ACCESS_KEY_ID and \
              AWS_SECRET_ACCESS_KEY (or the AWS profile), and the bucket's permissions"
         ),
+        Some(code @ ("PermanentRedirect" | "AuthorizationHeaderMalformed")) => format!(
+            "bucket '{bucket}' is in another region than the one requested ({code}): set \
+             AWS_REGION (or 'aws.region') to the bucket's region"
+        ),
         Some("NoSuchBucket") => {
             format!("bucket '{bucket}' does not exist on the S3 server{endpoint}")
         }
@@ -200,5 +204,43 @@ fn display_datafusion_error(err: &DataFusionError) -> String {
             _ => err.strip_backtrace(),
         },
         _ => err.strip_backtrace(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_s3_error;
+
+    #[test]
+    fn s3_errors_say_what_went_wrong_and_what_to_check() {
+        let bucket = "cannot read s3://nb/x.parquet: Generic S3 error: Error performing list request: \
+            Error performing GET http://127.0.0.1:9000/nb?list-type=2 in 1ms - Server returned \
+            non-2xx status code: 404 Not Found: <Error><Code>NoSuchBucket</Code></Error>";
+        assert_eq!(
+            describe_s3_error(bucket).unwrap(),
+            "cannot read s3://nb/x.parquet: bucket 'nb' does not exist on the S3 server http://127.0.0.1:9000"
+        );
+        let region = "Generic S3 error: Error performing GET https://s3.amazonaws.com/far/k in 9ms - \
+            Server returned non-2xx status code: 301 Moved Permanently: <Code>PermanentRedirect</Code>";
+        assert!(
+            describe_s3_error(region)
+                .unwrap()
+                .contains("set AWS_REGION")
+        );
+        let denied = "The operation lacked the necessary privileges to complete for path k: Error \
+            performing HEAD http://h:1/b/k in 2ms - Server returned non-2xx status code: 403 Forbidden: ";
+        assert!(
+            describe_s3_error(denied)
+                .unwrap()
+                .contains("refused access (403)")
+        );
+        let down = "IO error: Generic S3 error: Error performing POST http://h:1/b/k?uploads= in \
+            438ms, after 3 retries, max_retries: 3, retry_timeout: 15s  - HTTP error: error sending request";
+        assert!(
+            describe_s3_error(down)
+                .unwrap()
+                .starts_with("could not reach the S3 endpoint http://h:1")
+        );
+        assert_eq!(describe_s3_error("model 'm' failed on rows 0..3"), None);
     }
 }
