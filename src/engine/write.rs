@@ -85,13 +85,8 @@ impl Engine {
             .insert("batchinfer.models".to_string(), Some(models.clone()));
         let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
         if warehouse.bucket().is_some() {
-            if self.config.remote.is_some() {
-                self.write_table_staged(warehouse, &name, df, options, empty_file)
-                    .await?;
-            } else {
-                self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
-                    .await?;
-            }
+            self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
+                .await?;
             if self.ctx.table_exist(name.as_str())? {
                 self.ctx.deregister_table(name.as_str())?;
             }
@@ -125,43 +120,9 @@ impl Engine {
         self.empty()
     }
 
-    /// A warehouse table in S3 written by a cluster's executors: into a staging folder, moved into
-    /// place (after the old table's files are deleted) when the job has succeeded.
-    async fn write_table_staged(
-        &self,
-        warehouse: &Warehouse,
-        name: &str,
-        df: DataFrame,
-        options: TableParquetOptions,
-        empty_file: Vec<u8>,
-    ) -> Result<()> {
-        let location = warehouse.table_location(name)?;
-        let staged = StagedOutput::new(self.registry.stores(), &location)?;
-        let written = df
-            .write_parquet(
-                staged.location(),
-                DataFrameWriteOptions::new(),
-                Some(options),
-            )
-            .await;
-        if let Err(e) = written {
-            staged.discard().await;
-            return Err(e.into());
-        }
-        let url = parse_url(&location)?;
-        let store = self.registry.stores().store_for(&url)?;
-        let prefix = object_path(&url)?;
-        delete_prefix(store.as_ref(), &prefix).await?;
-        if staged.commit().await? == 0 {
-            store
-                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// A warehouse table in S3: the new files are uploaded with their completion held back; then
-    /// the old table's files (OR REPLACE) are deleted and the new ones completed.
+    /// A warehouse table in S3. From this process, the new files are uploaded with their
+    /// completion held back; from a cluster's executors, they go to a staging folder. Once all
+    /// are written, the old table's files (OR REPLACE) are deleted and the new ones committed.
     async fn write_table_in_bucket(
         &self,
         warehouse: &Warehouse,
@@ -172,30 +133,34 @@ impl Engine {
     ) -> Result<()> {
         let location = warehouse.table_location(name)?;
         let url = parse_url(&location)?;
-        let store = self.registry.stores().commit_store(&url)?;
         let prefix = object_path(&url)?;
-        let pending = store.begin(prefix.clone());
+        let stores = self.registry.stores();
+        let (output, write_to) = if self.config.remote.is_some() {
+            let staged = StagedOutput::new(stores, &location)?;
+            let write_to = staged.location().to_string();
+            (CommittedWrite::Staged(staged), write_to)
+        } else {
+            let pending = stores.commit_store(&url)?.begin(prefix.clone());
+            (CommittedWrite::Deferred(pending), location)
+        };
+        let store = stores.store_for(&url)?;
         let written = async {
-            df.write_parquet(&location, DataFrameWriteOptions::new(), Some(options))
+            df.write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
                 .await?;
-            if pending.objects() == 0 {
-                let path = prefix.clone().join("part-0.parquet");
-                object_store::ObjectStoreExt::put(store.as_ref(), &path, empty_file.into()).await?;
-            }
             // Objects already complete under the prefix are the old table's.
-            delete_prefix(store.inner().as_ref(), &prefix).await
+            delete_prefix(store.as_ref(), &prefix).await
         }
         .await;
-        match written {
-            Ok(()) => {
-                pending.commit().await?;
-                Ok(())
-            }
-            Err(e) => {
-                pending.abort().await;
-                Err(e)
-            }
+        if let Err(e) = written {
+            output.abort().await;
+            return Err(e);
         }
+        if output.commit().await? == 0 {
+            store
+                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
+                .await?;
+        }
+        Ok(())
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256.

@@ -125,15 +125,6 @@ impl PendingWrite {
         Ok(count)
     }
 
-    /// How many objects the write holds back so far.
-    pub fn objects(&self) -> usize {
-        self.state
-            .uploads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-    }
-
     /// Discards the write: no object of it will appear.
     pub async fn abort(mut self) {
         self.finished = true;

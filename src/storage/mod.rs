@@ -51,13 +51,12 @@ pub enum CommittedWrite {
 }
 
 impl CommittedWrite {
-    /// Makes the files visible.
-    pub async fn commit(self) -> Result<()> {
+    /// Makes the files visible; how many there are.
+    pub async fn commit(self) -> Result<usize> {
         match self {
-            CommittedWrite::Deferred(write) => write.commit().await.map(drop)?,
-            CommittedWrite::Staged(staged) => staged.commit().await.map(drop)?,
+            CommittedWrite::Deferred(write) => Ok(write.commit().await?),
+            CommittedWrite::Staged(staged) => staged.commit().await,
         }
-        Ok(())
     }
 
     /// Discards the files.
