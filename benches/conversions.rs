@@ -179,6 +179,8 @@ fn predict_overhead(c: &mut Criterion) {
         max_sessions: 1,
         intra_threads: 1,
         optimization: Default::default(),
+        varying_shapes: false,
+        device: Default::default(),
     };
     let model = Model::load(
         "linear",

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub use crate::device::Device;
+
 use std::any::Any;
 
 use datafusion::common::config::{
@@ -31,6 +33,8 @@ pub struct EngineConfig {
     pub warehouse: Option<PathBuf>,
     /// A Ballista scheduler (`df://host:port`) to run queries on, instead of this process.
     pub remote: Option<String>,
+    /// Where models run: the CPU, a CUDA GPU, or `auto`.
+    pub device: Device,
 }
 
 /// ONNX Runtime's graph optimization levels.
@@ -59,11 +63,14 @@ impl Default for EngineConfig {
             memory_limit: None,
             warehouse: None,
             remote: None,
+            device: Device::Cpu,
         }
     }
 }
 
 impl EngineConfig {
+    /// Rows per record batch when none was asked for: a GPU wants larger calls than a core.
+    pub const GPU_BATCH_ROWS: usize = 65_536;
     /// Cores this process may use.
     pub fn cores() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -110,11 +117,29 @@ pub struct BatchInferOptions {
     /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
     pub on_error: OnError,
     /// embed: most tokens (rows x padded length) per model call, rows sorted by length (0: no
-    /// sorting, calls of 32 rows in the input's order).
-    pub token_budget: usize,
+    /// sorting, calls of 32 rows in the input's order). Unset: 256 on the CPU, 16,384 on a GPU.
+    pub token_budget: Option<usize>,
+    /// Where models run for this session's queries (empty: the engine's `--device`).
+    pub device: String,
     /// Model definitions (JSON: name -> source) that a cluster client sends with each query, so
     /// that the scheduler and the executors resolve model names as it does.
     pub models: String,
+}
+
+impl BatchInferOptions {
+    /// Tokens per `embed` call where none was set: small calls keep one core's caches warm; a GPU
+    /// needs large ones to be busy.
+    pub fn token_budget_on(&self, device: Device) -> usize {
+        self.token_budget.unwrap_or(match device {
+            Device::Cuda(_) => 16_384,
+            _ => 256,
+        })
+    }
+
+    /// The device set for this session, if any.
+    pub fn device(&self) -> Option<Device> {
+        self.device.parse().ok()
+    }
 }
 
 impl Default for BatchInferOptions {
@@ -122,7 +147,8 @@ impl Default for BatchInferOptions {
         BatchInferOptions {
             batch_size: 0,
             on_error: OnError::Fail,
-            token_budget: 2048,
+            token_budget: None,
+            device: String::new(),
             models: String::new(),
         }
     }
@@ -146,10 +172,17 @@ impl ExtensionOptions for BatchInferOptions {
             "batch_size" => self.batch_size.set(key, value),
             "on_error" => self.on_error.set(key, value),
             "token_budget" => self.token_budget.set(key, value),
+            "device" => {
+                value
+                    .parse::<Device>()
+                    .map_err(DataFusionError::Configuration)?;
+                self.device = value.trim().to_ascii_lowercase();
+                Ok(())
+            }
             "models" => self.models.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget"
+                 token_budget, device"
             ))),
         }
     }
@@ -192,7 +225,12 @@ impl ExtensionOptions for BatchInferOptions {
         self.token_budget.visit(
             v,
             "batchinfer.token_budget",
-            "embed: most tokens (rows x padded length) per model call (0: calls of 32 rows, unsorted).",
+            "embed: most tokens (rows x padded length) per model call (0: calls of 32 rows, unsorted; unset: 256 on the CPU, 16384 on a GPU).",
+        );
+        self.device.visit(
+            v,
+            "batchinfer.device",
+            "Where models run: cpu, cuda, cuda:N or auto (empty: the engine's --device).",
         );
         self.models.visit(
             v,

@@ -35,7 +35,14 @@ pub fn build_context(
         .with_target_partitions(config.partitions())
         .with_batch_size(config.batch_size)
         .with_information_schema(true)
-        .with_option_extension(BatchInferOptions::default());
+        .with_option_extension(BatchInferOptions::default())
+        // Files a COPY to a folder writes at once. Each holds a row group being encoded and, on
+        // S3, up to 8 parts of 10 MiB in flight (object_store's `BufWriter`), so this number sets
+        // the memory of a large write; one file per partition keeps every core busy.
+        .set_usize(
+            "datafusion.execution.minimum_parallel_output_files",
+            config.partitions().clamp(1, 4),
+        );
     let mut runtime =
         RuntimeEnvBuilder::new().with_object_store_registry(registry.stores().clone());
     if let Some(limit) = config.memory_limit {

@@ -18,7 +18,8 @@
 //!   scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back.
 //! - [`udf`]: the SQL functions (`predict`).
-//! - [`runtime`]: finding, fetching and loading the ONNX Runtime library.
+//! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
+//! - [`device`]: `--device cpu | cuda[:N] | auto`: the GPU, the CUDA libraries, the fallback.
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`shell`]: the interactive shell (datafusion-cli's editor helper and printing).
@@ -31,6 +32,7 @@
 pub mod cluster;
 pub mod config;
 pub mod context;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod model;

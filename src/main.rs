@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use batchinfer::cluster;
-use batchinfer::config::{GraphOptimization, parse_size};
+use batchinfer::config::{Device, GraphOptimization, parse_size};
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
 use batchinfer::progress::run_with_progress;
@@ -51,7 +51,7 @@ struct EngineArgs {
     #[arg(long, global = true, value_name = "N")]
     threads: Option<usize>,
 
-    /// Rows per record batch read from the input [default: 8192]
+    /// Rows per record batch read from the input [default: 8192; 65536 on a GPU]
     #[arg(long, global = true, value_name = "ROWS")]
     batch_rows: Option<usize>,
 
@@ -77,6 +77,10 @@ struct EngineArgs {
     /// After each statement, print rows, wall time and the time spent inside the model
     #[arg(long, global = true)]
     timing: bool,
+
+    /// Where models run: cpu, cuda (GPU 0), cuda:N, or auto (CUDA where usable, else the CPU)
+    #[arg(long, global = true, env = "BATCHINFER_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    device: Device,
 
     /// Run statements on a DataFusion Ballista cluster, whose scheduler is at df://HOST:PORT
     #[arg(long, global = true, env = "BATCHINFER_REMOTE", value_name = "URL")]
@@ -151,6 +155,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_device(text: &str) -> std::result::Result<Device, String> {
+    text.parse()
+}
+
 async fn main_inner(cli: Cli) -> Result<()> {
     let args = cli.engine;
     let defaults = EngineConfig::default();
@@ -159,11 +167,16 @@ async fn main_inner(cli: Cli) -> Result<()> {
         target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
         sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
-        batch_size: args.batch_rows.unwrap_or(defaults.batch_size),
+        batch_size: args.batch_rows.unwrap_or(match args.device {
+            Device::Cuda(_) => EngineConfig::GPU_BATCH_ROWS,
+            Device::Auto if batchinfer::device::gpus().is_ok() => EngineConfig::GPU_BATCH_ROWS,
+            _ => defaults.batch_size,
+        }),
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
         warehouse: Some(args.warehouse),
         remote: args.remote,
+        device: args.device,
     };
     match cli.command {
         Some(Command::Scheduler { bind }) => return cluster::run_scheduler(bind, &config).await,

@@ -7,11 +7,12 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use ort::environment::Environment;
 use sha2::{Digest, Sha256};
 
+use crate::device::{Device, check_gpu};
 use crate::error::{Error, Result};
 
 /// The ONNX Runtime release batchinfer is built against (`ort` 2.0.0-rc.15).
@@ -52,38 +53,125 @@ const WHEELS: &[Wheel] = &[
     },
 ];
 
-static ENVIRONMENT: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+/// The ONNX Runtime build a process loaded: the CPU one, or the CUDA one (which runs on the CPU
+/// too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    Cpu,
+    Cuda,
+}
 
-/// The process's one ONNX Runtime environment, loading (and on first use fetching) the library.
+/// The process's one environment, once loaded. A failed load stores nothing, so that a later call
+/// (for another device) can still succeed.
+/// The CUDA 13 build, `onnxruntime-gpu==1.31.1`, and the provider libraries taken from it beside
+/// `libonnxruntime`: ONNX Runtime looks for its providers in its own folder.
+const CUDA_WHEEL: Wheel = Wheel {
+    os: "linux",
+    arch: "x86_64",
+    url: "22/97/9531b4d9e566cf2a0f04b4b5c26a3bc0ef2e2e0b6bc943a02c0eead98cf7/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+    sha256: "05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7",
+    library: "libonnxruntime.so.1.31.1",
+};
+const CUDA_PROVIDERS: &[&str] = &[
+    "libonnxruntime_providers_shared.so",
+    "libonnxruntime_providers_cuda.so",
+];
+
+static LOADED: Mutex<Option<(&'static Environment, Build)>> = Mutex::new(None);
+
+/// The process's one ONNX Runtime environment for the CPU, loading (and on first use fetching)
+/// the library.
 pub fn environment() -> Result<&'static Environment> {
-    ENVIRONMENT
-        .get_or_init(|| {
-            let path = library_path().map_err(|e| e.to_string())?;
-            let builder = ort::init_from(&path).map_err(|e| {
-                format!(
-                    "{} could not be loaded: {e}. {}",
-                    path.display(),
-                    how_to_provide()
-                )
-            })?;
-            // ONNX Runtime logs failures to stderr itself; batchinfer reports them in its own
-            // errors, so its log is shown only on request (BATCHINFER_ORT_LOG=1).
-            let verbose = std::env::var_os("BATCHINFER_ORT_LOG").is_some();
-            let logger: ort::logging::LoggerFunction =
-                Arc::new(move |level, category, _, location, message| {
-                    if verbose {
-                        eprintln!("onnxruntime {level:?} [{category}] {location}: {message}");
-                    }
-                });
-            builder
-                .with_logger(logger)
-                .with_name("batchinfer")
-                .with_telemetry(false)
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| Error::Runtime(e.clone()))
+    environment_for(Device::Cpu).map(|(env, _)| env)
+}
+
+/// The environment that runs models on `device`, and the device they will run on (`auto`
+/// resolved). The first call of the process decides which build of ONNX Runtime is loaded: the CUDA
+/// build for `cuda` and `auto` (where a GPU is usable), else the CPU build.
+pub fn environment_for(device: Device) -> Result<(&'static Environment, Device)> {
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((env, build)) = *loaded {
+        return match (device, build) {
+            (Device::Cpu, _) => Ok((env, Device::Cpu)),
+            (Device::Cuda(n), Build::Cuda) => {
+                check_gpu(n).map_err(|e| cuda_error(device, &e))?;
+                Ok((env, Device::Cuda(n)))
+            }
+            (Device::Auto, Build::Cuda) => Ok((env, Device::Cuda(0))),
+            (Device::Auto, Build::Cpu) => Ok((env, Device::Cpu)),
+            (Device::Cuda(n), Build::Cpu) => {
+                check_gpu(n).map_err(|e| cuda_error(device, &e))?;
+                Err(cuda_error(
+                    device,
+                    "this process already loaded ONNX Runtime's CPU build for an earlier model; \
+                     choose CUDA before the first model runs (--device cuda or auto, \
+                     BATCHINFER_DEVICE, or SET batchinfer.device first)",
+                ))
+            }
+        };
+    }
+    let (env, build, chosen) = match device {
+        Device::Cpu => (load(&library_path()?)?, Build::Cpu, Device::Cpu),
+        Device::Cuda(n) => {
+            let (env, name) = load_cuda(n).map_err(|e| cuda_error(device, &e))?;
+            eprintln!("batchinfer: running models on cuda:{n} ({name})");
+            (env, Build::Cuda, device)
+        }
+        Device::Auto => match load_cuda(0) {
+            Ok((env, name)) => {
+                eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
+                (env, Build::Cuda, Device::Cuda(0))
+            }
+            Err(why) => {
+                eprintln!("batchinfer: --device auto chose the CPU: {why}");
+                (load(&library_path()?)?, Build::Cpu, Device::Cpu)
+            }
+        },
+    };
+    *loaded = Some((env, build));
+    Ok((env, chosen))
+}
+
+fn cuda_error(device: Device, why: &str) -> Error {
+    Error::Runtime(format!("device {device} cannot be used: {why}"))
+}
+
+/// The CUDA build, after checking the GPU and loading the CUDA libraries; the GPU's name.
+fn load_cuda(n: u32) -> std::result::Result<(&'static Environment, String), String> {
+    let name = check_gpu(n)?;
+    crate::device::preload_cuda_libraries()?;
+    let path = cuda_library_path().map_err(|e| e.to_string())?;
+    let env = load(&path).map_err(|e| e.to_string())?;
+    Ok((env, name))
+}
+
+/// Loads the library at `path` as the process's environment.
+fn load(path: &Path) -> Result<&'static Environment> {
+    let fail = |e: String| Error::Runtime(e);
+    let builder = ort::init_from(path).map_err(|e| {
+        fail(format!(
+            "{} could not be loaded: {e}. {}",
+            path.display(),
+            how_to_provide()
+        ))
+    })?;
+    // ONNX Runtime logs failures to stderr itself; batchinfer reports them in its own errors, so
+    // its log is shown only on request (BATCHINFER_ORT_LOG=1).
+    let verbose = std::env::var_os("BATCHINFER_ORT_LOG").is_some();
+    let logger: ort::logging::LoggerFunction =
+        Arc::new(move |level, category, _, location, message| {
+            if verbose {
+                eprintln!("onnxruntime {level:?} [{category}] {location}: {message}");
+            }
+        });
+    let env = builder
+        .with_logger(logger)
+        .with_name("batchinfer")
+        .with_telemetry(false)
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    // One per process, for the life of the process.
+    Ok(Box::leak(Box::new(env)))
 }
 
 fn how_to_provide() -> String {
@@ -112,7 +200,40 @@ pub fn library_path() -> Result<PathBuf> {
     if path.is_file() {
         return Ok(path);
     }
-    fetch_library(wheel, &dir, &path)?;
+    fetch_library(wheel, &[], &dir, &path)?;
+    Ok(path)
+}
+
+/// Where the CUDA build of the library is, fetching it into the cache if it is nowhere yet.
+pub fn cuda_library_path() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
+        let path = PathBuf::from(path);
+        let providers = path.with_file_name("libonnxruntime_providers_cuda.so");
+        if path.is_file() && providers.is_file() {
+            return Ok(path);
+        }
+        return Err(Error::Runtime(format!(
+            "ORT_DYLIB_PATH is {}, which is not ONNX Runtime's CUDA build (it needs \
+             libonnxruntime_providers_cuda.so beside it, as `pip install \
+             onnxruntime-gpu=={ORT_VERSION}` puts in site-packages/onnxruntime/capi/); unset it to \
+             let batchinfer fetch that build",
+            path.display()
+        )));
+    }
+    let wheel = &CUDA_WHEEL;
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+    if (os, arch) != (wheel.os, wheel.arch) {
+        return Err(Error::Runtime(format!(
+            "batchinfer has no pinned onnxruntime-gpu wheel for {os}/{arch}; set ORT_DYLIB_PATH \
+             to the libonnxruntime of a CUDA build of ONNX Runtime {ORT_VERSION}"
+        )));
+    }
+    let dir = cache_dir().join(format!("onnxruntime-gpu-{ORT_VERSION}"));
+    let path = dir.join(wheel.library);
+    if path.is_file() {
+        return Ok(path);
+    }
+    fetch_library(wheel, CUDA_PROVIDERS, &dir, &path)?;
     Ok(path)
 }
 
@@ -143,10 +264,13 @@ fn wheel_for_this_machine() -> Result<&'static Wheel> {
         })
 }
 
-fn fetch_library(wheel: &Wheel, dir: &Path, dest: &Path) -> Result<()> {
+/// Fetches `wheel`, checks its hash, and unpacks `extra` members and then its library into `dir`
+/// (the library last: its presence says the folder is complete).
+fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path, dest: &Path) -> Result<()> {
     let url = format!("{PYPI}/{}", wheel.url);
     eprintln!(
-        "batchinfer: fetching ONNX Runtime {ORT_VERSION} from PyPI (once; cached in {})",
+        "batchinfer: fetching ONNX Runtime {ORT_VERSION} ({}) from PyPI (once; cached in {})",
+        url.rsplit('/').next().unwrap_or(&url),
         dir.display()
     );
     let bytes = download(&url).map_err(|e| {
@@ -164,14 +288,18 @@ fn fetch_library(wheel: &Wheel, dir: &Path, dest: &Path) -> Result<()> {
     }
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
         .map_err(|e| Error::Runtime(format!("{url} is not a readable wheel: {e}")))?;
-    let member = format!("onnxruntime/capi/{}", wheel.library);
-    let mut library = Vec::new();
-    archive
-        .by_name(&member)
-        .map_err(|e| Error::Runtime(format!("{url} has no {member}: {e}")))?
-        .read_to_end(&mut library)
-        .map_err(|e| Error::io(format!("unpacking {member}"), e))?;
-    write_atomically(dir, dest, &library)
+    for name in extra.iter().chain([&wheel.library]) {
+        let member = format!("onnxruntime/capi/{name}");
+        let mut library = Vec::new();
+        archive
+            .by_name(&member)
+            .map_err(|e| Error::Runtime(format!("{url} has no {member}: {e}")))?
+            .read_to_end(&mut library)
+            .map_err(|e| Error::io(format!("unpacking {member}"), e))?;
+        write_atomically(dir, &dir.join(name), &library)?;
+    }
+    debug_assert!(dest.is_file());
+    Ok(())
 }
 
 /// Writes `dest` through a temporary file and a rename, so that concurrent first runs (parallel

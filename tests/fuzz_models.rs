@@ -80,6 +80,8 @@ fn mutated_models_load_or_fail_cleanly() {
         max_sessions: 1,
         intra_threads: 1,
         optimization: Default::default(),
+        varying_shapes: false,
+        device: Default::default(),
     };
     let (mut loaded, mut refused) = (0, 0);
     for _ in 0..iterations {

@@ -18,6 +18,12 @@ pub fn run_measured(name: &str, command: Command) -> (f64, f64) {
         .arg(&peak_file)
         .arg(command.get_program())
         .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => timed.env(key, value),
+            None => timed.env_remove(key),
+        };
+    }
     if let Some(dir) = command.get_current_dir() {
         timed.current_dir(dir);
     }

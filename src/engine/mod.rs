@@ -38,7 +38,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use url::Url;
 
-use crate::config::EngineConfig;
+use crate::config::{BatchInferOptions, EngineConfig};
 use crate::context::build_context;
 use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
@@ -149,7 +149,29 @@ impl Engine {
         }
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
-            Statement::Sql(sql) => self.run_sql(&sql).await,
+            Statement::Sql(sql) => {
+                let result = self.run_sql(&sql).await;
+                self.follow_device_option();
+                result
+            }
+        }
+    }
+
+    /// After `SET batchinfer.device = '...'`, models of later statements (their planning too)
+    /// load on that device.
+    fn follow_device_option(&self) {
+        let state = self.ctx.state_ref();
+        let device = state
+            .read()
+            .config()
+            .options()
+            .extensions
+            .get::<BatchInferOptions>()
+            .and_then(BatchInferOptions::device);
+        if let Some(device) = device
+            && device != self.registry.device()
+        {
+            self.registry.set_device(device);
         }
     }
 

@@ -20,7 +20,9 @@ use super::text::{Pooling, TextConfig};
 #[derive(Debug, Clone, Copy)]
 pub struct EmbedOptions {
     /// Most tokens (rows x padded length) per model call; 0: no sorting, calls of
-    /// `rows_per_call` rows in the texts' own order (the naive way, for comparison).
+    /// `rows_per_call` rows in the texts' own order (the naive way, for comparison). 256 by
+    /// default: on one core, calls of a few hundred tokens keep the activations in cache and
+    /// run faster per row than larger ones (measured in `benches/embed.rs`).
     pub token_budget: usize,
     /// Rows per call when `token_budget` is 0.
     pub rows_per_call: usize,
@@ -29,7 +31,7 @@ pub struct EmbedOptions {
 impl Default for EmbedOptions {
     fn default() -> Self {
         EmbedOptions {
-            token_budget: 2048,
+            token_budget: 256,
             rows_per_call: 32,
         }
     }

@@ -21,6 +21,8 @@ use ort::value::DynValue;
 use sha2::{Digest, Sha256};
 
 pub use pool::SessionOptions;
+
+use crate::device::Device;
 use pool::SessionPool;
 pub use signature::{ModelSignature, TensorSpec};
 pub use source::ModelSource;
@@ -70,10 +72,19 @@ impl Model {
             message,
         };
         let bytes: Arc<[u8]> = source.read(stores).map_err(load_error)?.into();
+        let text = if source.file_name() == Some("model.onnx") {
+            text::TextConfig::from_files(source, stores).map_err(load_error)?
+        } else {
+            None
+        };
+        // A text model sees a new shape (rows x padded length) at nearly every call, for which
+        // ONNX Runtime's memory patterns (planned for one shape) are no use.
+        let options = SessionOptions {
+            varying_shapes: text.is_some(),
+            ..options
+        };
         let mut model = Self::from_bytes(name, source.clone(), bytes, options)?;
-        if source.file_name() == Some("model.onnx") {
-            model.text = text::TextConfig::from_files(source, stores).map_err(load_error)?;
-        }
+        model.text = text;
         Ok(model)
     }
 
@@ -134,6 +145,11 @@ impl Model {
             .collect()
     }
 
+    /// Where this model's sessions run.
+    pub fn device(&self) -> Device {
+        self.pool.device()
+    }
+
     /// Most sessions this model's pool will build: how many calls can run at once.
     pub fn max_sessions(&self) -> usize {
         self.pool.max_sessions()
@@ -149,7 +165,19 @@ impl Model {
 #[derive(Debug)]
 struct ModelEntry {
     source: ModelSource,
-    loaded: Mutex<Option<Arc<Model>>>,
+    /// The model once loaded, per device asked for (one pool of sessions per model per device).
+    loaded: Mutex<Vec<(Device, Arc<Model>)>>,
+}
+
+impl ModelEntry {
+    fn models(&self) -> Vec<Arc<Model>> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
 }
 
 /// Name -> model, shared by the whole engine.
@@ -157,6 +185,8 @@ struct ModelEntry {
 pub struct ModelRegistry {
     entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
     options: SessionOptions,
+    /// Where models run unless a query says otherwise (`--device`, `SET batchinfer.device`).
+    device: RwLock<Device>,
     stores: Arc<StoreRegistry>,
     loads: AtomicU64,
 }
@@ -168,10 +198,13 @@ impl ModelRegistry {
             stores,
             entries: RwLock::new(BTreeMap::new()),
             loads: AtomicU64::new(0),
+            device: RwLock::new(config.device),
             options: SessionOptions {
                 max_sessions: config.sessions(),
                 intra_threads: config.threads_per_session(),
                 optimization: config.optimization,
+                varying_shapes: false,
+                device: config.device,
             },
         }
     }
@@ -266,7 +299,7 @@ impl ModelRegistry {
     pub fn register(&self, name: &str, source: ModelSource) {
         let entry = Arc::new(ModelEntry {
             source,
-            loaded: Mutex::new(None),
+            loaded: Mutex::new(Vec::new()),
         });
         self.write().insert(name.to_string(), entry);
     }
@@ -275,7 +308,7 @@ impl ModelRegistry {
     pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
         let entry = Arc::new(ModelEntry {
             source: model.source.clone(),
-            loaded: Mutex::new(Some(model)),
+            loaded: Mutex::new(vec![(self.device(), model)]),
         });
         self.loads.fetch_add(1, Ordering::Relaxed);
         self.write().insert(name.to_string(), entry);
@@ -313,6 +346,22 @@ impl ModelRegistry {
 
     /// The model `name`, loading it on first use.
     pub fn get(&self, name: &str) -> Result<Arc<Model>> {
+        self.get_on(name, self.device())
+    }
+
+    /// Where models run unless a query says otherwise.
+    pub fn device(&self) -> Device {
+        *self.device.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `device` where models run from now on (`SET batchinfer.device`); models loaded for
+    /// another device stay loaded there.
+    pub fn set_device(&self, device: Device) {
+        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
+    }
+
+    /// The model `name` with its sessions on `device`, loading it there on first use.
+    pub fn get_on(&self, name: &str, device: Device) -> Result<Arc<Model>> {
         let entry = self.read().get(name).cloned();
         let Some(entry) = entry else {
             let names = self.names();
@@ -330,17 +379,16 @@ impl ModelRegistry {
             .loaded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(model) = loaded.as_ref() {
+        if let Some((_, model)) = loaded.iter().find(|(d, _)| *d == device) {
             return Ok(model.clone());
         }
-        let model = Arc::new(Model::load(
-            name,
-            &entry.source,
-            self.options,
-            &self.stores,
-        )?);
+        let options = SessionOptions {
+            device,
+            ..self.options
+        };
+        let model = Arc::new(Model::load(name, &entry.source, options, &self.stores)?);
         self.loads.fetch_add(1, Ordering::Relaxed);
-        *loaded = Some(model.clone());
+        loaded.push((device, model.clone()));
         Ok(model)
     }
 
@@ -349,12 +397,16 @@ impl ModelRegistry {
         self.read()
             .iter()
             .filter_map(|(name, e)| {
-                let m = e.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+                let models = e.models();
+                if models.is_empty() {
+                    return None;
+                }
+                let sum = |f: fn(&Model) -> u64| models.iter().map(|m| f(m)).sum::<u64>();
                 Some((
                     name.clone(),
-                    m.stats.rows.load(Ordering::Relaxed),
-                    m.stats.nanos.load(Ordering::Relaxed),
-                    m.stats.calls.load(Ordering::Relaxed),
+                    sum(|m| m.stats.rows.load(Ordering::Relaxed)),
+                    sum(|m| m.stats.nanos.load(Ordering::Relaxed)),
+                    sum(|m| m.stats.calls.load(Ordering::Relaxed)),
                 ))
             })
             .collect()
@@ -364,7 +416,7 @@ impl ModelRegistry {
     pub fn totals(&self) -> (u64, u64, u64) {
         self.read()
             .values()
-            .filter_map(|e| e.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .flat_map(|e| e.models())
             .fold((0, 0, 0), |(r, n, c), m| {
                 (
                     r + m.stats.rows.load(Ordering::Relaxed),
@@ -384,12 +436,11 @@ impl ModelRegistry {
         self.read()
             .iter()
             .filter_map(|(name, entry)| {
-                let loaded = entry
-                    .loaded
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()?;
-                let n = loaded.failed_rows.swap(0, Ordering::Relaxed);
+                let n: u64 = entry
+                    .models()
+                    .iter()
+                    .map(|m| m.failed_rows.swap(0, Ordering::Relaxed))
+                    .sum();
                 (n > 0).then(|| (name.clone(), n))
             })
             .collect()

@@ -10,6 +10,7 @@ use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 
 use crate::config::GraphOptimization;
+use crate::device::Device;
 use crate::runtime;
 
 /// How sessions of a model are built.
@@ -18,6 +19,11 @@ pub struct SessionOptions {
     pub max_sessions: usize,
     pub intra_threads: usize,
     pub optimization: GraphOptimization,
+    /// Inputs change shape from call to call (texts): no memory patterns, which ONNX Runtime
+    /// plans for one shape.
+    pub varying_shapes: bool,
+    /// Where the sessions run (`auto` is resolved when the first session is built).
+    pub device: Device,
 }
 
 #[derive(Debug)]
@@ -44,7 +50,9 @@ pub struct PooledSession<'p> {
 impl SessionPool {
     /// Builds the first session (which also proves the bytes are a model ONNX Runtime accepts).
     pub fn new(bytes: Arc<[u8]>, options: SessionOptions) -> Result<(Self, Session), String> {
-        let first = build_session(&bytes, options)?;
+        let (first, device) = build_session(&bytes, options)?;
+        // Every later session goes where the first went.
+        let options = SessionOptions { device, ..options };
         let pool = SessionPool {
             bytes,
             options,
@@ -77,7 +85,7 @@ impl SessionPool {
                 state.created += 1;
                 drop(state);
                 return match build_session(&self.bytes, self.options) {
-                    Ok(session) => Ok(PooledSession {
+                    Ok((session, _)) => Ok(PooledSession {
                         pool: self,
                         session: Some(session),
                     }),
@@ -97,6 +105,11 @@ impl SessionPool {
     /// The most sessions this pool builds.
     pub fn max_sessions(&self) -> usize {
         self.options.max_sessions.max(1)
+    }
+
+    /// The device the sessions run on.
+    pub fn device(&self) -> Device {
+        self.options.device
     }
 
     /// Sessions built so far.
@@ -137,10 +150,10 @@ impl Drop for PooledSession<'_> {
     }
 }
 
-fn build_session(bytes: &[u8], options: SessionOptions) -> Result<Session, String> {
-    let env = runtime::environment().map_err(|e| e.to_string())?;
+fn build_session(bytes: &[u8], options: SessionOptions) -> Result<(Session, Device), String> {
+    let (env, device) = runtime::environment_for(options.device).map_err(|e| e.to_string())?;
     let build = || -> ort::Result<Session> {
-        Session::builder(env)?
+        let mut builder = Session::builder(env)?
             .with_optimization_level(match options.optimization {
                 GraphOptimization::Disable => GraphOptimizationLevel::Disable,
                 GraphOptimization::Basic => GraphOptimizationLevel::Level1,
@@ -151,7 +164,20 @@ fn build_session(bytes: &[u8], options: SessionOptions) -> Result<Session, Strin
             .with_inter_threads(1)?
             // Threads that spin between calls steal the cores DataFusion decodes Parquet on.
             .with_intra_op_spinning(false)?
-            .commit_from_memory(bytes)
+            .with_memory_pattern(!options.varying_shapes)?;
+        if let Device::Cuda(n) = device {
+            // Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a
+            // provider that fails to start is an error, never a silent move to the CPU.
+            builder = builder.with_execution_providers([ort::ep::CUDA::default()
+                .with_device_id(n as i32)
+                .build()
+                .error_on_failure()])?;
+        }
+        builder.commit_from_memory(bytes)
     };
-    build().map_err(|e| e.to_string())
+    let session = build().map_err(|e| match device {
+        Device::Cuda(_) => format!("on {device}: {e}"),
+        _ => e.to_string(),
+    })?;
+    Ok((session, device))
 }

@@ -443,25 +443,60 @@ fn pack(columns: &[ArrayRef], element: TensorElementType, rows: usize) -> Result
 }
 
 fn pack_primitive<T: ArrowPrimitiveType>(columns: &[ArrayRef], rows: usize) -> ArrayRef {
-    // Rows are packed in blocks so that the block being written (BLOCK x k values) stays in the
-    // L1 cache while every column is read once, sequentially.
-    const BLOCK: usize = 256;
-    let k = columns.len();
     let values: Vec<&[T::Native]> = columns
         .iter()
-        .map(|c| c.as_primitive::<T>().values().as_ref())
+        .map(|c| &c.as_primitive::<T>().values()[..rows])
         .collect();
-    let mut out = vec![T::Native::default(); rows * k];
+    // The common widths get a loop whose row is a fixed-size array: written in one go, with the
+    // column reads unrolled. Others take the general loop.
+    let out = match values.len() {
+        1 => values[0].to_vec(),
+        2 => pack_rows::<T::Native, 2>(&values, rows),
+        3 => pack_rows::<T::Native, 3>(&values, rows),
+        4 => pack_rows::<T::Native, 4>(&values, rows),
+        5 => pack_rows::<T::Native, 5>(&values, rows),
+        6 => pack_rows::<T::Native, 6>(&values, rows),
+        7 => pack_rows::<T::Native, 7>(&values, rows),
+        8 => pack_rows::<T::Native, 8>(&values, rows),
+        9 => pack_rows::<T::Native, 9>(&values, rows),
+        10 => pack_rows::<T::Native, 10>(&values, rows),
+        11 => pack_rows::<T::Native, 11>(&values, rows),
+        12 => pack_rows::<T::Native, 12>(&values, rows),
+        13 => pack_rows::<T::Native, 13>(&values, rows),
+        14 => pack_rows::<T::Native, 14>(&values, rows),
+        15 => pack_rows::<T::Native, 15>(&values, rows),
+        16 => pack_rows::<T::Native, 16>(&values, rows),
+        _ => pack_any(&values, rows),
+    };
+    Arc::new(PrimitiveArray::<T>::new(out.into(), None))
+}
+
+/// Row `i` of the result is `[c0[i], .., c{K-1}[i]]`. The output is written once, front to back
+/// (no zeroing pass); each column is read once, front to back.
+fn pack_rows<V: Copy, const K: usize>(columns: &[&[V]], rows: usize) -> Vec<V> {
+    let columns: [&[V]; K] = std::array::from_fn(|j| &columns[j][..rows]);
+    (0..rows)
+        .map(|i| std::array::from_fn::<V, K, _>(|j| columns[j][i]))
+        .collect::<Vec<[V; K]>>()
+        .into_flattened()
+}
+
+/// The general case: rows are packed in blocks so that the block being written (BLOCK x k values)
+/// stays in the L1 cache while every column is read once, sequentially.
+fn pack_any<V: Copy + Default>(columns: &[&[V]], rows: usize) -> Vec<V> {
+    const BLOCK: usize = 256;
+    let k = columns.len();
+    let mut out = vec![V::default(); rows * k];
     for (block, chunk) in out.chunks_mut(BLOCK * k).enumerate() {
         let first = block * BLOCK;
-        for (j, column) in values.iter().enumerate() {
+        for (j, column) in columns.iter().enumerate() {
             let column = &column[first..first + chunk.len() / k];
             for (row, value) in chunk.chunks_exact_mut(k).zip(column) {
                 row[j] = *value;
             }
         }
     }
-    Arc::new(PrimitiveArray::<T>::new(out.into(), None))
+    out
 }
 
 /// Packing for booleans and strings, which are rare enough to leave to `interleave`.

@@ -18,7 +18,7 @@ use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
-use crate::config::BatchInferOptions;
+use crate::config::{BatchInferOptions, Device};
 use crate::error::Error;
 use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
 use crate::model::{Model, ModelRegistry};
@@ -38,8 +38,16 @@ impl EmbedUdf {
         }
     }
 
-    fn model(&self, name: &str, text_type: &DataType) -> Result<(Arc<Model>, usize)> {
-        let model = self.registry.get(name)?;
+    fn model(
+        &self,
+        name: &str,
+        text_type: &DataType,
+        device: Option<Device>,
+    ) -> Result<(Arc<Model>, usize)> {
+        let model = match device {
+            Some(device) => self.registry.get_on(name, device)?,
+            None => self.registry.get(name)?,
+        };
         let binding = |message: String| Error::Binding {
             model: name.to_string(),
             message,
@@ -86,7 +94,7 @@ impl ScalarUDFImpl for EmbedUdf {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
-        let (_, dim) = self.model(&name, args.arg_fields[1].data_type())?;
+        let (_, dim) = self.model(&name, args.arg_fields[1].data_type(), None)?;
         Ok(Arc::new(Field::new(self.name(), vector_type(dim), true)))
     }
 
@@ -98,17 +106,21 @@ impl ScalarUDFImpl for EmbedUdf {
         let rows = args.number_rows;
         let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
         super::register_shared_models(&self.registry, &name, &args.config_options)?;
-        let (model, dim) = self.model(&name, texts.data_type())?;
+        let session = args.config_options.extensions.get::<BatchInferOptions>();
+        let (model, dim) = self.model(
+            &name,
+            texts.data_type(),
+            session.and_then(BatchInferOptions::device),
+        )?;
         let texts = texts.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
-        let options = args
-            .config_options
-            .extensions
-            .get::<BatchInferOptions>()
-            .map_or_else(EmbedOptions::default, |o| EmbedOptions {
-                token_budget: o.token_budget,
-                ..EmbedOptions::default()
-            });
+        let options = EmbedOptions {
+            token_budget: session
+                .cloned()
+                .unwrap_or_default()
+                .token_budget_on(model.device()),
+            ..EmbedOptions::default()
+        };
         let vectors =
             embed_texts(&model, &present, options).map_err(|message| Error::Inference {
                 model: name.clone(),

@@ -17,7 +17,7 @@ use datafusion::logical_expr::{
     Volatility,
 };
 
-use crate::config::BatchInferOptions;
+use crate::config::{BatchInferOptions, Device};
 use crate::error::Error;
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
@@ -42,8 +42,12 @@ impl PredictUdf {
         &self,
         name: &str,
         feature_types: &[DataType],
+        device: Option<Device>,
     ) -> Result<(Arc<crate::model::Model>, InputBinding)> {
-        let model = self.registry.get(name)?;
+        let model = match device {
+            Some(device) => self.registry.get_on(name, device)?,
+            None => self.registry.get(name)?,
+        };
         let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| {
             Error::Binding {
                 model: name.to_string(),
@@ -85,7 +89,7 @@ impl ScalarUDFImpl for PredictUdf {
             .skip(1)
             .map(|f| f.data_type().clone())
             .collect();
-        let (model, _) = self.bind(&name, &features)?;
+        let (model, _) = self.bind(&name, &features, None)?;
         Ok(Arc::new(Field::new(
             self.name(),
             model.signature.output_type.clone(),
@@ -105,15 +109,13 @@ impl ScalarUDFImpl for PredictUdf {
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
         super::register_shared_models(&self.registry, &name, &args.config_options)?;
-        let (model, binding) = self.bind(&name, &types)?;
-        let options = args
-            .config_options
-            .extensions
-            .get::<BatchInferOptions>()
-            .map_or_else(ScoreOptions::default, |o| ScoreOptions {
-                max_rows: o.batch_size,
-                on_error: o.on_error,
-            });
+        let session = args.config_options.extensions.get::<BatchInferOptions>();
+        let (model, binding) =
+            self.bind(&name, &types, session.and_then(BatchInferOptions::device))?;
+        let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
+            max_rows: o.batch_size,
+            on_error: o.on_error,
+        });
         let result = score(&model, &binding, &columns, rows, options)?;
         if result.data_type() != args.return_field.data_type() {
             return exec_err!(

@@ -1,0 +1,332 @@
+//! Where models run: the CPU, or an NVIDIA GPU through ONNX Runtime's CUDA execution provider.
+//!
+//! `--device cpu` (the default), `cuda` (GPU 0), `cuda:N`, or `auto`: CUDA when this machine has a
+//! usable GPU, else the CPU, saying which it chose. Asking for CUDA where it cannot run is an
+//! error that says what is missing; it never runs on the CPU instead.
+//!
+//! What CUDA needs, checked in this order before anything is fetched:
+//! 1. the NVIDIA driver (`libcuda.so.1`) and a GPU with the requested number;
+//! 2. the CUDA 13 and cuDNN 9 libraries ONNX Runtime's CUDA provider links against: found in
+//!    `BATCHINFER_CUDA_LIBS` (folders, `:`-separated), `CUDA_HOME`/`CUDA_PATH`,
+//!    `/usr/local/cuda`, the system's library folders, `LD_LIBRARY_PATH`, or NVIDIA's PyPI
+//!    wheels (`nvidia-cuda-runtime`, `nvidia-cublas`, `nvidia-cudnn-cu13`, ...) in a Python
+//!    environment (a virtualenv, the user's and the system's site-packages, conda);
+//! 3. the CUDA build of ONNX Runtime (`onnxruntime-gpu==1.31.1`), fetched on first use like the
+//!    CPU build (see [`crate::runtime`]).
+
+use std::ffi::{c_char, c_int};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The device asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// The NVIDIA GPU with this number (as `nvidia-smi` counts them).
+    Cuda(u32),
+    /// CUDA (GPU 0) where available, else the CPU.
+    Auto,
+}
+
+impl FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "auto" => Ok(Device::Auto),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => t
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| {
+                    format!("device '{s}': expected cpu, cuda, cuda:N (N = 0, 1, ...) or auto")
+                }),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+/// The CUDA and cuDNN libraries ONNX Runtime 1.31's CUDA provider loads, dependencies first.
+pub const CUDA_LIBRARIES: &[&str] = &[
+    "libcudart.so.13",
+    "libcublasLt.so.13",
+    "libcublas.so.13",
+    "libcurand.so.10",
+    "libcufft.so.12",
+    "libcudnn.so.9",
+];
+
+/// What the driver says about this machine's GPUs.
+#[derive(Debug, Clone)]
+pub struct Gpus {
+    pub names: Vec<String>,
+}
+
+/// Asks the NVIDIA driver (`libcuda.so.1`) for the GPUs, or says why there are none to use.
+pub fn gpus() -> Result<Gpus, String> {
+    type CuInit = unsafe extern "C" fn(c_int) -> c_int;
+    type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+    type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+    // SAFETY: loading the NVIDIA driver library runs its initializers, which expect nothing of us.
+    let driver = unsafe { libloading::Library::new("libcuda.so.1") }
+        .map_err(|e| format!("no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"))?;
+    // SAFETY: the symbols are the CUDA driver API's, with these C signatures since CUDA 2.0.
+    unsafe {
+        let init = driver
+            .get::<CuInit>(b"cuInit\0")
+            .map_err(|e| format!("libcuda.so.1 has no cuInit: {e}"))?;
+        let count_of = driver
+            .get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
+            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGetCount: {e}"))?;
+        let device_get = driver
+            .get::<CuDeviceGet>(b"cuDeviceGet\0")
+            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGet: {e}"))?;
+        let name_of = driver
+            .get::<CuDeviceGetName>(b"cuDeviceGetName\0")
+            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGetName: {e}"))?;
+        let status = init(0);
+        if status != 0 {
+            return Err(format!(
+                "the NVIDIA driver is installed but cuInit failed with CUDA error {status} \
+                 (100: no GPU visible; check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+            ));
+        }
+        let mut count: c_int = 0;
+        if count_of(&mut count) != 0 || count <= 0 {
+            return Err(
+                "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)".into(),
+            );
+        }
+        let mut names = Vec::new();
+        for ordinal in 0..count {
+            let mut device: c_int = 0;
+            let mut name = [0 as c_char; 256];
+            let named = device_get(&mut device, ordinal) == 0
+                && name_of(name.as_mut_ptr(), name.len() as c_int, device) == 0;
+            names.push(if named {
+                std::ffi::CStr::from_ptr(name.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                format!("GPU {ordinal}")
+            });
+        }
+        Ok(Gpus { names })
+    }
+}
+
+/// Checks that GPU `n` exists; its name.
+pub fn check_gpu(n: u32) -> Result<String, String> {
+    let gpus = gpus()?;
+    gpus.names.get(n as usize).cloned().ok_or_else(|| {
+        format!(
+            "there is no GPU {n}: this machine has {} ({})",
+            gpus.names.len(),
+            gpus.names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| format!("cuda:{i} {name}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// Folders that may hold the CUDA and cuDNN libraries, most specific first.
+fn library_folders() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let split = |var: &str| -> Vec<PathBuf> {
+        std::env::var_os(var)
+            .map(|v| std::env::split_paths(&v).collect())
+            .unwrap_or_default()
+    };
+    dirs.extend(split("BATCHINFER_CUDA_LIBS"));
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(&root).join("lib64"));
+            dirs.push(PathBuf::from(&root).join("lib"));
+        }
+    }
+    dirs.extend(split("LD_LIBRARY_PATH"));
+    for dir in [
+        "/usr/local/cuda/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ] {
+        dirs.push(PathBuf::from(dir));
+    }
+    // NVIDIA's PyPI wheels put their libraries in site-packages/nvidia/<component>/lib.
+    for site in site_packages() {
+        let nvidia = site.join("nvidia");
+        let Ok(components) = std::fs::read_dir(&nvidia) else {
+            continue;
+        };
+        let mut found: Vec<PathBuf> = components
+            .flatten()
+            .map(|c| c.path().join("lib"))
+            .filter(|lib| lib.is_dir())
+            .collect();
+        found.sort();
+        dirs.extend(found);
+    }
+    dirs
+}
+
+/// Python package folders: the active virtualenv or conda environment, the user's, the system's.
+fn site_packages() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(root) = std::env::var_os(var) {
+            roots.push(PathBuf::from(root).join("lib"));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        roots.push(PathBuf::from(&home).join(".local/lib"));
+        if let Ok(versions) = std::fs::read_dir(PathBuf::from(&home).join(".pyenv/versions")) {
+            roots.extend(versions.flatten().map(|v| v.path().join("lib")));
+        }
+    }
+    roots.extend(
+        [
+            "/usr/local/lib",
+            "/usr/lib",
+            "/opt/conda/lib",
+            "/usr/local/lib64",
+        ]
+        .map(PathBuf::from),
+    );
+    let mut sites = Vec::new();
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("python3") {
+                for leaf in ["site-packages", "dist-packages"] {
+                    let site = entry.path().join(leaf);
+                    if site.is_dir() {
+                        sites.push(site);
+                    }
+                }
+            }
+        }
+    }
+    sites
+}
+
+/// Where each of the CUDA and cuDNN libraries is, or the list of those not found.
+pub fn find_cuda_libraries() -> Result<Vec<PathBuf>, Vec<&'static str>> {
+    find_in(&library_folders(), CUDA_LIBRARIES)
+}
+
+fn find_in(folders: &[PathBuf], names: &[&'static str]) -> Result<Vec<PathBuf>, Vec<&'static str>> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for name in names {
+        match folders.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+            Some(path) => found.push(path),
+            None => missing.push(*name),
+        }
+    }
+    if missing.is_empty() {
+        Ok(found)
+    } else {
+        Err(missing)
+    }
+}
+
+/// Loads the CUDA and cuDNN libraries into the process, so that ONNX Runtime's CUDA provider
+/// finds them wherever they are installed (no `LD_LIBRARY_PATH` needed).
+pub fn preload_cuda_libraries() -> Result<(), String> {
+    let found = find_cuda_libraries().map_err(|missing| {
+        format!(
+            "the CUDA 13 / cuDNN 9 libraries {} were not found (looked in BATCHINFER_CUDA_LIBS, \
+             CUDA_HOME, /usr/local/cuda, the system's library folders, LD_LIBRARY_PATH and \
+             NVIDIA's PyPI wheels in Python's site-packages). Install them, for example with \
+             `pip install nvidia-cuda-runtime nvidia-cublas nvidia-cufft nvidia-curand \
+             nvidia-cudnn-cu13`, or set BATCHINFER_CUDA_LIBS to their folders",
+            missing.join(", ")
+        )
+    })?;
+    for path in &found {
+        preload(path)?;
+    }
+    // cuDNN loads its sub-libraries itself, from its own folder.
+    if let Some(cudnn_dir) = found.last().and_then(|p| p.parent()) {
+        for sub in [
+            "libcudnn_graph.so.9",
+            "libcudnn_ops.so.9",
+            "libcudnn_heuristic.so.9",
+            "libcudnn_adv.so.9",
+            "libcudnn_cnn.so.9",
+            "libcudnn_engines_precompiled.so.9",
+            "libcudnn_engines_runtime_compiled.so.9",
+        ] {
+            let path = cudnn_dir.join(sub);
+            if path.is_file() {
+                preload(&path)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn preload(path: &Path) -> Result<(), String> {
+    ort::util::preload_dylib(path).map_err(|e| format!("{} cannot be loaded: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        for (text, device) in [
+            ("cpu", Device::Cpu),
+            ("CUDA", Device::Cuda(0)),
+            ("cuda:1", Device::Cuda(1)),
+            (" auto ", Device::Auto),
+        ] {
+            assert_eq!(text.parse::<Device>().unwrap(), device);
+        }
+        assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
+        assert_eq!("cuda:1".parse::<Device>().unwrap().to_string(), "cuda:1");
+        for bad in ["tpu", "cuda:", "cuda:-1", "cuda:x", ""] {
+            let err = bad.parse::<Device>().unwrap_err();
+            assert!(err.contains("expected cpu, cuda, cuda:N"), "{err}");
+        }
+    }
+
+    #[test]
+    fn libraries_are_looked_up_folder_by_folder() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        std::fs::write(a.path().join("libcudart.so.13"), b"").unwrap();
+        std::fs::write(b.path().join("libcudart.so.13"), b"").unwrap();
+        std::fs::write(b.path().join("libcudnn.so.9"), b"").unwrap();
+        let folders = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let found = find_in(&folders, &["libcudart.so.13", "libcudnn.so.9"]).unwrap();
+        assert_eq!(found[0], a.path().join("libcudart.so.13"));
+        assert_eq!(found[1], b.path().join("libcudnn.so.9"));
+        let missing = find_in(&folders, &["libcudart.so.13", "libcublas.so.13"]).unwrap_err();
+        assert_eq!(missing, vec!["libcublas.so.13"]);
+    }
+}
