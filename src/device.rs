@@ -6,10 +6,11 @@
 //!
 //! What CUDA needs, checked in this order before anything is fetched:
 //! 1. the NVIDIA driver (`libcuda.so.1`) and a GPU with the requested number;
-//! 2. the CUDA 13 and cuDNN 9 libraries ONNX Runtime's CUDA provider links against: found in
+//! 2. the CUDA 13 libraries ONNX Runtime's CUDA provider links against (cudart, cuBLAS, cuRAND;
+//!    cuDNN 9 and cuFFT where present, though the PyPI build carries its own): found in
 //!    `BATCHINFER_CUDA_LIBS` (folders, `:`-separated), `CUDA_HOME`/`CUDA_PATH`,
 //!    `/usr/local/cuda`, the system's library folders, `LD_LIBRARY_PATH`, or NVIDIA's PyPI
-//!    wheels (`nvidia-cuda-runtime`, `nvidia-cublas`, `nvidia-cudnn-cu13`, ...) in a Python
+//!    wheels (`nvidia-cuda-runtime`, `nvidia-cublas`, `nvidia-curand`, ...) in a Python
 //!    environment (a virtualenv, the user's and the system's site-packages, conda);
 //! 3. the CUDA build of ONNX Runtime (`onnxruntime-gpu==1.31.1`), fetched on first use like the
 //!    CPU build (see [`crate::runtime`]).
@@ -60,14 +61,30 @@ impl fmt::Display for Device {
     }
 }
 
-/// The CUDA and cuDNN libraries ONNX Runtime 1.31's CUDA provider loads, dependencies first.
+/// The CUDA libraries ONNX Runtime 1.31's CUDA provider (`libonnxruntime_providers_cuda.so` of
+/// `onnxruntime-gpu==1.31.1`) is linked against (its `DT_NEEDED` entries, besides the driver),
+/// dependencies first.
 pub const CUDA_LIBRARIES: &[&str] = &[
     "libcudart.so.13",
     "libcublasLt.so.13",
     "libcublas.so.13",
     "libcurand.so.10",
+];
+
+/// Libraries the provider may open by name at run time (NVRTC for some kernels) or that other
+/// builds link dynamically (cuDNN 9, cuFFT): loaded where found, not required. The PyPI build links
+/// cuDNN and cuFFT into the provider itself.
+pub const OPTIONAL_LIBRARIES: &[&str] = &[
+    "libnvrtc.so.13",
     "libcufft.so.12",
     "libcudnn.so.9",
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_heuristic.so.9",
+    "libcudnn_adv.so.9",
+    "libcudnn_cnn.so.9",
+    "libcudnn_engines_precompiled.so.9",
+    "libcudnn_engines_runtime_compiled.so.9",
 ];
 
 /// What the driver says about this machine's GPUs.
@@ -253,37 +270,26 @@ fn find_in(folders: &[PathBuf], names: &[&'static str]) -> Result<Vec<PathBuf>, 
     }
 }
 
-/// Loads the CUDA and cuDNN libraries into the process, so that ONNX Runtime's CUDA provider
-/// finds them wherever they are installed (no `LD_LIBRARY_PATH` needed).
+/// Loads the CUDA libraries into the process, so that ONNX Runtime's CUDA provider finds them
+/// wherever they are installed (no `LD_LIBRARY_PATH` needed).
 pub fn preload_cuda_libraries() -> Result<(), String> {
-    let found = find_cuda_libraries().map_err(|missing| {
+    let folders = library_folders();
+    let found = find_in(&folders, CUDA_LIBRARIES).map_err(|missing| {
         format!(
-            "the CUDA 13 / cuDNN 9 libraries {} were not found (looked in BATCHINFER_CUDA_LIBS, \
-             CUDA_HOME, /usr/local/cuda, the system's library folders, LD_LIBRARY_PATH and \
-             NVIDIA's PyPI wheels in Python's site-packages). Install them, for example with \
-             `pip install nvidia-cuda-runtime nvidia-cublas nvidia-cufft nvidia-curand \
-             nvidia-cudnn-cu13`, or set BATCHINFER_CUDA_LIBS to their folders",
+            "the CUDA 13 libraries {} were not found (looked in BATCHINFER_CUDA_LIBS, CUDA_HOME, \
+             LD_LIBRARY_PATH, /usr/local/cuda, the system's library folders and NVIDIA's PyPI \
+             wheels in Python's site-packages). Install them, for example with `pip install \
+             nvidia-cuda-runtime nvidia-cublas nvidia-curand` (CUDA 13), or set \
+             BATCHINFER_CUDA_LIBS to their folders",
             missing.join(", ")
         )
     })?;
     for path in &found {
         preload(path)?;
     }
-    // cuDNN loads its sub-libraries itself, from its own folder.
-    if let Some(cudnn_dir) = found.last().and_then(|p| p.parent()) {
-        for sub in [
-            "libcudnn_graph.so.9",
-            "libcudnn_ops.so.9",
-            "libcudnn_heuristic.so.9",
-            "libcudnn_adv.so.9",
-            "libcudnn_cnn.so.9",
-            "libcudnn_engines_precompiled.so.9",
-            "libcudnn_engines_runtime_compiled.so.9",
-        ] {
-            let path = cudnn_dir.join(sub);
-            if path.is_file() {
-                preload(&path)?;
-            }
+    for name in OPTIONAL_LIBRARIES {
+        if let Some(path) = folders.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+            preload(&path)?;
         }
     }
     Ok(())
