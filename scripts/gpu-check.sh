@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: runs the linear model and the MiniLM embedding job on CUDA and on
-# the CPU, compares the outputs, and prints rows/s for each (and for ONNX Runtime alone on the GPU,
-# when Python's onnxruntime-gpu is installed).
+# the CPU, compares the outputs, and prints rows/s for each: end to end, and over the time spent
+# inside ONNX Runtime's calls (batchinfer's --timing, summed over sessions; on the GPU there is one
+# session per model, so this is ONNX Runtime alone on the same batches), and for ONNX Runtime alone
+# from Python where onnxruntime-gpu is installed. Without network, carry what it needs first:
+# scripts/gpu-carry.sh, then scripts/gpu-unpack.sh there.
 #
 #   scripts/gpu-check.sh                 # 2,000,000 scored rows, 20,000 embedded sentences
 #   ROWS=10000000 TEXTS=2000 scripts/gpu-check.sh
 #
-# Needs: a release build (built here if missing), the NVIDIA driver, CUDA 13 + cuDNN 9 libraries
+# Needs: a release build (built here if missing), the NVIDIA driver, the CUDA 13 libraries
 # (system, or NVIDIA's PyPI wheels in a Python environment; see `batchinfer --help`, --device), and
 # either network access to PyPI for onnxruntime-gpu==1.31.1 or ORT_DYLIB_PATH pointing at its
 # libonnxruntime.so.1.31.1 (with libonnxruntime_providers_cuda.so beside it).
@@ -36,13 +39,25 @@ cp data/models/linear.onnx "$models/"
 ln -s "$(bash scripts/fetch_minilm.sh)" "$models/minilm"
 "$bin" query -e "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id < $TEXTS) TO '$work/texts.parquet' STORED AS PARQUET" >/dev/null
 
-timed() { # label device sql -> prints rows/s
+timed() { # label device sql rows -> wall rows/s, and rows/s inside ONNX Runtime (from --timing)
   local label=$1 device=$2 sql=$3 rows=$4
-  local start end
+  local start end log
+  log=$work/timing.log
   start=$(date +%s.%N)
-  "$bin" --device "$device" --models "$models" query -e "$sql" >/dev/null
+  "$bin" --timing --device "$device" --models "$models" query -e "$sql" >/dev/null 2>"$log" || {
+    cat "$log" >&2
+    return 1
+  }
   end=$(date +%s.%N)
-  python3 -c "s=$end-$start; print(f'{\"$label\":<40} {s:8.2f} s {$rows/s:14.0f} rows/s')"
+  grep -v "^batchinfer: fetching" "$log" | grep "^batchinfer:" >&2 || true
+  python3 - "$label" "$start" "$end" "$rows" "$log" <<'PY'
+import re, sys
+label, start, end, rows, log = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+wall = end - start
+inside = re.search(r"([0-9.]+) s inside the model", open(log).read())
+model = f"{rows / float(inside.group(1)):14.0f} rows/s of ONNX Runtime time" if inside else ""
+print(f"{label:<40} {wall:8.2f} s {rows / wall:14.0f} rows/s {model}")
+PY
 }
 
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"

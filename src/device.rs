@@ -206,12 +206,23 @@ fn library_folders() -> Vec<PathBuf> {
     dirs
 }
 
-/// Python package folders: the active virtualenv or conda environment, the user's, the system's.
+/// Python package folders: the active virtualenv or conda environment, that of the `python3` on
+/// PATH, the user's, the system's.
 fn site_packages() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(root) = std::env::var_os(var) {
             roots.push(PathBuf::from(root).join("lib"));
+        }
+    }
+    // The environment of the `python3` on PATH (an image's /opt/torch/.venv, say), activated or not.
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("python3").exists()
+                && let Some(env) = dir.parent()
+            {
+                roots.push(env.join("lib"));
+            }
         }
     }
     if let Some(home) = std::env::var_os("HOME") {

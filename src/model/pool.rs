@@ -51,8 +51,18 @@ impl SessionPool {
     /// Builds the first session (which also proves the bytes are a model ONNX Runtime accepts).
     pub fn new(bytes: Arc<[u8]>, options: SessionOptions) -> Result<(Self, Session), String> {
         let (first, device) = build_session(&bytes, options)?;
-        // Every later session goes where the first went.
-        let options = SessionOptions { device, ..options };
+        // Every later session goes where the first went. A GPU gets one session per model: the
+        // partitions share it (each call fills the GPU; a second session would only split it
+        // and hold a second copy of the weights in its memory).
+        let max_sessions = match device {
+            Device::Cuda(_) => 1,
+            _ => options.max_sessions,
+        };
+        let options = SessionOptions {
+            device,
+            max_sessions,
+            ..options
+        };
         let pool = SessionPool {
             bytes,
             options,
