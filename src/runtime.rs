@@ -61,8 +61,6 @@ enum Build {
     Cuda,
 }
 
-/// The process's one environment, once loaded. A failed load stores nothing, so that a later call
-/// (for another device) can still succeed.
 /// The CUDA 13 build, `onnxruntime-gpu==1.31.1`, and the provider libraries taken from it beside
 /// `libonnxruntime`: ONNX Runtime looks for its providers in its own folder.
 const CUDA_WHEEL: Wheel = Wheel {
@@ -77,7 +75,29 @@ const CUDA_PROVIDERS: &[&str] = &[
     "libonnxruntime_providers_cuda.so",
 ];
 
+/// The process's one environment, once loaded. A failed CUDA load stores nothing, so that a later
+/// call for the CPU can still succeed.
 static LOADED: Mutex<Option<(&'static Environment, Build)>> = Mutex::new(None);
+
+/// Why the CPU build could not be loaded, kept so that later models fail at once with the same
+/// message instead of fetching again.
+static CPU_FAILURE: Mutex<Option<String>> = Mutex::new(None);
+
+/// The CPU build, or the reason it is not there (remembered).
+fn load_cpu() -> Result<&'static Environment> {
+    let mut failure = CPU_FAILURE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(message) = failure.as_ref() {
+        return Err(Error::Runtime(message.clone()));
+    }
+    library_path().and_then(|path| load(&path)).map_err(|e| {
+        let message = match &e {
+            Error::Runtime(m) => m.clone(),
+            other => other.to_string(),
+        };
+        *failure = Some(message.clone());
+        Error::Runtime(message)
+    })
+}
 
 /// The process's one ONNX Runtime environment for the CPU, loading (and on first use fetching)
 /// the library.
@@ -111,7 +131,7 @@ pub fn environment_for(device: Device) -> Result<(&'static Environment, Device)>
         };
     }
     let (env, build, chosen) = match device {
-        Device::Cpu => (load(&library_path()?)?, Build::Cpu, Device::Cpu),
+        Device::Cpu => (load_cpu()?, Build::Cpu, Device::Cpu),
         Device::Cuda(n) => {
             let (env, name) = load_cuda(n).map_err(|e| cuda_error(device, &e))?;
             eprintln!("batchinfer: running models on cuda:{n} ({name})");
@@ -124,7 +144,7 @@ pub fn environment_for(device: Device) -> Result<(&'static Environment, Device)>
             }
             Err(why) => {
                 eprintln!("batchinfer: --device auto chose the CPU: {why}");
-                (load(&library_path()?)?, Build::Cpu, Device::Cpu)
+                (load_cpu()?, Build::Cpu, Device::Cpu)
             }
         },
     };
