@@ -334,9 +334,12 @@ impl ModelRegistry {
         &self.stores
     }
 
-    /// The options sessions are built with.
+    /// The options sessions are built with (on the current device).
     pub fn session_options(&self) -> SessionOptions {
-        self.options
+        SessionOptions {
+            device: self.device(),
+            ..self.options
+        }
     }
 
     /// Names of the registered models, sorted.
@@ -379,7 +382,11 @@ impl ModelRegistry {
             .loaded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, model)) = loaded.iter().find(|(d, _)| *d == device) {
+        // Asked for as such, or resolved to it (`auto` that chose this device).
+        if let Some((_, model)) = loaded
+            .iter()
+            .find(|(asked, m)| *asked == device || m.device() == device)
+        {
             return Ok(model.clone());
         }
         let options = SessionOptions {
