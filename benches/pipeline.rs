@@ -9,7 +9,7 @@
 //!
 //! Contenders, all on the same file of `id: int64, f0..f9: float32`:
 //! - (a) batchinfer: `COPY (SELECT id, predict('linear', f0..f9) ...) TO ...`
-//! - (b) the same query with the model replaced by its arithmetic (`w0*f0 + ... + b`): the
+//! - (b) the same query with the model replaced by its arithmetic (`w0*f0 + ... + b`, in float32): the
 //!   engine's own Parquet-to-Parquet ceiling;
 //! - (c) `benches/python_baseline.py`: pyarrow batches -> numpy -> onnxruntime -> pyarrow writer;
 //! - (d) ONNX Runtime alone on the same tensors already in memory (best of a few configurations);
@@ -281,12 +281,13 @@ fn main() {
 
     let cols: Vec<String> = (0..FEATURES).map(|j| format!("f{j}")).collect();
     let predict = format!("predict('linear', {})", cols.join(", "));
+    // In float32, as the model computes, so that both write a Float32 score.
     let arithmetic = format!(
-        "{} + {bias:?}",
+        "{} + CAST({bias:?} AS FLOAT)",
         weights
             .iter()
             .enumerate()
-            .map(|(j, w)| format!("{w:?} * f{j}"))
+            .map(|(j, w)| format!("CAST({w:?} AS FLOAT) * f{j}"))
             .collect::<Vec<_>>()
             .join(" + ")
     );
@@ -327,11 +328,11 @@ fn main() {
         ),
     );
     let list_arithmetic = format!(
-        "{} + {bias:?}",
+        "{} + CAST({bias:?} AS FLOAT)",
         weights
             .iter()
             .enumerate()
-            .map(|(j, w)| format!("{w:?} * features[{}]", j + 1))
+            .map(|(j, w)| format!("CAST({w:?} AS FLOAT) * features[{}]", j + 1))
             .collect::<Vec<_>>()
             .join(" + ")
     );

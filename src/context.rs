@@ -42,6 +42,14 @@ pub fn build_context(
         .set_usize(
             "datafusion.execution.minimum_parallel_output_files",
             config.partitions().clamp(1, 4),
+        )
+        // Model outputs are mostly unique values (ids, scores, vectors): the Parquet writer tries a
+        // dictionary for each column chunk and gives up only when it passes this size. 64 KiB
+        // (DataFusion: 1 MiB) still holds the dictionary of a label or category column, and gives
+        // up on unique columns sooner: COPY of 10M scores 15% faster (README, Performance).
+        .set_usize(
+            "datafusion.execution.parquet.dictionary_page_size_limit",
+            64 * 1024,
         );
     let mut runtime =
         RuntimeEnvBuilder::new().with_object_store_registry(registry.stores().clone());
