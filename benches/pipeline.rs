@@ -9,8 +9,8 @@
 //!
 //! Contenders, all on the same file of `id: int64, f0..f9: float32`:
 //! - (a) batchinfer: `COPY (SELECT id, predict('linear', f0..f9) ...) TO ...`
-//! - (b) the same query with the model replaced by its arithmetic (`w0*f0 + ... + b`, in float32): the
-//!   engine's own Parquet-to-Parquet ceiling;
+//! - (b) the same query with the model replaced by its arithmetic (`w0*f0 + ... + b`, in
+//!   float32): the engine's own Parquet-to-Parquet ceiling;
 //! - (c) `benches/python_baseline.py`: pyarrow batches -> numpy -> onnxruntime -> pyarrow writer;
 //! - (d) ONNX Runtime alone on the same tensors already in memory (best of a few configurations);
 //! - the `FixedSizeList<Float32, 10>` layout of the same features (the zero-copy path);
