@@ -215,7 +215,8 @@ fn site_packages() -> Vec<PathBuf> {
             roots.push(PathBuf::from(root).join("lib"));
         }
     }
-    // The environment of the `python3` on PATH (an image's /opt/torch/.venv, say), activated or not.
+    // The environment of the `python3` on PATH (an image's /opt/torch/.venv, say), activated or
+    // not.
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if dir.join("python3").exists()
