@@ -127,10 +127,10 @@ pub struct BatchInferOptions {
 }
 
 impl BatchInferOptions {
-    /// Tokens per `embed` call where none was set: small calls keep one core's caches warm; a GPU
-    /// needs large ones to be busy.
-    pub fn token_budget_on(&self, device: Device) -> usize {
-        self.token_budget.unwrap_or(match device {
+    /// Tokens per `embed` call: the one set, else by device. Small calls keep one core's caches
+    /// warm; a GPU needs large ones to be busy.
+    pub fn token_budget_on(set: Option<usize>, device: Device) -> usize {
+        set.unwrap_or(match device {
             Device::Cuda(_) => 16_384,
             _ => 256,
         })

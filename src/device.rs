@@ -87,14 +87,9 @@ pub const OPTIONAL_LIBRARIES: &[&str] = &[
     "libcudnn_engines_runtime_compiled.so.9",
 ];
 
-/// What the driver says about this machine's GPUs.
-#[derive(Debug, Clone)]
-pub struct Gpus {
-    pub names: Vec<String>,
-}
-
-/// Asks the NVIDIA driver (`libcuda.so.1`) for the GPUs, or says why there are none to use.
-pub fn gpus() -> Result<Gpus, String> {
+/// Asks the NVIDIA driver (`libcuda.so.1`) for the names of the GPUs, or says why there are none
+/// to use.
+pub fn gpus() -> Result<Vec<String>, String> {
     type CuInit = unsafe extern "C" fn(c_int) -> c_int;
     type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
     type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
@@ -102,20 +97,21 @@ pub fn gpus() -> Result<Gpus, String> {
     // SAFETY: loading the NVIDIA driver library runs its initializers, which expect nothing of us.
     let driver = unsafe { libloading::Library::new("libcuda.so.1") }
         .map_err(|e| format!("no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"))?;
+    let symbol = |name: &str, e: libloading::Error| format!("libcuda.so.1 has no {name}: {e}");
     // SAFETY: the symbols are the CUDA driver API's, with these C signatures since CUDA 2.0.
     unsafe {
         let init = driver
-            .get::<CuInit>(b"cuInit\0")
-            .map_err(|e| format!("libcuda.so.1 has no cuInit: {e}"))?;
+            .get::<CuInit>("cuInit")
+            .map_err(|e| symbol("cuInit", e))?;
         let count_of = driver
-            .get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
-            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGetCount: {e}"))?;
+            .get::<CuDeviceGetCount>("cuDeviceGetCount")
+            .map_err(|e| symbol("cuDeviceGetCount", e))?;
         let device_get = driver
-            .get::<CuDeviceGet>(b"cuDeviceGet\0")
-            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGet: {e}"))?;
+            .get::<CuDeviceGet>("cuDeviceGet")
+            .map_err(|e| symbol("cuDeviceGet", e))?;
         let name_of = driver
-            .get::<CuDeviceGetName>(b"cuDeviceGetName\0")
-            .map_err(|e| format!("libcuda.so.1 has no cuDeviceGetName: {e}"))?;
+            .get::<CuDeviceGetName>("cuDeviceGetName")
+            .map_err(|e| symbol("cuDeviceGetName", e))?;
         let status = init(0);
         if status != 0 {
             return Err(format!(
@@ -143,18 +139,18 @@ pub fn gpus() -> Result<Gpus, String> {
                 format!("GPU {ordinal}")
             });
         }
-        Ok(Gpus { names })
+        Ok(names)
     }
 }
 
 /// Checks that GPU `n` exists; its name.
 pub fn check_gpu(n: u32) -> Result<String, String> {
-    let gpus = gpus()?;
-    gpus.names.get(n as usize).cloned().ok_or_else(|| {
+    let names = gpus()?;
+    names.get(n as usize).cloned().ok_or_else(|| {
         format!(
             "there is no GPU {n}: this machine has {} ({})",
-            gpus.names.len(),
-            gpus.names
+            names.len(),
+            names
                 .iter()
                 .enumerate()
                 .map(|(i, name)| format!("cuda:{i} {name}"))
@@ -261,11 +257,7 @@ fn site_packages() -> Vec<PathBuf> {
     sites
 }
 
-/// Where each of the CUDA and cuDNN libraries is, or the list of those not found.
-pub fn find_cuda_libraries() -> Result<Vec<PathBuf>, Vec<&'static str>> {
-    find_in(&library_folders(), CUDA_LIBRARIES)
-}
-
+/// Where each of `names` is, first folder first, or the list of those not found.
 fn find_in(folders: &[PathBuf], names: &[&'static str]) -> Result<Vec<PathBuf>, Vec<&'static str>> {
     let mut found = Vec::new();
     let mut missing = Vec::new();

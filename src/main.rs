@@ -4,6 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::str::FromStr;
 
 use batchinfer::cluster;
 use batchinfer::config::{Device, GraphOptimization, parse_size};
@@ -79,7 +80,13 @@ struct EngineArgs {
     timing: bool,
 
     /// Where models run: cpu, cuda (GPU 0), cuda:N, or auto (CUDA where usable, else the CPU)
-    #[arg(long, global = true, env = "BATCHINFER_DEVICE", default_value = "cpu", value_parser = parse_device)]
+    #[arg(
+        long,
+        global = true,
+        env = "BATCHINFER_DEVICE",
+        default_value = "cpu",
+        value_parser = Device::from_str
+    )]
     device: Device,
 
     /// Run statements on a DataFusion Ballista cluster, whose scheduler is at df://HOST:PORT
@@ -153,10 +160,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn parse_device(text: &str) -> std::result::Result<Device, String> {
-    text.parse()
 }
 
 async fn main_inner(cli: Cli) -> Result<()> {

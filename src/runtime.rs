@@ -63,13 +63,13 @@ enum Build {
 
 /// The CUDA 13 build, `onnxruntime-gpu==1.31.1`, and the provider libraries taken from it beside
 /// `libonnxruntime`: ONNX Runtime looks for its providers in its own folder.
-const CUDA_WHEEL: Wheel = Wheel {
+const CUDA_WHEELS: &[Wheel] = &[Wheel {
     os: "linux",
     arch: "x86_64",
     url: "22/97/9531b4d9e566cf2a0f04b4b5c26a3bc0ef2e2e0b6bc943a02c0eead98cf7/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",
     sha256: "05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7",
     library: "libonnxruntime.so.1.31.1",
-};
+}];
 const CUDA_PROVIDERS: &[&str] = &[
     "libonnxruntime_providers_shared.so",
     "libonnxruntime_providers_cuda.so",
@@ -214,14 +214,14 @@ pub fn library_path() -> Result<PathBuf> {
             how_to_provide()
         )));
     }
-    let wheel = wheel_for_this_machine()?;
-    let dir = cache_dir().join(format!("onnxruntime-{ORT_VERSION}"));
-    let path = dir.join(wheel.library);
-    if path.is_file() {
-        return Ok(path);
-    }
-    fetch_library(wheel, &[], &dir, &path)?;
-    Ok(path)
+    let wheel = wheel_for_this_machine(WHEELS).ok_or_else(|| {
+        let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+        Error::Runtime(format!(
+            "batchinfer has no pinned ONNX Runtime wheel for {os}/{arch}. {}",
+            how_to_provide()
+        ))
+    })?;
+    cached_library(wheel, &[], &format!("onnxruntime-{ORT_VERSION}"))
 }
 
 /// Where the CUDA build of the library is, fetching it into the cache if it is nowhere yet.
@@ -240,20 +240,28 @@ pub fn cuda_library_path() -> Result<PathBuf> {
             path.display()
         )));
     }
-    let wheel = &CUDA_WHEEL;
-    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
-    if (os, arch) != (wheel.os, wheel.arch) {
-        return Err(Error::Runtime(format!(
+    let wheel = wheel_for_this_machine(CUDA_WHEELS).ok_or_else(|| {
+        let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+        Error::Runtime(format!(
             "batchinfer has no pinned onnxruntime-gpu wheel for {os}/{arch}; set ORT_DYLIB_PATH \
              to the libonnxruntime of a CUDA build of ONNX Runtime {ORT_VERSION}"
-        )));
-    }
-    let dir = cache_dir().join(format!("onnxruntime-gpu-{ORT_VERSION}"));
+        ))
+    })?;
+    cached_library(
+        wheel,
+        CUDA_PROVIDERS,
+        &format!("onnxruntime-gpu-{ORT_VERSION}"),
+    )
+}
+
+/// `wheel`'s library in the cache folder `folder`, fetched (with `extra` members beside it) the
+/// first time.
+fn cached_library(wheel: &Wheel, extra: &[&str], folder: &str) -> Result<PathBuf> {
+    let dir = cache_dir().join(folder);
     let path = dir.join(wheel.library);
-    if path.is_file() {
-        return Ok(path);
+    if !path.is_file() {
+        fetch_library(wheel, extra, &dir)?;
     }
-    fetch_library(wheel, CUDA_PROVIDERS, &dir, &path)?;
     Ok(path)
 }
 
@@ -271,22 +279,15 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
-fn wheel_for_this_machine() -> Result<&'static Wheel> {
+/// The one of `wheels` built for this operating system and processor.
+fn wheel_for_this_machine(wheels: &'static [Wheel]) -> Option<&'static Wheel> {
     let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
-    WHEELS
-        .iter()
-        .find(|w| w.os == os && w.arch == arch)
-        .ok_or_else(|| {
-            Error::Runtime(format!(
-                "batchinfer has no pinned ONNX Runtime wheel for {os}/{arch}. {}",
-                how_to_provide()
-            ))
-        })
+    wheels.iter().find(|w| w.os == os && w.arch == arch)
 }
 
 /// Fetches `wheel`, checks its hash, and unpacks `extra` members and then its library into `dir`
 /// (the library last: its presence says the folder is complete).
-fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path, dest: &Path) -> Result<()> {
+fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path) -> Result<()> {
     let url = format!("{PYPI}/{}", wheel.url);
     eprintln!(
         "batchinfer: fetching ONNX Runtime {ORT_VERSION} ({}) from PyPI (once; cached in {})",
@@ -318,7 +319,6 @@ fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path, dest: &Path) -> Resu
             .map_err(|e| Error::io(format!("unpacking {member}"), e))?;
         write_atomically(dir, &dir.join(name), &library)?;
     }
-    debug_assert!(dest.is_file());
     Ok(())
 }
 
@@ -339,28 +339,20 @@ fn write_atomically(dir: &Path, dest: &Path, bytes: &[u8]) -> Result<()> {
 /// A blocking download that is safe to call from inside or outside a tokio runtime: it runs on a
 /// thread of its own with a runtime of its own.
 fn download(url: &str) -> std::result::Result<Vec<u8>, String> {
-    let url = url.to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+    crate::storage::block_on_io(async {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .timeout(std::time::Duration::from_secs(600))
             .build()
             .map_err(|e| e.to_string())?;
-        rt.block_on(async move {
-            let client = reqwest::Client::builder()
-                .connect_timeout(std::time::Duration::from_secs(30))
-                .timeout(std::time::Duration::from_secs(600))
-                .build()
-                .map_err(|e| e.to_string())?;
-            let response = client
-                .get(&url)
-                .send()
-                .await
-                .and_then(|r| r.error_for_status())
-                .map_err(|e| e.to_string())?;
-            let bytes = response.bytes().await.map_err(|e| e.to_string())?;
-            Ok(bytes.to_vec())
-        })
+        let response = client
+            .get(url)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| e.to_string())?;
+        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+        Ok(bytes.to_vec())
     })
-    .join()
-    .map_err(|_| "the download thread panicked".to_string())?
+    .map_err(|e| e.to_string())?
 }

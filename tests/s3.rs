@@ -140,6 +140,15 @@ fn local_scores(warehouse: &Path) -> Vec<(i64, f64)> {
     all
 }
 
+/// The rows of `s3://out/scores/`, re-read, equal those of the same scoring run locally.
+fn assert_scores_in_s3_match_a_local_run(server: &S3Server, wh: &Path) {
+    let reread = run(
+        batchinfer(server, wh),
+        &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
+    );
+    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(wh));
+}
+
 #[test]
 fn scores_s3_parquet_with_an_s3_model_and_writes_results_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -165,11 +174,7 @@ fn scores_s3_parquet_with_an_s3_model_and_writes_results_back() {
         files.len() >= 2 && files.iter().all(|k| k.ends_with(".parquet")),
         "several Parquet files: {files:?}"
     );
-    let reread = run(
-        batchinfer(&server, &wh),
-        &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
-    );
-    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(&wh));
+    assert_scores_in_s3_match_a_local_run(&server, &wh);
 }
 
 #[test]
@@ -425,11 +430,7 @@ fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
         batchinfer(&server, &wh),
         &["--models", "data/models", "query", "-e", &copy],
     ));
-    let reread = run(
-        batchinfer(&server, &wh),
-        &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
-    );
-    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(&wh));
+    assert_scores_in_s3_match_a_local_run(&server, &wh);
 }
 
 /// No key in the environment: the AWS SDK's chain finds them in a credentials file, and the region

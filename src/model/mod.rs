@@ -349,7 +349,7 @@ impl ModelRegistry {
 
     /// The model `name`, loading it on first use.
     pub fn get(&self, name: &str) -> Result<Arc<Model>> {
-        self.get_on(name, self.device())
+        self.get_on(name, None)
     }
 
     /// Where models run unless a query says otherwise.
@@ -363,8 +363,10 @@ impl ModelRegistry {
         *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
     }
 
-    /// The model `name` with its sessions on `device`, loading it there on first use.
-    pub fn get_on(&self, name: &str, device: Device) -> Result<Arc<Model>> {
+    /// The model `name` with its sessions on `device` (None: where models run now), loading it
+    /// there on first use.
+    pub fn get_on(&self, name: &str, device: Option<Device>) -> Result<Arc<Model>> {
+        let device = device.unwrap_or_else(|| self.device());
         let entry = self.read().get(name).cloned();
         let Some(entry) = entry else {
             let names = self.names();

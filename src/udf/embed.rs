@@ -44,10 +44,7 @@ impl EmbedUdf {
         text_type: &DataType,
         device: Option<Device>,
     ) -> Result<(Arc<Model>, usize)> {
-        let model = match device {
-            Some(device) => self.registry.get_on(name, device)?,
-            None => self.registry.get(name)?,
-        };
+        let model = self.registry.get_on(name, device)?;
         let binding = |message: String| Error::Binding {
             model: name.to_string(),
             message,
@@ -115,10 +112,10 @@ impl ScalarUDFImpl for EmbedUdf {
         let texts = texts.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
         let options = EmbedOptions {
-            token_budget: session
-                .cloned()
-                .unwrap_or_default()
-                .token_budget_on(model.device()),
+            token_budget: BatchInferOptions::token_budget_on(
+                session.and_then(|o| o.token_budget),
+                model.device(),
+            ),
             ..EmbedOptions::default()
         };
         let vectors =

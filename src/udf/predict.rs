@@ -44,10 +44,7 @@ impl PredictUdf {
         feature_types: &[DataType],
         device: Option<Device>,
     ) -> Result<(Arc<crate::model::Model>, InputBinding)> {
-        let model = match device {
-            Some(device) => self.registry.get_on(name, device)?,
-            None => self.registry.get(name)?,
-        };
+        let model = self.registry.get_on(name, device)?;
         let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| {
             Error::Binding {
                 model: name.to_string(),
