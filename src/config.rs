@@ -124,6 +124,9 @@ pub struct BatchInferOptions {
     /// Model definitions (JSON: name -> source) that a cluster client sends with each query, so
     /// that the scheduler and the executors resolve model names as it does.
     pub models: String,
+    /// Local Parquet files are read by batchinfer's streaming reader (page by page, row groups
+    /// split across partitions); false: by DataFusion's reader (whole row groups at once).
+    pub streaming_scan: bool,
 }
 
 impl BatchInferOptions {
@@ -150,6 +153,7 @@ impl Default for BatchInferOptions {
             token_budget: None,
             device: String::new(),
             models: String::new(),
+            streaming_scan: true,
         }
     }
 }
@@ -180,9 +184,10 @@ impl ExtensionOptions for BatchInferOptions {
                 Ok(())
             }
             "models" => self.models.set(key, value),
+            "streaming_scan" => self.streaming_scan.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget, device"
+                 token_budget, device, streaming_scan"
             ))),
         }
     }
@@ -236,6 +241,11 @@ impl ExtensionOptions for BatchInferOptions {
             v,
             "batchinfer.models",
             "Model definitions (JSON: name -> source) a cluster client sends with each query.",
+        );
+        self.streaming_scan.visit(
+            v,
+            "batchinfer.streaming_scan",
+            "Read local Parquet page by page, row groups split across partitions (false: DataFusion's reader).",
         );
         entries.0
     }

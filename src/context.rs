@@ -4,6 +4,7 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -18,6 +19,7 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
+use crate::scan::StreamingParquetRule;
 use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, SimilarityUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -69,6 +71,13 @@ pub fn build_context(
     if let Some(remote) = &config.remote {
         // Queries are planned here and run by the cluster's scheduler and executors.
         let state = ctx.state().upgrade_for_ballista(scheduler_url(remote)?)?;
+        ctx = SessionContext::new_with_state(state);
+    } else {
+        // Local Parquet read page by page (src/scan.rs); in a cluster, plans travel between
+        // processes and keep DataFusion's scan.
+        let state = SessionStateBuilder::new_from_existing(ctx.state())
+            .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
+            .build();
         ctx = SessionContext::new_with_state(state);
     }
     let ctx = ctx.enable_url_table();

@@ -39,6 +39,7 @@ pub mod model;
 pub mod output;
 pub mod progress;
 pub mod runtime;
+pub mod scan;
 pub mod shell;
 pub mod statements;
 pub mod storage;

@@ -1,0 +1,823 @@
+//! batchinfer's reader for local Parquet files.
+//!
+//! DataFusion's Parquet reader is asynchronous: for each row group it fetches every projected
+//! column chunk whole before decoding (a 1M-row group of ten float columns is 44 MB), so each
+//! partition holds a row group in memory, and a file of one row group is read by one partition
+//! while the others idle. For local files batchinfer reads with arrow-rs's synchronous reader
+//! instead, which streams each column chunk page by page from the file, on a blocking thread
+//! per partition that keeps up to two batches ready ahead of the query (decoding overlaps the
+//! model). Row groups are dealt to the partitions by rows; when there are fewer row groups than
+//! partitions, row groups are split into row ranges (pages before a range are skipped unread).
+//!
+//! The plan rule swaps a `DataSourceExec` over Parquet for this scan only when the result is the
+//! same by construction: local files, plain column projection, no pushed-down predicate, limit,
+//! declared ordering, partition columns or per-file access plans, and every file readable with the
+//! table's column types. Anything else keeps DataFusion's reader (`SET
+//! batchinfer.streaming_scan = false` keeps it always).
+
+use std::fmt;
+use std::fs::File;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, ArrowPrimitiveType, FixedSizeListArray, PrimitiveArray};
+use datafusion::arrow::buffer::ScalarBuffer;
+use datafusion::arrow::datatypes::{
+    ArrowNativeType, DataType, Field, FieldRef, Float32Type, Float64Type, Int32Type, Int64Type,
+    Schema, SchemaRef,
+};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::datasource::physical_plan::{FileSource, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::parquet::arrow::ProjectionMask;
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use datafusion::parquet::basic::Type as PhysicalType;
+use datafusion::parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader};
+use datafusion::parquet::data_type::DataType as ParquetDataType;
+use datafusion::parquet::errors::ParquetError;
+use datafusion::parquet::file::metadata::RowGroupMetaData;
+use datafusion::parquet::file::serialized_reader::SerializedPageReader;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::utils::reassign_expr_columns;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+use object_store::local::LocalFileSystem;
+
+use crate::config::BatchInferOptions;
+
+/// Batches each partition's reader keeps decoded ahead of the query.
+const READ_AHEAD: usize = 2;
+
+/// The plan rule: local Parquet scans become [`StreamingParquetExec`] where that is safe.
+#[derive(Debug, Default)]
+pub struct StreamingParquetRule;
+
+impl PhysicalOptimizerRule for StreamingParquetRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let enabled = config
+            .extensions
+            .get::<BatchInferOptions>()
+            .is_none_or(|options| options.streaming_scan);
+        if !enabled {
+            return Ok(plan);
+        }
+        plan.transform_up(
+            |node| match StreamingParquetExec::replacing(&node, config) {
+                Some(scan) => Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>)),
+                None => Ok(Transformed::no(node)),
+            },
+        )
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "batchinfer_streaming_parquet"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// One file as this scan reads it.
+#[derive(Debug)]
+struct ScanFile {
+    path: PathBuf,
+    /// Footer metadata, with the table's column types as the schema to read.
+    metadata: ArrowReaderMetadata,
+    /// The file's top-level columns arrow-rs's reader reads (None: none).
+    mask: Option<ProjectionMask>,
+    /// The `FixedSizeList` columns read by [`ListReader`] instead.
+    lists: Vec<ListColumn>,
+    /// Where each column read comes from.
+    columns: Vec<Source>,
+}
+
+/// Where a column read comes from: arrow-rs's batch (its position there) or a list reader.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Arrow(usize),
+    List(usize),
+}
+
+/// A `FixedSizeList` column whose values are never NULL (per the footer's statistics), read
+/// straight from its Parquet leaf: values and levels decoded, the levels checked, the values
+/// handed over as the list's child without another pass. arrow-rs's general list reader builds
+/// validity bitmaps and walks every level for lists of any shape, 2.5x the time.
+#[derive(Debug, Clone)]
+struct ListColumn {
+    leaf: usize,
+    size: usize,
+    item: FieldRef,
+    max_def: i16,
+}
+
+/// Rows `rows` of row group `row_group` of file `file`.
+#[derive(Debug, Clone)]
+struct Unit {
+    file: usize,
+    row_group: usize,
+    rows: Range<usize>,
+    /// All rows of the row group.
+    group_rows: usize,
+}
+
+/// Reads local Parquet files, each partition its share of row groups (or row ranges of them),
+/// page by page on a thread of its own.
+#[derive(Debug)]
+pub struct StreamingParquetExec {
+    files: Arc<Vec<ScanFile>>,
+    partitions: Vec<Vec<Unit>>,
+    /// The columns read, and the expressions that compute the output from them (None: the
+    /// columns read are the output).
+    read_schema: SchemaRef,
+    exprs: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    schema: SchemaRef,
+    batch_size: usize,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl StreamingParquetExec {
+    /// The scan that reads what `node` reads, or None when `node` is not a local Parquet scan
+    /// this reader gives the same rows for.
+    fn replacing(node: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Option<Self> {
+        let exec = node.downcast_ref::<DataSourceExec>()?;
+        let (scan, source) = exec.downcast_to_file_source::<ParquetSource>()?;
+        if scan.object_store_url.as_str() != "file:///"
+            || source.filter().is_some()
+            || scan.limit.is_some()
+            || scan.preserve_order
+            || !scan.output_ordering.is_empty()
+            || scan.output_partitioning.is_some()
+            || !scan.table_partition_cols().is_empty()
+        {
+            return None;
+        }
+        let partitions = node.output_partitioning().partition_count().max(1);
+        let table = scan.file_schema().clone();
+        let output = node.schema();
+        // The table's columns to read, and the expressions (DataFusion pushes a projection's
+        // expressions, `predict(...)` among them, into the scan) computed from them, if any.
+        let (indices, exprs): (Vec<usize>, Option<Vec<Arc<dyn PhysicalExpr>>>) =
+            match source.projection() {
+                None => ((0..table.fields().len()).collect(), None),
+                Some(projection) => {
+                    let columns: Option<Vec<usize>> = projection
+                        .iter()
+                        .map(|e| e.expr.downcast_ref::<Column>().map(|c| c.index()))
+                        .collect();
+                    match columns {
+                        Some(columns) => (columns, None),
+                        None => (
+                            projection.column_indices(),
+                            Some(projection.iter().map(|e| e.expr.clone()).collect()),
+                        ),
+                    }
+                }
+            };
+        if indices.is_empty() {
+            return None;
+        }
+        let read_fields: Vec<Field> = indices
+            .iter()
+            .map(|&i| table.fields().get(i).map(|f| f.as_ref().clone()))
+            .collect::<Option<_>>()?;
+        let names: Vec<String> = read_fields.iter().map(|f| f.name().clone()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (read_schema, exprs) = match exprs {
+            None if indices.len() == output.fields().len() => (output.clone(), None),
+            None => return None,
+            Some(exprs) if exprs.len() == output.fields().len() => {
+                let read_schema = Arc::new(Schema::new(read_fields));
+                let exprs = exprs
+                    .into_iter()
+                    .map(|e| reassign_expr_columns(e, &read_schema).ok())
+                    .collect::<Option<Vec<_>>>()?;
+                (read_schema, Some(exprs))
+            }
+            Some(_) => return None,
+        };
+
+        let local = LocalFileSystem::new();
+        let mut locations = Vec::new();
+        for file in scan.file_groups.iter().flat_map(|g| g.iter()) {
+            if !file.extensions.is_empty() || !file.partition_values.is_empty() {
+                return None;
+            }
+            if !locations.contains(&file.object_meta.location) {
+                locations.push(file.object_meta.location.clone());
+            }
+        }
+        let mut files = Vec::with_capacity(locations.len());
+        for location in &locations {
+            let path = local.path_to_filesystem(location).ok()?;
+            files.push(ScanFile::open(path, &table, &names, &read_schema)?);
+        }
+
+        let mut units = Vec::new();
+        for (f, file) in files.iter().enumerate() {
+            for (g, group) in file.metadata.metadata().row_groups().iter().enumerate() {
+                let rows = usize::try_from(group.num_rows()).ok()?;
+                if rows > 0 {
+                    units.push(Unit {
+                        file: f,
+                        row_group: g,
+                        rows: 0..rows,
+                        group_rows: rows,
+                    });
+                }
+            }
+        }
+        let batch_size = scan
+            .batch_size
+            .unwrap_or(config.execution.batch_size.get())
+            .max(1);
+        let units = split_for(units, partitions, batch_size);
+        let partitions = deal(units, partitions);
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(output.clone()),
+            Partitioning::UnknownPartitioning(partitions.len()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Some(Self {
+            files: Arc::new(files),
+            partitions,
+            read_schema,
+            exprs,
+            schema: output,
+            batch_size,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+}
+
+impl ScanFile {
+    /// The file at `path` read as columns `names` of `table`, typed as `output`; None when the
+    /// file cannot be read that way (DataFusion's reader then reads it, and reports any error).
+    fn open(path: PathBuf, table: &Schema, names: &[&str], output: &Schema) -> Option<Self> {
+        let file = File::open(&path).ok()?;
+        let natural = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()?;
+        // The file's columns with the table's types (DataFusion reads strings as views, ...).
+        let fields: Vec<Field> = natural
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| match table.field_with_name(f.name()) {
+                Ok(t) if t.data_type() != f.data_type() => {
+                    f.as_ref().clone().with_data_type(t.data_type().clone())
+                }
+                _ => f.as_ref().clone(),
+            })
+            .collect();
+        let hint = Arc::new(Schema::new_with_metadata(
+            fields,
+            natural.schema().metadata().clone(),
+        ));
+        let metadata = ArrowReaderMetadata::try_new(
+            natural.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(hint),
+        )
+        .ok()?;
+        let schema = metadata.schema().clone();
+        for (name, field) in names.iter().zip(output.fields()) {
+            let read = schema.field_with_name(name).ok()?;
+            if read.data_type() != field.data_type() || (read.is_nullable() && !field.is_nullable())
+            {
+                return None;
+            }
+        }
+        // Roots to read, in file order; those that are lists of never-NULL numbers go to a
+        // list reader.
+        let mut roots: Vec<usize> = names
+            .iter()
+            .map(|n| schema.index_of(n).ok())
+            .collect::<Option<_>>()?;
+        roots.sort_unstable();
+        roots.dedup();
+        let mut arrow_roots = Vec::new();
+        let mut lists = Vec::new();
+        let mut list_roots = Vec::new();
+        for &root in &roots {
+            match ListColumn::for_root(&metadata, root) {
+                Some(list) => {
+                    lists.push(list);
+                    list_roots.push(root);
+                }
+                None => arrow_roots.push(root),
+            }
+        }
+        let columns: Vec<Source> = names
+            .iter()
+            .map(|n| {
+                let root = schema.index_of(n).ok()?;
+                match arrow_roots.iter().position(|&r| r == root) {
+                    Some(i) => Some(Source::Arrow(i)),
+                    None => list_roots.iter().position(|&r| r == root).map(Source::List),
+                }
+            })
+            .collect::<Option<_>>()?;
+        let mask = (!arrow_roots.is_empty())
+            .then(|| ProjectionMask::roots(metadata.parquet_schema(), arrow_roots));
+        Some(Self {
+            path,
+            metadata,
+            mask,
+            lists,
+            columns,
+        })
+    }
+}
+
+impl ListColumn {
+    /// Root column `root` as a list column this reader reads directly, if it is one: a
+    /// `FixedSizeList` of Float32, Float64, Int32 or Int64 over one Parquet leaf, whose every
+    /// row group's statistics count no NULLs (null or empty lists, null items).
+    fn for_root(metadata: &ArrowReaderMetadata, root: usize) -> Option<Self> {
+        let field = metadata.schema().fields().get(root)?;
+        let DataType::FixedSizeList(item, size) = field.data_type() else {
+            return None;
+        };
+        let physical = match item.data_type() {
+            DataType::Float32 => PhysicalType::FLOAT,
+            DataType::Float64 => PhysicalType::DOUBLE,
+            DataType::Int32 => PhysicalType::INT32,
+            DataType::Int64 => PhysicalType::INT64,
+            _ => return None,
+        };
+        let parquet = metadata.parquet_schema();
+        let mut leaves =
+            (0..parquet.num_columns()).filter(|&l| parquet.get_column_root_idx(l) == root);
+        let leaf = leaves.next()?;
+        if leaves.next().is_some() {
+            return None;
+        }
+        let column = parquet.column(leaf);
+        if column.max_rep_level() != 1 || column.physical_type() != physical {
+            return None;
+        }
+        let no_nulls = metadata.metadata().row_groups().iter().all(|group| {
+            group
+                .column(leaf)
+                .statistics()
+                .and_then(|s| s.null_count_opt())
+                == Some(0)
+        });
+        let size = usize::try_from(*size).ok().filter(|&s| s > 0)?;
+        no_nulls.then(|| Self {
+            leaf,
+            size,
+            item: item.clone(),
+            max_def: column.max_def_level(),
+        })
+    }
+
+    /// A reader of this column in `group` (of `rows` rows) of the file `handle`.
+    fn open(
+        &self,
+        handle: &Arc<File>,
+        group: &RowGroupMetaData,
+        rows: usize,
+    ) -> datafusion::parquet::errors::Result<Box<dyn ListReader>> {
+        let pages = SerializedPageReader::new(handle.clone(), group.column(self.leaf), rows, None)?;
+        let descr = group.schema_descr().column(self.leaf);
+        let column = get_column_reader(descr, Box::new(pages));
+        Ok(match column {
+            ColumnReader::FloatColumnReader(r) => {
+                Box::new(TypedList::<Float32Type, _>::new(self, r))
+            }
+            ColumnReader::DoubleColumnReader(r) => {
+                Box::new(TypedList::<Float64Type, _>::new(self, r))
+            }
+            ColumnReader::Int32ColumnReader(r) => Box::new(TypedList::<Int32Type, _>::new(self, r)),
+            ColumnReader::Int64ColumnReader(r) => Box::new(TypedList::<Int64Type, _>::new(self, r)),
+            _ => {
+                return Err(ParquetError::General("not a list of numbers".to_string()));
+            }
+        })
+    }
+}
+
+/// Reads a list column's records in batches.
+trait ListReader: Send {
+    fn skip(&mut self, records: usize) -> Result<()>;
+    fn read(&mut self, records: usize) -> Result<ArrayRef>;
+}
+
+struct TypedList<A: ArrowPrimitiveType, P: ParquetDataType> {
+    column: ListColumn,
+    reader: ColumnReaderImpl<P>,
+    defs: Vec<i16>,
+    reps: Vec<i16>,
+    _arrow: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A: ArrowPrimitiveType, P: ParquetDataType> TypedList<A, P> {
+    fn new(column: &ListColumn, reader: ColumnReaderImpl<P>) -> Self {
+        Self {
+            column: column.clone(),
+            reader,
+            defs: Vec::new(),
+            reps: Vec::new(),
+            _arrow: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<A, P> ListReader for TypedList<A, P>
+where
+    A: ArrowPrimitiveType<Native = P::T>,
+    P: ParquetDataType,
+    P::T: ArrowNativeType,
+{
+    fn skip(&mut self, records: usize) -> Result<()> {
+        let skipped = self.reader.skip_records(records)?;
+        if skipped != records {
+            return Err(DataFusionError::Execution(format!(
+                "list column ended after {skipped} of {records} rows"
+            )));
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, records: usize) -> Result<ArrayRef> {
+        let size = self.column.size;
+        let mut values: Vec<P::T> = Vec::with_capacity(records * size);
+        self.defs.clear();
+        self.reps.clear();
+        let mut read = 0;
+        while read < records {
+            let (n, _, _) = self.reader.read_records(
+                records - read,
+                Some(&mut self.defs),
+                Some(&mut self.reps),
+                &mut values,
+            )?;
+            if n == 0 {
+                return Err(DataFusionError::Execution(format!(
+                    "list column ended after {read} of {records} rows"
+                )));
+            }
+            read += n;
+        }
+        // The statistics promised full lists of values; the levels must say the same.
+        let max_def = self.column.max_def;
+        let full = values.len() == records * size
+            && self.defs.iter().all(|&d| d == max_def)
+            && self
+                .reps
+                .chunks_exact(size)
+                .all(|list| list[0] == 0 && list[1..].iter().all(|&r| r == 1));
+        if !full {
+            return Err(DataFusionError::Execution(format!(
+                "a list column has NULL or short lists although the file's statistics count no \
+                 NULLs (expected lists of {size} values); read it with \
+                 SET batchinfer.streaming_scan = false"
+            )));
+        }
+        let values = PrimitiveArray::<A>::new(ScalarBuffer::from(values), None);
+        Ok(Arc::new(FixedSizeListArray::try_new(
+            self.column.item.clone(),
+            size as i32,
+            Arc::new(values),
+            None,
+        )?))
+    }
+}
+
+/// With fewer row groups than partitions, each is split into row ranges (of at least a batch)
+/// so that every partition has rows to read.
+fn split_for(units: Vec<Unit>, partitions: usize, batch_size: usize) -> Vec<Unit> {
+    if units.is_empty() || units.len() >= partitions {
+        return units;
+    }
+    let pieces = partitions.div_ceil(units.len());
+    let mut out = Vec::with_capacity(units.len() * pieces);
+    for unit in units {
+        let len = unit.rows.len().div_ceil(pieces).max(batch_size);
+        let mut start = unit.rows.start;
+        while start < unit.rows.end {
+            let end = (start + len).min(unit.rows.end);
+            out.push(Unit {
+                rows: start..end,
+                ..unit.clone()
+            });
+            start = end;
+        }
+    }
+    out
+}
+
+/// `units` in order, in `partitions` consecutive runs of about equal rows.
+fn deal(units: Vec<Unit>, partitions: usize) -> Vec<Vec<Unit>> {
+    let total: usize = units.iter().map(|u| u.rows.len()).sum();
+    let mut out: Vec<Vec<Unit>> = vec![Vec::new(); partitions];
+    let mut done = 0;
+    for unit in units {
+        // The partition whose share of the rows holds this unit's middle row.
+        let middle = done + unit.rows.len() / 2;
+        let p = (middle * partitions / total.max(1)).min(partitions - 1);
+        done += unit.rows.len();
+        out[p].push(unit);
+    }
+    out
+}
+
+impl DisplayAs for StreamingParquetExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let files: Vec<String> = self
+            .files
+            .iter()
+            .map(|file| file.path.display().to_string())
+            .collect();
+        let columns: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let units: usize = self.partitions.iter().map(Vec::len).sum();
+        write!(
+            f,
+            "StreamingParquetExec: files=[{}], columns=[{}], row groups or ranges={units}, partitions={}",
+            files.join(", "),
+            columns.join(", "),
+            self.partitions.len()
+        )
+    }
+}
+
+impl ExecutionPlan for StreamingParquetExec {
+    fn name(&self) -> &str {
+        "StreamingParquetExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "StreamingParquetExec has no children".to_string(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let units = self.partitions.get(partition).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!("StreamingParquetExec has no partition {partition}"))
+        })?;
+        let files = self.files.clone();
+        let read_schema = self.read_schema.clone();
+        let batch_size = self.batch_size;
+        let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+        let reader = tokio::task::spawn_blocking({
+            move || {
+                for unit in &units {
+                    match read_unit(&files[unit.file], unit, batch_size, &read_schema, &tx) {
+                        Ok(true) => {}
+                        // The query stopped reading: so does this thread.
+                        Ok(false) => return,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let metrics = BaselineMetrics::new(&self.metrics, partition);
+        let batches = futures::stream::unfold((rx, Some(reader)), |(mut rx, reader)| async move {
+            if let Some(item) = rx.recv().await {
+                return Some((item, (rx, reader)));
+            }
+            // The reader is done; a panic in it must not pass for the end of the data.
+            match reader?.await {
+                Err(e) if e.is_panic() => Some((
+                    Err(DataFusionError::Execution(format!(
+                        "the Parquet reader failed: {e}"
+                    ))),
+                    (rx, None),
+                )),
+                _ => None,
+            }
+        })
+        .map({
+            let schema = self.schema.clone();
+            let exprs = self.exprs.clone();
+            move |item| {
+                let batch = item?;
+                let batch = match &exprs {
+                    None => batch,
+                    // Here, on the query's thread, while the reader decodes the next batches.
+                    Some(exprs) => {
+                        let rows = batch.num_rows();
+                        let columns = exprs
+                            .iter()
+                            .map(|e| e.evaluate(&batch)?.into_array(rows))
+                            .collect::<Result<Vec<_>>>()?;
+                        RecordBatch::try_new(schema.clone(), columns)?
+                    }
+                };
+                metrics.record_output(batch.num_rows());
+                Ok(batch)
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            batches,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// Sends the rows of `unit` to `tx` in batches; false when the receiver has gone.
+fn read_unit(
+    file: &ScanFile,
+    unit: &Unit,
+    batch_size: usize,
+    schema: &SchemaRef,
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> Result<bool> {
+    let context = |e: &dyn fmt::Display| {
+        DataFusionError::Execution(format!("reading {}: {e}", file.path.display()))
+    };
+    let handle = Arc::new(File::open(&file.path).map_err(|e| context(&e))?);
+    let mut arrow = match &file.mask {
+        None => None,
+        Some(mask) => {
+            let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+                handle.try_clone().map_err(|e| context(&e))?,
+                file.metadata.clone(),
+            )
+            .with_row_groups(vec![unit.row_group])
+            .with_projection(mask.clone())
+            .with_batch_size(batch_size);
+            if unit.rows.len() < unit.group_rows {
+                let mut selectors = Vec::with_capacity(3);
+                if unit.rows.start > 0 {
+                    selectors.push(RowSelector::skip(unit.rows.start));
+                }
+                selectors.push(RowSelector::select(unit.rows.len()));
+                if unit.rows.end < unit.group_rows {
+                    selectors.push(RowSelector::skip(unit.group_rows - unit.rows.end));
+                }
+                builder = builder.with_row_selection(RowSelection::from(selectors));
+            }
+            Some(builder.build().map_err(|e| context(&e))?)
+        }
+    };
+    let group = file.metadata.metadata().row_group(unit.row_group);
+    let mut lists = file
+        .lists
+        .iter()
+        .map(|list| list.open(&handle, group, unit.group_rows))
+        .collect::<datafusion::parquet::errors::Result<Vec<_>>>()
+        .map_err(|e| context(&e))?;
+    if unit.rows.start > 0 {
+        for list in &mut lists {
+            list.skip(unit.rows.start).map_err(|e| context(&e))?;
+        }
+    }
+    let mut remaining = unit.rows.len();
+    while remaining > 0 {
+        let batch = match &mut arrow {
+            None => None,
+            Some(reader) => Some(
+                reader
+                    .next()
+                    .ok_or_else(|| context(&"the row group ended early"))?
+                    .map_err(|e| context(&e))?,
+            ),
+        };
+        let rows = batch
+            .as_ref()
+            .map_or(batch_size.min(remaining), RecordBatch::num_rows);
+        if rows == 0 || rows > remaining {
+            return Err(context(&"the row group's batches do not add up"));
+        }
+        let list_arrays = lists
+            .iter_mut()
+            .map(|list| list.read(rows))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| context(&e))?;
+        let columns = file
+            .columns
+            .iter()
+            .map(|source| match (source, &batch) {
+                (Source::Arrow(i), Some(batch)) => batch.column(*i).clone(),
+                (Source::List(i), _) => list_arrays[*i].clone(),
+                (Source::Arrow(_), None) => unreachable!("arrow columns come with a mask"),
+            })
+            .collect();
+        let batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| context(&e))?;
+        if tx.blocking_send(Ok(batch)).is_err() {
+            return Ok(false);
+        }
+        remaining -= rows;
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(rows: &[usize]) -> Vec<Unit> {
+        rows.iter()
+            .enumerate()
+            .map(|(g, &n)| Unit {
+                file: 0,
+                row_group: g,
+                rows: 0..n,
+                group_rows: n,
+            })
+            .collect()
+    }
+
+    fn covered(units: &[Unit]) -> Vec<(usize, Range<usize>)> {
+        units
+            .iter()
+            .map(|u| (u.row_group, u.rows.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn one_row_group_is_split_across_the_partitions() {
+        let split = split_for(units(&[1_000_000]), 2, 8192);
+        assert_eq!(
+            covered(&split),
+            vec![(0, 0..500_000), (0, 500_000..1_000_000)]
+        );
+        let dealt = deal(split, 2);
+        assert_eq!(dealt[0].len(), 1);
+        assert_eq!(dealt[1].len(), 1);
+    }
+
+    #[test]
+    fn small_row_groups_are_not_split_below_a_batch() {
+        let split = split_for(units(&[10_000]), 4, 8192);
+        assert_eq!(covered(&split), vec![(0, 0..8192), (0, 8192..10_000)]);
+    }
+
+    #[test]
+    fn enough_row_groups_are_dealt_whole_by_rows() {
+        let split = split_for(units(&[100, 100, 100, 700]), 2, 10);
+        assert_eq!(split.len(), 4);
+        let dealt = deal(split, 2);
+        let rows: Vec<usize> = dealt
+            .iter()
+            .map(|p| p.iter().map(|u| u.rows.len()).sum())
+            .collect();
+        assert_eq!(rows, vec![300, 700]);
+        // Every row group exactly once, in order.
+        let all: Vec<usize> = dealt.iter().flatten().map(|u| u.row_group).collect();
+        assert_eq!(all, vec![0, 1, 2, 3]);
+    }
+}

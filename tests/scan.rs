@@ -1,0 +1,262 @@
+//! batchinfer's streaming reader for local Parquet (src/scan.rs) against DataFusion's own reader
+//! (`SET batchinfer.streaming_scan = false`): the same rows, column for column, for the layouts
+//! the reader takes (one row group split across partitions, many row groups over several files,
+//! lists read straight from their leaf) and those it leaves to arrow-rs (NULL lists, files
+//! without statistics), with a real model on top; and a file gone between planning and reading
+//! is an error naming it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use batchinfer::error::display_error;
+use batchinfer::{Engine, EngineConfig};
+use datafusion::arrow::array::{
+    ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray,
+    RecordBatch, StringArray,
+};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+fn schema() -> SchemaRef {
+    let f32_item = Arc::new(Field::new_list_field(DataType::Float32, false));
+    let f64_item = Arc::new(Field::new_list_field(DataType::Float64, true));
+    let i32_item = Arc::new(Field::new_list_field(DataType::Int32, true));
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("x", DataType::Float32, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("v", DataType::FixedSizeList(f32_item, 4), false),
+        Field::new("w", DataType::FixedSizeList(f64_item, 3), true),
+        Field::new("l", DataType::List(i32_item), true),
+    ]))
+}
+
+/// Rows `start..start + n`: NULLs in `x`, `s` and whole `w` lists, lists of 0-3 items in `l`.
+fn rows(start: usize, n: usize) -> RecordBatch {
+    let ids: Vec<i64> = (start..start + n).map(|i| i as i64).collect();
+    let x = Float32Array::from_iter(ids.iter().map(|&i| (i % 7 != 0).then_some(i as f32 * 0.5)));
+    let s = StringArray::from_iter(
+        ids.iter()
+            .map(|&i| (i % 5 != 0).then(|| format!("row {i}"))),
+    );
+    let v_values = Float32Array::from_iter_values(
+        ids.iter()
+            .flat_map(|&i| (0..4).map(move |j| (i * 4 + j) as f32 / 3.0)),
+    );
+    let DataType::FixedSizeList(f32_item, _) = schema().field(3).data_type().clone() else {
+        unreachable!()
+    };
+    let v = FixedSizeListArray::new(f32_item, 4, Arc::new(v_values), None);
+    let DataType::FixedSizeList(f64_item, _) = schema().field(4).data_type().clone() else {
+        unreachable!()
+    };
+    let w_values = Float64Array::from_iter_values(
+        ids.iter()
+            .flat_map(|&i| (0..3).map(move |j| (i - j) as f64)),
+    );
+    let w_nulls = NullBuffer::from_iter(ids.iter().map(|&i| i % 11 != 0));
+    let w = FixedSizeListArray::new(f64_item, 3, Arc::new(w_values), Some(w_nulls));
+    let DataType::List(i32_item) = schema().field(5).data_type().clone() else {
+        unreachable!()
+    };
+    let lengths: Vec<usize> = ids.iter().map(|&i| (i % 4) as usize).collect();
+    let l_values = Int32Array::from_iter_values(
+        ids.iter()
+            .zip(&lengths)
+            .flat_map(|(&i, &len)| (0..len).map(move |j| (i as i32) * 10 + j as i32)),
+    );
+    let l = ListArray::new(
+        i32_item,
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(l_values),
+        None,
+    );
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids)),
+        Arc::new(x),
+        Arc::new(s),
+        Arc::new(v),
+        Arc::new(w),
+        Arc::new(l),
+    ];
+    RecordBatch::try_new(schema(), columns).unwrap()
+}
+
+/// Writes rows `start..start + n` to `path` in row groups of `group` rows.
+fn write(path: &Path, start: usize, n: usize, group: usize, statistics: bool) {
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group))
+        .set_statistics_enabled(if statistics {
+            EnabledStatistics::Chunk
+        } else {
+            EnabledStatistics::None
+        })
+        .build();
+    let mut writer =
+        ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema(), Some(props)).unwrap();
+    let mut done = 0;
+    while done < n {
+        let chunk = 10_000.min(n - done);
+        writer.write(&rows(start + done, chunk)).unwrap();
+        done += chunk;
+    }
+    writer.close().unwrap();
+}
+
+/// Every column, as written (DataFusion reads strings as views).
+const ALL: &str = "id, x, arrow_cast(s, 'Utf8') AS s, v, w, l";
+
+fn engine(partitions: usize) -> Engine {
+    Engine::new(EngineConfig {
+        models_dir: Some("data/models".into()),
+        target_partitions: partitions,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+async fn collect(engine: &Engine, sql: &str) -> Vec<RecordBatch> {
+    match engine.sql(sql).await {
+        Ok(frame) => frame.collect().await.unwrap(),
+        Err(e) => panic!("{sql}: {}", display_error(&e)),
+    }
+}
+
+async fn plan(engine: &Engine, sql: &str) -> String {
+    let batches = collect(engine, &format!("EXPLAIN {sql}")).await;
+    datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+}
+
+/// `sql` through both readers: the same rows, and the plans show which reader ran.
+async fn same_both_ways(engine: &Engine, sql: &str, streams: bool) -> RecordBatch {
+    let mut results = Vec::new();
+    for streaming in [true, false] {
+        collect(
+            engine,
+            &format!("SET batchinfer.streaming_scan = {streaming}"),
+        )
+        .await;
+        let shown = plan(engine, sql).await;
+        assert_eq!(
+            shown.contains("StreamingParquetExec"),
+            streaming && streams,
+            "streaming = {streaming}:\n{shown}"
+        );
+        let batches = collect(engine, sql).await;
+        let schema = batches[0].schema();
+        results.push(concat_batches(&schema, &batches).unwrap());
+    }
+    assert_eq!(results[0], results[1], "{sql}");
+    assert!(results[0].num_rows() > 0);
+    results.remove(0)
+}
+
+#[tokio::test]
+async fn one_row_group_is_read_by_every_partition_with_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("one.parquet");
+    write(&file, 0, 50_000, 1_000_000, true);
+    let engine = engine(4);
+    let sql = format!("SELECT {ALL} FROM '{}' ORDER BY id", file.display());
+    let shown = plan(&engine, &sql).await;
+    assert!(
+        shown.contains("row groups or ranges=4, partitions=4"),
+        "{shown}"
+    );
+    let all = same_both_ways(&engine, &sql, true).await;
+    assert_eq!(all.columns(), rows(0, 50_000).columns());
+}
+
+#[tokio::test]
+async fn many_row_groups_over_several_files_read_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("a.parquet"), 0, 40_000, 7_000, true);
+    write(&dir.path().join("b.parquet"), 40_000, 33_333, 4_096, true);
+    let engine = engine(3);
+    let table = format!("{}/", dir.path().display());
+    let all = same_both_ways(
+        &engine,
+        &format!("SELECT {ALL} FROM '{table}' ORDER BY id"),
+        true,
+    )
+    .await;
+    assert_eq!(all.columns(), rows(0, 73_333).columns());
+    // Columns in another order, twice, and computed from (a projection DataFusion pushes into
+    // the scan).
+    same_both_ways(
+        &engine,
+        &format!(
+            "SELECT l, id, v, id AS again, x * 2 AS twice, v[3] AS third FROM '{table}' ORDER BY id"
+        ),
+        true,
+    )
+    .await;
+    // A pushed-down filter keeps DataFusion's reader.
+    same_both_ways(
+        &engine,
+        &format!("SELECT id, w FROM '{table}' WHERE x > 100 ORDER BY id"),
+        false,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn files_without_statistics_read_their_lists_through_arrow_rs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bare.parquet");
+    write(&file, 0, 20_000, 6_000, false);
+    let engine = engine(2);
+    let all = same_both_ways(
+        &engine,
+        &format!("SELECT {ALL} FROM '{}' ORDER BY id", file.display()),
+        true,
+    )
+    .await;
+    assert_eq!(all.columns(), rows(0, 20_000).columns());
+}
+
+#[tokio::test]
+async fn a_model_over_a_list_column_scores_the_same() {
+    let engine = engine(2);
+    same_both_ways(
+        &engine,
+        "SELECT id, predict('linear', features) AS score FROM 'data/sample/vectors.parquet' ORDER BY id",
+        true,
+    )
+    .await;
+    same_both_ways(
+        &engine,
+        "SELECT id, predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS score \
+         FROM 'data/sample/features.parquet' ORDER BY id",
+        true,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_file_gone_after_planning_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gone.parquet");
+    write(&file, 0, 1_000, 1_000, true);
+    let engine = engine(2);
+    let frame = engine
+        .sql(&format!("SELECT * FROM '{}'", file.display()))
+        .await
+        .unwrap();
+    let task = frame.task_ctx();
+    let physical = frame.create_physical_plan().await.unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let err = datafusion::physical_plan::collect(physical, Arc::new(task))
+        .await
+        .expect_err("the file is gone");
+    let message = err.to_string();
+    assert!(
+        message.contains("gone.parquet") && message.contains("No such file"),
+        "{message}"
+    );
+}
