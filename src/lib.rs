@@ -13,6 +13,7 @@
 //! - [`cluster`]: the scheduler and executor processes of a Ballista cluster, and what every
 //!   process of one registers.
 //! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).
+//! - [`scan`]: the streaming reader for local Parquet, and the plan rule that uses it.
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
 //!   scoring of one record batch.

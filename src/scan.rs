@@ -431,6 +431,7 @@ struct TypedList<A: ArrowPrimitiveType, P: ParquetDataType> {
     reader: ColumnReaderImpl<P>,
     defs: Vec<i16>,
     reps: Vec<i16>,
+    pattern: Vec<i16>,
     _arrow: std::marker::PhantomData<fn() -> A>,
 }
 
@@ -441,6 +442,7 @@ impl<A: ArrowPrimitiveType, P: ParquetDataType> TypedList<A, P> {
             reader,
             defs: Vec::new(),
             reps: Vec::new(),
+            pattern: Vec::new(),
             _arrow: std::marker::PhantomData,
         }
     }
@@ -484,12 +486,15 @@ where
         }
         // The statistics promised full lists of values; the levels must say the same.
         let max_def = self.column.max_def;
-        let full = values.len() == records * size
+        let levels = records * size;
+        if self.pattern.len() < levels {
+            // 0 where a list starts, 1 within it: what full lists' repetition levels read.
+            self.pattern = (0..levels).map(|i| i16::from(i % size != 0)).collect();
+        }
+        let full = values.len() == levels
+            && self.defs.len() == levels
             && self.defs.iter().all(|&d| d == max_def)
-            && self
-                .reps
-                .chunks_exact(size)
-                .all(|list| list[0] == 0 && list[1..].iter().all(|&r| r == 1));
+            && self.reps[..] == self.pattern[..levels];
         if !full {
             return Err(DataFusionError::Execution(format!(
                 "a list column has NULL or short lists although the file's statistics count no \
