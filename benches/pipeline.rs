@@ -202,18 +202,28 @@ struct Run {
     peak_mib: f64,
 }
 
-/// Runs `command` `repeat` times; the median wall time and the largest peak RSS.
-fn measure(name: &str, repeat: usize, make: impl Fn() -> Command) -> Run {
-    let mut runs = Vec::new();
+/// A contender's name and how to start one run of it.
+type Contender<'a> = (&'a str, Box<dyn Fn() -> Command>);
+
+/// Runs every contender `repeat` times, in rounds of one run each; per contender, the median
+/// wall time and the largest peak RSS.
+fn measure_rounds(contenders: &[Contender], repeat: usize) -> Vec<Run> {
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
     for _ in 0..repeat {
-        let (seconds, peak_mib) = run_measured(name, make());
-        runs.push(Run { seconds, peak_mib });
+        for ((name, make), runs) in contenders.iter().zip(&mut runs) {
+            let (seconds, peak_mib) = run_measured(name, make());
+            runs.push(Run { seconds, peak_mib });
+        }
     }
-    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    Run {
-        seconds: runs[runs.len() / 2].seconds,
-        peak_mib: runs.iter().map(|r| r.peak_mib).fold(0.0, f64::max),
-    }
+    runs.into_iter()
+        .map(|mut runs| {
+            runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+            Run {
+                seconds: runs[runs.len() / 2].seconds,
+                peak_mib: runs.iter().map(|r| r.peak_mib).fold(0.0, f64::max),
+            }
+        })
+        .collect()
 }
 
 fn batchinfer(sql: String, extra: &[&str]) -> impl Fn() -> Command {
@@ -299,34 +309,6 @@ fn main() {
         )
     };
     let r = opts.repeat;
-    eprintln!("running each contender {r} times");
-    let a = measure(
-        "(a)",
-        r,
-        batchinfer(copy(&predict, &features, "a.parquet"), &[]),
-    );
-    let b = measure(
-        "(b)",
-        r,
-        batchinfer(copy(&arithmetic, &features, "b.parquet"), &[]),
-    );
-    let python_out = out.join("c.parquet");
-    let c = measure("(c)", r, || {
-        let mut cmd = Command::new(&opts.python);
-        cmd.args(["benches/python_baseline.py", MODEL])
-            .arg(&features)
-            .arg(&python_out);
-        cmd
-    });
-    let (d_seconds, d_config) = onnxruntime_alone(opts.rows);
-    let v = measure(
-        "vectors",
-        r,
-        batchinfer(
-            copy("predict('linear', features)", &vectors, "v.parquet"),
-            &[],
-        ),
-    );
     let list_arithmetic = format!(
         "{} + CAST({bias:?} AS FLOAT)",
         weights
@@ -336,31 +318,88 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" + ")
     );
-    let v_ceiling = measure(
-        "vectors ceiling",
-        r,
-        batchinfer(copy(&list_arithmetic, &vectors, "vb.parquet"), &[]),
+    let python_out = out.join("c.parquet");
+    let python = opts.python.clone();
+    let features_for_python = features.clone();
+    let contenders: Vec<Contender> = vec![
+        (
+            "(a)",
+            Box::new(batchinfer(copy(&predict, &features, "a.parquet"), &[])),
+        ),
+        (
+            "(b)",
+            Box::new(batchinfer(copy(&arithmetic, &features, "b.parquet"), &[])),
+        ),
+        (
+            "(c)",
+            Box::new(move || {
+                let mut cmd = Command::new(&python);
+                cmd.args(["benches/python_baseline.py", MODEL])
+                    .arg(&features_for_python)
+                    .arg(&python_out);
+                cmd
+            }),
+        ),
+        (
+            "vectors",
+            Box::new(batchinfer(
+                copy("predict('linear', features)", &vectors, "v.parquet"),
+                &[],
+            )),
+        ),
+        (
+            "vectors ceiling",
+            Box::new(batchinfer(
+                copy(&list_arithmetic, &vectors, "vb.parquet"),
+                &[],
+            )),
+        ),
+        (
+            "shared",
+            Box::new(batchinfer(
+                copy(&predict, &features, "s.parquet"),
+                &["--sessions", "1"],
+            )),
+        ),
+        (
+            "1M",
+            Box::new(batchinfer(copy(&predict, &features_1m, "m.parquet"), &[])),
+        ),
+        (
+            "(a) small row groups",
+            Box::new(batchinfer(
+                copy(&predict, &features_small_rg, "a_rg.parquet"),
+                &[],
+            )),
+        ),
+        (
+            "1M small row groups",
+            Box::new(batchinfer(
+                copy(&predict, &features_1m_small_rg, "m_rg.parquet"),
+                &[],
+            )),
+        ),
+    ];
+    eprintln!(
+        "running each contender {r} times, in rounds (one run of each per round, so that a machine \
+         slowing down mid-run weighs on all of them alike)"
     );
-    let shared = measure(
-        "shared",
-        r,
-        batchinfer(copy(&predict, &features, "s.parquet"), &["--sessions", "1"]),
-    );
-    let small = measure(
-        "1M",
-        r,
-        batchinfer(copy(&predict, &features_1m, "m.parquet"), &[]),
-    );
-    let a_small_rg = measure(
-        "(a) small row groups",
-        r,
-        batchinfer(copy(&predict, &features_small_rg, "a_rg.parquet"), &[]),
-    );
-    let small_small_rg = measure(
-        "1M small row groups",
-        r,
-        batchinfer(copy(&predict, &features_1m_small_rg, "m_rg.parquet"), &[]),
-    );
+    let runs = measure_rounds(&contenders, r);
+    let [
+        a,
+        b,
+        c,
+        v,
+        v_ceiling,
+        shared,
+        small,
+        a_small_rg,
+        small_small_rg,
+    ] = runs[..]
+    else {
+        unreachable!("one result per contender")
+    };
+    let (d_seconds, d_config) = onnxruntime_alone(opts.rows);
 
     let m = |rows: usize| format!("{:.0}M", rows as f64 / 1e6);
     let line = |name: &str, rows: usize, run: Run| {

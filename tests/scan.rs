@@ -18,12 +18,13 @@ use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 
 fn schema() -> SchemaRef {
     let f32_item = Arc::new(Field::new_list_field(DataType::Float32, false));
     let f64_item = Arc::new(Field::new_list_field(DataType::Float64, true));
     let i32_item = Arc::new(Field::new_list_field(DataType::Int32, true));
+    let i64_item = Arc::new(Field::new_list_field(DataType::Int64, true));
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("x", DataType::Float32, true),
@@ -31,6 +32,7 @@ fn schema() -> SchemaRef {
         Field::new("v", DataType::FixedSizeList(f32_item, 4), false),
         Field::new("w", DataType::FixedSizeList(f64_item, 3), true),
         Field::new("l", DataType::List(i32_item), true),
+        Field::new("k", DataType::FixedSizeList(i64_item, 3), true),
     ]))
 }
 
@@ -74,6 +76,12 @@ fn rows(start: usize, n: usize) -> RecordBatch {
         Arc::new(l_values),
         None,
     );
+    let DataType::FixedSizeList(i64_item, _) = schema().field(6).data_type().clone() else {
+        unreachable!()
+    };
+    let k_values =
+        Int64Array::from_iter_values(ids.iter().flat_map(|&i| (0..3).map(move |j| i * 1000 + j)));
+    let k = FixedSizeListArray::new(i64_item, 3, Arc::new(k_values), None);
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(ids)),
         Arc::new(x),
@@ -81,13 +89,36 @@ fn rows(start: usize, n: usize) -> RecordBatch {
         Arc::new(v),
         Arc::new(w),
         Arc::new(l),
+        Arc::new(k),
     ];
     RecordBatch::try_new(schema(), columns).unwrap()
 }
 
 /// Writes rows `start..start + n` to `path` in row groups of `group` rows.
 fn write(path: &Path, start: usize, n: usize, group: usize, statistics: bool) {
+    write_with(
+        path,
+        start,
+        n,
+        group,
+        statistics,
+        WriterVersion::PARQUET_1_0,
+    )
+}
+
+fn write_with(
+    path: &Path,
+    start: usize,
+    n: usize,
+    group: usize,
+    statistics: bool,
+    version: WriterVersion,
+) {
     let props = WriterProperties::builder()
+        .set_writer_version(version)
+        // Small pages, so that lists and row ranges cross page boundaries.
+        .set_data_page_row_count_limit(3_000)
+        .set_write_batch_size(1_000)
         .set_max_row_group_row_count(Some(group))
         .set_statistics_enabled(if statistics {
             EnabledStatistics::Chunk
@@ -107,7 +138,7 @@ fn write(path: &Path, start: usize, n: usize, group: usize, statistics: bool) {
 }
 
 /// Every column, as written (DataFusion reads strings as views).
-const ALL: &str = "id, x, arrow_cast(s, 'Utf8') AS s, v, w, l";
+const ALL: &str = "id, x, arrow_cast(s, 'Utf8') AS s, v, w, l, k";
 
 fn engine(partitions: usize) -> Engine {
     Engine::new(EngineConfig {
@@ -203,6 +234,28 @@ async fn many_row_groups_over_several_files_read_the_same() {
         false,
     )
     .await;
+}
+
+#[tokio::test]
+async fn data_pages_v2_read_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("v2.parquet");
+    write_with(
+        &file,
+        0,
+        30_000,
+        1_000_000,
+        true,
+        WriterVersion::PARQUET_2_0,
+    );
+    let engine = engine(3);
+    let all = same_both_ways(
+        &engine,
+        &format!("SELECT {ALL} FROM '{}' ORDER BY id", file.display()),
+        true,
+    )
+    .await;
+    assert_eq!(all.columns(), rows(0, 30_000).columns());
 }
 
 #[tokio::test]
