@@ -9,10 +9,14 @@
 //! model). Row groups are dealt to the partitions by rows; when there are fewer row groups than
 //! partitions, row groups are split into row ranges (pages before a range are skipped unread).
 //!
+//! `FixedSizeList` columns of numbers whose statistics count no NULLs are read as flat columns of
+//! their values ([`FullListPages`]): their levels are checked page by page, never decoded.
+//!
 //! The plan rule swaps a `DataSourceExec` over Parquet for this scan only when the result is the
-//! same by construction: local files, plain column projection, no pushed-down predicate, limit,
-//! declared ordering, partition columns or per-file access plans, and every file readable with the
-//! table's column types. Anything else keeps DataFusion's reader (`SET
+//! same by construction: local files, no pushed-down predicate, limit, declared ordering,
+//! partition columns or per-file access plans, and every file readable with the table's column
+//! types. A projection the scan carries (DataFusion pushes `predict(...)` into it) is evaluated
+//! on the query's thread. Anything else keeps DataFusion's reader (`SET
 //! batchinfer.streaming_scan = false` keeps it always).
 
 use std::fmt;
@@ -48,6 +52,7 @@ use datafusion::parquet::file::metadata::RowGroupMetaData;
 use datafusion::parquet::file::serialized_reader::SerializedPageReader;
 use datafusion::parquet::schema::types::ColumnDescriptor;
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::projection::Projector;
 use datafusion::physical_expr::utils::reassign_expr_columns;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -123,9 +128,9 @@ enum Source {
 }
 
 /// A `FixedSizeList` column whose values are never NULL (per the footer's statistics), read
-/// straight from its Parquet leaf: values and levels decoded, the levels checked, the values
-/// handed over as the list's child without another pass. arrow-rs's general list reader builds
-/// validity bitmaps and walks every level for lists of any shape, 2.5x the time.
+/// straight from its Parquet leaf as a flat column of values (levels checked, not decoded), the
+/// values handed over as the list's child without another pass. arrow-rs's general list reader
+/// builds validity bitmaps and walks every level for lists of any shape, 2.5x the time.
 #[derive(Debug, Clone)]
 struct ListColumn {
     leaf: usize,
@@ -149,10 +154,10 @@ struct Unit {
 pub struct StreamingParquetExec {
     files: Arc<Vec<ScanFile>>,
     partitions: Vec<Vec<Unit>>,
-    /// The columns read, and the expressions that compute the output from them (None: the
+    /// The columns read, and the projection that computes the output from them (None: the
     /// columns read are the output).
     read_schema: SchemaRef,
-    exprs: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    projector: Option<Projector>,
     schema: SchemaRef,
     batch_size: usize,
     properties: Arc<PlanProperties>,
@@ -178,25 +183,22 @@ impl StreamingParquetExec {
         let partitions = node.output_partitioning().partition_count().max(1);
         let table = scan.file_schema().clone();
         let output = node.schema();
-        // The table's columns to read, and the expressions (DataFusion pushes a projection's
-        // expressions, `predict(...)` among them, into the scan) computed from them, if any.
-        let (indices, exprs): (Vec<usize>, Option<Vec<Arc<dyn PhysicalExpr>>>) =
-            match source.projection() {
-                None => ((0..table.fields().len()).collect(), None),
-                Some(projection) => {
-                    let columns: Option<Vec<usize>> = projection
-                        .iter()
-                        .map(|e| e.expr.downcast_ref::<Column>().map(|c| c.index()))
-                        .collect();
-                    match columns {
-                        Some(columns) => (columns, None),
-                        None => (
-                            projection.column_indices(),
-                            Some(projection.iter().map(|e| e.expr.clone()).collect()),
-                        ),
-                    }
+        // The table's columns to read, and the projection (DataFusion pushes a projection's
+        // expressions, `predict(...)` among them, into the scan) that computes the output from
+        // them, unless it only picks columns.
+        let (indices, projection) = match source.projection() {
+            None => ((0..table.fields().len()).collect(), None),
+            Some(projection) => {
+                let columns: Option<Vec<usize>> = projection
+                    .iter()
+                    .map(|e| e.expr.downcast_ref::<Column>().map(|c| c.index()))
+                    .collect();
+                match columns {
+                    Some(columns) => (columns, None),
+                    None => (projection.column_indices(), Some(projection.clone())),
                 }
-            };
+            }
+        };
         if indices.is_empty() {
             return None;
         }
@@ -206,18 +208,18 @@ impl StreamingParquetExec {
             .collect::<Option<_>>()?;
         let names: Vec<String> = read_fields.iter().map(|f| f.name().clone()).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let (read_schema, exprs) = match exprs {
+        let (read_schema, projector) = match projection {
             None if indices.len() == output.fields().len() => (output.clone(), None),
             None => return None,
-            Some(exprs) if exprs.len() == output.fields().len() => {
+            Some(projection) => {
                 let read_schema = Arc::new(Schema::new(read_fields));
-                let exprs = exprs
-                    .into_iter()
-                    .map(|e| reassign_expr_columns(e, &read_schema).ok())
-                    .collect::<Option<Vec<_>>>()?;
-                (read_schema, Some(exprs))
+                let projector = projection
+                    .try_map_exprs(|e| reassign_expr_columns(e, &read_schema))
+                    .and_then(|p| p.make_projector_with_schema_metadata(&read_schema, &output))
+                    .ok()
+                    .filter(|p| p.output_schema() == &output)?;
+                (read_schema, Some(projector))
             }
-            Some(_) => return None,
         };
 
         let local = LocalFileSystem::new();
@@ -266,7 +268,7 @@ impl StreamingParquetExec {
             files: Arc::new(files),
             partitions,
             read_schema,
-            exprs,
+            projector,
             schema: output,
             batch_size,
             properties: Arc::new(properties),
@@ -312,10 +314,11 @@ impl ScanFile {
         }
         // Roots to read, in file order; those that are lists of never-NULL numbers go to a
         // list reader.
-        let mut roots: Vec<usize> = names
+        let name_roots: Vec<usize> = names
             .iter()
             .map(|n| schema.index_of(n).ok())
             .collect::<Option<_>>()?;
+        let mut roots = name_roots.clone();
         roots.sort_unstable();
         roots.dedup();
         let mut arrow_roots = Vec::new();
@@ -330,14 +333,11 @@ impl ScanFile {
                 None => arrow_roots.push(root),
             }
         }
-        let columns: Vec<Source> = names
+        let columns: Vec<Source> = name_roots
             .iter()
-            .map(|n| {
-                let root = schema.index_of(n).ok()?;
-                match arrow_roots.iter().position(|&r| r == root) {
-                    Some(i) => Some(Source::Arrow(i)),
-                    None => list_roots.iter().position(|&r| r == root).map(Source::List),
-                }
+            .map(|root| match arrow_roots.iter().position(|r| r == root) {
+                Some(i) => Some(Source::Arrow(i)),
+                None => list_roots.iter().position(|r| r == root).map(Source::List),
             })
             .collect::<Option<_>>()?;
         let mask = (!arrow_roots.is_empty())
@@ -403,7 +403,7 @@ impl ListColumn {
         handle: &Arc<File>,
         group: &RowGroupMetaData,
         rows: usize,
-    ) -> datafusion::parquet::errors::Result<Box<dyn ListReader>> {
+    ) -> ParquetResult<Box<dyn ListReader>> {
         let pages = SerializedPageReader::new(handle.clone(), group.column(self.leaf), rows, None)?;
         let descr = group.schema_descr().column(self.leaf);
         let pages = FullListPages::new(pages, self.size, descr.max_def_level());
@@ -905,21 +905,12 @@ impl ExecutionPlan for StreamingParquetExec {
             }
         })
         .map({
-            let schema = self.schema.clone();
-            let exprs = self.exprs.clone();
+            let projector = self.projector.clone();
             move |item| {
-                let batch = item?;
-                let batch = match &exprs {
-                    None => batch,
+                let batch = match &projector {
+                    None => item?,
                     // Here, on the query's thread, while the reader decodes the next batches.
-                    Some(exprs) => {
-                        let rows = batch.num_rows();
-                        let columns = exprs
-                            .iter()
-                            .map(|e| e.evaluate(&batch)?.into_array(rows))
-                            .collect::<Result<Vec<_>>>()?;
-                        RecordBatch::try_new(schema.clone(), columns)?
-                    }
+                    Some(projector) => projector.project_batch(&item?)?,
                 };
                 metrics.record_output(batch.num_rows());
                 Ok(batch)
@@ -977,7 +968,7 @@ fn read_unit(
         .lists
         .iter()
         .map(|list| list.open(&handle, group, unit.group_rows))
-        .collect::<datafusion::parquet::errors::Result<Vec<_>>>()
+        .collect::<ParquetResult<Vec<_>>>()
         .map_err(|e| context(&e))?;
     if unit.rows.start > 0 {
         for list in &mut lists {

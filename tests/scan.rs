@@ -187,6 +187,14 @@ async fn same_both_ways(engine: &Engine, sql: &str, streams: bool) -> RecordBatc
     results.remove(0)
 }
 
+/// Every column of `from` (a file or folder holding rows `0..n`), through both readers: the rows
+/// written.
+async fn reads_as_written(engine: &Engine, from: &str, n: usize) {
+    let sql = format!("SELECT {ALL} FROM '{from}' ORDER BY id");
+    let all = same_both_ways(engine, &sql, true).await;
+    assert_eq!(all.columns(), rows(0, n).columns());
+}
+
 #[tokio::test]
 async fn one_row_group_is_read_by_every_partition_with_the_same_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -199,8 +207,7 @@ async fn one_row_group_is_read_by_every_partition_with_the_same_rows() {
         shown.contains("row groups or ranges=4, partitions=4"),
         "{shown}"
     );
-    let all = same_both_ways(&engine, &sql, true).await;
-    assert_eq!(all.columns(), rows(0, 50_000).columns());
+    reads_as_written(&engine, &file.display().to_string(), 50_000).await;
 }
 
 #[tokio::test]
@@ -210,13 +217,7 @@ async fn many_row_groups_over_several_files_read_the_same() {
     write(&dir.path().join("b.parquet"), 40_000, 33_333, 4_096, true);
     let engine = engine(3);
     let table = format!("{}/", dir.path().display());
-    let all = same_both_ways(
-        &engine,
-        &format!("SELECT {ALL} FROM '{table}' ORDER BY id"),
-        true,
-    )
-    .await;
-    assert_eq!(all.columns(), rows(0, 73_333).columns());
+    reads_as_written(&engine, &table, 73_333).await;
     // Columns in another order, twice, and computed from (a projection DataFusion pushes into
     // the scan).
     same_both_ways(
@@ -249,13 +250,7 @@ async fn data_pages_v2_read_the_same() {
         WriterVersion::PARQUET_2_0,
     );
     let engine = engine(3);
-    let all = same_both_ways(
-        &engine,
-        &format!("SELECT {ALL} FROM '{}' ORDER BY id", file.display()),
-        true,
-    )
-    .await;
-    assert_eq!(all.columns(), rows(0, 30_000).columns());
+    reads_as_written(&engine, &file.display().to_string(), 30_000).await;
 }
 
 #[tokio::test]
@@ -264,13 +259,7 @@ async fn files_without_statistics_read_their_lists_through_arrow_rs() {
     let file = dir.path().join("bare.parquet");
     write(&file, 0, 20_000, 6_000, false);
     let engine = engine(2);
-    let all = same_both_ways(
-        &engine,
-        &format!("SELECT {ALL} FROM '{}' ORDER BY id", file.display()),
-        true,
-    )
-    .await;
-    assert_eq!(all.columns(), rows(0, 20_000).columns());
+    reads_as_written(&engine, &file.display().to_string(), 20_000).await;
 }
 
 #[tokio::test]
