@@ -87,14 +87,15 @@ impl Node {
         scalar_functions(&self.registry)
     }
 
-    /// The scheduler's state for a session: the client's model definitions are registered
-    /// first, since planning reads each model's signature.
+    /// The scheduler's state for a session: planning reads each model's signature, through the
+    /// model definitions of the session's client ([`crate::model::shared`]).
     fn session_state(&self, config: SessionConfig) -> datafusion::error::Result<SessionState> {
-        if let Some(options) = config.options().extensions.get::<BatchInferOptions>() {
-            self.registry.register_shared(&options.models)?;
-        }
+        let registry = match config.options().extensions.get::<BatchInferOptions>() {
+            Some(options) => self.registry.for_session(&options.models)?,
+            None => self.registry.clone(),
+        };
         let mut scalar = ballista_scalar_functions();
-        scalar.extend(self.functions());
+        scalar.extend(scalar_functions(&registry));
         Ok(SessionStateBuilder::new()
             .with_default_features()
             .with_config(config)

@@ -17,6 +17,7 @@ use datafusion_cli::object_storage::AwsOptions;
 use crate::cluster::scheduler_url;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
+use crate::limits::TableSchemaLimits;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
 use crate::scan::StreamingParquetRule;
@@ -76,18 +77,19 @@ pub fn build_context(
         runtime = runtime.with_memory_pool(Arc::new(pool));
     }
     let mut ctx = SessionContext::new_with_config_rt(session_config, runtime.build_arc()?);
+    let mut state = SessionStateBuilder::new_from_existing(ctx.state())
+        .with_analyzer_rule(Arc::new(TableSchemaLimits));
     if let Some(remote) = &config.remote {
         // Queries are planned here and run by the cluster's scheduler and executors.
-        let state = ctx.state().upgrade_for_ballista(scheduler_url(remote)?)?;
-        ctx = SessionContext::new_with_state(state);
+        state = SessionStateBuilder::new_from_existing(
+            state.build().upgrade_for_ballista(scheduler_url(remote)?)?,
+        );
     } else {
         // Local Parquet read page by page (src/scan.rs); in a cluster, plans travel between
         // processes and keep DataFusion's scan.
-        let state = SessionStateBuilder::new_from_existing(ctx.state())
-            .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
-            .build();
-        ctx = SessionContext::new_with_state(state);
+        state = state.with_physical_optimizer_rule(Arc::new(StreamingParquetRule));
     }
+    ctx = SessionContext::new_with_state(state.build());
     let ctx = ctx.enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli.
     ctx.register_table_options_extension(AwsOptions::default());

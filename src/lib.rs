@@ -29,6 +29,8 @@
 //!   of writes to them.
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
 //! - [`error`]: the crate's error type.
+//! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per
+//!   row), so that no input can crash batchinfer or exhaust its memory.
 
 pub mod cluster;
 pub mod config;
@@ -36,6 +38,7 @@ pub mod context;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod limits;
 pub mod model;
 pub mod output;
 pub mod progress;

@@ -53,7 +53,7 @@ struct EngineArgs {
     threads: Option<usize>,
 
     /// Rows per record batch read from the input [default: 8192; 65536 on a GPU]
-    #[arg(long, global = true, value_name = "ROWS")]
+    #[arg(long, global = true, value_name = "ROWS", value_parser = at_least_one)]
     batch_rows: Option<usize>,
 
     /// ONNX Runtime graph optimizations applied when a model is loaded
@@ -138,9 +138,42 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("batchinfer: internal error: {info}");
     }));
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and succeed; a usage error is one message and status 1.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            eprint!("Error: {}", text.strip_prefix("error: ").unwrap_or(&text));
+            return ExitCode::FAILURE;
+        }
+    };
+    // Statements are planned on this thread and run on the runtime's: both with stacks deep
+    // enough for expressions at the depth batchinfer accepts (limits::MAX_EXPRESSION_DEPTH).
+    let main = std::thread::Builder::new()
+        .name("batchinfer".into())
+        .stack_size(STACK_BYTES)
+        .spawn(move || run(cli));
+    match main.map(|thread| thread.join()) {
+        Ok(Ok(code)) => code,
+        Ok(Err(_)) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("Error: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The stack of the threads that plan and run statements.
+const STACK_BYTES: usize = 64 << 20;
+
+fn run(cli: Cli) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(STACK_BYTES)
         .build()
     {
         Ok(rt) => rt,
@@ -220,6 +253,15 @@ async fn main_inner(cli: Cli) -> Result<()> {
         Some(Command::Shell | Command::Scheduler { .. } | Command::Executor { .. }) | None => {
             shell(&engine, args.format, args.timing).await
         }
+    }
+}
+
+/// A count that must be at least 1.
+fn at_least_one(text: &str) -> std::result::Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -43,7 +43,7 @@ use datafusion::parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelector,
 };
-use datafusion::parquet::basic::{Encoding, Type as PhysicalType};
+use datafusion::parquet::basic::{Encoding, PageType, Type as PhysicalType};
 use datafusion::parquet::column::page::{Page, PageMetadata, PageReader};
 use datafusion::parquet::column::reader::{ColumnReader, ColumnReaderImpl, get_column_reader};
 use datafusion::parquet::data_type::DataType as ParquetDataType;
@@ -146,6 +146,11 @@ struct Unit {
     rows: Range<usize>,
     /// All rows of the row group.
     group_rows: usize,
+    /// Whether the row group may be split into row ranges: reading a range that starts inside
+    /// it skips the rows before, and arrow-rs's skip fails on some valid DELTA_BINARY_PACKED
+    /// columns ("delta*n overflow in skip"), so a row group with delta-encoded columns is read
+    /// whole, by one partition.
+    splittable: bool,
 }
 
 /// Reads local Parquet files, each partition its share of row groups (or row ranges of them),
@@ -242,12 +247,23 @@ impl StreamingParquetExec {
         for (f, file) in files.iter().enumerate() {
             for (g, group) in file.metadata.metadata().row_groups().iter().enumerate() {
                 let rows = usize::try_from(group.num_rows()).ok()?;
+                let splittable = group.columns().iter().all(|column| {
+                    !column.encodings().any(|e| {
+                        matches!(
+                            e,
+                            Encoding::DELTA_BINARY_PACKED
+                                | Encoding::DELTA_LENGTH_BYTE_ARRAY
+                                | Encoding::DELTA_BYTE_ARRAY
+                        )
+                    })
+                });
                 if rows > 0 {
                     units.push(Unit {
                         file: f,
                         row_group: g,
                         rows: 0..rows,
                         group_rows: rows,
+                        splittable,
                     });
                 }
             }
@@ -504,6 +520,10 @@ fn split_for(units: Vec<Unit>, partitions: usize, batch_size: usize) -> Vec<Unit
     let pieces = partitions.div_ceil(units.len());
     let mut out = Vec::with_capacity(units.len() * pieces);
     for unit in units {
+        if !unit.splittable {
+            out.push(unit);
+            continue;
+        }
         let len = unit.rows.len().div_ceil(pieces).max(batch_size);
         let mut start = unit.rows.start;
         while start < unit.rows.end {
@@ -774,15 +794,35 @@ impl<R: PageReader> Iterator for FullListPages<R> {
     }
 }
 
+impl<R: PageReader> FullListPages<R> {
+    /// Passes over data pages that hold no value (writers make them: pyarrow with small pages
+    /// and one row per write). The column goes on in the next page, but a column reader that met
+    /// an empty page would take it for the end of the column.
+    fn skip_empty_pages(&mut self) -> ParquetResult<()> {
+        while let Some(m) = self.inner.peek_next_page()?
+            && !m.is_dict
+            && m.num_levels == Some(0)
+        {
+            self.inner.skip_next_page()?;
+        }
+        Ok(())
+    }
+}
+
 impl<R: PageReader> PageReader for FullListPages<R> {
     fn get_next_page(&mut self) -> ParquetResult<Option<Page>> {
-        match self.inner.get_next_page()? {
-            None => Ok(None),
-            Some(page) => self.flatten(page).map(Some),
+        loop {
+            match self.inner.get_next_page()? {
+                None => return Ok(None),
+                Some(page)
+                    if page.page_type() != PageType::DICTIONARY_PAGE && page.num_values() == 0 => {}
+                Some(page) => return self.flatten(page).map(Some),
+            }
         }
     }
 
     fn peek_next_page(&mut self) -> ParquetResult<Option<PageMetadata>> {
+        self.skip_empty_pages()?;
         // One value per level: as many rows of the flat column as levels.
         Ok(self.inner.peek_next_page()?.map(|m| PageMetadata {
             num_rows: if m.is_dict { m.num_rows } else { m.num_levels },
@@ -791,6 +831,7 @@ impl<R: PageReader> PageReader for FullListPages<R> {
     }
 
     fn skip_next_page(&mut self) -> ParquetResult<()> {
+        self.skip_empty_pages()?;
         if let Some(m) = self.inner.peek_next_page()?
             && !m.is_dict
         {
@@ -1027,6 +1068,7 @@ mod tests {
                 row_group: g,
                 rows: 0..n,
                 group_rows: n,
+                splittable: true,
             })
             .collect()
     }

@@ -562,8 +562,8 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     session.send_line("\\q").unwrap();
     session.exp_eof().unwrap();
     // What was created in the shell persists.
-    let models = std::fs::read_to_string(wh.join("models.json")).unwrap();
-    assert!(models.contains("flowers"), "{models}");
+    let model = std::fs::read_to_string(wh.join("models/flowers.json")).unwrap();
+    assert!(model.contains("iris.onnx"), "{model}");
 }
 
 #[test]

@@ -258,7 +258,7 @@ fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
     assert!(
         server
             .keys("lake", "wh")
-            .contains(&"wh/models.json".to_string())
+            .contains(&"wh/models/lin.json".to_string())
     );
     assert!(!server.keys("lake", "wh/tables/scored").is_empty());
 

@@ -17,7 +17,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -44,8 +43,8 @@ use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
-use crate::storage::{StoreRegistry, is_object_store_url, object_path};
-use crate::warehouse::Warehouse;
+use crate::storage::{StoreRegistry, is_object_store_url, location_url, object_path};
+use crate::warehouse::{Warehouse, check_name};
 
 mod write;
 
@@ -72,6 +71,7 @@ impl Engine {
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
         if let Some(warehouse) = &warehouse {
+            warehouse.move_legacy_models()?;
             registry.register_sources(&warehouse.models()?)?;
         }
         // Models of --models DIR win over the warehouse's of the same name.
@@ -176,7 +176,8 @@ impl Engine {
     }
 
     /// On a cluster, the scheduler and executors learn the client's models (including those of
-    /// CREATE MODEL) from a session option sent with every query.
+    /// CREATE MODEL), with the sha256 of each one loaded, from a session option sent with every
+    /// query ([`crate::model::shared`]).
     fn share_model_definitions(&self) -> Result<()> {
         let sources = self.registry.shared_sources();
         let state = self.ctx.state_ref();
@@ -211,15 +212,22 @@ impl Engine {
         let Some(statement) = self.parse_sql(sql)? else {
             return self.empty();
         };
+        if let Err(e) = crate::limits::check_depth(&statement) {
+            // Dropping a tree that deep would overflow the stack as planning it would.
+            std::mem::forget(statement);
+            return Err(e);
+        }
         match &statement {
-            DFStatement::CopyTo(copy)
-                if self.config.remote.is_some() || is_object_store_url(&copy.target) =>
-            {
-                return self.copy_committed(statement).await;
-            }
+            DFStatement::CopyTo(_) => return self.copy_committed(statement).await,
             DFStatement::CreateExternalTable(table) => {
                 for location in &table.locations {
                     self.connect_with_options(location, &table.options)?;
+                }
+            }
+            DFStatement::Statement(s) => {
+                if let SQLStatement::Insert(insert) = s.as_ref() {
+                    let targets = self.insert_targets(insert).await?;
+                    return self.write_committed(statement, &targets).await;
                 }
             }
             _ => {}
@@ -234,9 +242,15 @@ impl Engine {
                     names,
                     ..
                 } => {
-                    let names: Vec<String> = names.iter().map(table_name).collect::<Result<_>>()?;
-                    let df = self.execute(statement).await?;
+                    let mut owned = Vec::new();
                     for name in names {
+                        let name = table_name(name)?;
+                        if self.is_warehouse_table(warehouse, &name).await? {
+                            owned.push(name);
+                        }
+                    }
+                    let df = self.execute(statement).await?;
+                    for name in owned {
                         warehouse.remove_table(&name)?;
                     }
                     return Ok(df);
@@ -319,6 +333,10 @@ impl Engine {
             Ok(plan) => plan,
             Err(e) => return Err(self.explain_missing_table(e).await),
         };
+        if self.config.remote.is_some() {
+            // Again now that planning loaded the query's models: with their hashes.
+            self.share_model_definitions()?;
+        }
         Ok(self.ctx.execute_logical_plan(plan).await?)
     }
 
@@ -369,6 +387,7 @@ impl Engine {
                 source,
                 or_replace,
             } => {
+                check_name("model", &name)?;
                 if self.registry.contains(&name) && !or_replace {
                     return Err(Error::Usage(format!(
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
@@ -382,9 +401,7 @@ impl Engine {
                     self.registry.stores(),
                 )?;
                 self.registry.insert_loaded(&name, Arc::new(model));
-                self.persist_models(|models| {
-                    models.insert(name.clone(), source.to_string());
-                })?;
+                self.persist_models(&name, Some(&source))?;
                 self.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
@@ -394,9 +411,7 @@ impl Engine {
                         available: format!("the models are: {}", self.registry.names().join(", ")),
                     });
                 }
-                self.persist_models(|models| {
-                    models.remove(&name);
-                })?;
+                self.persist_models(&name, None)?;
                 self.empty()
             }
             ModelStatement::Show => Ok(self.results.read_batch(models_batch(&self.registry)?)?),
@@ -407,13 +422,54 @@ impl Engine {
         }
     }
 
-    fn persist_models(&self, change: impl FnOnce(&mut BTreeMap<String, String>)) -> Result<()> {
-        if let Some(warehouse) = &self.warehouse {
-            let mut models = warehouse.models()?;
-            change(&mut models);
-            warehouse.save_models(&models)?;
+    fn persist_models(&self, name: &str, source: Option<&ModelSource>) -> Result<()> {
+        match (&self.warehouse, source) {
+            (Some(warehouse), Some(source)) => warehouse.save_model(name, &source.to_string()),
+            (Some(warehouse), None) => warehouse.remove_model(name),
+            (None, _) => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Whether `name` is registered as the warehouse's table of that name (not an external
+    /// table that happens to share it), so that DROP TABLE deletes only files the warehouse owns.
+    async fn is_warehouse_table(&self, warehouse: &Warehouse, name: &str) -> Result<bool> {
+        use datafusion::datasource::listing::ListingTable;
+        let Ok(provider) = self.ctx.table_provider(name).await else {
+            return Ok(false);
+        };
+        let Some(listing) = provider.downcast_ref::<ListingTable>() else {
+            return Ok(false);
+        };
+        let owned = location_url(&warehouse.table_location(name)?)?;
+        Ok(listing
+            .table_paths()
+            .iter()
+            .any(|path| path.get_url() == &owned))
+    }
+
+    /// The folders an INSERT writes into: the locations of its target table.
+    async fn insert_targets(
+        &self,
+        insert: &datafusion::sql::sqlparser::ast::Insert,
+    ) -> Result<Vec<String>> {
+        use datafusion::datasource::listing::ListingTable;
+        use datafusion::sql::sqlparser::ast::TableObject;
+        let TableObject::TableName(name) = &insert.table else {
+            return Ok(Vec::new());
+        };
+        let Ok(provider) = self.ctx.table_provider(name.to_string()).await else {
+            return Ok(Vec::new());
+        };
+        Ok(provider
+            .downcast_ref::<ListingTable>()
+            .map(|listing| {
+                listing
+                    .table_paths()
+                    .iter()
+                    .map(|path| path.get_url().to_string())
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }
 
@@ -451,14 +507,19 @@ fn model_file(path: &Path, source: &str) -> Result<PathBuf> {
     std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {source}"), e))
 }
 
-/// A table name without schema, normalized as DataFusion does (lower case unless quoted).
+/// A warehouse table's name: without schema, normalized as DataFusion does (lower case unless
+/// quoted), and a plain name ([`check_name`]).
 fn table_name(name: &ObjectName) -> Result<String> {
     use datafusion::sql::sqlparser::ast::ObjectNamePart;
     match name.0.as_slice() {
-        [ObjectNamePart::Identifier(ident)] => Ok(match ident.quote_style {
-            Some(_) => ident.value.clone(),
-            None => ident.value.to_lowercase(),
-        }),
+        [ObjectNamePart::Identifier(ident)] => {
+            let name = match ident.quote_style {
+                Some(_) => ident.value.clone(),
+                None => ident.value.to_lowercase(),
+            };
+            check_name("table", &name)?;
+            Ok(name)
+        }
         _ => Err(Error::Usage(format!(
             "warehouse tables are named without a schema, not '{name}'"
         ))),

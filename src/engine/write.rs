@@ -20,9 +20,9 @@ use crate::storage::{CommittedWrite, StagedOutput, delete_prefix, object_path};
 use crate::warehouse::Warehouse;
 
 impl Engine {
-    /// COPY whose files must appear all at once or not at all: to S3 from this process (uploads
-    /// completed at the end, see [`crate::storage::commit`]), or anywhere from a cluster's
-    /// executors (a staging folder moved into place, see [`crate::storage::staging`]).
+    /// COPY, whose files appear all at once when it succeeds, or not at all: from this process
+    /// through a deferred write on the target's store ([`crate::storage::commit`]), from a
+    /// cluster's executors through a staging folder moved into place ([`StagedOutput`]).
     pub(super) async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
         let DFStatement::CopyTo(mut copy) = statement else {
             return Err(Error::Usage("expected a COPY statement".into()));
@@ -34,20 +34,49 @@ impl Engine {
             copy.target = staged.location().to_string();
             CommittedWrite::Staged(staged)
         } else {
-            let url = parse_url(&copy.target)?;
-            CommittedWrite::Deferred(stores.commit_store(&url)?.begin(object_path(&url)?))
+            CommittedWrite::Deferred(stores.begin_write(&copy.target)?)
         };
-        let written = match self.execute(DFStatement::CopyTo(copy)).await {
+        self.run_then_commit(DFStatement::CopyTo(copy), vec![output])
+            .await
+    }
+
+    /// A statement writing into `targets` (INSERT INTO a table's folders) whose new files appear
+    /// together when it succeeds, or not at all.
+    pub(super) async fn write_committed(
+        &self,
+        statement: DFStatement,
+        targets: &[String],
+    ) -> Result<DataFrame> {
+        let stores = self.registry.stores();
+        let writes = targets
+            .iter()
+            .map(|target| stores.begin_write(target).map(CommittedWrite::Deferred))
+            .collect::<Result<Vec<_>>>()?;
+        self.run_then_commit(statement, writes).await
+    }
+
+    /// Runs `statement` to the end, then commits `writes`; on failure (or when the future is
+    /// dropped: cancellation) they are discarded.
+    async fn run_then_commit(
+        &self,
+        statement: DFStatement,
+        writes: Vec<CommittedWrite>,
+    ) -> Result<DataFrame> {
+        let written = match self.execute(statement).await {
             Ok(df) => df.collect().await.map_err(Error::from),
             Err(e) => Err(e),
         };
         match written {
             Ok(batches) => {
-                output.commit().await?;
+                for write in writes {
+                    write.commit().await?;
+                }
                 Ok(self.results.read_batches(batches)?)
             }
             Err(e) => {
-                output.abort().await;
+                for write in writes {
+                    write.abort().await;
+                }
                 Err(e)
             }
         }
@@ -92,23 +121,17 @@ impl Engine {
             }
         } else {
             let staging = warehouse.staging_dir(&name)?;
-            let written = df
-                .write_parquet(
-                    &dir_url(&staging),
-                    DataFrameWriteOptions::new(),
-                    Some(options),
-                )
-                .await
-                .map_err(Error::from)
-                .and_then(|_| write_if_empty(&staging, &empty_file));
-            if let Err(e) = written {
-                let _ = std::fs::remove_dir_all(&staging);
-                return Err(e);
-            }
+            df.write_parquet(
+                &dir_url(staging.dir()),
+                DataFrameWriteOptions::new(),
+                Some(options),
+            )
+            .await?;
+            write_if_empty(staging.dir(), &empty_file)?;
+            warehouse.commit(staging, &name, ct.or_replace)?;
             if self.ctx.table_exist(name.as_str())? {
                 self.ctx.deregister_table(name.as_str())?;
             }
-            warehouse.commit(&staging, &name)?;
         }
         self.ctx
             .register_parquet(

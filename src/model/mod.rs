@@ -7,11 +7,12 @@ pub mod embed;
 pub mod listing;
 mod pool;
 pub mod score;
+pub mod shared;
 pub mod signature;
 mod source;
 pub mod text;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -24,12 +25,16 @@ pub use pool::SessionOptions;
 
 use crate::device::Device;
 use pool::SessionPool;
+pub use shared::SharedModels;
 pub use signature::{ModelSignature, TensorSpec};
 pub use source::ModelSource;
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::storage::StoreRegistry;
+
+/// The largest batch dimension a model may fix: each call is padded to it.
+pub const MAX_FIXED_BATCH: usize = 65_536;
 
 /// A model loaded into ONNX Runtime.
 #[derive(Debug)]
@@ -71,7 +76,10 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let bytes: Arc<[u8]> = source.read(stores).map_err(load_error)?.into();
+        let bytes: Arc<[u8]> = source
+            .read(stores, source::MODEL_CAP)
+            .map_err(load_error)?
+            .into();
         let text = if source.file_name() == Some("model.onnx") {
             text::TextConfig::from_files(source, stores).map_err(load_error)?
         } else {
@@ -104,6 +112,15 @@ impl Model {
         let size_bytes = bytes.len();
         let (pool, first) = SessionPool::new(bytes, options).map_err(load_error)?;
         let signature = ModelSignature::from_session(&first).map_err(load_error)?;
+        if let Some(fixed) = signature.fixed_batch()
+            && fixed > MAX_FIXED_BATCH
+        {
+            return Err(load_error(format!(
+                "its batch dimension is fixed at {fixed} rows; every call would be padded to \
+                 that many rows, and batchinfer takes fixed batch sizes of at most \
+                 {MAX_FIXED_BATCH} (export the model with a dynamic batch dimension)"
+            )));
+        }
         pool.give(first);
         Ok(Model {
             name: name.to_string(),
@@ -165,11 +182,21 @@ impl Model {
 #[derive(Debug)]
 struct ModelEntry {
     source: ModelSource,
+    /// The sha256 the model's bytes must have (a definition a cluster client sent).
+    sha256: Option<String>,
     /// The model once loaded, per device asked for (one pool of sessions per model per device).
     loaded: Mutex<Vec<(Device, Arc<Model>)>>,
 }
 
 impl ModelEntry {
+    fn new(source: ModelSource, sha256: Option<String>) -> Self {
+        ModelEntry {
+            source,
+            sha256,
+            loaded: Mutex::new(Vec::new()),
+        }
+    }
+
     fn models(&self) -> Vec<Arc<Model>> {
         self.loaded
             .lock()
@@ -180,6 +207,9 @@ impl ModelEntry {
     }
 }
 
+/// Models kept by content: (source, sha256) -> entry; see [`shared`].
+type ByContent = Arc<Mutex<HashMap<(String, String), Arc<ModelEntry>>>>;
+
 /// Name -> model, shared by the whole engine.
 #[derive(Debug)]
 pub struct ModelRegistry {
@@ -188,7 +218,10 @@ pub struct ModelRegistry {
     /// Where models run unless a query says otherwise (`--device`, `SET batchinfer.device`).
     device: RwLock<Device>,
     stores: Arc<StoreRegistry>,
-    loads: AtomicU64,
+    loads: Arc<AtomicU64>,
+    /// Models of cluster clients' definitions, by content (a scheduler's or executor's).
+    by_content: ByContent,
+    parsed: shared::ParsedCache,
 }
 
 impl ModelRegistry {
@@ -197,7 +230,9 @@ impl ModelRegistry {
         ModelRegistry {
             stores,
             entries: RwLock::new(BTreeMap::new()),
-            loads: AtomicU64::new(0),
+            loads: Arc::new(AtomicU64::new(0)),
+            by_content: ByContent::default(),
+            parsed: shared::ParsedCache::default(),
             device: RwLock::new(config.device),
             options: SessionOptions {
                 max_sessions: config.sessions(),
@@ -228,7 +263,8 @@ impl ModelRegistry {
                 path.clone()
             };
             let is_onnx = model_file.extension().is_some_and(|e| e == "onnx");
-            if !is_onnx || !model_file.is_file() {
+            // Anything there is registered (a FIFO too): loading it says what is wrong.
+            if !is_onnx || !model_file.exists() {
                 continue;
             }
             let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
@@ -275,32 +311,77 @@ impl ModelRegistry {
         Ok(())
     }
 
-    /// [`ModelRegistry::register_sources`] of the JSON a cluster client shares (empty: none).
-    pub fn register_shared(&self, json: &str) -> Result<()> {
-        if json.trim().is_empty() {
-            return Ok(());
-        }
-        let sources: BTreeMap<String, String> = serde_json::from_str(json)
-            .map_err(|e| Error::Usage(format!("batchinfer.models is not valid JSON: {e}")))?;
-        self.register_sources(&sources)
-    }
-
-    /// Every registered model as `name -> source`, in JSON, for other processes of a cluster.
+    /// Every registered model with its source and, once loaded, its sha256: the definitions a
+    /// cluster client sends with a query, in JSON ([`shared`]).
     pub fn shared_sources(&self) -> String {
-        let sources: BTreeMap<String, String> = self
+        let models = self
             .read()
             .iter()
-            .map(|(name, entry)| (name.clone(), entry.source.to_string()))
+            .map(|(name, entry)| {
+                let sha256 = entry.models().first().map(|m| m.sha256.clone());
+                let model = shared::SharedModel {
+                    source: entry.source.to_string(),
+                    sha256: sha256.or_else(|| entry.sha256.clone()),
+                };
+                (name.clone(), model)
+            })
             .collect();
-        serde_json::to_string(&sources).unwrap_or_default()
+        shared::SharedModels(models).to_json()
+    }
+
+    /// The entry of a client's definition, kept by content for every query that names it.
+    fn shared_entry(&self, model: &shared::SharedModel) -> Result<Arc<ModelEntry>> {
+        let mut by_content = self.by_content.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = by_content.get(&model.key()) {
+            return Ok(entry.clone());
+        }
+        let entry = Arc::new(ModelEntry::new(model.model_source()?, model.sha256.clone()));
+        by_content.insert(model.key(), entry.clone());
+        Ok(entry)
+    }
+
+    /// A registry for one cluster session: this one's models, with the definitions `json` of
+    /// the session's client over them (a scheduler plans each client's queries with its own).
+    pub fn for_session(&self, json: &str) -> Result<Arc<ModelRegistry>> {
+        let mut entries = self.read().clone();
+        for (name, model) in &SharedModels::parse(json)?.0 {
+            entries.insert(name.clone(), self.shared_entry(model)?);
+        }
+        Ok(Arc::new(ModelRegistry {
+            entries: RwLock::new(entries),
+            options: self.options,
+            device: RwLock::new(self.device()),
+            stores: self.stores.clone(),
+            loads: self.loads.clone(),
+            by_content: self.by_content.clone(),
+            parsed: shared::ParsedCache::default(),
+        }))
+    }
+
+    /// The model `name` on `device` as the query's session defines it: through the definitions a
+    /// cluster client sent (`batchinfer.models` in `config`) when they name it, else by name.
+    pub fn resolve(
+        &self,
+        name: &str,
+        device: Option<Device>,
+        config: Option<&datafusion::config::ConfigOptions>,
+    ) -> Result<Arc<Model>> {
+        let shared = config
+            .and_then(|c| c.extensions.get::<crate::config::BatchInferOptions>())
+            .map(|o| o.models.as_str())
+            .filter(|json| !json.trim().is_empty());
+        if let Some(json) = shared
+            && let Some(model) = self.parsed.parse(json)?.get(name)
+        {
+            let entry = self.shared_entry(model)?;
+            return self.load(name, &entry, device);
+        }
+        self.get_on(name, device)
     }
 
     /// Registers (or re-registers) one model file under `name`; it is loaded on first use.
     pub fn register(&self, name: &str, source: ModelSource) {
-        let entry = Arc::new(ModelEntry {
-            source,
-            loaded: Mutex::new(Vec::new()),
-        });
+        let entry = Arc::new(ModelEntry::new(source, None));
         self.write().insert(name.to_string(), entry);
     }
 
@@ -308,6 +389,7 @@ impl ModelRegistry {
     pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
         let entry = Arc::new(ModelEntry {
             source: model.source.clone(),
+            sha256: None,
             loaded: Mutex::new(vec![(self.device(), model)]),
         });
         self.loads.fetch_add(1, Ordering::Relaxed);
@@ -380,6 +462,13 @@ impl ModelRegistry {
                 available,
             });
         };
+        self.load(name, &entry, Some(device))
+    }
+
+    /// `entry`'s model on `device` (None: where models run now), loaded there on first use; an
+    /// entry with a sha256 is checked to load bytes of that hash.
+    fn load(&self, name: &str, entry: &ModelEntry, device: Option<Device>) -> Result<Arc<Model>> {
+        let device = device.unwrap_or_else(|| self.device());
         let mut loaded = entry
             .loaded
             .lock()
@@ -396,6 +485,20 @@ impl ModelRegistry {
             ..self.options
         };
         let model = Arc::new(Model::load(name, &entry.source, options, &self.stores)?);
+        if let Some(expected) = &entry.sha256
+            && expected != &model.sha256
+        {
+            return Err(Error::ModelLoad {
+                model: name.to_string(),
+                path: entry.source.to_string(),
+                message: format!(
+                    "the file now has sha256 {}, but the query was planned with a model of \
+                     sha256 {expected}: it changed since the client loaded it (run CREATE OR \
+                     REPLACE MODEL again to use the new file)",
+                    model.sha256
+                ),
+            });
+        }
         self.loads.fetch_add(1, Ordering::Relaxed);
         loaded.push((device, model.clone()));
         Ok(model)

@@ -36,6 +36,9 @@ pub fn score(
     options: ScoreOptions,
 ) -> Result<ArrayRef> {
     let out_type = &model.signature.output_type;
+    if u32::try_from(rows).is_err() {
+        return Err(too_many_rows(rows));
+    }
     if rows == 0 {
         return Ok(new_empty_array(out_type));
     }
@@ -122,7 +125,8 @@ fn score_dense(
     model
         .failed_rows
         .fetch_add(scored.failed.len() as u64, Ordering::Relaxed);
-    let mut positions: Vec<Option<u32>> = (0..rows as u32).map(Some).collect();
+    let rows = u32::try_from(rows).map_err(|_| too_many_rows(rows))?;
+    let mut positions: Vec<Option<u32>> = (0..rows).map(Some).collect();
     for row in scored.failed {
         positions[row] = None;
     }
@@ -206,7 +210,11 @@ fn call_columns(
     let sliced: Vec<ArrayRef> = columns.iter().map(|c| c.slice(start, len)).collect();
     match fixed {
         Some(f) if f > len => {
-            let pad: UInt32Array = (0..f as u32).map(|i| i.min(len as u32 - 1)).collect();
+            let (f, last) = (u32::try_from(f), u32::try_from(len - 1));
+            let (Ok(f), Ok(last)) = (f, last) else {
+                return Err(too_many_rows(len));
+            };
+            let pad: UInt32Array = (0..f).map(|i| i.min(last)).collect();
             Ok(sliced
                 .iter()
                 .map(|c| take(c.as_ref(), &pad, None))
@@ -257,6 +265,14 @@ fn call(
             })
         })
         .collect()
+}
+
+fn too_many_rows(rows: usize) -> Error {
+    Error::Usage(format!(
+        "a batch of {rows} rows is more than batchinfer scores at once ({}); use a smaller \
+         --batch-rows",
+        u32::MAX
+    ))
 }
 
 /// One output as it is, several as a struct with a field per output.

@@ -51,7 +51,7 @@ impl TensorSpec {
     pub fn row_elements(&self) -> Option<usize> {
         self.row_shape()
             .iter()
-            .try_fold(1usize, |acc, &d| (d >= 0).then(|| acc * d as usize))
+            .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
     }
 
     /// The shape as users read it: `[N, 10]`, with `N` for an open batch dimension and `?` for
@@ -221,7 +221,14 @@ fn output_arrow_type(spec: &TensorSpec) -> Result<DataType, String> {
     for &d in spec.row_shape().iter().rev() {
         let item = Arc::new(Field::new_list_field(ty, true));
         ty = if d > 0 {
-            DataType::FixedSizeList(item, d as i32)
+            let d = i32::try_from(d).map_err(|_| {
+                format!(
+                    "output '{}' has a dimension of {d}, over the {} values an Arrow list holds",
+                    spec.name,
+                    i32::MAX
+                )
+            })?;
+            DataType::FixedSizeList(item, d)
         } else {
             DataType::List(item)
         };

@@ -7,7 +7,14 @@ use std::path::{Path, PathBuf};
 use url::Url;
 
 use crate::error::{Error, display_error};
-use crate::storage::{StoreRegistry, is_object_store_url};
+use crate::storage::{StoreRegistry, is_object_store_url, read_capped};
+
+/// The largest model file read: ONNX's protobuf encoding ends at 2 GiB.
+pub const MODEL_CAP: u64 = 2 << 30;
+/// The largest `tokenizer.json` read.
+pub const TOKENIZER_CAP: u64 = 256 << 20;
+/// The largest configuration file beside a model read (`config.json`, `batchinfer.json`, ...).
+pub const CONFIG_CAP: u64 = 1 << 20;
 
 /// A model file (or a file beside it, such as its `tokenizer.json`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +25,7 @@ pub enum ModelSource {
 
 impl ModelSource {
     /// A path or an `s3://` URL, as written in `CREATE MODEL ... FROM`, `--models` or
-    /// `models.json`.
+    /// a warehouse model definition.
     pub fn parse(location: &str) -> Result<Self, String> {
         if is_object_store_url(location) {
             Url::parse(location)
@@ -55,30 +62,38 @@ impl ModelSource {
         }
     }
 
-    /// The file's bytes, or `None` when there is no such file.
-    pub fn read_if_exists(&self, stores: &StoreRegistry) -> Result<Option<Vec<u8>>, String> {
-        match self {
-            ModelSource::File(path) => match std::fs::read(path) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(format!("reading {}: {e}", path.display())),
-            },
-            ModelSource::Object(url) => match stores.read_blocking(url) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
-                Err(e) => Err(display_error(&e)),
-            },
+    /// The file's bytes, or `None` when there is no such file. A file over `cap` bytes, or one
+    /// that is not a regular file (a FIFO, a device), is an error.
+    pub fn read_if_exists(
+        &self,
+        stores: &StoreRegistry,
+        cap: u64,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let read = match self {
+            ModelSource::File(path) => {
+                if !path.exists() && path.symlink_metadata().is_err() {
+                    return Ok(None);
+                }
+                read_capped(path, cap)
+            }
+            ModelSource::Object(url) => stores.read_blocking_capped(url, cap),
+        };
+        match read {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(display_error(&e)),
         }
     }
 
     /// The file's bytes; its absence is an error.
-    pub fn read(&self, stores: &StoreRegistry) -> Result<Vec<u8>, String> {
-        match self {
-            ModelSource::File(path) => std::fs::read(path).map_err(|e| e.to_string()),
-            ModelSource::Object(_) => self
-                .read_if_exists(stores)?
-                .ok_or_else(|| format!("{self} does not exist")),
-        }
+    pub fn read(&self, stores: &StoreRegistry, cap: u64) -> Result<Vec<u8>, String> {
+        self.read_if_exists(stores, cap)?.ok_or_else(|| match self {
+            ModelSource::File(path) => format!("{}: No such file or directory", path.display()),
+            ModelSource::Object(url) => format!("{url} does not exist"),
+        })
     }
 }
 

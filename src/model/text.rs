@@ -67,7 +67,7 @@ impl std::fmt::Debug for TextConfig {
 }
 
 fn read_json(file: &ModelSource, stores: &StoreRegistry) -> Result<Option<Value>, String> {
-    match file.read_if_exists(stores)? {
+    match file.read_if_exists(stores, super::source::CONFIG_CAP)? {
         Some(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| format!("{file} is not valid JSON: {e}")),
@@ -83,7 +83,9 @@ impl TextConfig {
         stores: &StoreRegistry,
     ) -> Result<Option<TextConfig>, String> {
         let tokenizer_file = model.beside("tokenizer.json");
-        let Some(tokenizer_bytes) = tokenizer_file.read_if_exists(stores)? else {
+        let Some(tokenizer_bytes) =
+            tokenizer_file.read_if_exists(stores, super::source::TOKENIZER_CAP)?
+        else {
             return Ok(None);
         };
         let mut tokenizer = Tokenizer::from_bytes(&tokenizer_bytes)

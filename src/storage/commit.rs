@@ -1,57 +1,94 @@
-//! Deferred commits: the objects a write makes on S3 become visible only once the whole write has
-//! succeeded.
+//! Deferred commits: the files a write makes become visible only once the whole write has
+//! succeeded. Every store of an engine is wrapped in a [`CommitStore`]; a statement that writes
+//! (COPY, INSERT, CREATE TABLE in S3) begins a [`PendingWrite`] over its target, and each store
+//! kind commits in its own way:
 //!
-//! S3 has no rename, so "write a staging folder, then rename it" is not available. Instead, each
-//! object a write puts under its target is sent as a multipart upload whose completion is held
-//! back: the bytes are on the server, but no object exists until `CompleteMultipartUpload`. When
-//! the statement succeeds, [`PendingWrite::commit`] completes them all; when it fails, is
-//! cancelled or the connection is lost, the uploads are aborted (or, with the server gone, simply
-//! never completed) and no file of the table appears. This is how Hadoop's S3A "magic" committer
-//! works. The window left is the commit itself: a few requests, one per file, after all the data
-//! is written.
+//! - **S3** ([`CommitKind::HoldUploads`]) has no rename. Each object a write puts under its target
+//!   is sent as a multipart upload whose completion is held back: the bytes are on the server, but
+//!   no object exists until `CompleteMultipartUpload`. This is how Hadoop's S3A "magic" committer
+//!   works. Outputs stream: parts are uploaded as they fill (DataFusion's 10 MiB buffers), so
+//!   memory stays bounded whatever the size of the output.
+//! - **Local files** ([`CommitKind::StageAndRename`]): each file is written to a hidden sibling
+//!   (`.NAME.batchinfer-PID-N.partial`, which no listing of Parquet files picks up) and renamed
+//!   over its target at commit: one atomic rename per file.
 //!
-//! Outputs stream: parts are uploaded as they fill (DataFusion's 10 MiB buffers), so memory stays
-//! bounded whatever the size of the table.
+//! When the statement succeeds, [`PendingWrite::commit`] completes or renames them all; when it
+//! fails, is cancelled or the connection is lost, the uploads are aborted and the hidden files
+//! removed (or, with the server gone, simply never completed): what was there before stays. The
+//! window left is the commit itself, one request or rename per file after all the data is written.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
+    UploadPart,
 };
+
+/// How a store makes a write's files visible at commit.
+#[derive(Debug)]
+pub enum CommitKind {
+    /// Multipart uploads whose completion is held back (S3).
+    HoldUploads,
+    /// Hidden sibling files renamed over their targets (local files).
+    StageAndRename(Arc<LocalFileSystem>),
+}
 
 /// An object store whose writes under a [`PendingWrite`]'s prefix wait for its commit.
 #[derive(Debug)]
 pub struct CommitStore {
     inner: Arc<dyn ObjectStore>,
+    kind: CommitKind,
     writes: Mutex<Vec<Arc<WriteState>>>,
 }
 
-/// The uploads of one write, held back until it commits.
+/// What one write holds back until it commits.
+#[derive(Debug, Default)]
+struct Held {
+    /// Completed uploads waiting for `CompleteMultipartUpload` (S3).
+    uploads: Vec<Box<dyn MultipartUpload>>,
+    /// Hidden files written in full, and the target each is renamed to (local).
+    staged: Vec<(Path, Path)>,
+}
+
+/// The files of one write, held back until it commits.
 #[derive(Debug)]
 struct WriteState {
     prefix: Path,
-    uploads: Mutex<Vec<Box<dyn MultipartUpload>>>,
+    held: Mutex<Held>,
+    /// A local folder the write made: removed again if the write is discarded.
+    made_folder: Option<std::path::PathBuf>,
 }
 
 impl WriteState {
-    fn take(&self) -> Vec<Box<dyn MultipartUpload>> {
-        std::mem::take(&mut *self.uploads.lock().unwrap_or_else(|p| p.into_inner()))
+    fn take(&self) -> Held {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn hold(&self, upload: Box<dyn MultipartUpload>) {
-        self.uploads
+        self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .uploads
             .push(upload);
+    }
+
+    fn stage(&self, hidden: Path, target: Path) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .staged
+            .push((hidden, target));
     }
 }
 
-/// A write in progress: its objects appear on [`PendingWrite::commit`], or never.
+/// A write in progress: its files appear on [`PendingWrite::commit`], or never.
 #[derive(Debug)]
 pub struct PendingWrite {
     store: Arc<CommitStore>,
@@ -59,12 +96,34 @@ pub struct PendingWrite {
     finished: bool,
 }
 
+static HIDDEN: AtomicU64 = AtomicU64::new(0);
+
+/// The hidden sibling a local file is written to before its commit: a name no listing of
+/// `*.parquet` picks up, unique to this process and write.
+fn hidden_sibling(target: &Path) -> Path {
+    let mut parts: Vec<String> = target.parts().map(|p| p.as_ref().to_string()).collect();
+    let name = parts.pop().unwrap_or_default();
+    let hidden = format!(
+        ".{name}.batchinfer-{}-{}.partial",
+        std::process::id(),
+        HIDDEN.fetch_add(1, Ordering::Relaxed)
+    );
+    Path::from_iter(parts.into_iter().chain([hidden]))
+}
+
 impl CommitStore {
-    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+    pub fn new(inner: Arc<dyn ObjectStore>, kind: CommitKind) -> Self {
         CommitStore {
             inner,
+            kind,
             writes: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The local file system, committing by rename.
+    pub fn local() -> Self {
+        let local = Arc::new(LocalFileSystem::new());
+        Self::new(local.clone(), CommitKind::StageAndRename(local))
     }
 
     /// The store underneath, whose writes are immediate.
@@ -72,12 +131,20 @@ impl CommitStore {
         &self.inner
     }
 
-    /// Holds back every object written under `prefix` (a folder, or one file) until the returned
+    /// Holds back every file written under `prefix` (a folder, or one file) until the returned
     /// write is committed.
     pub fn begin(self: &Arc<Self>, prefix: Path) -> PendingWrite {
+        let made_folder = match &self.kind {
+            CommitKind::StageAndRename(local) => local
+                .path_to_filesystem(&prefix)
+                .ok()
+                .filter(|p| !p.exists()),
+            CommitKind::HoldUploads => None,
+        };
         let state = Arc::new(WriteState {
             prefix,
-            uploads: Mutex::new(Vec::new()),
+            held: Mutex::new(Held::default()),
+            made_folder,
         });
         self.writes
             .lock()
@@ -105,16 +172,32 @@ impl CommitStore {
             .unwrap_or_else(|p| p.into_inner())
             .retain(|w| !Arc::ptr_eq(w, state));
     }
+
+    /// Discards what a write held: uploads aborted, hidden files and a folder it made removed.
+    async fn discard(&self, state: &WriteState) {
+        let held = state.take();
+        abort_all(held.uploads).await;
+        for (hidden, _) in held.staged {
+            let _ = self.inner.delete(&hidden).await;
+        }
+        if let Some(folder) = &state.made_folder {
+            // Only if empty: anything else in it was put there by someone else.
+            let _ = std::fs::remove_dir(folder);
+        }
+    }
 }
 
 impl PendingWrite {
-    /// Makes every object of the write visible; how many there are. Should a completion fail, the
-    /// uploads not yet completed are aborted and the error returned.
+    /// Makes every file of the write visible; how many there are. Should a completion or a
+    /// rename fail, the files not yet made visible are discarded and the error returned.
     pub async fn commit(mut self) -> object_store::Result<usize> {
         self.finished = true;
         self.store.end(&self.state);
-        let mut uploads = self.state.take();
-        let count = uploads.len();
+        let Held {
+            mut uploads,
+            mut staged,
+        } = self.state.take();
+        let count = uploads.len() + staged.len();
         while let Some(mut upload) = uploads.pop() {
             if let Err(e) = upload.complete().await {
                 uploads.push(upload);
@@ -122,14 +205,23 @@ impl PendingWrite {
                 return Err(e);
             }
         }
+        while let Some((hidden, target)) = staged.pop() {
+            if let Err(e) = self.store.inner.rename(&hidden, &target).await {
+                let _ = self.store.inner.delete(&hidden).await;
+                for (hidden, _) in staged {
+                    let _ = self.store.inner.delete(&hidden).await;
+                }
+                return Err(e);
+            }
+        }
         Ok(count)
     }
 
-    /// Discards the write: no object of it will appear.
+    /// Discards the write: no file of it will appear.
     pub async fn abort(mut self) {
         self.finished = true;
         self.store.end(&self.state);
-        abort_all(self.state.take()).await;
+        self.store.discard(&self.state).await;
     }
 }
 
@@ -142,31 +234,44 @@ async fn abort_all(uploads: Vec<Box<dyn MultipartUpload>>) {
 }
 
 impl Drop for PendingWrite {
-    /// A write dropped without commit (a cancelled statement) is aborted in the background.
+    /// A write dropped without commit (a cancelled statement) is discarded in the background.
     fn drop(&mut self) {
         if self.finished {
             return;
         }
         self.store.end(&self.state);
-        let uploads = self.state.take();
-        if !uploads.is_empty()
-            && let Ok(handle) = tokio::runtime::Handle::try_current()
-        {
-            handle.spawn(abort_all(uploads));
+        let (store, state) = (self.store.clone(), self.state.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { store.discard(&state).await });
+            }
+            Err(_) => {
+                // No runtime left to abort uploads on; local files can still go.
+                for (hidden, _) in state.take().staged {
+                    if let CommitKind::StageAndRename(local) = &store.kind
+                        && let Ok(path) = local.path_to_filesystem(&hidden)
+                    {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+            }
         }
     }
 }
 
-/// A multipart upload whose completion is handed to its write instead of sent.
+/// A multipart upload whose completion is handed to its write instead of sent (S3), or which is
+/// written to a hidden file renamed at the write's commit (local).
 #[derive(Debug)]
 struct DeferredUpload {
     upload: Option<Box<dyn MultipartUpload>>,
     state: Arc<WriteState>,
+    /// Local files: where the upload goes (hidden) and the target it is renamed to at commit.
+    staged: Option<(Path, Path)>,
 }
 
 fn finished_upload() -> object_store::Error {
     object_store::Error::Generic {
-        store: "S3",
+        store: "batchinfer",
         source: "a part was written after the upload was completed".into(),
     }
 }
@@ -181,8 +286,15 @@ impl MultipartUpload for DeferredUpload {
     }
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
-        let upload = self.upload.take().ok_or_else(finished_upload)?;
-        self.state.hold(upload);
+        let mut upload = self.upload.take().ok_or_else(finished_upload)?;
+        match self.staged.take() {
+            Some((hidden, target)) => {
+                // The hidden file is complete; the rename to the target waits for the commit.
+                upload.complete().await?;
+                self.state.stage(hidden, target);
+            }
+            None => self.state.hold(upload),
+        }
         Ok(PutResult {
             e_tag: None,
             version: None,
@@ -214,6 +326,15 @@ impl ObjectStore for CommitStore {
         let Some(state) = self.deferring(location) else {
             return self.inner.put_opts(location, payload, opts).await;
         };
+        if let CommitKind::StageAndRename(_) = self.kind {
+            let hidden = hidden_sibling(location);
+            self.inner.put_opts(&hidden, payload, opts).await?;
+            state.stage(hidden, location.clone());
+            return Ok(PutResult {
+                e_tag: None,
+                version: None,
+            });
+        }
         // A small file is one put; as a one-part upload it can wait for the commit too.
         let options = PutMultipartOptions {
             tags: opts.tags,
@@ -237,14 +358,20 @@ impl ObjectStore for CommitStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        let upload = self.inner.put_multipart_opts(location, opts).await?;
-        Ok(match self.deferring(location) {
-            Some(state) => Box::new(DeferredUpload {
-                upload: Some(upload),
-                state,
-            }),
-            None => upload,
-        })
+        let Some(state) = self.deferring(location) else {
+            return self.inner.put_multipart_opts(location, opts).await;
+        };
+        let staged = match self.kind {
+            CommitKind::StageAndRename(_) => Some((hidden_sibling(location), location.clone())),
+            CommitKind::HoldUploads => None,
+        };
+        let write_to = staged.as_ref().map_or(location, |(hidden, _)| hidden);
+        let upload = self.inner.put_multipart_opts(write_to, opts).await?;
+        Ok(Box::new(DeferredUpload {
+            upload: Some(upload),
+            state,
+            staged,
+        }))
     }
 
     async fn get_opts(
@@ -277,5 +404,14 @@ impl ObjectStore for CommitStore {
         options: CopyOptions,
     ) -> object_store::Result<()> {
         self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: RenameOptions,
+    ) -> object_store::Result<()> {
+        self.inner.rename_opts(from, to, options).await
     }
 }

@@ -17,8 +17,9 @@
 //! and `COPY ... TO`. Requests give up after [`RETRIES`] retries or [`RETRY_TIMEOUT`], so an
 //! unreachable endpoint is an error within seconds, not a hang.
 //!
-//! Every S3 store is wrapped in a [`CommitStore`], which lets a write defer making its objects
-//! visible until the whole statement has succeeded (see [`commit`]).
+//! Every store, local files included, is wrapped in a [`CommitStore`], which lets a write defer
+//! making its files visible until the whole statement has succeeded (see [`commit`]):
+//! [`StoreRegistry::begin_write`] is where COPY, INSERT and CREATE TABLE begin theirs.
 
 pub mod commit;
 mod credentials;
@@ -36,7 +37,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 use url::Url;
 
-pub use commit::{CommitStore, PendingWrite};
+pub use commit::{CommitKind, CommitStore, PendingWrite};
 pub use staging::StagedOutput;
 
 use crate::error::{Error, Result};
@@ -68,6 +69,56 @@ impl CommittedWrite {
     }
 }
 
+/// The largest file read whole when nothing smaller is said (model files have a cap of their
+/// own): a file batchinfer reads into memory never grows without bound.
+pub const READ_CAP: u64 = 1 << 30;
+
+fn too_large(what: &str, size: u64, cap: u64) -> Error {
+    Error::Usage(format!(
+        "{what} is {size} bytes, over the {cap} bytes batchinfer reads of such a file"
+    ))
+}
+
+/// Reads a whole local file of at most `cap` bytes. Only a regular file is read (a symbolic link
+/// to one too): a FIFO, a device such as `/dev/zero` or a folder is refused without reading it,
+/// and so is a file over the cap, so no file can make batchinfer wait forever or fill its memory.
+pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking, so that opening a FIFO does not wait for a writer; the check is made on the
+    // file opened, not on the path, so the file cannot be swapped in between.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(Error::Usage(format!(
+            "{} is not a regular file (a FIFO, a device or a folder): batchinfer reads only \
+             regular files here",
+            path.display()
+        )));
+    }
+    if meta.len() > cap {
+        return Err(too_large(&path.display().to_string(), meta.len(), cap));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(
+            &path.display().to_string(),
+            bytes.len() as u64,
+            cap,
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Retries of a failed S3 request (connection refused, 5xx, throttling) before it is an error.
 pub const RETRIES: usize = 3;
 /// The longest a request is retried for.
@@ -77,12 +128,28 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The object stores of an engine: DataFusion's registry (local files and whatever is registered
 /// by hand), with S3 buckets connected on first use.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StoreRegistry {
     inner: DefaultObjectStoreRegistry,
+    /// Local files, whose writes commit by rename.
+    local: Arc<CommitStore>,
     /// The S3 stores by `s3://bucket`, with the options they were made with, to begin and commit
     /// deferred writes on them.
     buckets: RwLock<HashMap<String, (AwsOptions, Arc<CommitStore>)>>,
+}
+
+impl Default for StoreRegistry {
+    fn default() -> Self {
+        let inner = DefaultObjectStoreRegistry::new();
+        let local = Arc::new(CommitStore::local());
+        let file = Url::parse("file://").expect("a constant URL");
+        inner.register_store(&file, local.clone());
+        StoreRegistry {
+            inner,
+            local,
+            buckets: RwLock::new(HashMap::new()),
+        }
+    }
 }
 
 /// Whether `location` names an object store rather than a local path.
@@ -107,9 +174,10 @@ impl StoreRegistry {
         let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
             Error::Usage(format!("no bucket in '{url}': expected s3://BUCKET/..."))
         })?;
-        let store = Arc::new(CommitStore::new(Arc::new(
-            s3_builder(bucket, options)?.build()?,
-        )));
+        let store = Arc::new(CommitStore::new(
+            Arc::new(s3_builder(bucket, options)?.build()?),
+            CommitKind::HoldUploads,
+        ));
         let key = store_key(url);
         let base = Url::parse(&key).map_err(|e| Error::Usage(format!("{key}: {e}")))?;
         self.inner.register_store(&base, store.clone());
@@ -120,8 +188,19 @@ impl StoreRegistry {
         Ok(store)
     }
 
-    /// The store of an `s3://` URL's bucket, connected from the environment on first use.
+    /// Begins a write to `target` (a file or a folder ending in `/`; a local path or a URL):
+    /// nothing written under it becomes visible until the returned write commits.
+    pub fn begin_write(&self, target: &str) -> Result<PendingWrite> {
+        let url = location_url(target)?;
+        Ok(self.commit_store(&url)?.begin(object_path(&url)?))
+    }
+
+    /// The store of a URL: local files, or an `s3://` URL's bucket, connected from the
+    /// environment on first use.
     pub fn commit_store(&self, url: &Url) -> Result<Arc<CommitStore>> {
+        if url.scheme() == "file" {
+            return Ok(self.local.clone());
+        }
         if let Some((_, store)) = self
             .buckets
             .read()
@@ -133,21 +212,22 @@ impl StoreRegistry {
         self.connect_s3(url, &AwsOptions::default())
     }
 
-    /// Reads a whole object into memory (models are loaded from bytes, without a temporary file).
-    pub async fn read(&self, url: &Url) -> Result<Vec<u8>> {
-        let store = self.store_for(url)?;
-        let path = object_path(url)?;
-        let result = object_store::ObjectStoreExt::get(store.as_ref(), &path).await?;
-        Ok(result.bytes().await?.to_vec())
+    /// Reads a whole object of at most [`READ_CAP`] bytes into memory, from synchronous code
+    /// (model loading at planning time), on a thread and runtime of its own. It uses a client of
+    /// its own too: connections pooled by a runtime do not outlive it.
+    pub fn read_blocking(&self, url: &Url) -> Result<Vec<u8>> {
+        self.read_blocking_capped(url, READ_CAP)
     }
 
-    /// [`StoreRegistry::read`] from synchronous code (model loading at planning time), on a
-    /// thread and runtime of its own. It uses a client of its own too: connections pooled by a
-    /// runtime do not outlive it.
-    pub fn read_blocking(&self, url: &Url) -> Result<Vec<u8>> {
+    /// [`StoreRegistry::read_blocking`] of an object that may not be larger than `cap` bytes
+    /// (checked before its body is read).
+    pub fn read_blocking_capped(&self, url: &Url, cap: u64) -> Result<Vec<u8>> {
         let (store, path) = self.own_client(url)?;
         block_on_io(async move {
             let result = object_store::ObjectStoreExt::get(&store, &path).await?;
+            if result.meta.size > cap {
+                return Err(too_large(url.as_str(), result.meta.size, cap));
+            }
             Ok(result.bytes().await?.to_vec())
         })?
     }
@@ -248,6 +328,23 @@ pub async fn delete_prefix(
     Ok(())
 }
 
+/// A location as a URL: an `s3://` URL as it is, a local path made absolute as a `file://` URL.
+pub fn location_url(location: &str) -> Result<Url> {
+    if is_object_store_url(location) {
+        return Url::parse(location)
+            .map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")));
+    }
+    let path = location.strip_prefix("file://").unwrap_or(location);
+    let absolute =
+        std::path::absolute(path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
+    let mut url = Url::from_file_path(&absolute)
+        .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
+    if location.ends_with('/') && !url.path().ends_with('/') {
+        url.set_path(&format!("{}/", url.path()));
+    }
+    Ok(url)
+}
+
 /// The path of an object within its bucket.
 pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
     object_store::path::Path::from_url_path(url.path())
@@ -294,6 +391,9 @@ fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
     {
         builder = builder.with_region(region);
     }
+    if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
+        check_endpoint(&endpoint)?;
+    }
     let has_static_keys = builder
         .get_config_value(&AmazonS3ConfigKey::AccessKeyId)
         .is_some();
@@ -320,6 +420,27 @@ fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
             AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
             seconds(CONNECT_TIMEOUT),
         ))
+}
+
+/// Refuses an S3 endpoint that is not an `http(s)://host[:port]` URL (object_store would panic on
+/// it at the first request).
+fn check_endpoint(endpoint: &str) -> Result<()> {
+    let problem = match Url::parse(endpoint) {
+        Err(e) => Some(e.to_string()),
+        Ok(url) if !matches!(url.scheme(), "http" | "https") => Some(format!(
+            "the scheme is '{}', not http or https",
+            url.scheme()
+        )),
+        Ok(url) if url.host_str().is_none_or(str::is_empty) => Some("it has no host".into()),
+        Ok(_) => None,
+    };
+    match problem {
+        None => Ok(()),
+        Some(why) => Err(Error::Usage(format!(
+            "the S3 endpoint '{endpoint}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: \
+             {why}; expected a URL such as http://localhost:9000"
+        ))),
+    }
 }
 
 /// Runs an I/O future to completion from synchronous code, on a thread with a runtime of its own.

@@ -397,11 +397,16 @@ fn row_major_shape(
     arg: usize,
 ) -> Result<Vec<i64>, String> {
     let dims = input.row_shape();
-    let known: usize = dims
+    let known = dims
         .iter()
-        .filter(|&&d| d >= 0)
-        .map(|&d| d as usize)
-        .product();
+        .filter_map(|&d| usize::try_from(d).ok())
+        .try_fold(1usize, usize::checked_mul)
+        .ok_or_else(|| {
+            format!(
+                "input '{}' has a shape too large: {:?}",
+                input.name, input.shape
+            )
+        })?;
     let open = dims.iter().filter(|&&d| d < 0).count();
     let mut shape = vec![rows as i64];
     match open {

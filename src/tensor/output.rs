@@ -96,7 +96,8 @@ fn nest(
         // As many lists at this level as rows times the dimensions above it.
         let lists = row_dims[..level]
             .iter()
-            .fold(rows, |n, &d| n * d.max(0) as usize);
+            .try_fold(rows, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+            .ok_or_else(|| format!("shape {row_dims:?} of {rows} rows is too large"))?;
         array = match size {
             Some(k) => {
                 if *k as usize != dim {

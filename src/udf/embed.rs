@@ -18,7 +18,9 @@ use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
-use crate::config::{BatchInferOptions, Device};
+use datafusion::config::ConfigOptions;
+
+use crate::config::BatchInferOptions;
 use crate::error::Error;
 use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
 use crate::model::{Model, ModelRegistry};
@@ -42,9 +44,11 @@ impl EmbedUdf {
         &self,
         name: &str,
         text_type: &DataType,
-        device: Option<Device>,
+        config: Option<&ConfigOptions>,
     ) -> Result<(Arc<Model>, usize)> {
-        let model = self.registry.get_on(name, device)?;
+        let model = self
+            .registry
+            .resolve(name, super::device_of(config), config)?;
         let binding = |message: String| Error::Binding {
             model: name.to_string(),
             message,
@@ -102,13 +106,8 @@ impl ScalarUDFImpl for EmbedUdf {
         };
         let rows = args.number_rows;
         let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
-        super::register_shared_models(&self.registry, &name, &args.config_options)?;
         let session = args.config_options.extensions.get::<BatchInferOptions>();
-        let (model, dim) = self.model(
-            &name,
-            texts.data_type(),
-            session.and_then(BatchInferOptions::device),
-        )?;
+        let (model, dim) = self.model(&name, texts.data_type(), Some(&args.config_options))?;
         let texts = texts.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
         let options = EmbedOptions {

@@ -45,17 +45,12 @@ macro_rules! same_registry_identity {
 }
 pub(crate) use same_registry_identity;
 
-/// On a cluster executor, a model the client defined after this process started is known from
-/// the definitions sent with the query (`batchinfer.models`).
-pub(crate) fn register_shared_models(
-    registry: &crate::model::ModelRegistry,
-    name: &str,
-    config: &datafusion::config::ConfigOptions,
-) -> datafusion::error::Result<()> {
-    if !registry.contains(name)
-        && let Some(options) = config.extensions.get::<crate::config::BatchInferOptions>()
-    {
-        registry.register_shared(&options.models)?;
-    }
-    Ok(())
+/// The device a query's session asks models to run on (`SET batchinfer.device`), if any.
+pub(crate) fn device_of(
+    config: Option<&datafusion::config::ConfigOptions>,
+) -> Option<crate::device::Device> {
+    config?
+        .extensions
+        .get::<crate::config::BatchInferOptions>()?
+        .device()
 }

@@ -17,7 +17,9 @@ use datafusion::logical_expr::{
     Volatility,
 };
 
-use crate::config::{BatchInferOptions, Device};
+use datafusion::config::ConfigOptions;
+
+use crate::config::BatchInferOptions;
 use crate::error::Error;
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
@@ -42,9 +44,11 @@ impl PredictUdf {
         &self,
         name: &str,
         feature_types: &[DataType],
-        device: Option<Device>,
+        config: Option<&ConfigOptions>,
     ) -> Result<(Arc<crate::model::Model>, InputBinding)> {
-        let model = self.registry.get_on(name, device)?;
+        let model = self
+            .registry
+            .resolve(name, super::device_of(config), config)?;
         let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| {
             Error::Binding {
                 model: name.to_string(),
@@ -105,10 +109,8 @@ impl ScalarUDFImpl for PredictUdf {
             .map(|a| a.to_array(rows))
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
-        super::register_shared_models(&self.registry, &name, &args.config_options)?;
         let session = args.config_options.extensions.get::<BatchInferOptions>();
-        let (model, binding) =
-            self.bind(&name, &types, session.and_then(BatchInferOptions::device))?;
+        let (model, binding) = self.bind(&name, &types, Some(&args.config_options))?;
         let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
             max_rows: o.batch_size,
             on_error: o.on_error,

@@ -1,0 +1,210 @@
+//! What batchinfer refuses before it tries, so that no input can crash it or make it allocate
+//! without bound: expressions nested deeper than the stack can plan ([`check_depth`]), and
+//! tables whose lists claim more values per row than any batch could hold
+//! ([`TableSchemaLimits`], an analyzer rule, which runs before DataFusion builds anything from a
+//! table's types).
+
+use std::ops::ControlFlow;
+
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::optimizer::AnalyzerRule;
+use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{Expr, Query, Visit, Visitor};
+
+use crate::error::{Error, Result};
+
+/// The deepest nesting of expressions and subqueries a statement may have. DataFusion plans an
+/// expression tree by recursion (and copies it, recursively, many times): `1+1+...+1` with
+/// 10,000 terms is 10,000 levels deep, and overflows the stack past a few thousand levels.
+pub const MAX_EXPRESSION_DEPTH: usize = 1_000;
+
+/// The most values one row of a `FixedSizeList` column may hold (nested lists multiplied). A
+/// Parquet file's schema can claim `FixedSizeList<Float32, 2147483647>` in a few hundred bytes,
+/// and DataFusion allocates one such row for a NULL value while it plans a scan.
+pub const MAX_LIST_VALUES_PER_ROW: i64 = 1 << 22;
+
+/// Refuses a statement whose expressions nest deeper than [`MAX_EXPRESSION_DEPTH`], looking no
+/// deeper than that itself.
+pub fn check_depth(statement: &DFStatement) -> Result<()> {
+    let mut depth = Depth {
+        current: 0,
+        deepest: 0,
+    };
+    let found = match statement {
+        DFStatement::Statement(s) => s.visit(&mut depth),
+        DFStatement::CopyTo(copy) => match &copy.source {
+            CopyToSource::Query(query) => query.visit(&mut depth),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        DFStatement::Explain(explain) => return check_depth(&explain.statement),
+        _ => ControlFlow::Continue(()),
+    };
+    match found {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(()) => Err(Error::Usage(format!(
+            "expression too deep: the statement nests expressions or subqueries more than \
+             {MAX_EXPRESSION_DEPTH} levels deep (a chain of 'a + b + ...' or 'x OR y OR ...' is \
+             one level per term); use IN (...) for long lists of alternatives, or a model for \
+             long sums"
+        ))),
+    }
+}
+
+struct Depth {
+    current: usize,
+    deepest: usize,
+}
+
+impl Depth {
+    fn enter(&mut self) -> ControlFlow<()> {
+        self.current += 1;
+        self.deepest = self.deepest.max(self.current);
+        if self.current > MAX_EXPRESSION_DEPTH {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    fn leave(&mut self) -> ControlFlow<()> {
+        self.current -= 1;
+        ControlFlow::Continue(())
+    }
+}
+
+impl Visitor for Depth {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+        self.enter()
+    }
+
+    fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+        self.leave()
+    }
+
+    fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        self.enter()
+    }
+
+    fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        self.leave()
+    }
+}
+
+/// Refuses a query over a table with a list column of more than [`MAX_LIST_VALUES_PER_ROW`]
+/// values per row, naming the table and the column.
+#[derive(Debug, Default)]
+pub struct TableSchemaLimits;
+
+impl AnalyzerRule for TableSchemaLimits {
+    fn analyze(
+        &self,
+        plan: LogicalPlan,
+        _config: &ConfigOptions,
+    ) -> datafusion::error::Result<LogicalPlan> {
+        plan.apply(|node| {
+            if let LogicalPlan::TableScan(scan) = node {
+                for field in scan.source.schema().fields() {
+                    if let Some(values) = oversized(field) {
+                        return Err(DataFusionError::Plan(format!(
+                            "table {}: column '{}' is {} ({values} values per row); batchinfer \
+                             reads lists of at most {MAX_LIST_VALUES_PER_ROW} values per row",
+                            scan.table_name,
+                            field.name(),
+                            field.data_type()
+                        )));
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(plan)
+    }
+
+    fn name(&self) -> &str {
+        "input limits"
+    }
+}
+
+/// The values per row of `field` when a fixed-size list in it holds more than the limit.
+fn oversized(field: &Field) -> Option<i64> {
+    fn values(data_type: &DataType) -> i64 {
+        match data_type {
+            DataType::FixedSizeList(item, n) => {
+                i64::from(*n).saturating_mul(values(item.data_type()).max(1))
+            }
+            DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item) => {
+                values(item.data_type())
+            }
+            DataType::Struct(fields) => fields
+                .iter()
+                .map(|f| values(f.data_type()))
+                .fold(0i64, i64::saturating_add),
+            DataType::Map(entry, _) => values(entry.data_type()),
+            _ => 1,
+        }
+    }
+    let n = values(field.data_type());
+    (n > MAX_LIST_VALUES_PER_ROW).then_some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::parser::DFParser;
+    use std::sync::Arc;
+
+    fn depth_of(sql: &str) -> Result<()> {
+        let statement = DFParser::parse_sql(sql).unwrap().pop_front().unwrap();
+        let checked = check_depth(&statement);
+        // A refused statement is too deep to drop on a small stack.
+        std::mem::forget(statement);
+        checked
+    }
+
+    #[test]
+    fn deep_expressions_are_refused_and_ordinary_ones_pass() {
+        let terms = |n: usize| vec!["1"; n].join("+");
+        assert!(depth_of(&format!("SELECT {}", terms(500))).is_ok());
+        let err = depth_of(&format!("SELECT {}", terms(MAX_EXPRESSION_DEPTH + 10)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expression too deep"), "{err}");
+        let err = depth_of(&format!(
+            "COPY (SELECT * FROM t WHERE {}) TO 'x.parquet'",
+            (0..2000)
+                .map(|i| format!("a = {i}"))
+                .collect::<Vec<_>>()
+                .join(" OR ")
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("expression too deep"));
+        // A long IN list is wide, not deep.
+        let list: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
+        assert!(depth_of(&format!("SELECT 1 WHERE 5 IN ({})", list.join(","))).is_ok());
+    }
+
+    #[test]
+    fn lists_are_counted_per_row_through_nesting() {
+        let float = Arc::new(Field::new_list_field(DataType::Float32, true));
+        let fsl = |n: i32, item: Arc<Field>| DataType::FixedSizeList(item, n);
+        assert_eq!(
+            oversized(&Field::new("v", fsl(384, float.clone()), true)),
+            None
+        );
+        assert_eq!(
+            oversized(&Field::new("v", fsl(i32::MAX, float.clone()), true)),
+            Some(i64::from(i32::MAX))
+        );
+        let inner = Arc::new(Field::new_list_field(fsl(4096, float), true));
+        assert_eq!(
+            oversized(&Field::new("v", fsl(4096, inner), true)),
+            Some(4096 * 4096)
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! Helpers shared by the integration tests that run the real binary.
+// Each test crate uses part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// The batchinfer binary, with `--format csv`.
+pub fn bin() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+    command.args(["--format", "csv"]);
+    command
+}
+
+/// Runs `query -e SQL` with `--warehouse WAREHOUSE` and the test models.
+pub fn query(warehouse: &Path, sql: &str) -> Output {
+    bin()
+        .arg("--warehouse")
+        .arg(warehouse)
+        .args(["--models", "data/models", "query", "-e", sql])
+        .output()
+        .expect("the batchinfer binary runs")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A success; its standard output.
+pub fn assert_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "batchinfer failed:\nstdout: {}\nstderr: {}",
+        stdout(out),
+        stderr(out)
+    );
+    stdout(out)
+}
+
+/// Exit status 1 with one readable message (no panic, no backtrace) mentioning each of
+/// `expected`; the message.
+pub fn assert_failure(out: &Output, expected: &[&str]) -> String {
+    let err = stderr(out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected exit status 1:\nstdout: {}\nstderr: {err}",
+        stdout(out)
+    );
+    assert!(err.starts_with("Error: "), "stderr:\n{err}");
+    for text in expected {
+        assert!(
+            err.contains(text),
+            "stderr does not mention {text:?}:\n{err}"
+        );
+    }
+    for bad in [
+        "panicked",
+        "RUST_BACKTRACE",
+        "internal error",
+        "stack backtrace",
+    ] {
+        assert!(!err.contains(bad), "stderr:\n{err}");
+    }
+    err
+}
+
+/// Every file under `dir` (hidden ones too) with its bytes: compare two of these to see that
+/// nothing was added, removed or changed.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let relative = path.strip_prefix(dir).unwrap().to_path_buf();
+            if entry.file_type().unwrap().is_dir() {
+                files.insert(relative.join(""), Vec::new());
+                pending.push(path);
+            } else {
+                files.insert(relative, std::fs::read(&path).unwrap_or_default());
+            }
+        }
+    }
+    files
+}
+
+/// The names in `before` and `after` that differ, for a readable assertion.
+pub fn changes(
+    before: &BTreeMap<PathBuf, Vec<u8>>,
+    after: &BTreeMap<PathBuf, Vec<u8>>,
+) -> Vec<String> {
+    let mut changed = Vec::new();
+    for (path, bytes) in before {
+        match after.get(path) {
+            None => changed.push(format!("removed {}", path.display())),
+            Some(b) if b != bytes => changed.push(format!("changed {}", path.display())),
+            _ => {}
+        }
+    }
+    for path in after.keys().filter(|p| !before.contains_key(*p)) {
+        changed.push(format!("added {}", path.display()));
+    }
+    changed
+}
+
+/// Waits for `child` at most `limit`; kills it past that and fails the test.
+pub fn wait_with_deadline(
+    child: &mut Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls `ready` every 100 ms until it holds, failing the test after `limit`.
+pub fn poll_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `command` with at most `memory` bytes of address space and for at most `limit` (killed
+/// and failed past that), its output captured: a hostile input must end in an error, not in an
+/// allocation that takes the machine's memory or a wait that never ends.
+pub fn run_bounded(mut command: Command, memory: u64, limit: Duration) -> Output {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: memory,
+                rlim_max: memory,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("the batchinfer binary runs");
+    let status = wait_with_deadline(&mut child, limit, &format!("{command:?}"));
+    Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    }
+}

@@ -1,0 +1,452 @@
+//! Data safety, through the real binary with hostile but plausible input: no statement touches
+//! what it does not name, a failed statement leaves the old state, concurrent writers lose
+//! nothing, and no input makes batchinfer allocate without bound, hang or crash. Each test is
+//! named after the guarantee it checks, and each compares the whole folder around its target
+//! before and after (nothing outside the target is touched).
+
+mod common;
+mod fixtures;
+mod s3_server;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{
+    assert_failure, assert_ok, bin, changes, query, snapshot, stdout, wait_with_deadline,
+};
+
+/// Table names that are paths, or that would land on the warehouse's own files.
+fn hostile_names() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "../../victim",
+        "..",
+        ".",
+        "a/b",
+        "a\\b",
+        "/tmp/victim",
+        ".staging-x",
+        ".hidden",
+        "%2e%2e",
+        "a?b",
+        "a#b",
+        "tab\tname",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    names.push("x".repeat(201));
+    names
+}
+
+/// A base folder holding a warehouse (with a model and a table) and, beside it, a victim folder.
+fn warehouse_with_neighbours() -> (tempfile::TempDir, std::path::PathBuf) {
+    let base = tempfile::tempdir().unwrap();
+    let wh = base.path().join("wh");
+    std::fs::create_dir_all(base.path().join("victim")).unwrap();
+    std::fs::write(base.path().join("victim/keep.txt"), "keep").unwrap();
+    assert_ok(&query(
+        &wh,
+        "CREATE MODEL kept FROM 'data/models/linear.onnx'; CREATE TABLE kept AS SELECT 1 AS x",
+    ));
+    (base, wh)
+}
+
+#[test]
+fn table_names_are_names_never_paths_in_a_local_warehouse() {
+    let (base, wh) = warehouse_with_neighbours();
+    let before = snapshot(base.path());
+    for name in hostile_names() {
+        let quoted = name.replace('"', "\"\"");
+        for sql in [
+            format!("CREATE TABLE \"{quoted}\" AS SELECT 1 AS x"),
+            format!("CREATE OR REPLACE TABLE \"{quoted}\" AS SELECT 1 AS x"),
+            format!("DROP TABLE \"{quoted}\""),
+            format!("DROP TABLE IF EXISTS \"{quoted}\""),
+        ] {
+            let out = query(&wh, &sql);
+            assert_failure(&out, &["is not usable"]);
+            let changed = changes(&before, &snapshot(base.path()));
+            assert!(changed.is_empty(), "{sql} changed {changed:?}");
+        }
+    }
+    // The empty name, which SQL cannot even quote.
+    let out = query(&wh, "DROP TABLE IF EXISTS \"\"");
+    assert_failure(&out, &[]);
+    assert!(changes(&before, &snapshot(base.path())).is_empty());
+    // Model names are names too: they become the warehouse's model definition files.
+    for name in ["../../victim/keep", "..", "a/b", ".hidden"] {
+        let out = query(
+            &wh,
+            &format!("CREATE MODEL \"{name}\" FROM 'data/models/linear.onnx'"),
+        );
+        assert_failure(&out, &["is not usable"]);
+        let out = query(&wh, &format!("DROP MODEL IF EXISTS \"{name}\""));
+        assert_failure(&out, &["is not usable"]);
+    }
+    assert!(changes(&before, &snapshot(base.path())).is_empty());
+    // And the table that is there still reads.
+    assert_eq!(assert_ok(&query(&wh, "SELECT x FROM kept")), "x\n1\n");
+}
+
+#[test]
+fn table_names_are_names_never_paths_in_an_s3_warehouse() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.bucket("lake");
+    std::fs::create_dir_all(server.root.join("lake/other")).unwrap();
+    std::fs::write(server.root.join("lake/other/keep.txt"), "keep").unwrap();
+    let run = |sql: &str| {
+        bin()
+            .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .args(["--warehouse", "s3://lake/wh/", "query", "-e", sql])
+            .output()
+            .unwrap()
+    };
+    assert_ok(&run("CREATE TABLE kept AS SELECT 1 AS x"));
+    let before = snapshot(&server.root);
+    for name in hostile_names() {
+        for sql in [
+            format!("CREATE TABLE \"{name}\" AS SELECT 1 AS x"),
+            format!("DROP TABLE IF EXISTS \"{name}\""),
+        ] {
+            assert_failure(&run(&sql), &["is not usable"]);
+            let changed = changes(&before, &snapshot(&server.root));
+            assert!(changed.is_empty(), "{sql} changed {changed:?}");
+        }
+    }
+    assert_eq!(assert_ok(&run("SELECT x FROM kept")), "x\n1\n");
+}
+
+/// A statement that fails after 1.5M of its 2M rows were written: division by zero.
+const FAILS_LATE: &str = "SELECT value AS id, 10 / (value - 1500000) AS q FROM range(2000000)";
+/// The same through a model error: `lookup` fails on an index outside 0..9.
+const MODEL_FAILS_LATE: &str = "SELECT value AS id, predict('lookup', CASE WHEN value = 1500000 THEN 99 ELSE value % 10 END) AS q FROM range(2000000)";
+
+#[test]
+fn a_failed_copy_leaves_what_was_there_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let file = dir.path().join("out.parquet");
+    let folder = dir.path().join("out");
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "COPY (SELECT 7 AS old) TO '{}' STORED AS PARQUET;
+             COPY (SELECT 8 AS old) TO '{}/' STORED AS PARQUET",
+            file.display(),
+            folder.display()
+        ),
+    ));
+    let before = snapshot(dir.path());
+    for failing in [FAILS_LATE, MODEL_FAILS_LATE] {
+        for target in [file.display().to_string(), format!("{}/", folder.display())] {
+            let sql = format!("COPY ({failing}) TO '{target}' STORED AS PARQUET");
+            assert_failure(&query(&wh, &sql), &[]);
+            let changed = changes(&before, &snapshot(dir.path()));
+            assert!(changed.is_empty(), "{sql} changed {changed:?}");
+        }
+    }
+    // Failing into targets that did not exist leaves nothing at all.
+    for target in ["new.parquet", "new/"] {
+        let target = dir.path().join(target);
+        let sql = format!(
+            "COPY ({FAILS_LATE}) TO '{}' STORED AS PARQUET",
+            target.display()
+        );
+        assert_failure(&query(&wh, &sql), &["Divide by zero"]);
+        assert!(changes(&before, &snapshot(dir.path())).is_empty());
+    }
+    assert_eq!(
+        assert_ok(&query(
+            &wh,
+            &format!("SELECT old FROM '{}'", file.display())
+        )),
+        "old\n7\n"
+    );
+}
+
+#[test]
+fn a_failed_insert_adds_none_of_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let table = dir.path().join("t");
+    let define = format!(
+        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
+        table.display()
+    );
+    assert_ok(&query(
+        &wh,
+        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
+    ));
+    let before = snapshot(dir.path());
+    for failing in [FAILS_LATE, MODEL_FAILS_LATE] {
+        let out = query(&wh, &format!("{define}; INSERT INTO t {failing}"));
+        assert_failure(&out, &[]);
+        let changed = changes(&before, &snapshot(dir.path()));
+        assert!(changed.is_empty(), "INSERT changed {changed:?}");
+    }
+    let out = query(&wh, &format!("{define}; SELECT count(*) AS n FROM t"));
+    assert_eq!(assert_ok(&out), "n\n2\n");
+    // A successful INSERT adds all of its rows.
+    let out = query(
+        &wh,
+        &format!(
+            "{define}; INSERT INTO t SELECT value AS id, value AS q FROM range(300000); SELECT count(*) AS n FROM t"
+        ),
+    );
+    assert!(assert_ok(&out).ends_with("n\n300002\n"));
+}
+
+#[test]
+fn concurrent_catalog_changes_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let spawn = |sql: String| {
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["query", "-e", &sql])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut children: Vec<_> = (0..16)
+        .map(|i| spawn(format!("CREATE MODEL m{i} FROM 'data/models/linear.onnx'")))
+        .chain((0..8).map(|i| spawn(format!("CREATE TABLE t{i} AS SELECT {i} AS x"))))
+        .collect();
+    for child in &mut children {
+        let status = wait_with_deadline(child, Duration::from_secs(120), "a CREATE");
+        assert!(status.success());
+    }
+    let out = query(&wh, "SELECT name FROM models() ORDER BY name");
+    let listed = assert_ok(&out);
+    for i in 0..16 {
+        assert!(
+            listed.contains(&format!("\nm{i}\n")),
+            "m{i} is lost:\n{listed}"
+        );
+    }
+    let out = query(
+        &wh,
+        &(0..8)
+            .map(|i| format!("SELECT x FROM t{i}"))
+            .collect::<Vec<_>>()
+            .join(" UNION ALL "),
+    );
+    let mut xs: Vec<String> = stdout(&out).lines().skip(1).map(str::to_string).collect();
+    xs.sort();
+    assert_eq!(xs, (0..8).map(|i| i.to_string()).collect::<Vec<_>>());
+    // Nothing half-written is left in the warehouse.
+    let leftovers: Vec<_> = snapshot(&wh)
+        .into_keys()
+        .filter(|p| p.to_string_lossy().contains("/."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Address space for a hostile input's run: far less than what the input asks for.
+const MEMORY: u64 = 6 << 30;
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn bounded(warehouse: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut command = bin();
+    command.arg("--warehouse").arg(warehouse).args(args);
+    common::run_bounded(command, MEMORY, DEADLINE)
+}
+
+#[test]
+fn no_unbounded_allocation_from_a_parquet_schema_claiming_huge_lists() {
+    use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.parquet");
+    let item = Arc::new(Field::new_list_field(DataType::Float32, true));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "v",
+        DataType::FixedSizeList(item.clone(), i32::MAX),
+        true,
+    )]));
+    let empty = FixedSizeListArray::try_new(
+        item,
+        i32::MAX,
+        Arc::new(Float32Array::from(Vec::<f32>::new())),
+        None,
+    )
+    .unwrap();
+    let batch = datafusion::arrow::record_batch::RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(empty)],
+    )
+    .unwrap();
+    let mut writer =
+        ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() < 2048);
+    let wh = dir.path().join("wh");
+    for sql in [
+        format!("SELECT * FROM '{}'", path.display()),
+        format!("SELECT v[1] FROM '{}'", path.display()),
+        format!(
+            "CREATE EXTERNAL TABLE h STORED AS PARQUET LOCATION '{}'; SELECT count(v) FROM h",
+            path.display()
+        ),
+    ] {
+        let out = bounded(&wh, &["query", "-e", &sql]);
+        assert_failure(&out, &["column 'v'", "2147483647", "values per row"]);
+    }
+}
+
+#[test]
+fn no_unbounded_allocation_from_a_model_with_an_absurd_fixed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    for (model, rows) in [("batch_1e9", "1000000000"), ("batch_2p32", "4294967297")] {
+        let sql =
+            format!("CREATE MODEL m FROM 'data/fixtures/{model}.onnx'; SELECT predict('m', 1.0)");
+        let out = bounded(&dir.path().join(model), &["query", "-e", &sql]);
+        assert_failure(
+            &out,
+            &["model 'm'", &format!("fixed at {rows} rows"), "65536"],
+        );
+    }
+}
+
+#[test]
+fn no_crash_from_expressions_nested_too_deep() {
+    let dir = tempfile::tempdir().unwrap();
+    let sum = format!("SELECT {}", vec!["1"; 10_000].join("+"));
+    let ors = format!(
+        "SELECT count(*) FROM range(10) WHERE {}",
+        (0..30_000)
+            .map(|i| format!("value = {i}"))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    );
+    let script = dir.path().join("deep.sql");
+    for sql in [&sum, &ors] {
+        std::fs::write(&script, sql).unwrap();
+        let out = bounded(
+            &dir.path().join("wh"),
+            &["query", "-f", script.to_str().unwrap()],
+        );
+        assert_failure(&out, &["expression too deep", "1000 levels"]);
+    }
+    // Deep, but within the limit: planned and run.
+    let sum = format!("SELECT {} AS n", vec!["1"; 900].join("+"));
+    let out = bounded(&dir.path().join("wh"), &["query", "-e", &sum]);
+    assert_eq!(assert_ok(&out), "n\n900\n");
+}
+
+#[test]
+fn no_crash_from_bad_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bounded(
+        &dir.path().join("wh"),
+        &["--batch-rows", "0", "query", "-e", "SELECT 1"],
+    );
+    assert_failure(&out, &["--batch-rows", "at least 1"]);
+    for endpoint in ["http://[::1", "ftp://host:21", "http://", "not a url"] {
+        let mut command = bin();
+        command
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .args(["query", "-e", "SELECT * FROM 's3://bucket/x.parquet'"]);
+        let out = common::run_bounded(command, MEMORY, DEADLINE);
+        assert_failure(&out, &["S3 endpoint", "is not usable"]);
+    }
+}
+
+/// A FIFO no one writes to: reading it whole would wait forever.
+fn fifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path; mkfifo reads it and nothing else.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn no_hang_or_unbounded_read_from_fifos_devices_and_links_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    fifo(&base.join("pipe.onnx"));
+    std::os::unix::fs::symlink("/dev/zero", base.join("zero.onnx")).unwrap();
+    std::os::unix::fs::symlink(base.join("pipe.onnx"), base.join("link.onnx")).unwrap();
+    let wh = base.join("wh");
+    for model in ["pipe.onnx", "zero.onnx", "link.onnx"] {
+        let path = base.join(model);
+        // CREATE MODEL ... FROM it, and a --models folder holding it.
+        let out = bounded(
+            &wh,
+            &[
+                "query",
+                "-e",
+                &format!("CREATE MODEL m FROM '{}'", path.display()),
+            ],
+        );
+        assert_failure(&out, &["model"]);
+        let out = bounded(
+            &wh,
+            &[
+                "--models",
+                base.to_str().unwrap(),
+                "query",
+                "-e",
+                &format!("SELECT predict('{}', 1.0)", model.trim_end_matches(".onnx")),
+            ],
+        );
+        assert_failure(&out, &["not a regular file"]);
+    }
+    // A text model folder whose tokenizer or pooling configuration is one.
+    let minilm = fixtures::models_with_minilm().join("minilm");
+    for (file, target) in [
+        ("tokenizer.json", None),
+        ("tokenizer.json", Some("/dev/zero")),
+        ("1_Pooling/config.json", None),
+        ("1_Pooling/config.json", Some("/dev/zero")),
+        ("batchinfer.json", None),
+    ] {
+        let folder = tempfile::tempdir().unwrap();
+        std::fs::copy("data/models/linear.onnx", folder.path().join("model.onnx")).unwrap();
+        std::fs::copy(
+            minilm.join("tokenizer.json"),
+            folder.path().join("tokenizer.json"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(folder.path().join("1_Pooling")).unwrap();
+        let hostile = folder.path().join(file);
+        let _ = std::fs::remove_file(&hostile);
+        match target {
+            None => fifo(&hostile),
+            Some(target) => std::os::unix::fs::symlink(target, &hostile).unwrap(),
+        }
+        let sql = format!("CREATE MODEL t FROM '{}/'", folder.path().display());
+        let out = bounded(&wh, &["query", "-e", &sql]);
+        assert_failure(
+            &out,
+            &[file.rsplit('/').next().unwrap(), "not a regular file"],
+        );
+    }
+    // A file over its cap says the cap.
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::copy("data/models/linear.onnx", folder.path().join("model.onnx")).unwrap();
+    std::fs::copy(
+        minilm.join("tokenizer.json"),
+        folder.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let big = std::fs::File::create(folder.path().join("batchinfer.json")).unwrap();
+    big.set_len(2 << 20).unwrap();
+    let sql = format!("CREATE MODEL t FROM '{}/'", folder.path().display());
+    assert_failure(
+        &bounded(&wh, &["query", "-e", &sql]),
+        &["batchinfer.json", "2097152 bytes", "1048576 bytes"],
+    );
+}
