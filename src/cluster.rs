@@ -130,6 +130,7 @@ pub async fn run_scheduler(bind: SocketAddr, config: &EngineConfig) -> Result<()
         .await
         .map_err(cluster_error)?;
     eprintln!("batchinfer scheduler listening on {bind}");
+    warn_if_exposed("scheduler", bind.ip());
     start_server(cluster, bind, Arc::new(scheduler))
         .await
         .map_err(cluster_error)
@@ -188,9 +189,27 @@ pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Re
         "batchinfer executor on {}:{} serving scheduler {}",
         options.bind_host, options.port, options.scheduler
     );
+    if let Ok(ip) = options.bind_host.parse::<std::net::IpAddr>() {
+        warn_if_exposed("executor", ip);
+    } else if options.bind_host != "localhost" {
+        warn_if_exposed("executor", std::net::Ipv4Addr::UNSPECIFIED.into());
+    }
     start_executor_process(Arc::new(process))
         .await
         .map_err(cluster_error)
+}
+
+/// A cluster process answers whoever reaches its port: it has no authentication. Said at start
+/// whenever it listens beyond this machine.
+fn warn_if_exposed(role: &str, ip: std::net::IpAddr) {
+    if !ip.is_loopback() {
+        eprintln!(
+            "warning: this {role} listens on {ip}, beyond this machine, and has no \
+             authentication: anyone who reaches its ports can run queries with this cluster's \
+             models, files and credentials. Keep the cluster on a private network (a VPC subnet, \
+             a firewall that admits only the cluster's machines), as the README says."
+        );
+    }
 }
 
 fn cluster_error(e: ballista_core::error::BallistaError) -> Error {

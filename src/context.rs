@@ -21,6 +21,7 @@ use crate::limits::TableSchemaLimits;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
 use crate::scan::StreamingParquetRule;
+use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, SimilarityUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -33,6 +34,7 @@ use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, Similar
 pub fn build_context(
     config: &EngineConfig,
     registry: Arc<ModelRegistry>,
+    tables: Arc<ResolvedTables>,
 ) -> Result<SessionContext> {
     let mut session_config = SessionConfig::new()
         .with_target_partitions(config.partitions())
@@ -103,7 +105,10 @@ pub fn build_context(
             registry: registry.clone(),
         }),
     );
-    ctx.register_udtf("predict_table", Arc::new(PredictTableFunction { registry }));
+    ctx.register_udtf(
+        "predict_table",
+        Arc::new(PredictTableFunction { registry, tables }),
+    );
     Ok(ctx)
 }
 

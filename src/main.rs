@@ -138,6 +138,10 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("batchinfer: internal error: {info}");
     }));
+    if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
+        // SAFETY: no other thread exists yet. ONNX Runtime reads it when it is loaded.
+        unsafe { std::env::set_var("ORT_DISABLE_TELEMETRY", "1") };
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version print and succeed; a usage error is one message and status 1.

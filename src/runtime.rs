@@ -4,6 +4,13 @@
 //! order: `ORT_DYLIB_PATH`; the cache (`$BATCHINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/batchinfer`,
 //! else `~/.cache/batchinfer`); or, on first use, the official `onnxruntime==1.31.1` wheel from PyPI,
 //! checked against its pinned sha256, whose `libonnxruntime` is unpacked into the cache.
+//!
+//! What is loaded is what was checked: each library unpacked into the cache has a pinned sha256
+//! too, verified before every load, and a cached copy that does not match (truncated, replaced)
+//! is fetched again. The cache is an absolute folder or nothing: never one relative to the
+//! working directory. ONNX Runtime's own telemetry is switched off before the library is loaded
+//! (`ORT_DISABLE_TELEMETRY=1`): it would otherwise keep a device id under `~/.cache/Microsoft`
+//! and send events to Microsoft.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -25,6 +32,8 @@ struct Wheel {
     url: &'static str,
     sha256: &'static str,
     library: &'static str,
+    /// The sha256 of each member batchinfer unpacks from it (the library, the CUDA providers).
+    members: &'static [(&'static str, &'static str)],
 }
 
 const PYPI: &str = "https://files.pythonhosted.org/packages";
@@ -36,6 +45,10 @@ const WHEELS: &[Wheel] = &[
         url: "eb/27/c6a823bac55b2977bea2027c3ec9393a2c1002cb9a09eb40354563e02730/onnxruntime-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",
         sha256: "1f3dea47f2f0e5117c2404cea7d21fd253ae7836a3bf167a501cdfbb2600d536",
         library: "libonnxruntime.so.1.31.1",
+        members: &[(
+            "libonnxruntime.so.1.31.1",
+            "fc44112fbe06d7d689c57e11d3862031f64711007e4ee020f8eed5185fd2c1d3",
+        )],
     },
     Wheel {
         os: "linux",
@@ -43,6 +56,10 @@ const WHEELS: &[Wheel] = &[
         url: "ba/e4/1ed1a7a5f4702d899091fa2b976d377995250c307326ec8dc9ae6378aa13/onnxruntime-1.31.1-cp312-cp312-manylinux_2_28_aarch64.whl",
         sha256: "0b9a492176886992e0e875f06bc0367e333f5fff11711a2d642e18b02f3009cc",
         library: "libonnxruntime.so.1.31.1",
+        members: &[(
+            "libonnxruntime.so.1.31.1",
+            "8aa3b76b28c778a2b1dd660d34161adb1d508c9ccd04ff9dc80e26eca5df8467",
+        )],
     },
     Wheel {
         os: "macos",
@@ -50,6 +67,10 @@ const WHEELS: &[Wheel] = &[
         url: "0e/f7/cecc0efeeea83bff2f7789ae1b80f27fa0f0210d6d9d66d1f0031a6b5e47/onnxruntime-1.31.1-cp312-cp312-macosx_14_0_arm64.whl",
         sha256: "96dd2564b10ea7153ad9c207e7cd8e5917cb3ba521e0e0a62ac03486fdc8d56c",
         library: "libonnxruntime.1.31.1.dylib",
+        members: &[(
+            "libonnxruntime.1.31.1.dylib",
+            "d586cbe89effc085a09d3341b3cfbd5c322517f9d397aeb20814af21433f2b36",
+        )],
     },
 ];
 
@@ -69,6 +90,20 @@ const CUDA_WHEELS: &[Wheel] = &[Wheel {
     url: "22/97/9531b4d9e566cf2a0f04b4b5c26a3bc0ef2e2e0b6bc943a02c0eead98cf7/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",
     sha256: "05d548956197b9d01f59b625de740e0d6be3593f874e241a12dc0362650ecdf7",
     library: "libonnxruntime.so.1.31.1",
+    members: &[
+        (
+            "libonnxruntime.so.1.31.1",
+            "5104254339ecadae808da771bd0b63b240f0dbd466514234905e54372435c303",
+        ),
+        (
+            "libonnxruntime_providers_shared.so",
+            "086ec1d5388f64153d9c63470d126693db9a182c8ce236d3a1119068471b8a0d",
+        ),
+        (
+            "libonnxruntime_providers_cuda.so",
+            "8387867e857499e045caff5d13ac6a5de29571c801562fa2dde0e45f1f31de52",
+        ),
+    ],
 }];
 const CUDA_PROVIDERS: &[&str] = &[
     "libonnxruntime_providers_shared.so",
@@ -168,6 +203,7 @@ fn load_cuda(n: u32) -> std::result::Result<(&'static Environment, String), Stri
 /// Loads the library at `path` as the process's environment.
 fn load(path: &Path) -> Result<&'static Environment> {
     let fail = |e: String| Error::Runtime(e);
+    disable_telemetry();
     let builder = ort::init_from(path).map_err(|e| {
         fail(format!(
             "{} could not be loaded: {e}. {}",
@@ -255,27 +291,86 @@ pub fn cuda_library_path() -> Result<PathBuf> {
 }
 
 /// `wheel`'s library in the cache folder `folder`, fetched (with `extra` members beside it) the
-/// first time.
+/// first time, and again whenever a cached member does not hash to its pinned sha256.
 fn cached_library(wheel: &Wheel, extra: &[&str], folder: &str) -> Result<PathBuf> {
-    let dir = cache_dir().join(folder);
+    let dir = cache_dir()?.join(folder);
     let path = dir.join(wheel.library);
-    if !path.is_file() {
-        fetch_library(wheel, extra, &dir)?;
+    if path.is_file() {
+        match verify_members(wheel, extra, &dir) {
+            Ok(()) => return Ok(path),
+            Err(why) => eprintln!("batchinfer: {why}; fetching it again"),
+        }
     }
+    fetch_library(wheel, extra, &dir)?;
+    verify_members(wheel, extra, &dir).map_err(Error::Runtime)?;
     Ok(path)
 }
 
-/// The folder batchinfer caches downloads in.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BATCHINFER_CACHE_DIR") {
-        return PathBuf::from(dir);
+/// Checks that the library and `extra` members in `dir` hash to the wheel's pinned sha256s.
+fn verify_members(wheel: &Wheel, extra: &[&str], dir: &Path) -> std::result::Result<(), String> {
+    for name in extra.iter().chain([&wheel.library]) {
+        let path = dir.join(name);
+        let pinned = wheel
+            .members
+            .iter()
+            .find(|(member, _)| member == name)
+            .map(|(_, sha)| *sha)
+            .ok_or_else(|| format!("no sha256 is pinned for {name}"))?;
+        let mut file = std::fs::File::open(&path)
+            .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher)
+            .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
+        let digest = hex::encode(hasher.finalize());
+        if digest != pinned {
+            return Err(format!(
+                "the cached {} has sha256 {digest}, not the pinned {pinned} (truncated or \
+                 replaced)",
+                path.display()
+            ));
+        }
     }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("batchinfer");
+    Ok(())
+}
+
+/// The folder batchinfer caches downloads in: `$BATCHINFER_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/batchinfer`, else `$HOME/.cache/batchinfer`. Only an absolute folder: a
+/// relative `XDG_CACHE_HOME` is ignored (as the XDG specification says), and a relative
+/// `BATCHINFER_CACHE_DIR` or `HOME`, or no `HOME`, is an error rather than a cache in whatever
+/// folder the process runs in.
+pub fn cache_dir() -> Result<PathBuf> {
+    let absolute = |var: &str| std::env::var_os(var).map(PathBuf::from);
+    if let Some(dir) = absolute("BATCHINFER_CACHE_DIR") {
+        if dir.is_absolute() {
+            return Ok(dir);
+        }
+        return Err(Error::Runtime(format!(
+            "BATCHINFER_CACHE_DIR is {}, which is not an absolute path",
+            dir.display()
+        )));
     }
-    match std::env::var_os("HOME") {
-        Some(home) => PathBuf::from(home).join(".cache").join("batchinfer"),
-        None => PathBuf::from(".cache").join("batchinfer"),
+    if let Some(dir) = absolute("XDG_CACHE_HOME").filter(|d| d.is_absolute()) {
+        return Ok(dir.join("batchinfer"));
+    }
+    match absolute("HOME").filter(|d| d.is_absolute()) {
+        Some(home) => Ok(home.join(".cache").join("batchinfer")),
+        None => Err(Error::Runtime(
+            "there is no absolute HOME to keep ONNX Runtime's cache in: set \
+             BATCHINFER_CACHE_DIR to an absolute folder (or ORT_DYLIB_PATH to a library)"
+                .to_string(),
+        )),
+    }
+}
+
+/// Switches ONNX Runtime's telemetry off before the library is loaded, unless the environment
+/// already says what it wants.
+fn disable_telemetry() {
+    const VAR: &str = "ORT_DISABLE_TELEMETRY";
+    if std::env::var_os(VAR).is_none() {
+        // SAFETY: called once per process, under the lock of the one environment, before ONNX
+        // Runtime (the only reader of this variable) is loaded. Rust's own environment access is
+        // synchronized; batchinfer's command line sets it too, before any thread starts.
+        unsafe { std::env::set_var(VAR, "1") };
     }
 }
 

@@ -81,9 +81,17 @@ impl Cluster {
 
     /// Runs `sql` on the cluster with the client's `--models`.
     fn query(&self, models: Option<&Path>, sql: &str) -> Output {
+        self.query_as("client", models, sql)
+    }
+
+    /// [`Cluster::query`] from the client `client`, with a warehouse of its own.
+    fn query_as(&self, client: &str, models: Option<&Path>, sql: &str) -> Output {
         let mut command = bin();
         command
-            .env("BATCHINFER_WAREHOUSE", self._work.path().join("client-wh"))
+            .env(
+                "BATCHINFER_WAREHOUSE",
+                self._work.path().join(format!("{client}-wh")),
+            )
             .args(["--format", "csv", "--remote", &self.remote()]);
         if let Some(models) = models {
             command.arg("--models").arg(models);
@@ -345,4 +353,56 @@ fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
             format!("failed: {stderr}")
         }
     );
+}
+
+/// Two clients define the model `m` differently on one cluster, one after the other and back:
+/// each gets its own model's scores, whatever the executors loaded first. Then one client
+/// replaces its model's file and runs CREATE OR REPLACE MODEL: the new file's scores.
+#[test]
+fn a_model_name_means_one_model_everywhere() {
+    let data = tempfile::tempdir().unwrap();
+    split_into_files("data/sample/features.parquet", "id < 2000", 4, data.path());
+    let cluster = Cluster::start(2, None);
+    let scores = format!(
+        "SELECT id, predict('m', {FEATURES}) AS p FROM '{}/'",
+        data.path().display()
+    );
+    let define = |model: &Path, replace: bool| {
+        format!(
+            "CREATE {}MODEL m FROM '{}'",
+            if replace { "OR REPLACE " } else { "" },
+            model.display()
+        )
+    };
+    let linear = std::fs::canonicalize("data/models/linear.onnx").unwrap();
+    let doubled = std::fs::canonicalize("data/fixtures/linear_doubled.onnx").unwrap();
+    // The single-process scores of each file.
+    let want = |model: &Path| {
+        rows(&local(
+            Path::new("data/models"),
+            &format!("{}; {scores}", define(model, true)),
+        ))
+    };
+    let (want_linear, want_doubled) = (want(&linear), want(&doubled));
+    assert_eq!(want_linear.len(), 2000);
+    assert_ne!(want_linear, want_doubled);
+    let on_cluster = |client: &str, model: &Path, replace: bool| {
+        rows(&ok(&cluster.query_as(
+            client,
+            None,
+            &format!("{}; {scores}", define(model, replace)),
+        )))
+    };
+    assert_same_rows(&on_cluster("a", &linear, false), &want_linear, 0.0);
+    assert_same_rows(&on_cluster("b", &doubled, false), &want_doubled, 0.0);
+    assert_same_rows(&on_cluster("a", &linear, true), &want_linear, 0.0);
+    assert_same_rows(&on_cluster("b", &doubled, true), &want_doubled, 0.0);
+
+    // The same path, new bytes: CREATE OR REPLACE MODEL reads the file again, and the executors
+    // serve the new model, not the one they loaded from that path before.
+    let file = data.path().join("m.onnx");
+    std::fs::copy(&linear, &file).unwrap();
+    assert_same_rows(&on_cluster("c", &file, false), &want_linear, 0.0);
+    std::fs::copy(&doubled, &file).unwrap();
+    assert_same_rows(&on_cluster("c", &file, true), &want_doubled, 0.0);
 }

@@ -8,7 +8,8 @@ mod common;
 mod fixtures;
 mod s3_server;
 
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
@@ -449,4 +450,420 @@ fn no_hang_or_unbounded_read_from_fifos_devices_and_links_to_them() {
         &bounded(&wh, &["query", "-e", &sql]),
         &["batchinfer.json", "2097152 bytes", "1048576 bytes"],
     );
+}
+
+/// Where this machine's batchinfer cache is, by the same rules as batchinfer's (so that a test
+/// with another HOME does not fetch ONNX Runtime again).
+fn real_cache() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("BATCHINFER_CACHE_DIR") {
+        return dir.into();
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute()) {
+        return Path::new(&dir).join("batchinfer");
+    }
+    Path::new(&std::env::var_os("HOME").unwrap()).join(".cache/batchinfer")
+}
+
+/// Scores a few rows with a real model, so that ONNX Runtime is loaded and runs.
+const SCORE: &str =
+    "SELECT predict('linear', features) AS p FROM 'data/sample/vectors.parquet' LIMIT 3";
+
+#[test]
+fn onnx_runtime_sends_nothing_home() {
+    let home = tempfile::tempdir().unwrap();
+    let out = bin()
+        .env("HOME", home.path())
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("ORT_DISABLE_TELEMETRY")
+        .env("BATCHINFER_CACHE_DIR", real_cache())
+        .arg("--warehouse")
+        .arg(home.path().join("wh"))
+        .args(["--models", "data/models", "query", "-e", SCORE])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let written: Vec<_> = snapshot(home.path())
+        .into_keys()
+        .filter(|p| !p.starts_with("wh"))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "ONNX Runtime wrote into the home folder: {written:?}"
+    );
+}
+
+fn library_in(cache: &Path) -> std::path::PathBuf {
+    cache.join("onnxruntime-1.31.1/libonnxruntime.so.1.31.1")
+}
+
+fn sha256_of(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+#[test]
+fn what_is_loaded_is_what_was_checked() {
+    let real = library_in(&real_cache());
+    assert!(
+        real.is_file(),
+        "the tests run after ONNX Runtime is fetched"
+    );
+    let pinned = sha256_of(&real);
+    // A truncated copy and a planted library (another shared object) in the cache: each is
+    // found out before it is loaded, and fetched again from PyPI.
+    for planted in ["truncated", "another library"] {
+        let cache = tempfile::tempdir().unwrap();
+        let library = library_in(cache.path());
+        std::fs::create_dir_all(library.parent().unwrap()).unwrap();
+        match planted {
+            "truncated" => {
+                let bytes = std::fs::read(&real).unwrap();
+                std::fs::write(&library, &bytes[..bytes.len() / 3]).unwrap();
+            }
+            _ => {
+                let libc = [
+                    "/lib/x86_64-linux-gnu/libc.so.6",
+                    "/lib/aarch64-linux-gnu/libc.so.6",
+                ]
+                .into_iter()
+                .find(|p| Path::new(p).exists())
+                .unwrap();
+                std::fs::copy(libc, &library).unwrap();
+            }
+        }
+        let out = bin()
+            .env("BATCHINFER_CACHE_DIR", cache.path())
+            .env_remove("ORT_DYLIB_PATH")
+            .arg("--warehouse")
+            .arg(cache.path().join("wh"))
+            .args(["--models", "data/models", "query", "-e", SCORE])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        assert!(
+            common::stderr(&out).contains("not the pinned"),
+            "{planted}: {}",
+            common::stderr(&out)
+        );
+        assert_eq!(sha256_of(&library), pinned, "{planted}");
+    }
+    // The cache is an absolute folder or nothing: never one under the working directory.
+    let cwd = tempfile::tempdir().unwrap();
+    let attempts: [(&str, Option<&str>, Option<&str>); 3] = [
+        (
+            "relative BATCHINFER_CACHE_DIR",
+            Some("rel-cache"),
+            Some("/nonexistent-home"),
+        ),
+        ("no HOME", None, None),
+        ("relative HOME", None, Some("home")),
+    ];
+    for (what, cache_dir, home) in attempts {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+        command
+            .current_dir(cwd.path())
+            .env_remove("BATCHINFER_CACHE_DIR")
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("HOME")
+            .env_remove("ORT_DYLIB_PATH");
+        if let Some(dir) = cache_dir {
+            command.env("BATCHINFER_CACHE_DIR", dir);
+        }
+        if let Some(home) = home {
+            command.env("HOME", home);
+        }
+        let models = std::fs::canonicalize("data/models").unwrap();
+        let data = std::fs::canonicalize("data/sample/vectors.parquet").unwrap();
+        command.arg("--models").arg(models).args([
+            "--warehouse",
+            "wh",
+            "query",
+            "-e",
+            &format!(
+                "SELECT predict('linear', features) FROM '{}' LIMIT 1",
+                data.display()
+            ),
+        ]);
+        let out = command.output().unwrap();
+        assert_failure(&out, &["absolute"]);
+        let made: Vec<_> = snapshot(cwd.path())
+            .into_keys()
+            .filter(|p| !p.starts_with("wh"))
+            .collect();
+        assert!(made.is_empty(), "{what}: {made:?}");
+    }
+}
+
+#[test]
+fn what_is_loaded_is_what_was_checked_for_the_text_model_too() {
+    // A copy of the fetched model folder with an edited tokenizer is fetched again.
+    let cache = tempfile::tempdir().unwrap();
+    let folder = cache.path().join("models/all-MiniLM-L6-v2");
+    let real = fixtures::models_with_minilm().join("minilm");
+    std::fs::create_dir_all(folder.join("1_Pooling")).unwrap();
+    for file in [
+        "model.onnx",
+        "tokenizer.json",
+        "config.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+    ] {
+        std::fs::copy(real.join(file), folder.join(file)).unwrap();
+    }
+    let run = || {
+        Command::new("bash")
+            .arg("scripts/fetch_minilm.sh")
+            .env("BATCHINFER_CACHE_DIR", cache.path())
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    assert!(out.status.success());
+    assert!(
+        !common::stderr(&out).contains("fetching"),
+        "a good copy is used as it is"
+    );
+    let edited = std::fs::read_to_string(folder.join("tokenizer.json")).unwrap();
+    std::fs::write(
+        folder.join("tokenizer.json"),
+        edited.replace("[CLS]", "[CLX]"),
+    )
+    .unwrap();
+    let out = run();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(common::stderr(&out).contains("does not match its pinned sha256s"));
+    assert_eq!(
+        sha256_of(&folder.join("tokenizer.json")),
+        sha256_of(&real.join("tokenizer.json"))
+    );
+    let leftovers: Vec<_> = snapshot(&cache.path().join("models"))
+        .into_keys()
+        .filter(|p| p.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn a_models_external_data_stays_with_the_model() {
+    // The working directory holds a weights.bin of its own: the model's is in its folder.
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("weights.bin"), vec![0x3f; 44]).unwrap();
+    let root = std::fs::canonicalize(".").unwrap();
+    let external = root.join("data/fixtures/external");
+    let sql = format!(
+        "CREATE MODEL e FROM '{}/';
+         SELECT count(*) AS n, sum(CASE WHEN abs(predict('e', v.features) - r.score) <= 1e-6 * greatest(abs(r.score), 1) THEN 1 ELSE 0 END) AS same
+         FROM '{}' v JOIN '{}' r ON v.id = r.id",
+        external.display(),
+        root.join("data/sample/vectors.parquet").display(),
+        external.join("reference.parquet").display()
+    );
+    let out = bin()
+        .current_dir(cwd.path())
+        .args(["--warehouse", "wh", "query", "-e", &sql])
+        .output()
+        .unwrap();
+    assert_eq!(assert_ok(&out), "n,same\n100,100\n");
+    // The data counts in the model's sha256: other weights, another hash.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(external.join("model.onnx"), copy.path().join("model.onnx")).unwrap();
+    std::fs::write(copy.path().join("weights.bin"), vec![0x3f; 44]).unwrap();
+    let hashes = format!(
+        "CREATE MODEL a FROM '{}/'; CREATE MODEL b FROM '{}/';
+         SELECT count(DISTINCT sha256) AS n FROM models() WHERE name IN ('a', 'b')",
+        external.display(),
+        copy.path().display()
+    );
+    let out = bin()
+        .current_dir(cwd.path())
+        .args(["--warehouse", "wh2", "query", "-e", &hashes])
+        .output()
+        .unwrap();
+    assert_eq!(assert_ok(&out), "n\n2\n");
+    // A model whose data file is named outside its folder is refused.
+    let bytes = std::fs::read(external.join("model.onnx")).unwrap();
+    let mut bytes = bytes.clone();
+    let at = bytes.windows(11).position(|w| w == b"weights.bin").unwrap();
+    bytes[at..at + 11].copy_from_slice(b"../ghts.bin");
+    std::fs::write(copy.path().join("model.onnx"), &bytes).unwrap();
+    let out = bin()
+        .current_dir(cwd.path())
+        .args(["--warehouse", "wh3", "query", "-e"])
+        .arg(format!("CREATE MODEL x FROM '{}/'", copy.path().display()))
+        .output()
+        .unwrap();
+    assert_failure(
+        &out,
+        &["../ghts.bin", "not a plain path inside the model's folder"],
+    );
+}
+
+#[test]
+fn secrets_stay_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.bucket("bkt");
+    let secret = "SuperSecretValue42";
+    let token = "SessionTokenValue42";
+    let options = format!(
+        "OPTIONS ('aws.access_key_id' 'AKIAEXAMPLE', 'aws.secret_access_key' '{secret}', \
+         'aws.session_token' '{token}', 'aws.region' 'us-east-1', \
+         'aws.endpoint' '{}', 'aws.allow_http' 'true')",
+        server.endpoint()
+    );
+    let wh = dir.path().join("wh");
+    let statements = [
+        format!("EXPLAIN COPY (SELECT 1 AS x) TO 's3://bkt/out/' STORED AS PARQUET {options}"),
+        format!(
+            "EXPLAIN VERBOSE COPY (SELECT 1 AS x) TO 's3://bkt/out/' STORED AS PARQUET {options}"
+        ),
+        // Refused by the server (the key is wrong): the error names neither.
+        format!("COPY (SELECT 1 AS x) TO 's3://bkt/out/' STORED AS PARQUET {options}"),
+        format!(
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 's3://bkt/t/' {options}; \
+             SHOW CREATE TABLE t"
+        ),
+    ];
+    for sql in statements {
+        let out = query(&wh, &sql);
+        let shown = format!("{}{}", stdout(&out), common::stderr(&out));
+        assert!(
+            !shown.contains(secret) && !shown.contains(token),
+            "{sql}\nshows a secret:\n{shown}"
+        );
+        assert!(!shown.contains("panicked"), "{shown}");
+    }
+}
+
+#[test]
+fn the_cluster_warns_that_it_is_not_an_open_door() {
+    let listen = |role: &str, address: &str| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+        match role {
+            "scheduler" => command.args(["scheduler", "--bind", &format!("{address}:{port}")]),
+            _ => command.args([
+                "executor",
+                "--bind-host",
+                address,
+                "--port",
+                &port.to_string(),
+                "--scheduler",
+                "127.0.0.1:1",
+            ]),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stderr");
+        let mut child = command
+            .env("BATCHINFER_WAREHOUSE", dir.path().join("wh"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut text = String::new();
+        common::poll_until(Duration::from_secs(30), "the banner", || {
+            text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains(&format!("batchinfer {role}"))
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        text
+    };
+    let exposed = listen("scheduler", "0.0.0.0");
+    assert!(
+        exposed.contains("warning:") && exposed.contains("no authentication"),
+        "{exposed}"
+    );
+    assert!(!listen("scheduler", "127.0.0.1").contains("warning:"));
+    let exposed = listen("executor", "0.0.0.0");
+    assert!(exposed.contains("no authentication"), "{exposed}");
+}
+
+#[test]
+fn predict_table_reads_s3_paths_as_every_path_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.put_file(
+        "data",
+        "customers.parquet",
+        Path::new("data/sample/customers.parquet"),
+    );
+    let sql = |from: &str| {
+        format!(
+            "SELECT id, label, probabilities[2] AS p FROM predict_table('churn', '{from}') ORDER BY id"
+        )
+    };
+    let out = bin()
+        .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", server.endpoint())
+        .env("AWS_ALLOW_HTTP", "true")
+        .arg("--warehouse")
+        .arg(dir.path().join("wh"))
+        .args(["--models", "data/models", "query", "-e"])
+        .arg(sql("s3://data/customers.parquet"))
+        .output()
+        .unwrap();
+    let remote = assert_ok(&out);
+    let local = assert_ok(&query(
+        &dir.path().join("wh"),
+        &sql("data/sample/customers.parquet"),
+    ));
+    assert_eq!(remote.lines().count(), 2001);
+    assert_eq!(remote, local);
+}
+
+/// The same through the library, on a single-threaded runtime (as `#[tokio::test]` gives): the
+/// look-up of the S3 path needs a runtime to drive its requests while planning waits for it.
+#[test]
+fn predict_table_reads_s3_paths_on_a_single_threaded_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.put_file(
+        "data",
+        "customers.parquet",
+        Path::new("data/sample/customers.parquet"),
+    );
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(predict_table_over_s3(&server));
+}
+
+async fn predict_table_over_s3(server: &s3_server::S3Server) {
+    let engine = batchinfer::Engine::new(batchinfer::EngineConfig {
+        models_dir: Some("data/models".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let connect = format!(
+        "CREATE EXTERNAL TABLE c STORED AS PARQUET LOCATION 's3://data/customers.parquet' \
+         OPTIONS ('aws.access_key_id' '{}', 'aws.secret_access_key' '{}', 'aws.region' \
+         'us-east-1', 'aws.endpoint' '{}', 'aws.allow_http' 'true')",
+        s3_server::ACCESS_KEY,
+        s3_server::SECRET_KEY,
+        server.endpoint()
+    );
+    engine.sql(&connect).await.unwrap().collect().await.unwrap();
+    let counted = tokio::time::timeout(Duration::from_secs(60), async {
+        let frame = engine
+            .sql("SELECT count(label) AS n FROM predict_table('churn', 's3://data/customers.parquet')")
+            .await
+            .map_err(|e| batchinfer::error::display_error(&e))?;
+        frame.collect().await.map_err(|e| e.to_string())
+    })
+    .await
+    .expect("predict_table over S3 did not finish within 60 s")
+    .unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&counted)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("| 2000 |"), "{text}");
 }

@@ -90,6 +90,7 @@ fn mutated_models_load_or_fail_cleanly() {
             "fuzzed",
             ModelSource::File("fuzzed.onnx".into()),
             bytes,
+            Vec::new(),
             options,
         ) {
             Ok(model) => {

@@ -44,6 +44,7 @@ use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, split};
 use crate::storage::{StoreRegistry, is_object_store_url, location_url, object_path};
+use crate::udf::predict_table::{ResolvedTables, tables_named};
 use crate::warehouse::{Warehouse, check_name};
 
 mod write;
@@ -57,6 +58,8 @@ pub struct Engine {
     registry: Arc<ModelRegistry>,
     config: EngineConfig,
     warehouse: Option<Warehouse>,
+    /// The tables `predict_table` calls name, resolved before their statement is planned.
+    tables: Arc<ResolvedTables>,
 }
 
 impl Engine {
@@ -78,9 +81,11 @@ impl Engine {
         if let Some(dir) = &config.models_dir {
             registry.register_dir(dir)?;
         }
-        let ctx = build_context(&config, registry.clone())?;
+        let tables = Arc::new(ResolvedTables::default());
+        let ctx = build_context(&config, registry.clone(), tables.clone())?;
         Ok(Engine {
             ctx,
+            tables,
             results: SessionContext::new(),
             registry,
             config,
@@ -209,7 +214,7 @@ impl Engine {
     }
 
     async fn run_sql(&self, sql: &str) -> Result<DataFrame> {
-        let Some(statement) = self.parse_sql(sql)? else {
+        let Some(mut statement) = self.parse_sql(sql)? else {
             return self.empty();
         };
         if let Err(e) = crate::limits::check_depth(&statement) {
@@ -217,13 +222,15 @@ impl Engine {
             std::mem::forget(statement);
             return Err(e);
         }
+        self.connect_stores(&mut statement)?;
+        for table in tables_named(&statement) {
+            let reference = datafusion::common::TableReference::bare(table.as_str());
+            if let Ok(provider) = self.ctx.table_provider(reference).await {
+                self.tables.insert(&table, provider);
+            }
+        }
         match &statement {
             DFStatement::CopyTo(_) => return self.copy_committed(statement).await,
-            DFStatement::CreateExternalTable(table) => {
-                for location in &table.locations {
-                    self.connect_with_options(location, &table.options)?;
-                }
-            }
             DFStatement::Statement(s) => {
                 if let SQLStatement::Insert(insert) = s.as_ref() {
                     let targets = self.insert_targets(insert).await?;
@@ -264,6 +271,27 @@ impl Engine {
             return self.explain_analyze(statement).await;
         }
         self.execute(statement).await
+    }
+
+    /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
+    /// options that are secrets (keys, tokens, passwords) in the statement, so that no plan,
+    /// table definition or error printed from it shows them.
+    fn connect_stores(&self, statement: &mut DFStatement) -> Result<()> {
+        match statement {
+            DFStatement::CopyTo(copy) => {
+                self.connect_with_options(&copy.target, &copy.options)?;
+                redact(&mut copy.options);
+            }
+            DFStatement::CreateExternalTable(table) => {
+                for location in &table.locations {
+                    self.connect_with_options(location, &table.options)?;
+                }
+                redact(&mut table.options);
+            }
+            DFStatement::Explain(explain) => self.connect_stores(&mut explain.statement)?,
+            _ => {}
+        }
+        Ok(())
     }
 
     /// `OPTIONS ('aws.region' '...', 'aws.endpoint' '...')` on an `s3://` location: the bucket
@@ -529,6 +557,22 @@ fn table_name(name: &ObjectName) -> Result<String> {
 /// An `s3://` location as a URL.
 fn parse_url(location: &str) -> Result<Url> {
     Url::parse(location).map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")))
+}
+
+/// What a secret option's value reads as once the statement has used it.
+const REDACTED: &str = "<redacted>";
+
+/// Blanks the values of the options whose name says they are secret.
+fn redact(options: &mut [(String, SqlValue)]) {
+    for (key, value) in options {
+        let key = key.to_ascii_lowercase();
+        if ["secret", "token", "password", "key"]
+            .iter()
+            .any(|word| key.contains(word))
+        {
+            *value = SqlValue::SingleQuotedString(REDACTED.to_string());
+        }
+    }
 }
 
 /// The text of a SQL option's value (`'us-east-1'`, `true`, `9000`).

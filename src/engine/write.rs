@@ -27,7 +27,6 @@ impl Engine {
         let DFStatement::CopyTo(mut copy) = statement else {
             return Err(Error::Usage("expected a COPY statement".into()));
         };
-        self.connect_with_options(&copy.target, &copy.options)?;
         let stores = self.registry.stores();
         let output = if self.config.remote.is_some() {
             let staged = StagedOutput::new(stores, &copy.target)?;

@@ -4,6 +4,7 @@
 //! (its signature and its session pool) is shared by every partition of every query.
 
 pub mod embed;
+pub mod external;
 pub mod listing;
 mod pool;
 pub mod score;
@@ -19,7 +20,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ort::session::SessionInputValue;
 use ort::value::DynValue;
-use sha2::{Digest, Sha256};
 
 pub use pool::SessionOptions;
 
@@ -80,6 +80,15 @@ impl Model {
             .read(stores, source::MODEL_CAP)
             .map_err(load_error)?
             .into();
+        let mut files = external::ExternalFiles::new();
+        for location in external::locations(&bytes).map_err(load_error)? {
+            external::check_location(&location).map_err(load_error)?;
+            let file = source.beside(&location);
+            let data = file
+                .read(stores, external::EXTERNAL_CAP)
+                .map_err(|e| load_error(format!("its external data: {e}")))?;
+            files.push((location, data.into()));
+        }
         let text = if source.file_name() == Some("model.onnx") {
             text::TextConfig::from_files(source, stores).map_err(load_error)?
         } else {
@@ -91,16 +100,18 @@ impl Model {
             varying_shapes: text.is_some(),
             ..options
         };
-        let mut model = Self::from_bytes(name, source.clone(), bytes, options)?;
+        let mut model = Self::from_bytes(name, source.clone(), bytes, files, options)?;
         model.text = text;
         Ok(model)
     }
 
-    /// Loads a model from its bytes; `source` says where they came from, for messages.
+    /// Loads a model from its bytes and the external data files it names (see [`external`]);
+    /// `source` says where they came from, for messages.
     pub fn from_bytes(
         name: &str,
         source: ModelSource,
         bytes: Arc<[u8]>,
+        files: external::ExternalFiles,
         options: SessionOptions,
     ) -> Result<Model> {
         let load_error = |message: String| Error::ModelLoad {
@@ -108,9 +119,18 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let sha256 = hex::encode(Sha256::digest(&bytes));
-        let size_bytes = bytes.len();
-        let (pool, first) = SessionPool::new(bytes, options).map_err(load_error)?;
+        // Every file it names must be given: ONNX Runtime would look for any other in the
+        // working directory.
+        for location in external::locations(&bytes).map_err(load_error)? {
+            if !files.iter().any(|(given, _)| given == &location) {
+                return Err(load_error(format!(
+                    "it keeps data in '{location}', which was not read with it"
+                )));
+            }
+        }
+        let sha256 = external::sha256(&bytes, &files);
+        let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
+        let (pool, first) = SessionPool::new(bytes, files, options).map_err(load_error)?;
         let signature = ModelSignature::from_session(&first).map_err(load_error)?;
         if let Some(fixed) = signature.fixed_batch()
             && fixed > MAX_FIXED_BATCH

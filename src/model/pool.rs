@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 
+use super::external::ExternalFiles;
 use crate::config::GraphOptimization;
 use crate::device::Device;
 use crate::runtime;
@@ -36,6 +37,8 @@ struct PoolState {
 #[derive(Debug)]
 pub struct SessionPool {
     bytes: Arc<[u8]>,
+    /// External data files, given to each session in memory.
+    files: ExternalFiles,
     options: SessionOptions,
     state: Mutex<PoolState>,
     returned: Condvar,
@@ -49,8 +52,12 @@ pub struct PooledSession<'p> {
 
 impl SessionPool {
     /// Builds the first session (which also proves the bytes are a model ONNX Runtime accepts).
-    pub fn new(bytes: Arc<[u8]>, options: SessionOptions) -> Result<(Self, Session), String> {
-        let (first, device) = build_session(&bytes, options)?;
+    pub fn new(
+        bytes: Arc<[u8]>,
+        files: ExternalFiles,
+        options: SessionOptions,
+    ) -> Result<(Self, Session), String> {
+        let (first, device) = build_session(&bytes, &files, options)?;
         // Every later session goes where the first went. A GPU gets one session per model: the
         // partitions share it (each call fills the GPU; a second session would only split it
         // and hold a second copy of the weights in its memory).
@@ -65,6 +72,7 @@ impl SessionPool {
         };
         let pool = SessionPool {
             bytes,
+            files,
             options,
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
@@ -94,7 +102,7 @@ impl SessionPool {
             if state.created < self.options.max_sessions.max(1) {
                 state.created += 1;
                 drop(state);
-                return match build_session(&self.bytes, self.options) {
+                return match build_session(&self.bytes, &self.files, self.options) {
                     Ok((session, _)) => Ok(PooledSession {
                         pool: self,
                         session: Some(session),
@@ -160,7 +168,11 @@ impl Drop for PooledSession<'_> {
     }
 }
 
-fn build_session(bytes: &[u8], options: SessionOptions) -> Result<(Session, Device), String> {
+fn build_session(
+    bytes: &[u8],
+    files: &ExternalFiles,
+    options: SessionOptions,
+) -> Result<(Session, Device), String> {
     let (env, device) = runtime::environment_for(options.device).map_err(|e| e.to_string())?;
     let build = || -> ort::Result<Session> {
         let mut builder = Session::builder(env)?
@@ -175,6 +187,9 @@ fn build_session(bytes: &[u8], options: SessionOptions) -> Result<(Session, Devi
             // Threads that spin between calls steal the cores DataFusion decodes Parquet on.
             .with_intra_op_spinning(false)?
             .with_memory_pattern(!options.varying_shapes)?;
+        for (location, data) in files {
+            builder = builder.with_external_initializer_file_in_memory(location, data.clone())?;
+        }
         if let Device::Cuda(n) = device {
             // Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a
             // provider that fails to start is an error, never a silent move to the CPU.

@@ -6,7 +6,8 @@
 //! SELECT id, label, probabilities FROM predict_table('churn', 'data/sample/customers.parquet');
 //! ```
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{ScalarValue, TableReference, plan_datafusion_err, plan_err};
@@ -22,6 +23,72 @@ use crate::model::ModelRegistry;
 #[derive(Debug)]
 pub struct PredictTableFunction {
     pub registry: Arc<ModelRegistry>,
+    pub tables: Arc<ResolvedTables>,
+}
+
+/// Tables a statement's `predict_table` calls name, resolved before the statement is planned:
+/// a table function is called synchronously, and finding a path's files (in S3: requests) is
+/// asynchronous work that planning should not block on ([`Engine`](crate::Engine) fills it).
+#[derive(Debug, Default)]
+pub struct ResolvedTables(Mutex<HashMap<String, Arc<dyn TableProvider>>>);
+
+impl ResolvedTables {
+    /// Keeps `provider` as what `table` names, until it is resolved again.
+    pub fn insert(&self, table: &str, provider: Arc<dyn TableProvider>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(table.to_string(), provider);
+    }
+
+    fn get(&self, table: &str) -> Option<Arc<dyn TableProvider>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(table)
+            .cloned()
+    }
+}
+
+/// The table (second) argument of each `predict_table` call in `statement` that is a string
+/// literal: what [`ResolvedTables`] should hold before it is planned.
+pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<String> {
+    use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+    use datafusion::sql::sqlparser::ast::{
+        Expr as SqlExpr, FunctionArg, FunctionArgExpr, TableFactor, Value, Visit, Visitor,
+    };
+    use std::ops::ControlFlow;
+
+    struct Calls(Vec<String>);
+    impl Visitor for Calls {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+            if let TableFactor::Table {
+                name,
+                args: Some(args),
+                ..
+            } = factor
+                && name.to_string().eq_ignore_ascii_case("predict_table")
+                && let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Value(value)))) =
+                    args.args.get(1)
+                && let Value::SingleQuotedString(table) = &value.value
+            {
+                self.0.push(table.clone());
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut calls = Calls(Vec::new());
+    let _ = match statement {
+        DFStatement::Statement(s) => s.visit(&mut calls),
+        DFStatement::CopyTo(copy) => match &copy.source {
+            CopyToSource::Query(query) => query.visit(&mut calls),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        DFStatement::Explain(explain) => return tables_named(&explain.statement),
+        _ => ControlFlow::Continue(()),
+    };
+    calls.0
 }
 
 fn literal(expr: &Expr, what: &str) -> Result<String> {
@@ -38,17 +105,40 @@ fn literal(expr: &Expr, what: &str) -> Result<String> {
     }
 }
 
-fn resolve(session: &dyn Session, table: &str) -> Result<Arc<dyn TableProvider>> {
+fn resolve(
+    session: &dyn Session,
+    table: &str,
+    resolved: &ResolvedTables,
+) -> Result<Arc<dyn TableProvider>> {
+    if let Some(provider) = resolved.get(table) {
+        return Ok(provider);
+    }
     let state = session
         .as_any()
         .downcast_ref::<SessionState>()
         .ok_or_else(|| plan_datafusion_err!("predict_table needs a DataFusion session"))?;
     let reference = TableReference::bare(table);
     let schema = state.schema_for_ref(reference.clone())?;
-    // Catalog look-ups are async; for registered tables and local paths they finish without
-    // waiting on anything this thread would have to drive.
-    futures::executor::block_on(schema.table(reference.table()))?
+    wait_for(schema.table(reference.table()))??
         .ok_or_else(|| plan_datafusion_err!("predict_table: no table or file '{table}'"))
+}
+
+/// Waits for a catalog look-up that was not resolved beforehand (planning outside
+/// [`Engine::run`](crate::Engine::run)). A path in S3 is read over the network, and a runtime has
+/// to drive the request while this thread waits: on a multi-threaded runtime the engine's own,
+/// which this thread lets run; otherwise one on a thread of its own.
+fn wait_for<F>(lookup: F) -> Result<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            Ok(tokio::task::block_in_place(|| handle.block_on(lookup)))
+        }
+        _ => Ok(crate::storage::block_on_io(lookup)?),
+    }
 }
 
 impl TableFunctionImpl for PredictTableFunction {
@@ -63,7 +153,7 @@ impl TableFunctionImpl for PredictTableFunction {
             literal(table_arg, "table")?,
         );
         let model = self.registry.get(&name)?;
-        let provider = resolve(args.session(), &table)?;
+        let provider = resolve(args.session(), &table, &self.tables)?;
         let schema = provider.schema();
         let mut inputs = Vec::new();
         for input in &model.signature.inputs {
