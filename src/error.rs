@@ -47,6 +47,10 @@ pub enum Error {
         message: String,
     },
 
+    /// A signal stopped the statement; what it wrote was discarded.
+    #[error("cancelled by {0}: the statement stopped, and nothing it wrote was kept")]
+    Cancelled(&'static str),
+
     /// The command line or a SQL file was not usable.
     #[error("{0}")]
     Usage(String),

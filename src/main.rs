@@ -113,6 +113,10 @@ enum Command {
         /// Address to listen on
         #[arg(long, default_value = "127.0.0.1:50050", value_name = "HOST:PORT")]
         bind: SocketAddr,
+        /// How long a query that comes when no executor is registered waits for one before it
+        /// fails
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        executor_wait: u64,
     },
     /// Run a cluster executor, which runs the tasks a scheduler gives it, until stopped
     Executor {
@@ -219,7 +223,13 @@ async fn main_inner(cli: Cli) -> Result<()> {
         device: args.device,
     };
     match cli.command {
-        Some(Command::Scheduler { bind }) => return cluster::run_scheduler(bind, &config).await,
+        Some(Command::Scheduler {
+            bind,
+            executor_wait,
+        }) => {
+            let wait = std::time::Duration::from_secs(executor_wait);
+            return cluster::run_scheduler(bind, wait, &config).await;
+        }
         Some(Command::Executor {
             scheduler,
             bind_host,
@@ -277,11 +287,19 @@ fn read_script(path: &PathBuf) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
 }
 
-/// Runs each statement of a script in order, printing results; stops at the first error.
+/// Runs each statement of a script in order, printing results; stops at the first error, and
+/// at SIGINT or SIGTERM, which cancel the running statement: what it wrote is discarded (S3
+/// uploads aborted, hidden files removed) before the process ends.
 async fn run_script(engine: &Engine, sql: &str, format: OutputFormat, timing: bool) -> Result<()> {
     for statement in engine.statements(sql)? {
         let started = std::time::Instant::now();
-        let report = run_with_progress(engine, statement).await?;
+        let report = tokio::select! {
+            report = run_with_progress(engine, statement) => report?,
+            signal = stop_signal() => {
+                batchinfer::storage::discards_done().await;
+                return Err(Error::Cancelled(signal));
+            }
+        };
         let mut stdout = std::io::stdout().lock();
         print_batches(&mut stdout, format, &report.schema, &report.batches)?;
         stdout
@@ -297,6 +315,21 @@ async fn run_script(engine: &Engine, sql: &str, format: OutputFormat, timing: bo
         }
     }
     Ok(())
+}
+
+/// The first of SIGINT (Ctrl-C) and SIGTERM to come.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }
 
 /// The shell: the interactive one on a terminal, else statements read from standard input and
@@ -343,9 +376,13 @@ async fn shell(engine: &Engine, format: OutputFormat, timing: bool) -> Result<()
         pending.push_str(&line);
         if pending.trim_end().ends_with(';') {
             let sql = std::mem::take(&mut pending);
-            if let Err(e) = run_script(engine, &sql, format, timing).await {
-                eprintln!("Error: {}", display_error(&e));
-                failed = true;
+            match run_script(engine, &sql, format, timing).await {
+                Err(e @ Error::Cancelled(_)) => return Err(e),
+                Err(e) => {
+                    eprintln!("Error: {}", display_error(&e));
+                    failed = true;
+                }
+                Ok(()) => {}
             }
         }
     }

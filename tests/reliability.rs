@@ -175,25 +175,46 @@ async fn dropping_a_stream_stops_the_work_and_the_engine_keeps_serving() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_copy_leaves_no_file_behind() {
-    let engine = Arc::new(engine_over(Path::new("data/models")));
-    let dir = tempfile::tempdir().unwrap();
-    let target = dir.path().join("scores.parquet");
-    let sql = format!(
-        "COPY ({ENDLESS}) TO '{}' STORED AS PARQUET",
-        target.display()
-    );
+/// Every file under `dir`, hidden ones too, with its bytes.
+fn files_in(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.insert(path.clone(), Vec::new());
+                pending.push(path);
+            } else {
+                files.insert(path.clone(), std::fs::read(&path).unwrap_or_default());
+            }
+        }
+    }
+    files
+}
+
+/// Starts `sql` on a task, waits until the model has scored `rows` rows (more than the output's
+/// row groups of 256Ki rows: several were written), then cancels it: the work stops promptly.
+async fn cancel_after(engine: &Arc<Engine>, sql: String, rows: u64) {
+    let before = engine
+        .registry()
+        .get("linear")
+        .map(|m| m.stats.rows.load(Ordering::Relaxed))
+        .unwrap_or(0);
     let task = {
         let engine = engine.clone();
         tokio::spawn(async move { run(&engine, &sql).await })
     };
     let model = loop {
         if let Ok(m) = engine.registry().get("linear")
-            && m.stats.calls.load(Ordering::Relaxed) > 10
+            && m.stats.rows.load(Ordering::Relaxed) > before + rows
         {
             break m;
         }
+        assert!(
+            !task.is_finished(),
+            "the statement ended before it was cancelled"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let cancelled_at = Instant::now();
@@ -208,11 +229,164 @@ async fn a_cancelled_copy_leaves_no_file_behind() {
         "the write stopped"
     );
     assert!(cancelled_at.elapsed() < Duration::from_secs(5));
-    let left: Vec<_> = std::fs::read_dir(dir.path())
+    batchinfer::storage::discards_done().await;
+}
+
+/// COPY to a file and to a folder, cancelled after several row groups were written: what was
+/// there stays as it was, and a new target is not created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_cancelled_after_several_row_groups_leaves_what_was_there() {
+    let engine = Arc::new(engine_over(Path::new("data/models")));
+    let dir = tempfile::tempdir().unwrap();
+    let (file, folder) = (dir.path().join("old.parquet"), dir.path().join("old"));
+    run(
+        &engine,
+        &format!(
+            "COPY (SELECT 1 AS kept) TO '{}' STORED AS PARQUET",
+            file.display()
+        ),
+    )
+    .await
+    .unwrap();
+    run(
+        &engine,
+        &format!(
+            "COPY (SELECT 2 AS kept) TO '{}/' STORED AS PARQUET",
+            folder.display()
+        ),
+    )
+    .await
+    .unwrap();
+    let before = files_in(dir.path());
+    for target in [
+        file.display().to_string(),
+        format!("{}/", folder.display()),
+        dir.path().join("new.parquet").display().to_string(),
+        format!("{}/new/", dir.path().display()),
+    ] {
+        let sql = format!("COPY ({ENDLESS}) TO '{target}' STORED AS PARQUET");
+        cancel_after(&engine, sql, 700_000).await;
+        assert_eq!(files_in(dir.path()), before, "{target}");
+    }
+}
+
+/// COPY to a file and to a folder that fails after 1.5M rows (several row groups) were written:
+/// what was there stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_failing_after_several_row_groups_leaves_what_was_there() {
+    let engine = engine_over(Path::new("data/models"));
+    let dir = tempfile::tempdir().unwrap();
+    let (file, folder) = (dir.path().join("old.parquet"), dir.path().join("old"));
+    for (target, slash) in [(&file, ""), (&folder, "/")] {
+        let sql = format!(
+            "COPY (SELECT 1 AS kept) TO '{}{slash}' STORED AS PARQUET",
+            target.display()
+        );
+        run(&engine, &sql).await.unwrap();
+    }
+    let before = files_in(dir.path());
+    for (target, slash) in [(&file, ""), (&folder, "/")] {
+        let sql = format!(
+            "COPY (SELECT value, predict('linear', value, value, value, value, value, value, value, value, value, value) AS p, 10 / (value - 1500000) AS q \
+             FROM range(2000000)) TO '{}{slash}' STORED AS PARQUET",
+            target.display()
+        );
+        let err = error_of(&engine, &sql).await;
+        assert!(err.contains("Divide by zero"), "{err}");
+        assert_eq!(files_in(dir.path()), before);
+    }
+    let rows = engine
+        .registry()
+        .get("linear")
         .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(left.is_empty(), "a cancelled COPY left {left:?}");
+        .stats
+        .rows
+        .load(Ordering::Relaxed);
+    assert!(
+        rows > 1_000_000,
+        "the failure came after rows were written ({rows} scored)"
+    );
+}
+
+fn engine_with_warehouse(warehouse: &Path) -> Engine {
+    Engine::new(EngineConfig {
+        models_dir: Some("data/models".into()),
+        warehouse: Some(warehouse.to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+const FAILS_AFTER_ROW_GROUPS: &str = "SELECT value, predict('linear', value, value, value, value, value, value, value, value, value, value) AS p, 10 / (value - 1500000) AS q FROM range(2000000)";
+
+/// CREATE TABLE that fails after rows were written: no table and no file; CREATE OR REPLACE
+/// TABLE that fails, or is cancelled: the old table whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_table_failing_after_rows_were_written_leaves_the_old_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let engine = Arc::new(engine_with_warehouse(&wh));
+    let err = error_of(
+        &engine,
+        &format!("CREATE TABLE t AS {FAILS_AFTER_ROW_GROUPS}"),
+    )
+    .await;
+    assert!(err.contains("Divide by zero"), "{err}");
+    let rows = engine
+        .registry()
+        .get("linear")
+        .unwrap()
+        .stats
+        .rows
+        .load(Ordering::Relaxed);
+    assert!(
+        rows > 1_000_000,
+        "the failure came after rows were written ({rows} scored)"
+    );
+    assert!(
+        files_in(&wh.join("tables")).is_empty(),
+        "{:?}",
+        files_in(&wh)
+    );
+    assert!(
+        error_of(&engine, "SELECT * FROM t")
+            .await
+            .contains("not found")
+    );
+
+    run(&engine, "CREATE TABLE t AS SELECT 41 AS x")
+        .await
+        .unwrap();
+    let before = files_in(&wh.join("tables"));
+    let err = error_of(
+        &engine,
+        &format!("CREATE OR REPLACE TABLE t AS {FAILS_AFTER_ROW_GROUPS}"),
+    )
+    .await;
+    assert!(err.contains("Divide by zero"), "{err}");
+    assert_eq!(files_in(&wh.join("tables")), before);
+    cancel_after(
+        &engine,
+        format!("CREATE OR REPLACE TABLE t AS {ENDLESS}"),
+        700_000,
+    )
+    .await;
+    assert_eq!(files_in(&wh.join("tables")), before);
+    // And in the next process too.
+    let reopened = Engine::open(EngineConfig {
+        warehouse: Some(wh.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let batches = run(&reopened, "SELECT x FROM t").await.unwrap();
+    assert_eq!(
+        batches[0]
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+            .value(0),
+        41
+    );
 }
 
 #[tokio::test]
@@ -226,10 +400,22 @@ async fn a_sort_larger_than_the_memory_limit_spills_and_finishes() {
     // 3M rows of (int64, float32) is ~36 MB to sort, over twice the limit.
     let sql = "SELECT value, predict('linear', value, value, value, value, value, value, value, value, value, value) AS s \
                FROM range(3000000) ORDER BY s, value";
-    let batches = run(&engine, sql).await.unwrap();
+    let frame = engine.sql(sql).await.unwrap();
+    let task = Arc::new(frame.task_ctx());
+    let plan = frame.create_physical_plan().await.unwrap();
+    let batches = datafusion::physical_plan::collect(plan.clone(), task)
+        .await
+        .unwrap();
     let scores = floats(&batches, 1);
     assert_eq!(scores.len(), 3_000_000);
     assert!(scores.windows(2).all(|w| w[0] <= w[1]), "sorted");
+    // It finished because it spilled, not because it fit.
+    fn spills(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> usize {
+        let own = plan.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
+        own + plan.children().into_iter().map(spills).sum::<usize>()
+    }
+    let spilled = spills(&plan);
+    assert!(spilled > 0, "the sort did not spill");
 }
 
 #[tokio::test]

@@ -466,3 +466,126 @@ fn credentials_and_region_come_from_the_aws_profile_files() {
     );
     assert_eq!(assert_ok(&out), "n\n40000\n");
 }
+
+/// The server's own files of the multipart uploads in progress (s3s-fs keeps `.upload-ID.json`
+/// and `.upload_id-ID.part-N` at its root): what an upload neither completed nor aborted leaves.
+fn open_uploads(server: &S3Server) -> Vec<String> {
+    std::fs::read_dir(&server.root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".upload"))
+        .collect()
+}
+
+/// Rows of ten random doubles (incompressible: each output file passes the 10 MiB after which
+/// its upload is sent in parts), scored by `lookup`, which fails on the row `fail_at`.
+fn random_rows(rows: u64, fail_at: u64) -> String {
+    let features: Vec<String> = (0..10).map(|i| format!("random() AS f{i}")).collect();
+    format!(
+        "SELECT value AS id, {}, predict('lookup', CASE WHEN value = {fail_at} THEN 99 ELSE value % 10 END) AS q FROM range({rows})",
+        features.join(", ")
+    )
+}
+
+/// Runs `args` while watching the server: whether parts of an upload were seen on it before the
+/// command ended (so that what is checked after is an abort, not uploads never begun).
+fn run_watching_uploads(server: &S3Server, mut command: Command, args: &[&str]) -> (Output, bool) {
+    let mut child = command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut seen = false;
+    while child.try_wait().unwrap().is_none() {
+        seen |= open_uploads(server).iter().any(|n| n.contains(".part-"));
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the command hangs"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child.wait_with_output().unwrap(), seen)
+}
+
+/// COPY and CREATE TABLE into S3 that fail on a model error after their files were partly
+/// uploaded: no object appears, and every upload begun is aborted on the server.
+#[test]
+fn s3_writes_failed_by_a_model_error_leave_no_object_and_no_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    server.bucket("lake");
+    let wh = dir.path().join("wh");
+    let failing = random_rows(600_000, 599_990);
+    let statements = [
+        (
+            "out",
+            format!("COPY ({failing}) TO 's3://out/scores/' STORED AS PARQUET"),
+        ),
+        ("lake", format!("CREATE TABLE scored AS {failing}")),
+    ];
+    for (bucket, sql) in statements {
+        let mut command = batchinfer(&server, &wh);
+        command.args(["--warehouse", "s3://lake/wh/", "--models", "data/models"]);
+        let (out, uploaded) = run_watching_uploads(&server, command, &["query", "-e", &sql]);
+        assert_failure(&out, &["model 'lookup' failed"]);
+        assert!(uploaded, "{sql}: no part was uploaded before the failure");
+        assert_eq!(server.keys(bucket, ""), Vec::<String>::new(), "{sql}");
+        assert_eq!(open_uploads(&server), Vec::<String>::new(), "{sql}");
+    }
+}
+
+/// The same cancelled by SIGINT (Ctrl-C) and SIGTERM while parts are being uploaded.
+#[test]
+fn s3_writes_cancelled_mid_way_leave_no_object_and_no_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    server.bucket("lake");
+    let wh = dir.path().join("wh");
+    let endless = random_rows(1_000_000_000, u64::MAX);
+    for (signal, bucket, sql) in [
+        (
+            libc::SIGINT,
+            "out",
+            format!("COPY ({endless}) TO 's3://out/scores/' STORED AS PARQUET"),
+        ),
+        (
+            libc::SIGTERM,
+            "lake",
+            format!("CREATE TABLE scored AS {endless}"),
+        ),
+    ] {
+        let mut child = batchinfer(&server, &wh)
+            .args(["--warehouse", "s3://lake/wh/", "--models", "data/models"])
+            .args(["query", "-e", &sql])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !open_uploads(&server).iter().any(|n| n.contains(".part-")) {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the statement ended by itself"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no part uploaded"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: a signal to a child of this process, which it handles.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the statement did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_failure(&out, &["cancelled by", "nothing it wrote was kept"]);
+        assert_eq!(server.keys(bucket, ""), Vec::<String>::new(), "{sql}");
+        assert_eq!(open_uploads(&server), Vec::<String>::new(), "{sql}");
+    }
+}

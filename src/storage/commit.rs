@@ -55,6 +55,8 @@ struct Held {
     uploads: Vec<Box<dyn MultipartUpload>>,
     /// Hidden files written in full, and the target each is renamed to (local).
     staged: Vec<(Path, Path)>,
+    /// Uploads dropped before they were completed (their writer was cancelled): to abort.
+    abandoned: Vec<Box<dyn MultipartUpload>>,
 }
 
 /// The files of one write, held back until it commits.
@@ -62,6 +64,10 @@ struct Held {
 struct WriteState {
     prefix: Path,
     held: Mutex<Held>,
+    /// Uploads begun and not yet completed, aborted or dropped.
+    open: std::sync::atomic::AtomicUsize,
+    /// Told whenever an upload stops being open.
+    closed: tokio::sync::Notify,
     /// A local folder the write made: removed again if the write is discarded.
     made_folder: Option<std::path::PathBuf>,
 }
@@ -86,7 +92,34 @@ impl WriteState {
             .staged
             .push((hidden, target));
     }
+
+    fn opened(&self) {
+        self.open.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        self.closed.notify_waiters();
+    }
+
+    /// Waits until no upload of the write is open (a cancelled writer's task is dropped a moment
+    /// after the statement), at most [`SETTLE`].
+    async fn settled(&self) {
+        let _ = tokio::time::timeout(SETTLE, async {
+            loop {
+                let notified = self.closed.notified();
+                if self.open.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+    }
 }
+
+/// The longest a discarded write waits for its cancelled writers to let go of their uploads.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A write in progress: its files appear on [`PendingWrite::commit`], or never.
 #[derive(Debug)]
@@ -144,6 +177,8 @@ impl CommitStore {
         let state = Arc::new(WriteState {
             prefix,
             held: Mutex::new(Held::default()),
+            open: std::sync::atomic::AtomicUsize::new(0),
+            closed: tokio::sync::Notify::new(),
             made_folder,
         });
         self.writes
@@ -173,10 +208,13 @@ impl CommitStore {
             .retain(|w| !Arc::ptr_eq(w, state));
     }
 
-    /// Discards what a write held: uploads aborted, hidden files and a folder it made removed.
+    /// Discards what a write held: uploads aborted (those its cancelled writers let go of
+    /// too), hidden files and a folder it made removed.
     async fn discard(&self, state: &WriteState) {
+        state.settled().await;
         let held = state.take();
         abort_all(held.uploads).await;
+        abort_all(held.abandoned).await;
         for (hidden, _) in held.staged {
             let _ = self.inner.delete(&hidden).await;
         }
@@ -196,7 +234,10 @@ impl PendingWrite {
         let Held {
             mut uploads,
             mut staged,
+            abandoned,
         } = self.state.take();
+        // None once the statement succeeded; any there would be parts of nothing.
+        abort_all(abandoned).await;
         let count = uploads.len() + staged.len();
         while let Some(mut upload) = uploads.pop() {
             if let Err(e) = upload.complete().await {
@@ -233,8 +274,21 @@ async fn abort_all(uploads: Vec<Box<dyn MultipartUpload>>) {
     }
 }
 
+/// Discards of writes dropped without commit, running in the background.
+static DISCARDS: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits for the writes dropped so far (cancelled statements) to be discarded: a process about to
+/// exit after a cancellation calls this, so that it leaves no upload open and no hidden file.
+pub async fn discards_done() {
+    let pending = std::mem::take(&mut *DISCARDS.lock().unwrap_or_else(|p| p.into_inner()));
+    for discard in pending {
+        let _ = discard.await;
+    }
+}
+
 impl Drop for PendingWrite {
-    /// A write dropped without commit (a cancelled statement) is discarded in the background.
+    /// A write dropped without commit (a cancelled statement) is discarded in the background
+    /// ([`discards_done`] waits for it).
     fn drop(&mut self) {
         if self.finished {
             return;
@@ -243,7 +297,10 @@ impl Drop for PendingWrite {
         let (store, state) = (self.store.clone(), self.state.clone());
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                handle.spawn(async move { store.discard(&state).await });
+                let discard = handle.spawn(async move { store.discard(&state).await });
+                let mut discards = DISCARDS.lock().unwrap_or_else(|p| p.into_inner());
+                discards.retain(|d| !d.is_finished());
+                discards.push(discard);
             }
             Err(_) => {
                 // No runtime left to abort uploads on; local files can still go.
@@ -269,6 +326,36 @@ struct DeferredUpload {
     staged: Option<(Path, Path)>,
 }
 
+impl DeferredUpload {
+    fn new(
+        upload: Box<dyn MultipartUpload>,
+        state: Arc<WriteState>,
+        staged: Option<(Path, Path)>,
+    ) -> Self {
+        state.opened();
+        DeferredUpload {
+            upload: Some(upload),
+            state,
+            staged,
+        }
+    }
+}
+
+impl Drop for DeferredUpload {
+    /// Dropped neither completed nor aborted (its writer was cancelled): the write aborts it.
+    fn drop(&mut self) {
+        if let Some(upload) = self.upload.take() {
+            self.state
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .abandoned
+                .push(upload);
+            self.state.closed();
+        }
+    }
+}
+
 fn finished_upload() -> object_store::Error {
     object_store::Error::Generic {
         store: "batchinfer",
@@ -287,15 +374,22 @@ impl MultipartUpload for DeferredUpload {
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
         let mut upload = self.upload.take().ok_or_else(finished_upload)?;
-        match self.staged.take() {
+        let completed = match self.staged.take() {
             Some((hidden, target)) => {
                 // The hidden file is complete; the rename to the target waits for the commit.
-                upload.complete().await?;
-                self.state.stage(hidden, target);
+                let written = upload.complete().await;
+                if written.is_ok() {
+                    self.state.stage(hidden, target);
+                }
+                written.map(|_| ())
             }
-            None => self.state.hold(upload),
-        }
-        Ok(PutResult {
+            None => {
+                self.state.hold(upload);
+                Ok(())
+            }
+        };
+        self.state.closed();
+        completed.map(|()| PutResult {
             e_tag: None,
             version: None,
         })
@@ -303,7 +397,11 @@ impl MultipartUpload for DeferredUpload {
 
     async fn abort(&mut self) -> object_store::Result<()> {
         match self.upload.take() {
-            Some(mut upload) => upload.abort().await,
+            Some(mut upload) => {
+                let aborted = upload.abort().await;
+                self.state.closed();
+                aborted
+            }
             None => Ok(()),
         }
     }
@@ -367,11 +465,7 @@ impl ObjectStore for CommitStore {
         };
         let write_to = staged.as_ref().map_or(location, |(hidden, _)| hidden);
         let upload = self.inner.put_multipart_opts(write_to, opts).await?;
-        Ok(Box::new(DeferredUpload {
-            upload: Some(upload),
-            state,
-            staged,
-        }))
+        Ok(Box::new(DeferredUpload::new(upload, state, staged)))
     }
 
     async fn get_opts(

@@ -37,7 +37,7 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 use url::Url;
 
-pub use commit::{CommitKind, CommitStore, PendingWrite};
+pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use staging::StagedOutput;
 
 use crate::error::{Error, Result};
