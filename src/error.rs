@@ -160,9 +160,11 @@ fn describe_s3_error(message: &str) -> Option<String> {
             .any(|t| s3.contains(t)) =>
         {
             format!(
-                "could not reach the S3 endpoint{endpoint} after {} retries over at most {}s: \
-                 is the server running, and are AWS_ENDPOINT_URL / aws.endpoint right?",
-                crate::storage::RETRIES,
+                "could not reach the S3 endpoint{endpoint} (no connection within {} s or no \
+                 answer within {} s, retried for up to {} s): is the server running, and are \
+                 AWS_ENDPOINT_URL / aws.endpoint right?",
+                crate::storage::CONNECT_TIMEOUT.as_secs(),
+                crate::storage::REQUEST_TIMEOUT.as_secs(),
                 crate::storage::RETRY_TIMEOUT.as_secs()
             )
         }

@@ -1,16 +1,21 @@
 //! The command-line contract, tested on the real binary: `query -e/-f`, `--models`, `--format`,
 //! engine options before or after the subcommand, exit status and readable errors.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{DEADLINE, output_within};
+
 /// The binary, with a warehouse outside the repository unless a test names its own.
 fn batchinfer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args(args)
-        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
-        .output()
-        .expect("the batchinfer binary runs")
+    output_within(
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+            .args(args)
+            .env("BATCHINFER_WAREHOUSE", scratch_warehouse()),
+        DEADLINE,
+    )
 }
 
 fn scratch_warehouse() -> std::path::PathBuf {
@@ -251,6 +256,7 @@ fn statements_from_standard_input_without_a_subcommand() {
             b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\n",
         )
         .unwrap();
+    common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
     let out = child.wait_with_output().unwrap();
     assert_ok(&out);
     assert_eq!(stdout(&out), "n\n150\ntwo\n2\n");
@@ -362,17 +368,18 @@ fn failed_statement_stops_the_script_with_a_nonzero_status() {
 
 #[test]
 fn unusable_onnx_runtime_library_says_how_to_provide_one() {
-    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args([
-            "query",
-            "--models",
-            "data/models",
-            "-e",
-            "SELECT predict('linear', features) FROM 'data/sample/vectors.parquet'",
-        ])
-        .env("ORT_DYLIB_PATH", "/no/such/libonnxruntime.so")
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+            .args([
+                "query",
+                "--models",
+                "data/models",
+                "-e",
+                "SELECT predict('linear', features) FROM 'data/sample/vectors.parquet'",
+            ])
+            .env("ORT_DYLIB_PATH", "/no/such/libonnxruntime.so"),
+        DEADLINE,
+    );
     assert_clean_failure(
         &out,
         "ORT_DYLIB_PATH is /no/such/libonnxruntime.so, which is not a file",
@@ -608,4 +615,44 @@ fn timing_prints_a_summary_per_statement_on_stderr() {
     );
     // No progress line when stderr is not a terminal.
     assert!(!err.contains("rows/s"), "{err}");
+}
+
+/// With `on_error = 'null'`, the rows that got NULL are counted and the count is said on stderr:
+/// graph failures (an index out of the model's table) and conversion failures (a value out of
+/// the input's type) alike.
+#[test]
+fn on_error_null_reports_how_many_rows_got_null() {
+    let cases = [
+        // Every 97th of 1000 rows (0, 97, ..., 970) out of lookup's table.
+        (
+            "SELECT count(*) AS n, count(p) AS scored FROM (SELECT predict('lookup', CASE WHEN value % 97 = 0 THEN 100 ELSE value % 10 END) AS p FROM range(1000))",
+            "n,scored\n1000,989\n",
+            "model 'lookup' failed on 11 row(s)",
+        ),
+        // Two values that do not fit types' int32 input.
+        (
+            "SELECT count(*) AS n, count(p) AS scored FROM (SELECT predict('types', CASE WHEN value IN (3, 7) THEN 10000000000 ELSE value END, 1, 1.0, true) AS p FROM range(10))",
+            "n,scored\n10,8\n",
+            "model 'types' failed on 2 row(s)",
+        ),
+    ];
+    for (sql, rows, warning) in cases {
+        let out = batchinfer(&[
+            "--models",
+            "data/models",
+            "--format",
+            "csv",
+            "query",
+            "-e",
+            "SET batchinfer.on_error = 'null'",
+            "-e",
+            sql,
+        ]);
+        assert_ok(&out);
+        assert_eq!(stdout(&out), rows, "{sql}");
+        let err = stderr(&out);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+        assert_eq!(warnings.len(), 1, "{err}");
+        assert!(warnings[0].contains(warning), "{}", warnings[0]);
+    }
 }

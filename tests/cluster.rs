@@ -1,6 +1,7 @@
 //! The same SQL on a DataFusion Ballista cluster: a scheduler and two executors started as real
 //! processes of this binary on loopback ports, checked against the single-process run.
 
+mod common;
 mod fixtures;
 
 use std::path::Path;
@@ -96,7 +97,7 @@ impl Cluster {
         if let Some(models) = models {
             command.arg("--models").arg(models);
         }
-        command.args(["query", "-e", sql]).output().unwrap()
+        common::output_within(command.args(["query", "-e", sql]), common::DEADLINE)
     }
 
     /// Waits until the scheduler answers and the executors have registered.
@@ -140,16 +141,17 @@ fn ok(out: &Output) -> String {
 
 /// The single-process run of `sql`.
 fn local(models: &Path, sql: &str) -> String {
-    let out = bin()
-        .env(
-            "BATCHINFER_WAREHOUSE",
-            std::env::temp_dir().join("batchinfer-cluster-test-wh"),
-        )
-        .args(["--format", "csv", "--models"])
-        .arg(models)
-        .args(["query", "-e", sql])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        bin()
+            .env(
+                "BATCHINFER_WAREHOUSE",
+                std::env::temp_dir().join("batchinfer-cluster-test-wh"),
+            )
+            .args(["--format", "csv", "--models"])
+            .arg(models)
+            .args(["query", "-e", sql]),
+        common::DEADLINE,
+    );
     ok(&out)
 }
 

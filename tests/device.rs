@@ -3,6 +3,8 @@
 //! comes from the flag, the environment or `SET batchinfer.device`, and bad values are refused.
 //! On a machine with a GPU these tests skip themselves (`scripts/gpu-check.sh` covers it).
 
+mod common;
+
 use std::process::{Command, Output};
 
 const SCORES: &str = "SELECT id, predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS p \
@@ -21,7 +23,7 @@ fn batchinfer(args: &[&str], env: &[(&str, &str)]) -> Output {
     for (key, value) in env {
         command.env(key, value);
     }
-    command.output().expect("the batchinfer binary runs")
+    common::output_within(&mut command, common::DEADLINE)
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -2,6 +2,7 @@
 //! `scripts/fetch_minilm.sh`) against the Python stack on the same files, and the vector
 //! functions that make semantic search run in SQL.
 
+mod common;
 mod fixtures;
 mod s3_server;
 
@@ -217,7 +218,8 @@ fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
     ] {
         server.put_file("models", &format!("minilm/{file}"), &model.join(file));
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
         .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
         .env("AWS_ENDPOINT_URL", server.endpoint())
@@ -231,9 +233,9 @@ fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
              SELECT min(cosine_similarity(embed('remote', s), embed('minilm', s))) > 0.999999 AS same,
                     min(abs(dot_product(embed('remote', s), embed('remote', s)) - 1.0)) < 1e-5 AS unit
              FROM (VALUES ('How do I read a Parquet file?'), ('A cat sat on the mat.'), ('')) AS t(s)",
-        )
-        .output()
-        .unwrap();
+        ),
+        common::DEADLINE,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -241,4 +243,82 @@ fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(stdout, "same,unit\ntrue,true\n");
+}
+
+/// CLS and max pooling, vectors left unnormalized and truncation at 16 tokens, set by a model
+/// folder's `batchinfer.json`, and the default on texts longer than the model's 256 tokens:
+/// each against the Python stack (`data/reference/minilm_variants.parquet`, written by
+/// `data/make_edge_cases.py`), within 1e-5 per component (relative past 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooling_normalization_and_truncation_match_the_python_stack() {
+    let minilm = models_dir().join("minilm");
+    let variants: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("data/fixtures/minilm_variants.json").unwrap(),
+    )
+    .unwrap();
+    let folders = tempfile::tempdir().unwrap();
+    for (variant, overrides) in variants.as_object().unwrap() {
+        let folder = folders.path().join(variant);
+        std::fs::create_dir_all(folder.join("1_Pooling")).unwrap();
+        for file in [
+            "model.onnx",
+            "tokenizer.json",
+            "config.json",
+            "modules.json",
+            "sentence_bert_config.json",
+            "1_Pooling/config.json",
+        ] {
+            std::os::unix::fs::symlink(minilm.join(file), folder.join(file)).unwrap();
+        }
+        if !overrides.as_object().unwrap().is_empty() {
+            std::fs::write(folder.join("batchinfer.json"), overrides.to_string()).unwrap();
+        }
+    }
+    let engine = Engine::new(EngineConfig {
+        models_dir: Some(folders.path().to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap();
+    for variant in variants.as_object().unwrap().keys() {
+        let ours = vectors(
+            &run(
+                &engine,
+                &format!(
+                    "SELECT id, embed('{variant}', body) AS v FROM 'data/reference/minilm_variants.parquet' WHERE variant = '{variant}'"
+                ),
+            )
+            .await,
+        );
+        let reference = vectors(
+            &run(
+                &engine,
+                &format!(
+                    "SELECT id, v FROM 'data/reference/minilm_variants.parquet' WHERE variant = '{variant}'"
+                ),
+            )
+            .await,
+        );
+        assert_eq!(ours.len(), 50, "{variant}");
+        for ((id, got), (_, want)) in ours.iter().zip(&reference) {
+            let (got, want) = (got.as_ref().unwrap(), want.as_ref().unwrap());
+            for (x, y) in got.iter().zip(want) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "{variant}, text {id}: {x} against {y}"
+                );
+            }
+        }
+    }
+    // The variants differ from each other where they should: the reference is not one vector
+    // five times over.
+    let distinct = run(
+        &engine,
+        "SELECT count(DISTINCT v) AS n FROM 'data/reference/minilm_variants.parquet' WHERE id = 45",
+    )
+    .await;
+    let n = distinct[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .value(0);
+    assert_eq!(n, 5);
 }

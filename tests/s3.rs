@@ -1,6 +1,7 @@
 //! Parquet, models and the warehouse in S3, through the real binary, against a real S3-compatible
 //! server (s3s + s3s-fs, in this process, over HTTP on loopback, with SigV4 checked).
 
+mod common;
 mod s3_server;
 
 use std::path::Path;
@@ -26,10 +27,7 @@ fn batchinfer(server: &S3Server, warehouse: &Path) -> Command {
 }
 
 fn run(mut command: Command, args: &[&str]) -> Output {
-    command
-        .args(args)
-        .output()
-        .expect("the batchinfer binary runs")
+    common::output_within(command.args(args), common::DEADLINE)
 }
 
 fn stdout(out: &Output) -> String {
@@ -126,14 +124,15 @@ fn assert_same_rows(got: &[(i64, f64)], want: &[(i64, f64)]) {
 
 /// The scores of the local sample, four times over (the server holds four copies).
 fn local_scores(warehouse: &Path) -> Vec<(i64, f64)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .env("BATCHINFER_WAREHOUSE", warehouse)
-        .args(["--format", "csv", "--models", "data/models", "query", "-e"])
-        .arg(format!(
-            "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
-        ))
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+            .env("BATCHINFER_WAREHOUSE", warehouse)
+            .args(["--format", "csv", "--models", "data/models", "query", "-e"])
+            .arg(format!(
+                "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
+            )),
+        common::DEADLINE,
+    );
     let once = rows(&assert_ok(&out));
     let mut all: Vec<(i64, f64)> = once.iter().flat_map(|r| [*r; 4]).collect();
     all.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -386,7 +385,7 @@ fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
          TO 's3://out/scores/' STORED AS PARQUET"
     );
     let held = server.hold_write_to("out", 3);
-    let child = batchinfer(&server, &wh)
+    let mut child = batchinfer(&server, &wh)
         .args([
             "--models",
             "data/models",
@@ -403,6 +402,7 @@ fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
     held.recv_timeout(Duration::from_secs(60))
         .expect("the COPY starts writing");
     server.stop();
+    common::wait_with_deadline(&mut child, common::DEADLINE, "the interrupted COPY");
     let out = child.wait_with_output().unwrap();
     assert_failure(&out, &["could not reach"]);
 
@@ -588,4 +588,114 @@ fn s3_writes_cancelled_mid_way_leave_no_object_and_no_upload() {
         assert_eq!(server.keys(bucket, ""), Vec::<String>::new(), "{sql}");
         assert_eq!(open_uploads(&server), Vec::<String>::new(), "{sql}");
     }
+}
+
+/// A loopback listener that accepts every connection and never answers, until dropped.
+struct Silent {
+    endpoint: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut held = Vec::new();
+                while !stop.load(Ordering::Relaxed) && held.len() < 100 {
+                    if let Ok((socket, _)) = listener.accept() {
+                        held.push(socket);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        Silent {
+            endpoint,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads one object (CREATE MODEL reads the model file) from `endpoint`; how long it took.
+fn read_one_object_from(endpoint: &str) -> (Output, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = common::output_within(
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("BATCHINFER_WAREHOUSE", dir.path().join("wh"))
+            .args(["query", "-e", "CREATE MODEL m FROM 's3://models/m.onnx'"]),
+        Duration::from_secs(120),
+    );
+    (out, started.elapsed())
+}
+
+/// A server that accepts connections and never answers: the request gives up after its 30 s
+/// timeout, and no retry starts after 15 s, so the statement fails after about 30 s.
+#[test]
+fn a_server_that_never_answers_fails_after_the_request_timeout() {
+    let silent = Silent::start();
+    let (out, took) = read_one_object_from(&silent.endpoint);
+    assert_failure(&out, &["could not reach the S3 endpoint", &silent.endpoint]);
+    assert!(
+        took >= Duration::from_secs(29) && took <= Duration::from_secs(50),
+        "took {took:?}"
+    );
+}
+
+/// An endpoint where connections never open (a listener whose queue is full): each attempt
+/// gives up after the 5 s connect timeout, and retries stop 15 s after the first.
+#[test]
+fn a_connection_that_never_opens_fails_after_the_connect_timeout_and_retries() {
+    // A listener with a backlog of 0, whose one queued connection is taken by this test: the
+    // kernel then leaves every new connection unanswered.
+    // SAFETY: plain socket calls on a descriptor this test owns and closes.
+    let (fd, port) = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let mut address: libc::sockaddr_in = std::mem::zeroed();
+        address.sin_family = libc::AF_INET as libc::sa_family_t;
+        address.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, &address as *const _ as *const libc::sockaddr, size),
+            0
+        );
+        assert_eq!(libc::listen(fd, 0), 0);
+        let mut bound: libc::sockaddr_in = std::mem::zeroed();
+        let mut len = size;
+        libc::getsockname(fd, &mut bound as *mut _ as *mut libc::sockaddr, &mut len);
+        (fd, u16::from_be(bound.sin_port))
+    };
+    let _queued = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (out, took) = read_one_object_from(&endpoint);
+    // SAFETY: the descriptor opened above.
+    unsafe { libc::close(fd) };
+    assert_failure(&out, &["could not reach the S3 endpoint", &endpoint]);
+    assert!(
+        took >= Duration::from_secs(5) && took <= Duration::from_secs(25),
+        "took {took:?}"
+    );
 }

@@ -285,3 +285,127 @@ fn assemble(out_type: &DataType, mut arrays: Vec<ArrayRef>) -> Result<ArrayRef> 
         _ => Ok(arrays.remove(0)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, OnceLock};
+
+    use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float32Array, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Float32Type};
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use proptest::prelude::*;
+
+    use super::{ScoreOptions, score};
+    use crate::config::{EngineConfig, OnError};
+    use crate::model::{Model, ModelRegistry, ModelSource};
+    use crate::storage::StoreRegistry;
+    use crate::tensor::input::InputBinding;
+
+    /// Every column of a Parquet file, by name.
+    fn read(path: &str) -> Vec<(String, ArrayRef)> {
+        let file = std::fs::File::open(path).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .with_batch_size(1 << 20)
+            .build()
+            .unwrap();
+        let batch = reader.into_iter().next().unwrap().unwrap();
+        let schema = batch.schema();
+        schema
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(f, c)| (f.name().clone(), c.clone()))
+            .collect()
+    }
+
+    /// The sample features and Python onnxruntime's scores of them, by row.
+    fn sample() -> &'static (Vec<ArrayRef>, Vec<f32>) {
+        static SAMPLE: OnceLock<(Vec<ArrayRef>, Vec<f32>)> = OnceLock::new();
+        SAMPLE.get_or_init(|| {
+            let features = read("data/sample/features.parquet");
+            let columns = (0..10)
+                .map(|j| {
+                    features
+                        .iter()
+                        .find(|(n, _)| *n == format!("f{j}"))
+                        .unwrap()
+                        .1
+                        .clone()
+                })
+                .collect();
+            let reference = read("data/reference/linear.parquet");
+            let ids = reference[0]
+                .1
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            let scores = reference[1].1.as_primitive::<Float32Type>();
+            let mut by_id = vec![0f32; ids.len()];
+            for i in 0..ids.len() {
+                by_id[ids.value(i) as usize] = scores.value(i);
+            }
+            (columns, by_id)
+        })
+    }
+
+    fn linear() -> Arc<Model> {
+        static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+        MODEL
+            .get_or_init(|| {
+                let registry =
+                    ModelRegistry::new(&EngineConfig::default(), Arc::new(StoreRegistry::new()));
+                let source = ModelSource::File("data/models/linear.onnx".into());
+                Arc::new(
+                    Model::load(
+                        "linear",
+                        &source,
+                        registry.session_options(),
+                        registry.stores(),
+                    )
+                    .unwrap(),
+                )
+            })
+            .clone()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(60))]
+
+        /// Rows with NULLs in any of their columns go through `score` as they come: they get
+        /// NULL, every other row gets Python onnxruntime's score of it, whatever the call size.
+        #[test]
+        fn rows_with_nulls_get_null_and_the_others_their_reference_score(
+            rows in proptest::collection::vec((0usize..10_000, proptest::option::of(0usize..10)), 1..300),
+            max_rows in 0usize..40,
+        ) {
+            let (columns, reference) = sample();
+            let model = linear();
+            let picked: Vec<i64> = rows.iter().map(|(id, _)| *id as i64).collect();
+            let take = Int64Array::from(picked.clone());
+            let inputs: Vec<ArrayRef> = (0..10)
+                .map(|j| {
+                    let values = datafusion::arrow::compute::take(&columns[j], &take, None).unwrap();
+                    let values = values.as_primitive::<Float32Type>();
+                    // Column j is NULL in the rows that chose it.
+                    Arc::new(Float32Array::from_iter(
+                        rows.iter().enumerate().map(|(i, (_, null))| (*null != Some(j)).then(|| values.value(i))),
+                    )) as ArrayRef
+                })
+                .collect();
+            let binding = InputBinding::plan(&model.signature, &vec![DataType::Float32; 10]).unwrap();
+            let options = ScoreOptions { max_rows, on_error: OnError::Fail };
+            let scored = score(&model, &binding, &inputs, rows.len(), options).unwrap();
+            let scored = scored.as_primitive::<Float32Type>();
+            let mut nulls = 0;
+            for (i, (id, null)) in rows.iter().enumerate() {
+                if null.is_some() {
+                    prop_assert!(scored.is_null(i), "row {} has a NULL input", i);
+                    nulls += 1;
+                } else {
+                    let (got, want) = (scored.value(i), reference[*id]);
+                    prop_assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "row {}: {} vs {}", i, got, want);
+                }
+            }
+            prop_assert_eq!(scored.null_count(), nulls);
+        }
+    }
+}

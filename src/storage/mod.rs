@@ -14,8 +14,10 @@
 //!
 //! and per table with SQL `OPTIONS ('aws.region' '...', 'aws.endpoint' '...', 'aws.allow_http'
 //! 'true', 'aws.access_key_id' '...', 'aws.secret_access_key' '...')` on `CREATE EXTERNAL TABLE`
-//! and `COPY ... TO`. Requests give up after [`RETRIES`] retries or [`RETRY_TIMEOUT`], so an
-//! unreachable endpoint is an error within seconds, not a hang.
+//! and `COPY ... TO`. A connection gives up after [`CONNECT_TIMEOUT`], a request after
+//! [`REQUEST_TIMEOUT`] without an answer, and a failed request is retried at most [`RETRIES`]
+//! times, none starting later than [`RETRY_TIMEOUT`] after the first: an unreachable endpoint, or
+//! one that accepts connections and never answers, is an error within seconds, not a hang.
 //!
 //! Every store, local files included, is wrapped in a [`CommitStore`], which lets a write defer
 //! making its files visible until the whole statement has succeeded (see [`commit`]):
@@ -125,6 +127,8 @@ pub const RETRIES: usize = 3;
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The longest a connection to the endpoint may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest one request may take, its upload included (a 10 MiB part needs 350 KB/s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The object stores of an engine: DataFusion's registry (local files and whatever is registered
 /// by hand), with S3 buckets connected on first use.
@@ -419,6 +423,10 @@ fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
         .with_config(
             AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
             seconds(CONNECT_TIMEOUT),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            seconds(REQUEST_TIMEOUT),
         ))
 }
 

@@ -405,37 +405,104 @@ mod properties {
             .to_vec()
     }
 
+    /// Whether every value fits `element` (integers: in range; floats: always).
+    fn fits(values: &[f64], element: E) -> bool {
+        let (lo, hi) = match element {
+            E::Int32 => (i32::MIN as f64, i32::MAX as f64),
+            E::Uint8 => (0.0, 255.0),
+            _ => return true,
+        };
+        values.iter().all(|v| v.trunc() >= lo && v.trunc() <= hi)
+    }
+
+    /// Scalar columns (with NULLs, sliced at an offset) converted to each element type: the
+    /// tensor holds exactly the values cast, or, exactly when a value does not fit, an error
+    /// saying so. Counted per element type, so that a converter that refused everything (or
+    /// accepted what does not fit) fails the test.
+    #[test]
+    fn scalar_columns_convert_exactly_or_fail() {
+        use proptest::test_runner::{Config, TestRunner};
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        super::environment();
+        let outcomes: Mutex<HashMap<String, (usize, usize)>> = Mutex::new(HashMap::new());
+        let strategy = (
+            proptest::collection::vec(proptest::option::of(-1e6f64..1e6), 1..300),
+            any::<bool>(),
+            0usize..50,
+            element(),
+            0u8..3,
+        );
+        let mut runner = TestRunner::new(Config::with_cases(400));
+        runner
+            .run(&strategy, |(values, as_int, offset, element, narrow)| {
+                // Narrow values too, so that every type gets columns that fit.
+                let values: Vec<Option<f64>> = values
+                    .iter()
+                    .map(|v| v.map(|x| if narrow > 0 { x.abs() % 200.0 } else { x }))
+                    .collect();
+                let column: ArrayRef = if as_int {
+                    Arc::new(
+                        values
+                            .iter()
+                            .map(|v| v.map(|x| x as i64))
+                            .collect::<Int64Array>(),
+                    )
+                } else {
+                    Arc::new(values.iter().copied().collect::<Float64Array>())
+                };
+                let offset = offset.min(column.len() - 1);
+                let column = column.slice(offset, column.len() - offset);
+                // predict sets NULL rows aside before conversion (see src/model/score.rs, whose
+                // tests feed NULLs through): do the same.
+                let keep = BooleanArray::from(
+                    (0..column.len())
+                        .map(|i| column.is_valid(i))
+                        .collect::<Vec<_>>(),
+                );
+                let dense = filter(column.as_ref(), &keep).unwrap();
+                let rows = dense.len();
+                let expected_fit = fits(&arrow_values(&dense), element);
+                let result = prepare(
+                    &spec("x", element, &[-1]),
+                    &InputSource::Column(0),
+                    std::slice::from_ref(&dense),
+                    rows,
+                );
+                let mut counts = outcomes.lock().unwrap();
+                let entry = counts.entry(format!("{element:?}")).or_default();
+                match result {
+                    Ok(tensor) => {
+                        entry.0 += 1;
+                        prop_assert!(expected_fit, "a value that does not fit converted");
+                        let value = tensor.to_value().unwrap();
+                        let target = crate::model::signature::element_arrow_type(element).unwrap();
+                        let expected = arrow_values(&cast(&dense, &target).unwrap());
+                        prop_assert_eq!(tensor_values(&value, element), expected);
+                    }
+                    Err(message) => {
+                        entry.1 += 1;
+                        prop_assert!(!expected_fit, "refused values that fit: {}", message);
+                        prop_assert!(message.contains("cannot convert"), "{}", message);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        let counts = outcomes.into_inner().unwrap();
+        for element in ["Float32", "Float64", "Int32", "Int64", "Uint8"] {
+            let (converted, refused) = counts.get(element).copied().unwrap_or_default();
+            assert!(
+                converted >= 10,
+                "{element}: only {converted} conversions ({refused} refused)"
+            );
+        }
+        // A narrow type refuses what does not fit.
+        assert!(counts["Uint8"].1 > 0, "{counts:?}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
-
-        #[test]
-        fn scalar_columns_convert_exactly_or_fail(
-            values in proptest::collection::vec(proptest::option::of(-1e6f64..1e6), 1..300),
-            as_int in any::<bool>(),
-            offset in 0usize..50,
-            element in element(),
-        ) {
-            super::environment();
-            let column: ArrayRef = if as_int {
-                Arc::new(values.iter().map(|v| v.map(|x| x as i64)).collect::<Int64Array>())
-            } else {
-                Arc::new(values.iter().copied().collect::<Float64Array>())
-            };
-            let offset = offset.min(column.len() - 1);
-            let column = column.slice(offset, column.len() - offset);
-            // predict sets NULL rows aside before conversion: do the same.
-            let keep = BooleanArray::from((0..column.len()).map(|i| column.is_valid(i)).collect::<Vec<_>>());
-            let dense = filter(column.as_ref(), &keep).unwrap();
-            let rows = dense.len();
-            match prepare(&spec("x", element, &[-1]), &InputSource::Column(0), std::slice::from_ref(&dense), rows) {
-                Ok(tensor) => {
-                    let value = tensor.to_value().unwrap();
-                    let expected = arrow_values(&cast(&dense, &crate::model::signature::element_arrow_type(element).unwrap()).unwrap());
-                    prop_assert_eq!(tensor_values(&value, element), expected);
-                }
-                Err(message) => prop_assert!(message.contains("cannot convert"), "{}", message),
-            }
-        }
 
         #[test]
         fn list_columns_convert_exactly_when_rows_fit_and_fail_otherwise(

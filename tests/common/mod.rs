@@ -16,12 +16,16 @@ pub fn bin() -> Command {
 
 /// Runs `query -e SQL` with `--warehouse WAREHOUSE` and the test models.
 pub fn query(warehouse: &Path, sql: &str) -> Output {
-    bin()
-        .arg("--warehouse")
-        .arg(warehouse)
-        .args(["--models", "data/models", "query", "-e", sql])
-        .output()
-        .expect("the batchinfer binary runs")
+    output_within(
+        bin().arg("--warehouse").arg(warehouse).args([
+            "--models",
+            "data/models",
+            "query",
+            "-e",
+            sql,
+        ]),
+        DEADLINE,
+    )
 }
 
 pub fn stdout(out: &Output) -> String {
@@ -145,17 +149,31 @@ pub fn poll_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) 
     }
 }
 
-/// Runs `command` with at most `memory` bytes of address space and for at most `limit` (killed
-/// and failed past that), its output captured: a hostile input must end in an error, not in an
-/// allocation that takes the machine's memory or a wait that never ends.
-pub fn run_bounded(mut command: Command, memory: u64, limit: Duration) -> Output {
-    use std::os::unix::process::CommandExt;
+/// The longest a test lets one run of the binary take (debug builds, a loaded machine).
+pub const DEADLINE: Duration = Duration::from_secs(300);
+
+/// `command`'s output, failing the test if it runs longer than `limit` (it is killed then).
+pub fn output_within(command: &mut Command, limit: Duration) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     command
         .stdin(std::process::Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap());
+    let mut child = command.spawn().expect("the command runs");
+    let status = wait_with_deadline(&mut child, limit, &format!("{command:?}"));
+    Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    }
+}
+
+/// Runs `command` with at most `memory` bytes of address space and for at most `limit` (killed
+/// and failed past that), its output captured: a hostile input must end in an error, not in an
+/// allocation that takes the machine's memory or a wait that never ends.
+pub fn run_bounded(mut command: Command, memory: u64, limit: Duration) -> Output {
+    use std::os::unix::process::CommandExt;
     // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
     unsafe {
         command.pre_exec(move || {
@@ -169,11 +187,5 @@ pub fn run_bounded(mut command: Command, memory: u64, limit: Duration) -> Output
             Ok(())
         });
     }
-    let mut child = command.spawn().expect("the batchinfer binary runs");
-    let status = wait_with_deadline(&mut child, limit, &format!("{command:?}"));
-    Output {
-        status,
-        stdout: std::fs::read(&out_path).unwrap(),
-        stderr: std::fs::read(&err_path).unwrap(),
-    }
+    output_within(&mut command, limit)
 }
