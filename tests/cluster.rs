@@ -36,6 +36,11 @@ struct Cluster {
 impl Cluster {
     /// Executors get `--models models` when given (else they know only what the client sends).
     fn start(executors: usize, models: Option<&Path>) -> Cluster {
+        Self::start_with(executors, models, &[])
+    }
+
+    /// [`Cluster::start`], with more arguments for the scheduler.
+    fn start_with(executors: usize, models: Option<&Path>, scheduler_args: &[&str]) -> Cluster {
         let work = tempfile::tempdir().unwrap();
         let port = free_port_pair();
         let quiet = |c: &mut Command| {
@@ -44,8 +49,10 @@ impl Cluster {
         let mut scheduler = bin();
         scheduler
             .env("BATCHINFER_WAREHOUSE", work.path().join("wh"))
-            .args(["scheduler", "--bind", &format!("127.0.0.1:{port}")]);
-        quiet(&mut scheduler);
+            .args(["scheduler", "--bind", &format!("127.0.0.1:{port}")])
+            .args(scheduler_args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(work.path().join("scheduler.log")).unwrap());
         let scheduler = scheduler.spawn().unwrap();
         let mut cluster = Cluster {
             scheduler,
@@ -72,8 +79,18 @@ impl Cluster {
             quiet(&mut executor);
             cluster.executors.push(executor.spawn().unwrap());
         }
-        cluster.wait_ready();
+        cluster.wait_ready(executors);
         cluster
+    }
+
+    /// What the scheduler said on stderr so far.
+    fn scheduler_log(&self) -> String {
+        std::fs::read_to_string(self._work.path().join("scheduler.log")).unwrap_or_default()
+    }
+
+    /// The work folder of executor `i` (shuffle files, by job and stage).
+    fn work_dir(&self, i: usize) -> std::path::PathBuf {
+        self._work.path().join(format!("executor-{i}"))
     }
 
     fn remote(&self) -> String {
@@ -100,23 +117,19 @@ impl Cluster {
         common::output_within(command.args(["query", "-e", sql]), common::DEADLINE)
     }
 
-    /// Waits until the scheduler answers and the executors have registered.
-    fn wait_ready(&self) {
-        let started = Instant::now();
-        loop {
-            let out = self.query(None, "SELECT count(*) AS n FROM (VALUES (1), (2)) AS t(x)");
-            if out.status.success() {
-                // Executors register right after they start; give the last one its moment.
-                std::thread::sleep(Duration::from_secs(2));
-                return;
+    /// Waits until the scheduler says that all `executors` registered (it says so on stderr
+    /// whenever the number changes).
+    fn wait_ready(&self, executors: usize) {
+        let ready = format!("batchinfer scheduler: {executors} executor(s) registered");
+        let listening = "batchinfer scheduler listening";
+        common::poll_until(Duration::from_secs(90), "the cluster coming up", || {
+            let log = self.scheduler_log();
+            if executors == 0 {
+                log.contains(listening)
+            } else {
+                log.contains(&ready)
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(90),
-                "the cluster did not come up: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        });
     }
 }
 
@@ -290,10 +303,13 @@ fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
     assert_same_rows(&rows(&ok(&table)), &rows(&want), 1e-6);
 }
 
-/// One executor is killed while a COPY runs: the COPY either completes on the other executor
-/// with every row exactly once, or fails with a clear error; either way no partial output is left.
+/// One executor is killed while a COPY runs, at a moment when it holds tasks of the COPY (its
+/// work folder has shuffle files of the job) and the COPY is still running. Ballista declares it
+/// dead after 20 s without a heartbeat and runs its tasks again, those whose output it had
+/// written too, on the other executor: the COPY completes with every row exactly once, and no
+/// staging folder is left.
 #[test]
-fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
+fn an_executor_killed_mid_query_leaves_every_row_exactly_once() {
     let text = tempfile::tempdir().unwrap();
     split_into_files("data/sample/sentences.parquet", "id < 1600", 8, text.path());
     let models = fixtures::models_with_minilm();
@@ -304,42 +320,64 @@ fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
         text.path().display(),
         out_dir.display()
     );
-    let client = bin()
+    let log = text.path().join("client.log");
+    let mut client = bin()
         .env("BATCHINFER_WAREHOUSE", text.path().join("wh"))
-        .args(["--format", "csv", "--remote", &cluster.remote(), "--models"])
+        // Four partitions, so that both executors (two tasks each) get tasks.
+        .args([
+            "--format",
+            "csv",
+            "--partitions",
+            "4",
+            "--remote",
+            &cluster.remote(),
+        ])
+        .arg("--models")
         .arg(&models)
         .args(["query", "-e", &copy])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut client = client;
-    std::thread::sleep(Duration::from_secs(3));
+    // The executor to kill: one that has begun tasks of this job.
+    let has_tasks = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|job| {
+                std::fs::read_dir(job.path()).is_ok_and(|mut stages| stages.next().is_some())
+            })
+    };
+    let mut victim = None;
+    common::poll_until(Duration::from_secs(120), "an executor taking tasks", || {
+        victim = (0..2).find(|&i| has_tasks(&cluster.work_dir(i)));
+        victim.is_some()
+    });
+    let victim = victim.unwrap();
     assert!(
         client.try_wait().unwrap().is_none(),
         "the COPY is still running when the executor is killed"
     );
-    let victim = &mut cluster.executors[0];
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-    let out = client.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        let reread = local(
-            Path::new("data/models"),
-            &format!(
-                "SELECT id, count(*) AS n FROM '{}/' GROUP BY id",
-                out_dir.display()
-            ),
-        );
-        let counts = rows(&reread);
-        assert_eq!(counts.len(), 1600, "every row is there");
-        assert!(counts.iter().all(|r| r.1 == vec![1.0]), "no row twice");
-    } else {
-        assert!(stderr.starts_with("Error: "), "{stderr}");
-        assert!(!stderr.contains("panicked"), "{stderr}");
-        assert!(!out_dir.exists(), "no partial output");
-    }
+    let killed = &mut cluster.executors[victim];
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let status = common::wait_with_deadline(&mut client, common::DEADLINE, "the COPY");
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.success(),
+        "the COPY failed after executor {victim} was killed: {stderr}"
+    );
+    let reread = local(
+        Path::new("data/models"),
+        &format!(
+            "SELECT id, count(*) AS n FROM '{}/' GROUP BY id",
+            out_dir.display()
+        ),
+    );
+    let counts = rows(&reread);
+    assert_eq!(counts.len(), 1600, "every row is there");
+    assert!(counts.iter().all(|r| r.1 == vec![1.0]), "no row twice");
     let leftovers: Vec<_> = std::fs::read_dir(text.path().join("out"))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
@@ -347,13 +385,31 @@ fn an_executor_killed_mid_query_leaves_a_complete_result_or_none() {
         leftovers.iter().all(|n| n == "vectors"),
         "no staging folder is left: {leftovers:?}"
     );
-    eprintln!(
-        "executor killed mid-COPY: {}",
-        if out.status.success() {
-            "completed on the other executor".to_string()
-        } else {
-            format!("failed: {stderr}")
-        }
+}
+
+/// A scheduler with no executor: a query fails within the scheduler's `--executor-wait`,
+/// naming the scheduler and saying that no executor is registered, instead of waiting forever.
+#[test]
+fn a_scheduler_without_executors_fails_a_query_within_its_wait() {
+    let cluster = Cluster::start_with(0, None, &["--executor-wait", "3"]);
+    let started = Instant::now();
+    let out = cluster.query(None, "SELECT count(*) AS n FROM (VALUES (1), (2)) AS t(x)");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr.starts_with("Error: "), "{stderr}");
+    assert!(
+        stderr.contains("no executor registered")
+            && stderr.contains(&format!("127.0.0.1:{}", cluster.port)),
+        "{stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(30),
+        "took {took:?}"
     );
 }
 
