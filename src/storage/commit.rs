@@ -66,6 +66,9 @@ struct WriteState {
     held: Mutex<Held>,
     /// Uploads begun and not yet completed, aborted or dropped.
     open: std::sync::atomic::AtomicUsize,
+    /// Parts being sent. They run to their end even when the writer that sent them is dropped:
+    /// a part that reached the server after its upload was aborted would stay there.
+    parts: std::sync::atomic::AtomicUsize,
     /// Told whenever an upload stops being open.
     closed: tokio::sync::Notify,
     /// A local folder the write made: removed again if the write is discarded.
@@ -103,12 +106,12 @@ impl WriteState {
     }
 
     /// Waits until no upload of the write is open (a cancelled writer's task is dropped a moment
-    /// after the statement), at most [`SETTLE`].
+    /// after the statement) and no part is being sent, at most [`SETTLE`].
     async fn settled(&self) {
         let _ = tokio::time::timeout(SETTLE, async {
             loop {
                 let notified = self.closed.notified();
-                if self.open.load(Ordering::SeqCst) == 0 {
+                if self.open.load(Ordering::SeqCst) == 0 && self.parts.load(Ordering::SeqCst) == 0 {
                     return;
                 }
                 notified.await;
@@ -178,6 +181,7 @@ impl CommitStore {
             prefix,
             held: Mutex::new(Held::default()),
             open: std::sync::atomic::AtomicUsize::new(0),
+            parts: std::sync::atomic::AtomicUsize::new(0),
             closed: tokio::sync::Notify::new(),
             made_folder,
         });
@@ -366,10 +370,29 @@ fn finished_upload() -> object_store::Error {
 #[async_trait]
 impl MultipartUpload for DeferredUpload {
     fn put_part(&mut self, data: PutPayload) -> UploadPart {
-        match self.upload.as_mut() {
-            Some(upload) => upload.put_part(data),
-            None => Box::pin(async { Err(finished_upload()) }),
-        }
+        let Some(upload) = self.upload.as_mut() else {
+            return Box::pin(async { Err(finished_upload()) });
+        };
+        let part = upload.put_part(data);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return part;
+        };
+        // On a task of its own, which a dropped writer does not cancel: the write waits for it
+        // before it aborts the upload (see WriteState::parts).
+        let state = self.state.clone();
+        state.parts.fetch_add(1, Ordering::SeqCst);
+        let sent = runtime.spawn(async move {
+            let sent = part.await;
+            state.parts.fetch_sub(1, Ordering::SeqCst);
+            state.closed.notify_waiters();
+            sent
+        });
+        Box::pin(async move {
+            sent.await.map_err(|e| object_store::Error::Generic {
+                store: "batchinfer",
+                source: Box::new(e),
+            })?
+        })
     }
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
