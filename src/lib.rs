@@ -13,7 +13,9 @@
 //! - [`cluster`]: the scheduler and executor processes of a Ballista cluster, and what every
 //!   process of one registers.
 //! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).
-//! - [`scan`]: the streaming reader for local Parquet, and the plan rule that uses it.
+//! - [`scan`]: the streaming reader for local Parquet: the plan rule that uses it (`rule.rs`), the
+//!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
+//!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
 //!   scoring of one record batch.

@@ -1,0 +1,113 @@
+//! One file as the scan reads it: its footer with the table's types, and where each column
+//! read comes from (arrow-rs's reader, or a list reader).
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::parquet::arrow::ProjectionMask;
+use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+
+use super::list::ListColumn;
+
+/// One file as this scan reads it.
+#[derive(Debug)]
+pub(super) struct ScanFile {
+    pub(super) path: PathBuf,
+    /// Footer metadata, with the table's column types as the schema to read.
+    pub(super) metadata: ArrowReaderMetadata,
+    /// The file's top-level columns arrow-rs's reader reads (None: none).
+    pub(super) mask: Option<ProjectionMask>,
+    /// The `FixedSizeList` columns read by [`ListReader`] instead.
+    pub(super) lists: Vec<ListColumn>,
+    /// Where each column read comes from.
+    pub(super) columns: Vec<Source>,
+}
+
+/// Where a column read comes from: arrow-rs's batch (its position there) or a list reader.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Source {
+    Arrow(usize),
+    List(usize),
+}
+
+impl ScanFile {
+    /// The file at `path` read as columns `names` of `table`, typed as `output`; None when the
+    /// file cannot be read that way (DataFusion's reader then reads it, and reports any error).
+    pub(super) fn open(
+        path: PathBuf,
+        table: &Schema,
+        names: &[&str],
+        output: &Schema,
+    ) -> Option<Self> {
+        let file = File::open(&path).ok()?;
+        let natural = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()?;
+        // The file's columns with the table's types (DataFusion reads strings as views, ...).
+        let fields: Vec<Field> = natural
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| match table.field_with_name(f.name()) {
+                Ok(t) if t.data_type() != f.data_type() => {
+                    f.as_ref().clone().with_data_type(t.data_type().clone())
+                }
+                _ => f.as_ref().clone(),
+            })
+            .collect();
+        let hint = Arc::new(Schema::new_with_metadata(
+            fields,
+            natural.schema().metadata().clone(),
+        ));
+        let metadata = ArrowReaderMetadata::try_new(
+            natural.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(hint),
+        )
+        .ok()?;
+        let schema = metadata.schema().clone();
+        for (name, field) in names.iter().zip(output.fields()) {
+            let read = schema.field_with_name(name).ok()?;
+            if read.data_type() != field.data_type() || (read.is_nullable() && !field.is_nullable())
+            {
+                return None;
+            }
+        }
+        // Roots to read, in file order; those that are lists of never-NULL numbers go to a
+        // list reader.
+        let name_roots: Vec<usize> = names
+            .iter()
+            .map(|n| schema.index_of(n).ok())
+            .collect::<Option<_>>()?;
+        let mut roots = name_roots.clone();
+        roots.sort_unstable();
+        roots.dedup();
+        let mut arrow_roots = Vec::new();
+        let mut lists = Vec::new();
+        let mut list_roots = Vec::new();
+        for &root in &roots {
+            match ListColumn::for_root(&metadata, root) {
+                Some(list) => {
+                    lists.push(list);
+                    list_roots.push(root);
+                }
+                None => arrow_roots.push(root),
+            }
+        }
+        let columns: Vec<Source> = name_roots
+            .iter()
+            .map(|root| match arrow_roots.iter().position(|r| r == root) {
+                Some(i) => Some(Source::Arrow(i)),
+                None => list_roots.iter().position(|r| r == root).map(Source::List),
+            })
+            .collect::<Option<_>>()?;
+        let mask = (!arrow_roots.is_empty())
+            .then(|| ProjectionMask::roots(metadata.parquet_schema(), arrow_roots));
+        Some(Self {
+            path,
+            metadata,
+            mask,
+            lists,
+            columns,
+        })
+    }
+}
