@@ -82,7 +82,7 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
         for spec in specs {
             let element = spec
                 .element
-                .map(|e| super::signature::element_name(e).to_string())
+                .map(|e| crate::tensor::element::element_name(e).to_string())
                 .unwrap_or_else(|| spec.description.clone());
             rows.push([kind.into(), spec.name.clone(), element, spec.shape_text()]);
         }

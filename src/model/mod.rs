@@ -9,7 +9,6 @@ pub mod listing;
 mod pool;
 pub mod score;
 pub mod shared;
-pub mod signature;
 mod source;
 pub mod text;
 
@@ -26,7 +25,7 @@ pub use pool::SessionOptions;
 use crate::device::Device;
 use pool::SessionPool;
 pub use shared::SharedModels;
-pub use signature::{ModelSignature, TensorSpec};
+pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 pub use source::ModelSource;
 
 use crate::config::EngineConfig;

@@ -16,8 +16,8 @@ use ort::session::SessionInputValue;
 use ort::value::{Tensor, TensorElementType, TensorRef};
 
 use super::with_arrow_primitive;
-use crate::model::signature::{element_arrow_type, element_name};
-use crate::model::{ModelSignature, TensorSpec};
+use super::element::{element_arrow_type, element_name, numeric_element_of};
+use super::signature::{ModelSignature, TensorSpec};
 
 /// Where one model input takes its data from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,7 +220,7 @@ impl InputTensor {
         let err = |e: ort::Error| e.to_string();
         match self {
             InputTensor::Primitive { values, shape } => {
-                let element = tensor_element_of(values.data_type())
+                let element = numeric_element_of(values.data_type())
                     .ok_or_else(|| format!("no tensor type for {}", values.data_type()))?;
                 with_arrow_primitive!(element, T => borrow_primitive::<T>(values, shape),
                     _ => Err(format!("no tensor type for {}", values.data_type())))
@@ -260,22 +260,6 @@ where
     Ok(TensorRef::from_array_view((shape.to_vec(), data))
         .map_err(|e| e.to_string())?
         .into())
-}
-
-fn tensor_element_of(t: &DataType) -> Option<TensorElementType> {
-    Some(match t {
-        DataType::Float32 => TensorElementType::Float32,
-        DataType::Float64 => TensorElementType::Float64,
-        DataType::Int8 => TensorElementType::Int8,
-        DataType::Int16 => TensorElementType::Int16,
-        DataType::Int32 => TensorElementType::Int32,
-        DataType::Int64 => TensorElementType::Int64,
-        DataType::UInt8 => TensorElementType::Uint8,
-        DataType::UInt16 => TensorElementType::Uint16,
-        DataType::UInt32 => TensorElementType::Uint32,
-        DataType::UInt64 => TensorElementType::Uint64,
-        _ => return None,
-    })
 }
 
 /// Turns the columns of `rows` rows (no row NULL in any column) into the data for `input`.

@@ -1,8 +1,12 @@
-//! Arrow arrays to ONNX Runtime tensors and back. Pure functions over arrays and model
-//! signatures; `predict` strings them together.
+//! Arrow arrays to ONNX Runtime tensors and back: the element types ([`element`]), a model's
+//! inputs and outputs ([`signature`]), and pure functions over arrays and signatures
+//! ([`input`], [`output`]); scoring (`model::score`) strings them together. Nothing here knows
+//! of the model registry.
 
+pub mod element;
 pub mod input;
 pub mod output;
+pub mod signature;
 
 /// Calls `$body` with `$t` bound to the Arrow primitive type of a numeric ONNX element type, or
 /// evaluates `$other` for the rest (bool, string, float16, ...).

@@ -10,7 +10,7 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef};
 use ort::value::{DynValue, TensorElementType};
 
 use super::with_arrow_primitive;
-use crate::model::TensorSpec;
+use super::signature::TensorSpec;
 
 /// Converts one output of a call on `rows` rows into an array of `rows` values of type `declared`.
 pub fn to_array(

@@ -11,7 +11,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Float32Type};
 use ort::value::TensorElementType as E;
 
 use super::input::{InputBinding, InputSource, InputTensor, prepare};
-use crate::model::{ModelSignature, TensorSpec};
+use super::signature::{ModelSignature, TensorSpec};
 
 fn spec(name: &str, element: E, shape: &[i64]) -> TensorSpec {
     TensorSpec {
@@ -476,7 +476,7 @@ mod properties {
                         entry.0 += 1;
                         prop_assert!(expected_fit, "a value that does not fit converted");
                         let value = tensor.to_value().unwrap();
-                        let target = crate::model::signature::element_arrow_type(element).unwrap();
+                        let target = crate::tensor::element::element_arrow_type(element).unwrap();
                         let expected = arrow_values(&cast(&dense, &target).unwrap());
                         prop_assert_eq!(tensor_values(&value, element), expected);
                     }

@@ -8,6 +8,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use ort::session::Session;
 use ort::value::{Outlet, TensorElementType, ValueType};
 
+use super::element::{element_arrow_type, element_name};
+
 /// One input or output of a model.
 #[derive(Debug, Clone)]
 pub struct TensorSpec {
@@ -91,46 +93,6 @@ impl fmt::Display for TensorSpec {
             None => write!(f, "{}: {}", self.name, self.description),
         }
     }
-}
-
-/// The lower-case ONNX name of an element type, as users know them (`float`, `int64`, ...).
-pub fn element_name(element: TensorElementType) -> &'static str {
-    match element {
-        TensorElementType::Float32 => "float",
-        TensorElementType::Float64 => "double",
-        TensorElementType::Float16 => "float16",
-        TensorElementType::Bfloat16 => "bfloat16",
-        TensorElementType::Int8 => "int8",
-        TensorElementType::Int16 => "int16",
-        TensorElementType::Int32 => "int32",
-        TensorElementType::Int64 => "int64",
-        TensorElementType::Uint8 => "uint8",
-        TensorElementType::Uint16 => "uint16",
-        TensorElementType::Uint32 => "uint32",
-        TensorElementType::Uint64 => "uint64",
-        TensorElementType::Bool => "bool",
-        TensorElementType::String => "string",
-        _ => "an unsupported element type",
-    }
-}
-
-/// The Arrow type of one element, for the element types batchinfer converts.
-pub fn element_arrow_type(element: TensorElementType) -> Option<DataType> {
-    Some(match element {
-        TensorElementType::Float32 => DataType::Float32,
-        TensorElementType::Float64 => DataType::Float64,
-        TensorElementType::Int8 => DataType::Int8,
-        TensorElementType::Int16 => DataType::Int16,
-        TensorElementType::Int32 => DataType::Int32,
-        TensorElementType::Int64 => DataType::Int64,
-        TensorElementType::Uint8 => DataType::UInt8,
-        TensorElementType::Uint16 => DataType::UInt16,
-        TensorElementType::Uint32 => DataType::UInt32,
-        TensorElementType::Uint64 => DataType::UInt64,
-        TensorElementType::Bool => DataType::Boolean,
-        TensorElementType::String => DataType::Utf8,
-        _ => return None,
-    })
 }
 
 /// Inputs and outputs of a model, and the Arrow type `predict` returns for it.
