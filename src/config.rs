@@ -32,7 +32,7 @@ pub struct EngineConfig {
     /// Where model definitions and `CREATE TABLE ... AS` tables persist (None: in memory only).
     pub warehouse: Option<PathBuf>,
     /// A Ballista scheduler (`df://host:port`) to run queries on, instead of this process.
-    pub remote: Option<String>,
+    pub remote: Option<crate::cluster::Remote>,
     /// Where models run: the CPU, a CUDA GPU, or `auto`.
     pub device: Device,
 }
@@ -121,9 +121,9 @@ pub struct BatchInferOptions {
     pub token_budget: Option<usize>,
     /// Where models run for this session's queries (empty: the engine's `--device`).
     pub device: String,
-    /// Model definitions (JSON: name -> source) that a cluster client sends with each query, so
-    /// that the scheduler and the executors resolve model names as it does.
-    pub models: String,
+    /// Model definitions (name -> source and sha256) that a cluster client sends with each query,
+    /// so that the scheduler and the executors resolve model names as it does.
+    pub models: crate::model::SharedModels,
     /// Local Parquet files are read by batchinfer's streaming reader (page by page, row groups
     /// split across partitions); false: by DataFusion's reader (whole row groups at once).
     pub streaming_scan: bool,
@@ -152,7 +152,7 @@ impl Default for BatchInferOptions {
             on_error: OnError::Fail,
             token_budget: None,
             device: String::new(),
-            models: String::new(),
+            models: Default::default(),
             streaming_scan: true,
         }
     }
@@ -240,7 +240,7 @@ impl ExtensionOptions for BatchInferOptions {
         self.models.visit(
             v,
             "batchinfer.models",
-            "Model definitions (JSON: name -> source) a cluster client sends with each query.",
+            "Model definitions (JSON: name -> source and sha256) a cluster client sends with each query.",
         );
         self.streaming_scan.visit(
             v,

@@ -8,11 +8,13 @@
 //! ```
 //!
 //! # Layout
-//! - [`engine`]: [`Engine`], the library entry point: a SessionContext plus the model registry;
-//!   `engine/write.rs` holds the writes that appear whole (COPY to S3 or from a cluster, CTAS).
-//! - [`cluster`]: the scheduler and executor processes of a Ballista cluster, and what every
-//!   process of one registers.
-//! - [`context`]: builds the DataFusion `SessionContext` (functions, config, tables by path).
+//! - [`engine`]: [`Engine`], the library entry point: a SessionContext, the model registry, the
+//!   warehouse and where statements run; `engine/write.rs` holds the writes that appear whole
+//!   (COPY, INSERT, CREATE TABLE).
+//! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
+//!   (`client.rs`), and the scheduler and executor processes (`scheduler.rs`, `executor.rs`).
+//! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime,
+//!   functions).
 //! - [`scan`]: the streaming reader for local Parquet: the plan rule that uses it (`rule.rs`), the
 //!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
@@ -53,6 +55,7 @@ pub mod tensor;
 pub mod udf;
 pub mod warehouse;
 
+pub use cluster::Placement;
 pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::{Error, Result};

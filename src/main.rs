@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use batchinfer::cluster;
+use batchinfer::cluster::{self, Remote};
 use batchinfer::config::{Device, GraphOptimization, parse_size};
 use batchinfer::error::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
@@ -90,8 +90,8 @@ struct EngineArgs {
     device: Device,
 
     /// Run statements on a DataFusion Ballista cluster, whose scheduler is at df://HOST:PORT
-    #[arg(long, global = true, env = "BATCHINFER_REMOTE", value_name = "URL")]
-    remote: Option<String>,
+    #[arg(long, global = true, env = "BATCHINFER_REMOTE", value_name = "URL", value_parser = Remote::from_str)]
+    remote: Option<Remote>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -121,8 +121,8 @@ enum Command {
     /// Run a cluster executor, which runs the tasks a scheduler gives it, until stopped
     Executor {
         /// The scheduler
-        #[arg(long, default_value = "localhost:50050", value_name = "HOST:PORT")]
-        scheduler: String,
+        #[arg(long, default_value = "localhost:50050", value_name = "HOST:PORT", value_parser = Remote::from_str)]
+        scheduler: Remote,
         /// Address to listen on, as the scheduler and other executors reach it
         #[arg(long, default_value = "127.0.0.1", value_name = "HOST")]
         bind_host: String,

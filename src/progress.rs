@@ -69,8 +69,8 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
         }
     };
     let (schema, batches) = if std::io::stderr().is_terminal() {
-        let remote = engine.config().remote.clone();
-        show_progress(work, &registry, before.0, &total, remote.as_deref()).await?
+        let elsewhere = engine.placement().running_on();
+        show_progress(work, &registry, before.0, &total, elsewhere.as_deref()).await?
     } else {
         work.await?
     };
@@ -89,7 +89,7 @@ async fn show_progress<T>(
     registry: &crate::model::ModelRegistry,
     base_rows: u64,
     total: &AtomicU64,
-    remote: Option<&str>,
+    elsewhere: Option<&str>,
 ) -> Result<T> {
     let started = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
@@ -109,9 +109,9 @@ async fn show_progress<T>(
                 if elapsed < Duration::from_secs(1) {
                     continue;
                 }
-                if let Some(remote) = remote {
+                if let Some(elsewhere) = elsewhere {
                     // The executors score the rows; this process only waits for the job.
-                    eprint!("\r\x1b[2Krunning on the cluster at {remote}, {:.1} s elapsed", elapsed.as_secs_f64());
+                    eprint!("\r\x1b[2Krunning on {elsewhere}, {:.1} s elapsed", elapsed.as_secs_f64());
                     let _ = std::io::stderr().flush();
                     shown = true;
                     continue;

@@ -37,6 +37,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use url::Url;
 
+use crate::cluster::Placement;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::context::build_context;
 use crate::error::{Error, Result, display_error};
@@ -60,6 +61,8 @@ pub struct Engine {
     warehouse: Option<Warehouse>,
     /// The tables `predict_table` calls name, resolved before their statement is planned.
     tables: Arc<ResolvedTables>,
+    /// Where statements run: this process, or a cluster.
+    placement: Placement,
 }
 
 impl Engine {
@@ -82,9 +85,13 @@ impl Engine {
             registry.register_dir(dir)?;
         }
         let tables = Arc::new(ResolvedTables::default());
-        let ctx = build_context(&config, registry.clone(), tables.clone())?;
+        let placement = Placement::new(config.remote.as_ref());
+        let ctx = build_context(&config, registry.clone(), tables.clone(), |state| {
+            placement.finish(state)
+        })?;
         Ok(Engine {
             ctx,
+            placement,
             tables,
             results: SessionContext::new(),
             registry,
@@ -124,6 +131,11 @@ impl Engine {
         &self.registry
     }
 
+    /// Where the engine's statements run.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
     /// The configuration the engine was built with.
     pub fn config(&self) -> &EngineConfig {
         &self.config
@@ -149,9 +161,7 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
-        if self.config.remote.is_some() {
-            self.share_model_definitions()?;
-        }
+        self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
             Statement::Sql(sql) => {
@@ -178,20 +188,6 @@ impl Engine {
         {
             self.registry.set_device(device);
         }
-    }
-
-    /// On a cluster, the scheduler and executors learn the client's models (including those of
-    /// CREATE MODEL), with the sha256 of each one loaded, from a session option sent with every
-    /// query ([`crate::model::shared`]).
-    fn share_model_definitions(&self) -> Result<()> {
-        let sources = self.registry.shared_sources();
-        let state = self.ctx.state_ref();
-        let mut state = state.write();
-        state
-            .config_mut()
-            .options_mut()
-            .set("batchinfer.models", &sources)?;
-        Ok(())
     }
 
     /// Parses one statement with DataFusion's parser, in the session's dialect.
@@ -361,10 +357,8 @@ impl Engine {
             Ok(plan) => plan,
             Err(e) => return Err(self.explain_missing_table(e).await),
         };
-        if self.config.remote.is_some() {
-            // Again now that planning loaded the query's models: with their hashes.
-            self.share_model_definitions()?;
-        }
+        // Again now that planning loaded the query's models: with their hashes.
+        self.placement.share_models(&self.ctx, &self.registry)?;
         Ok(self.ctx.execute_logical_plan(plan).await?)
     }
 

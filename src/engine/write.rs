@@ -16,25 +16,20 @@ use object_store::ObjectStoreExt;
 
 use super::{Engine, parse_url, table_name};
 use crate::error::{Error, Result};
-use crate::storage::{CommittedWrite, StagedOutput, delete_prefix, object_path};
+use crate::storage::{CommittedWrite, delete_prefix, object_path};
 use crate::warehouse::Warehouse;
 
 impl Engine {
-    /// COPY, whose files appear all at once when it succeeds, or not at all: from this process
-    /// through a deferred write on the target's store ([`crate::storage::commit`]), from a
-    /// cluster's executors through a staging folder moved into place ([`StagedOutput`]).
+    /// COPY, whose files appear all at once when it succeeds, or not at all, wherever it runs
+    /// ([`crate::cluster::Placement::write_to`]).
     pub(super) async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
         let DFStatement::CopyTo(mut copy) = statement else {
             return Err(Error::Usage("expected a COPY statement".into()));
         };
-        let stores = self.registry.stores();
-        let output = if self.config.remote.is_some() {
-            let staged = StagedOutput::new(stores, &copy.target)?;
-            copy.target = staged.location().to_string();
-            CommittedWrite::Staged(staged)
-        } else {
-            CommittedWrite::Deferred(stores.begin_write(&copy.target)?)
-        };
+        let (write_to, output) = self
+            .placement
+            .write_to(self.registry.stores(), &copy.target)?;
+        copy.target = write_to;
         self.run_then_commit(DFStatement::CopyTo(copy), vec![output])
             .await
     }
@@ -157,14 +152,7 @@ impl Engine {
         let url = parse_url(&location)?;
         let prefix = object_path(&url)?;
         let stores = self.registry.stores();
-        let (output, write_to) = if self.config.remote.is_some() {
-            let staged = StagedOutput::new(stores, &location)?;
-            let write_to = staged.location().to_string();
-            (CommittedWrite::Staged(staged), write_to)
-        } else {
-            let pending = stores.commit_store(&url)?.begin(prefix.clone());
-            (CommittedWrite::Deferred(pending), location)
-        };
+        let (write_to, output) = self.placement.write_to(stores, &location)?;
         let store = stores.store_for(&url)?;
         let written = async {
             df.write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))

@@ -23,9 +23,9 @@ use ort::value::DynValue;
 pub use pool::SessionOptions;
 
 use crate::device::Device;
+pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 use pool::SessionPool;
 pub use shared::SharedModels;
-pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 pub use source::ModelSource;
 
 use crate::config::EngineConfig;
@@ -241,7 +241,6 @@ pub struct ModelRegistry {
     loads: Arc<AtomicU64>,
     /// Models of cluster clients' definitions, by content (a scheduler's or executor's).
     by_content: ByContent,
-    parsed: shared::ParsedCache,
 }
 
 impl ModelRegistry {
@@ -252,7 +251,6 @@ impl ModelRegistry {
             entries: RwLock::new(BTreeMap::new()),
             loads: Arc::new(AtomicU64::new(0)),
             by_content: ByContent::default(),
-            parsed: shared::ParsedCache::default(),
             device: RwLock::new(config.device),
             options: SessionOptions {
                 max_sessions: config.sessions(),
@@ -332,8 +330,8 @@ impl ModelRegistry {
     }
 
     /// Every registered model with its source and, once loaded, its sha256: the definitions a
-    /// cluster client sends with a query, in JSON ([`shared`]).
-    pub fn shared_sources(&self) -> String {
+    /// cluster client sends with a query ([`shared`]).
+    pub fn shared_models(&self) -> SharedModels {
         let models = self
             .read()
             .iter()
@@ -346,7 +344,7 @@ impl ModelRegistry {
                 (name.clone(), model)
             })
             .collect();
-        shared::SharedModels(models).to_json()
+        shared::SharedModels(models)
     }
 
     /// The entry of a client's definition, kept by content for every query that names it.
@@ -360,11 +358,11 @@ impl ModelRegistry {
         Ok(entry)
     }
 
-    /// A registry for one cluster session: this one's models, with the definitions `json` of
-    /// the session's client over them (a scheduler plans each client's queries with its own).
-    pub fn for_session(&self, json: &str) -> Result<Arc<ModelRegistry>> {
+    /// A registry for one cluster session: this one's models, with the definitions of the
+    /// session's client over them (a scheduler plans each client's queries with its own).
+    pub fn for_session(&self, shared: &SharedModels) -> Result<Arc<ModelRegistry>> {
         let mut entries = self.read().clone();
-        for (name, model) in &SharedModels::parse(json)?.0 {
+        for (name, model) in &shared.0 {
             entries.insert(name.clone(), self.shared_entry(model)?);
         }
         Ok(Arc::new(ModelRegistry {
@@ -374,7 +372,6 @@ impl ModelRegistry {
             stores: self.stores.clone(),
             loads: self.loads.clone(),
             by_content: self.by_content.clone(),
-            parsed: shared::ParsedCache::default(),
         }))
     }
 
@@ -388,11 +385,8 @@ impl ModelRegistry {
     ) -> Result<Arc<Model>> {
         let shared = config
             .and_then(|c| c.extensions.get::<crate::config::BatchInferOptions>())
-            .map(|o| o.models.as_str())
-            .filter(|json| !json.trim().is_empty());
-        if let Some(json) = shared
-            && let Some(model) = self.parsed.parse(json)?.get(name)
-        {
+            .map(|o| &o.models);
+        if let Some(model) = shared.and_then(|models| models.get(name)) {
             let entry = self.shared_entry(model)?;
             return self.load(name, &entry, device);
         }

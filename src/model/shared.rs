@@ -7,7 +7,6 @@
 //! or an error saying that the file changed; never another model's scores.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -95,21 +94,27 @@ impl SharedModel {
     }
 }
 
-/// The last definitions parsed, so that each batch of a query does not parse them again.
-#[derive(Debug, Default)]
-pub struct ParsedCache(parking_lot::Mutex<Option<(String, Arc<SharedModels>)>>);
+impl std::fmt::Display for SharedModels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_json())
+    }
+}
 
-impl ParsedCache {
-    pub fn parse(&self, text: &str) -> Result<Arc<SharedModels>> {
-        let mut last = self.0.lock();
-        if let Some((seen, parsed)) = last.as_ref()
-            && seen == text
-        {
-            return Ok(parsed.clone());
-        }
-        let parsed = Arc::new(SharedModels::parse(text)?);
-        *last = Some((text.to_string(), parsed.clone()));
-        Ok(parsed)
+/// The session option `batchinfer.models` holds the definitions typed: parsed once, when the
+/// option is set (on a cluster's processes, when a query's session arrives), not per batch.
+impl datafusion::config::ConfigField for SharedModels {
+    fn visit<V: datafusion::config::Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        *self = SharedModels::parse(value)?;
+        Ok(())
+    }
+
+    fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
+        *self = SharedModels::default();
+        Ok(())
     }
 }
 

@@ -15,9 +15,9 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType};
 use ort::session::SessionInputValue;
 use ort::value::{Tensor, TensorElementType, TensorRef};
 
-use super::with_arrow_primitive;
 use super::element::{element_arrow_type, element_name, numeric_element_of};
 use super::signature::{ModelSignature, TensorSpec};
+use super::with_arrow_primitive;
 
 /// Where one model input takes its data from.
 #[derive(Debug, Clone, PartialEq, Eq)]

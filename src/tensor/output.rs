@@ -9,8 +9,8 @@ use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef};
 use ort::value::{DynValue, TensorElementType};
 
-use super::with_arrow_primitive;
 use super::signature::TensorSpec;
+use super::with_arrow_primitive;
 
 /// Converts one output of a call on `rows` rows into an array of `rows` values of type `declared`.
 pub fn to_array(

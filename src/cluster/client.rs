@@ -1,0 +1,166 @@
+//! The client's side: where an engine's statements run ([`Placement`]), and the address of a
+//! cluster's scheduler ([`Remote`], what `--remote df://host:port` parses into).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use ballista_core::extension::SessionStateExt;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::{SessionContext, SessionState};
+
+use crate::config::BatchInferOptions;
+use crate::error::Result;
+use crate::model::ModelRegistry;
+use crate::scan::StreamingParquetRule;
+use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
+
+/// A cluster's scheduler: `df://host:port` (or `host:port`; the port defaults to 50050).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    host: String,
+    port: u16,
+}
+
+impl FromStr for Remote {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let address = text
+            .strip_prefix("df://")
+            .unwrap_or(text)
+            .trim_end_matches('/');
+        let (host, port) = match address.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse::<u16>().ok()),
+            None => (address, Some(50050)),
+        };
+        match port {
+            Some(port) if !host.is_empty() => Ok(Remote {
+                host: host.to_string(),
+                port,
+            }),
+            _ => Err(format!(
+                "'{text}' is not a scheduler address: expected df://HOST:PORT"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Remote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "df://{}:{}", self.host, self.port)
+    }
+}
+
+impl Remote {
+    /// The scheduler's gRPC address, as Ballista's client wants it.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}:{}", self.host, self.port)
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// Where an engine's statements run: in this process, or on a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    InProcess,
+    Cluster(Remote),
+}
+
+impl Placement {
+    pub fn new(remote: Option<&Remote>) -> Self {
+        match remote {
+            Some(remote) => Placement::Cluster(remote.clone()),
+            None => Placement::InProcess,
+        }
+    }
+
+    /// Finishes an engine's session state: local Parquet read by batchinfer's streaming reader
+    /// in this process; planned here and run by the cluster's scheduler and executors
+    /// otherwise (plans travel between processes with DataFusion's own scan).
+    pub fn finish(&self, state: SessionStateBuilder) -> Result<SessionState> {
+        Ok(match self {
+            Placement::InProcess => state
+                .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
+                .build(),
+            Placement::Cluster(remote) => state.build().upgrade_for_ballista(remote.grpc_url())?,
+        })
+    }
+
+    /// Before a statement is planned, and again once its planning loaded the models it uses: a
+    /// cluster's processes learn the client's model definitions (with each loaded model's
+    /// sha256) from a session option sent with every query.
+    pub fn share_models(&self, ctx: &SessionContext, registry: &ModelRegistry) -> Result<()> {
+        if let Placement::Cluster(_) = self {
+            let models = registry.shared_models();
+            let state = ctx.state_ref();
+            let mut state = state.write();
+            if let Some(options) = state
+                .config_mut()
+                .options_mut()
+                .extensions
+                .get_mut::<BatchInferOptions>()
+            {
+                options.models = models;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a write to `target` goes, and how it commits: in this process, to the target with
+    /// its files held back until the statement succeeds ([`crate::storage::commit`]); from a
+    /// cluster's executors, to a staging folder beside it moved into place at the end.
+    pub fn write_to(
+        &self,
+        stores: &StoreRegistry,
+        target: &str,
+    ) -> Result<(String, CommittedWrite)> {
+        match self {
+            Placement::InProcess => Ok((
+                target.to_string(),
+                CommittedWrite::Deferred(stores.begin_write(target)?),
+            )),
+            Placement::Cluster(_) => {
+                let staged = StagedOutput::new(stores, target)?;
+                Ok((
+                    staged.location().to_string(),
+                    CommittedWrite::Staged(staged),
+                ))
+            }
+        }
+    }
+
+    /// What the progress line says of where a statement runs (None: here).
+    pub fn running_on(&self) -> Option<String> {
+        match self {
+            Placement::InProcess => None,
+            Placement::Cluster(remote) => Some(format!("the cluster at {remote}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Remote;
+
+    #[test]
+    fn scheduler_addresses_parse_with_or_without_scheme() {
+        let grpc = |text: &str| text.parse::<Remote>().map(|r| r.grpc_url());
+        assert_eq!(grpc("df://host:50050").unwrap(), "http://host:50050");
+        assert_eq!(grpc("10.0.0.1:6000").unwrap(), "http://10.0.0.1:6000");
+        assert_eq!(grpc("df://host").unwrap(), "http://host:50050");
+        assert!(grpc("df://host:port").is_err());
+        assert!(grpc("df://:50050").is_err());
+        assert_eq!(
+            "host:7".parse::<Remote>().unwrap().to_string(),
+            "df://host:7"
+        );
+    }
+}

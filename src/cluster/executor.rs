@@ -1,0 +1,72 @@
+//! An executor: runs the tasks its scheduler gives it, with batchinfer's functions over its own
+//! model registry (the client's definitions come with each task's session).
+
+use std::sync::Arc;
+
+use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
+use datafusion::prelude::SessionConfig;
+
+use super::client::Remote;
+use super::node::Node;
+use super::{HEARTBEAT_SECONDS, cluster_error, warn_if_exposed};
+use crate::config::EngineConfig;
+use crate::context::{cluster_session_config, runtime_env, scalar_functions};
+use crate::error::Result;
+
+/// Where an executor listens and whom it serves.
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// The scheduler.
+    pub scheduler: Remote,
+    /// The address this executor listens on (and tells the scheduler).
+    pub bind_host: String,
+    /// Arrow Flight port (shuffle data); its gRPC port is the next one.
+    pub port: u16,
+    /// Tasks run at once (default: the cores).
+    pub concurrent_tasks: usize,
+    /// Where shuffle files go.
+    pub work_dir: Option<String>,
+}
+
+/// Runs an executor until the process is stopped.
+pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Result<()> {
+    let node = Node::new(config)?;
+    let scheduler = &options.scheduler;
+    let mut functions = BallistaFunctionRegistry::default();
+    for f in scalar_functions(&node.registry) {
+        functions.scalar_functions.insert(f.name().to_string(), f);
+    }
+    let stores = node.stores.clone();
+    let process = ExecutorProcessConfig {
+        bind_host: options.bind_host.clone(),
+        external_host: Some(options.bind_host.clone()),
+        port: options.port,
+        grpc_port: options.port + 1,
+        scheduler_host: scheduler.host().to_string(),
+        scheduler_port: scheduler.port(),
+        scheduler_connect_timeout_seconds: 30,
+        vcores: options.concurrent_tasks.max(1),
+        work_dir: options.work_dir.clone(),
+        executor_heartbeat_interval_seconds: HEARTBEAT_SECONDS,
+        print_thread_info: false,
+        override_function_registry: Some(Arc::new(functions)),
+        override_config_producer: Some(Arc::new(cluster_session_config)),
+        override_runtime_producer: Some(Arc::new(move |_config: &SessionConfig| {
+            runtime_env(&stores, None)
+        })),
+        ..Default::default()
+    };
+    eprintln!(
+        "batchinfer executor on {}:{} serving scheduler {}",
+        options.bind_host, options.port, options.scheduler
+    );
+    if let Ok(ip) = options.bind_host.parse::<std::net::IpAddr>() {
+        warn_if_exposed("executor", ip);
+    } else if options.bind_host != "localhost" {
+        warn_if_exposed("executor", std::net::Ipv4Addr::UNSPECIFIED.into());
+    }
+    start_executor_process(Arc::new(process))
+        .await
+        .map_err(cluster_error)
+}
