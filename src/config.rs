@@ -69,8 +69,6 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Rows per record batch when none was asked for: a GPU wants larger calls than a core.
-    pub const GPU_BATCH_ROWS: usize = 65_536;
     /// Cores this process may use.
     pub fn cores() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -130,15 +128,6 @@ pub struct BatchInferOptions {
 }
 
 impl BatchInferOptions {
-    /// Tokens per `embed` call: the one set, else by device. Small calls keep one core's caches
-    /// warm; a GPU needs large ones to be busy.
-    pub fn token_budget_on(set: Option<usize>, device: Device) -> usize {
-        set.unwrap_or(match device {
-            Device::Cuda(_) => 16_384,
-            _ => 256,
-        })
-    }
-
     /// The device set for this session, if any.
     pub fn device(&self) -> Option<Device> {
         self.device.parse().ok()

@@ -61,6 +61,54 @@ impl fmt::Display for Device {
     }
 }
 
+/// What running on a device implies, decided here and nowhere else. `auto` is resolved when the
+/// first model loads (it needs ONNX Runtime's CUDA build to load), into `cpu` or `cuda:0`; a
+/// loaded model says where it runs.
+impl Device {
+    /// Rows per record batch read from the input when none was asked for: a GPU is kept busy by
+    /// large calls, a core's caches by small ones.
+    pub fn batch_rows(self) -> usize {
+        match self {
+            Device::Cuda(_) => 65_536,
+            Device::Auto if gpus().is_ok() => 65_536,
+            Device::Cpu | Device::Auto => 8_192,
+        }
+    }
+
+    /// Tokens (rows x padded length) per `embed` call when none was set.
+    pub fn token_budget(self) -> usize {
+        match self {
+            Device::Cuda(_) => 16_384,
+            Device::Cpu | Device::Auto => 256,
+        }
+    }
+
+    /// Sessions a model gets, `wanted` being one per partition. A GPU gets one: the partitions
+    /// share it (each call fills the GPU; a second session would only split it and hold a second
+    /// copy of the weights in its memory).
+    pub fn sessions(self, wanted: usize) -> usize {
+        match self {
+            Device::Cuda(_) => 1,
+            Device::Cpu | Device::Auto => wanted,
+        }
+    }
+
+    /// The execution providers a session is built with (none: ONNX Runtime's CPU provider).
+    /// Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a provider
+    /// that fails to start is an error, never a silent move to the CPU.
+    pub fn execution_providers(self) -> Vec<ort::ep::ExecutionProviderDispatch> {
+        match self {
+            Device::Cuda(n) => vec![
+                ort::ep::CUDA::default()
+                    .with_device_id(i32::try_from(n).unwrap_or(i32::MAX))
+                    .build()
+                    .error_on_failure(),
+            ],
+            Device::Cpu | Device::Auto => Vec::new(),
+        }
+    }
+}
+
 /// The CUDA libraries ONNX Runtime 1.31's CUDA provider (`libonnxruntime_providers_cuda.so` of
 /// `onnxruntime-gpu==1.31.1`) is linked against (its `DT_NEEDED` entries, besides the driver),
 /// dependencies first.

@@ -211,11 +211,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
         target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
         sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
-        batch_size: args.batch_rows.unwrap_or(match args.device {
-            Device::Cuda(_) => EngineConfig::GPU_BATCH_ROWS,
-            Device::Auto if batchinfer::device::gpus().is_ok() => EngineConfig::GPU_BATCH_ROWS,
-            _ => defaults.batch_size,
-        }),
+        batch_size: args.batch_rows.unwrap_or_else(|| args.device.batch_rows()),
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
         warehouse: Some(args.warehouse),

@@ -58,13 +58,8 @@ impl SessionPool {
         options: SessionOptions,
     ) -> Result<(Self, Session), String> {
         let (first, device) = build_session(&bytes, &files, options)?;
-        // Every later session goes where the first went. A GPU gets one session per model: the
-        // partitions share it (each call fills the GPU; a second session would only split it
-        // and hold a second copy of the weights in its memory).
-        let max_sessions = match device {
-            Device::Cuda(_) => 1,
-            _ => options.max_sessions,
-        };
+        // Every later session goes where the first went.
+        let max_sessions = device.sessions(options.max_sessions);
         let options = SessionOptions {
             device,
             max_sessions,
@@ -190,19 +185,12 @@ fn build_session(
         for (location, data) in files {
             builder = builder.with_external_initializer_file_in_memory(location, data.clone())?;
         }
-        if let Device::Cuda(n) = device {
-            // Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a
-            // provider that fails to start is an error, never a silent move to the CPU.
-            builder = builder.with_execution_providers([ort::ep::CUDA::default()
-                .with_device_id(n as i32)
-                .build()
-                .error_on_failure()])?;
+        let providers = device.execution_providers();
+        if !providers.is_empty() {
+            builder = builder.with_execution_providers(providers)?;
         }
         builder.commit_from_memory(bytes)
     };
-    let session = build().map_err(|e| match device {
-        Device::Cuda(_) => format!("on {device}: {e}"),
-        _ => e.to_string(),
-    })?;
+    let session = build().map_err(|e| format!("on {device}: {e}"))?;
     Ok((session, device))
 }

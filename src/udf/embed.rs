@@ -111,10 +111,9 @@ impl ScalarUDFImpl for EmbedUdf {
         let texts = texts.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
         let options = EmbedOptions {
-            token_budget: BatchInferOptions::token_budget_on(
-                session.and_then(|o| o.token_budget),
-                model.device(),
-            ),
+            token_budget: session
+                .and_then(|o| o.token_budget)
+                .unwrap_or_else(|| model.device().token_budget()),
             ..EmbedOptions::default()
         };
         let vectors =
