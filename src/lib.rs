@@ -27,8 +27,11 @@
 //! - [`device`]: `--device cpu | cuda[:N] | auto`: the GPU, the CUDA libraries, the fallback.
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
-//! - [`shell`]: the interactive shell (datafusion-cli's editor helper and printing).
-//! - [`statements`]: splitting scripts, and the model statements (`CREATE MODEL` ...).
+//! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
+//!   piped standard input and the shell.
+//! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
+//!   commands around the runner).
+//! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
 //! - [`storage`]: object stores (local files, S3 and S3-compatible servers) and deferred commits
 //!   of writes to them.
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
@@ -46,6 +49,7 @@ pub mod limits;
 pub mod model;
 pub mod output;
 pub mod progress;
+pub mod runner;
 pub mod runtime;
 pub mod scan;
 pub mod shell;

@@ -1,6 +1,6 @@
 //! The `batchinfer` command line: a thin layer over the library's [`Engine`].
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,13 +9,11 @@ use std::str::FromStr;
 use batchinfer::cluster::{self, Remote};
 use batchinfer::config::{Device, GraphOptimization, parse_size};
 use batchinfer::error::display_error;
-use batchinfer::output::{OutputFormat, print_batches};
-use batchinfer::progress::run_with_progress;
+use batchinfer::output::OutputFormat;
+use batchinfer::runner::Runner;
 use batchinfer::shell::{ShellOptions, run_shell};
 use batchinfer::{Engine, EngineConfig, Error, Result};
 use clap::{Args, Parser, Subcommand};
-use datafusion_cli::print_format::PrintFormat;
-use datafusion_cli::print_options::{MaxRows, PrintOptions};
 
 /// Batch inference in SQL: ONNX models over Parquet, with DataFusion and ONNX Runtime.
 #[derive(Debug, Parser)]
@@ -255,8 +253,13 @@ async fn main_inner(cli: Cli) -> Result<()> {
             if scripts.is_empty() {
                 scripts.push(read_script(&PathBuf::from("-"))?);
             }
+            let runner = Runner {
+                engine: &engine,
+                format: args.format,
+                timing: args.timing,
+            };
             for script in scripts {
-                run_script(&engine, &script, args.format, args.timing).await?;
+                runner.run_script(&script).await?;
             }
             Ok(())
         }
@@ -283,110 +286,21 @@ fn read_script(path: &PathBuf) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
 }
 
-/// Runs each statement of a script in order, printing results; stops at the first error, and
-/// at SIGINT or SIGTERM, which cancel the running statement: what it wrote is discarded (S3
-/// uploads aborted, hidden files removed) before the process ends.
-async fn run_script(engine: &Engine, sql: &str, format: OutputFormat, timing: bool) -> Result<()> {
-    for statement in engine.statements(sql)? {
-        let started = std::time::Instant::now();
-        let report = tokio::select! {
-            report = run_with_progress(engine, statement) => report?,
-            signal = stop_signal() => {
-                batchinfer::storage::discards_done().await;
-                return Err(Error::Cancelled(signal));
-            }
-        };
-        let mut stdout = std::io::stdout().lock();
-        print_batches(&mut stdout, format, &report.schema, &report.batches)?;
-        stdout
-            .flush()
-            .map_err(|e| Error::io("writing results", e))?;
-        if timing {
-            eprintln!("{}", report.summary(started.elapsed()));
-        }
-        for (model, rows) in engine.registry().take_failed_rows() {
-            eprintln!(
-                "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The first of SIGINT (Ctrl-C) and SIGTERM to come.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        },
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
-}
-
 /// The shell: the interactive one on a terminal, else statements read from standard input and
 /// run as each is completed by ';' (errors are reported and the rest still run).
 async fn shell(engine: &Engine, format: OutputFormat, timing: bool) -> Result<()> {
     if std::io::stdin().is_terminal() {
-        let print = PrintOptions {
-            format: match format {
-                OutputFormat::Table => PrintFormat::Table,
-                OutputFormat::Csv => PrintFormat::Csv,
-                OutputFormat::Json => PrintFormat::Json,
-                OutputFormat::Ndjson => PrintFormat::NdJson,
-            },
-            quiet: false,
-            maxrows: MaxRows::Limited(40),
+        let options = ShellOptions {
+            format,
+            timing: true,
             color: true,
-            instrumented_registry: Default::default(),
         };
-        return run_shell(
-            engine,
-            ShellOptions {
-                print,
-                timing: true,
-            },
-        )
-        .await;
+        return run_shell(engine, options).await;
     }
-    let mut pending = String::new();
-    let mut failed = false;
-    let stdin = std::io::stdin();
-    loop {
-        let mut line = String::new();
-        if stdin
-            .lock()
-            .read_line(&mut line)
-            .map_err(|e| Error::io("reading standard input", e))?
-            == 0
-        {
-            break;
-        }
-        if pending.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
-            break;
-        }
-        pending.push_str(&line);
-        if pending.trim_end().ends_with(';') {
-            let sql = std::mem::take(&mut pending);
-            match run_script(engine, &sql, format, timing).await {
-                Err(e @ Error::Cancelled(_)) => return Err(e),
-                Err(e) => {
-                    eprintln!("Error: {}", display_error(&e));
-                    failed = true;
-                }
-                Ok(()) => {}
-            }
-        }
-    }
-    if !pending.trim().is_empty() {
-        run_script(engine, &pending, format, timing).await?;
-    }
-    if failed {
-        return Err(Error::Usage("some statements failed".to_string()));
-    }
-    Ok(())
+    let runner = Runner {
+        engine,
+        format,
+        timing,
+    };
+    runner.run_lines(std::io::stdin().lock()).await
 }

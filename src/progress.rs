@@ -22,6 +22,8 @@ use crate::statements::Statement;
 pub struct RunReport {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
+    /// What the statement wrote (a COPY's target, a table), if it wrote.
+    pub written: Option<String>,
     /// Rows the models scored, calls into ONNX Runtime, and time inside them (summed over
     /// sessions running in parallel).
     pub scored_rows: u64,
@@ -30,29 +32,73 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// One line: rows, wall time, and the time inside the model versus the rest.
+    /// One short line: the rows returned (or written, and where), the wall time, and the model
+    /// work: "3 rows in 0.004 s; 3 scored in 1 call, 0.001 s in the model", "scores: 10,000 rows
+    /// written in 0.5 s; ...". The model's time is summed over calls running in parallel.
     pub fn summary(&self, wall: Duration) -> String {
-        let rows: usize = self.batches.iter().map(|b| b.num_rows()).sum();
-        let mut line = format!("{rows} row(s) returned in {:.3} s", wall.as_secs_f64());
+        let seconds = wall.as_secs_f64();
+        let mut line = match &self.written {
+            Some(target) => format!(
+                "{target}: {} written in {seconds:.3} s",
+                rows(self.rows_written())
+            ),
+            None => format!("{} in {seconds:.3} s", rows(self.rows_returned())),
+        };
         if self.model_calls > 0 {
             line.push_str(&format!(
-                "; {} row(s) scored in {} model call(s), {:.3} s inside the model (summed over parallel calls), {:.3} s in the rest of the engine (wall time minus model time per session)",
-                self.scored_rows,
-                self.model_calls,
+                "; {} scored in {} call{}, {:.3} s in the model",
+                thousands(self.scored_rows),
+                thousands(self.model_calls),
+                if self.model_calls == 1 { "" } else { "s" },
                 self.model_time.as_secs_f64(),
-                (wall.as_secs_f64() - self.model_time.as_secs_f64() / self.parallelism()).max(0.0)
             ));
         }
         line
     }
 
-    fn parallelism(&self) -> f64 {
-        crate::config::EngineConfig::cores() as f64
+    fn rows_returned(&self) -> u64 {
+        self.batches.iter().map(|b| b.num_rows() as u64).sum()
     }
+
+    /// The rows a write reports: its `count` (COPY, INSERT), or its row count (CREATE TABLE).
+    fn rows_written(&self) -> u64 {
+        let count = self.batches.first().and_then(|b| {
+            let column = b.columns().first()?;
+            datafusion::arrow::compute::cast(
+                column,
+                &datafusion::arrow::datatypes::DataType::UInt64,
+            )
+            .ok()?
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+            .filter(|a| !a.is_empty())
+            .map(|a| a.value(0))
+        });
+        count.unwrap_or_else(|| self.rows_returned())
+    }
+}
+
+/// "1 row", "10,000 rows".
+fn rows(n: u64) -> String {
+    format!("{} row{}", thousands(n), if n == 1 { "" } else { "s" })
+}
+
+/// 10000 as "10,000".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Runs one statement to completion, with a progress line on a terminal.
 pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<RunReport> {
+    let written = statement.writes();
     let registry = engine.registry().clone();
     let before = registry.totals();
     let total = Arc::new(AtomicU64::new(0));
@@ -78,6 +124,7 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
     Ok(RunReport {
         schema,
         batches,
+        written,
         scored_rows: after.0 - before.0,
         model_time: Duration::from_nanos(after.1 - before.1),
         model_calls: after.2 - before.2,

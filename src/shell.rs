@@ -7,12 +7,12 @@
 //! running statement and keeps the shell.
 
 use std::borrow::Cow;
-use std::time::Instant;
 
-use datafusion::config::FormatOptions;
-use datafusion_cli::command::{Command, OutputFormat};
+use clap::ValueEnum;
+use datafusion_cli::command::Command;
 use datafusion_cli::helper::CliHelper;
-use datafusion_cli::print_options::PrintOptions;
+use datafusion_cli::print_format::PrintFormat;
+use datafusion_cli::print_options::{MaxRows, PrintOptions};
 use rustyline::completion::{Completer, Pair};
 use rustyline::error::ReadlineError;
 use rustyline::highlight::{CmdKind, Highlighter};
@@ -22,8 +22,8 @@ use rustyline::{Context, Editor, Helper};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result, display_error};
-use crate::progress::{RunReport, run_with_progress};
-use crate::statements::{Statement, split};
+use crate::output::OutputFormat;
+use crate::runner::Runner;
 
 /// DataFusion's helper, with a validator that also accepts batchinfer's statements.
 struct ShellHelper {
@@ -79,8 +79,12 @@ impl Validator for ShellHelper {
 
 /// Settings of a shell session.
 pub struct ShellOptions {
-    pub print: PrintOptions,
+    /// How results print (`\pset format table|csv|json|ndjson`).
+    pub format: OutputFormat,
+    /// The per-statement summary line (`\timing` toggles it).
     pub timing: bool,
+    /// Colors for DataFusion's own backslash commands' output.
+    pub color: bool,
 }
 
 /// Runs the interactive shell until `\q` or end of input.
@@ -95,7 +99,7 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
         .sql_parser
         .dialect;
     editor.set_helper(Some(ShellHelper {
-        inner: CliHelper::new(&dialect, options.print.color),
+        inner: CliHelper::new(&dialect, options.color),
     }));
     let history =
         std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".batchinfer_history"));
@@ -106,66 +110,33 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
         "batchinfer {}: SQL with predict() and embed(). End statements with ';'. \\? for help, \\q to quit.",
         env!("CARGO_PKG_VERSION")
     );
+    let mut print = PrintOptions {
+        format: PrintFormat::Table,
+        quiet: true,
+        maxrows: MaxRows::Limited(40),
+        color: options.color,
+        instrumented_registry: Default::default(),
+    };
     loop {
         match editor.readline("batchinfer> ") {
             Ok(line) if line.trim_start().starts_with('\\') => {
                 let _ = editor.add_history_entry(line.trim_end());
                 let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
-                if command == "\\timing" {
-                    options.timing = !options.timing;
-                    println!("Timing is {}.", if options.timing { "on" } else { "off" });
-                    continue;
-                }
-                match command[1..].parse::<Command>() {
-                    Ok(Command::Quit) => break,
-                    Ok(Command::OutputFormat(Some(format))) => match format.parse::<OutputFormat>()
-                    {
-                        Ok(change) => {
-                            if let Err(e) = change.execute(&mut options.print) {
-                                eprintln!("{e}");
-                            }
-                        }
-                        Err(_) => eprintln!(
-                            "'\\{}' is not a valid command; \\? lists them",
-                            &command[1..]
-                        ),
-                    },
-                    Ok(Command::OutputFormat(None)) => {
-                        println!("Output format is {:?}.", options.print.format)
-                    }
-                    Ok(cmd) => {
-                        if let Err(e) = cmd.execute(engine.context(), &mut options.print).await {
-                            eprintln!("Error: {e}");
-                        }
-                    }
-                    Err(_) => eprintln!(
-                        "'\\{}' is not a valid command; \\? lists them",
-                        &command[1..]
-                    ),
+                if !backslash(engine, &command, &mut options, &mut print).await {
+                    break;
                 }
             }
             Ok(line) => {
                 let _ = editor.add_history_entry(line.trim_end());
-                let statements = match split(&line) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        eprintln!("Error: {}", display_error(&e));
-                        continue;
-                    }
+                let runner = Runner {
+                    engine,
+                    format: options.format,
+                    timing: options.timing,
                 };
-                for statement in statements {
-                    tokio::select! {
-                        result = run_and_print(engine, statement, &options) => {
-                            if let Err(e) = result {
-                                eprintln!("Error: {}", display_error(&e));
-                                break;
-                            }
-                        }
-                        _ = tokio::signal::ctrl_c() => {
-                            println!("^C (cancelled)");
-                            break;
-                        }
-                    }
+                match runner.run_script(&line).await {
+                    Ok(()) => {}
+                    Err(Error::Cancelled(_)) => println!("^C (cancelled)"),
+                    Err(e) => eprintln!("Error: {}", display_error(&e)),
                 }
             }
             Err(ReadlineError::Interrupted) => {
@@ -185,30 +156,40 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
     Ok(())
 }
 
-async fn run_and_print(
+/// Carries out a backslash command; false for `\q`. `\timing` and `\pset format` are the
+/// shell's; the others are DataFusion's.
+async fn backslash(
     engine: &Engine,
-    statement: Statement,
-    options: &ShellOptions,
-) -> Result<()> {
-    let started = Instant::now();
-    let report: RunReport = run_with_progress(engine, statement).await?;
-    if !report.schema.fields().is_empty() {
-        let rows = report.batches.iter().map(|b| b.num_rows()).sum();
-        options.print.print_batches(
-            report.schema.clone(),
-            &report.batches,
-            started,
-            rows,
-            &FormatOptions::default(),
-        )?;
+    command: &str,
+    options: &mut ShellOptions,
+    print: &mut PrintOptions,
+) -> bool {
+    let invalid = || eprintln!("'{command}' is not a valid command; \\? lists them");
+    if command == "\\timing" {
+        options.timing = !options.timing;
+        println!("Timing is {}.", if options.timing { "on" } else { "off" });
+        return true;
     }
-    if options.timing {
-        println!("{}", report.summary(started.elapsed()));
+    match command[1..].parse::<Command>() {
+        Ok(Command::Quit) => return false,
+        Ok(Command::OutputFormat(Some(setting))) => {
+            // `\pset format csv`: the setting is "format csv".
+            let name = setting.trim().trim_start_matches("format").trim();
+            match OutputFormat::from_str(name, true) {
+                Ok(format) => {
+                    options.format = format;
+                    println!("Output format is {format:?}.");
+                }
+                Err(_) => invalid(),
+            }
+        }
+        Ok(Command::OutputFormat(None)) => println!("Output format is {:?}.", options.format),
+        Ok(cmd) => {
+            if let Err(e) = cmd.execute(engine.context(), print).await {
+                eprintln!("Error: {e}");
+            }
+        }
+        Err(_) => invalid(),
     }
-    for (model, rows) in engine.registry().take_failed_rows() {
-        eprintln!(
-            "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
-        );
-    }
-    Ok(())
+    true
 }

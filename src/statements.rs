@@ -1,4 +1,5 @@
-//! Splitting scripts into statements, and batchinfer's own statements about models:
+//! Parsing scripts: DataFusion's parser, wrapped (as DataFusion's custom-dialect example does) to
+//! know batchinfer's own statements about models:
 //!
 //! ```sql
 //! CREATE [OR REPLACE] MODEL churn FROM 'models/churn.onnx';
@@ -7,11 +8,13 @@
 //! DESCRIBE MODEL churn;
 //! DROP MODEL [IF EXISTS] churn;
 //! ```
-//! Everything else is DataFusion SQL and goes to DataFusion's parser unchanged.
+//! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
-use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::parser::{DFParser, DFParserBuilder, Statement as DFStatement};
+use datafusion::sql::sqlparser::dialect::Dialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
-use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
 use crate::error::{Error, Result};
 
@@ -20,8 +23,8 @@ use crate::error::{Error, Result};
 pub enum Statement {
     /// A statement about models, handled by batchinfer.
     Model(ModelStatement),
-    /// Anything else: the statement's text, for DataFusion.
-    Sql(String),
+    /// Anything else, as DataFusion's parser read it.
+    Sql(Box<DFStatement>),
 }
 
 /// batchinfer's statements about models.
@@ -42,146 +45,185 @@ pub enum ModelStatement {
     },
 }
 
-/// Splits a script at its top-level `;` (not those inside strings or comments) and recognizes
-/// batchinfer's own statements. Empty statements are dropped.
-pub fn split(script: &str) -> Result<Vec<Statement>> {
-    let dialect = GenericDialect {};
-    let tokens = Tokenizer::new(&dialect, script)
-        .tokenize()
-        .map_err(|e| Error::Usage(format!("SQL could not be read: {e}")))?;
-    let mut statements = Vec::new();
-    for chunk in tokens.split(|t| matches!(t, Token::SemiColon)) {
-        let significant: Vec<&Token> = chunk
-            .iter()
-            .filter(|t| !matches!(t, Token::Whitespace(_)))
-            .collect();
-        if significant.is_empty() {
-            continue;
+impl Statement {
+    /// What the statement writes, when it writes (COPY's target, INSERT's and CREATE TABLE's
+    /// table), for the summary of what it did.
+    pub fn writes(&self) -> Option<String> {
+        use datafusion::sql::sqlparser::ast::Statement as SQL;
+        let Statement::Sql(statement) = self else {
+            return None;
+        };
+        match statement.as_ref() {
+            DFStatement::CopyTo(copy) => Some(copy.target.clone()),
+            DFStatement::Statement(s) => match s.as_ref() {
+                SQL::Insert(insert) => Some(insert.table.to_string()),
+                SQL::CreateTable(create) if create.query.is_some() => Some(create.name.to_string()),
+                _ => None,
+            },
+            _ => None,
         }
-        match model_statement(&significant)? {
-            Some(statement) => statements.push(Statement::Model(statement)),
-            None => statements.push(Statement::Sql(text_of(chunk))),
-        }
-    }
-    Ok(statements)
-}
-
-/// The text of a run of tokens, comments left out (a trailing `--` comment would swallow what
-/// follows once statements are joined again).
-fn text_of(tokens: &[Token]) -> String {
-    tokens
-        .iter()
-        .map(|t| match t {
-            Token::Whitespace(Whitespace::SingleLineComment { .. }) => "\n".to_string(),
-            Token::Whitespace(Whitespace::MultiLineComment(_)) => " ".to_string(),
-            t => t.to_string(),
-        })
-        .collect::<String>()
-        .trim()
-        .to_string()
-}
-
-fn keyword(t: &Token) -> Option<Keyword> {
-    match t {
-        Token::Word(w) if w.quote_style.is_none() => Some(w.keyword),
-        _ => None,
-    }
-}
-
-fn is_word(t: &Token, word: &str) -> bool {
-    matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
-}
-
-fn identifier(t: Option<&&Token>, what: &str) -> Result<String> {
-    match t {
-        Some(Token::Word(w)) if w.quote_style.is_some() => Ok(w.value.clone()),
-        Some(Token::Word(w)) => Ok(w.value.to_lowercase()),
-        _ => Err(Error::Usage(format!("expected {what}"))),
-    }
-}
-
-fn end(rest: &[&Token], usage: &str) -> Result<()> {
-    if rest.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Usage(format!("unexpected '{}' in {usage}", rest[0])))
     }
 }
 
 const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path'";
 
-/// Recognizes a model statement; `None` when the tokens are some other statement.
-fn model_statement(t: &[&Token]) -> Result<Option<ModelStatement>> {
-    let Some(first) = t.first().and_then(|t| keyword(t)) else {
-        return Ok(None);
+/// The statements of a script, separated by `;` (empty ones dropped). A statement whose
+/// expressions nest too deep is refused here ([`crate::limits::check_depth`]).
+pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
+    let mut df = DFParserBuilder::new(script).with_dialect(dialect).build()?;
+    let mut statements = Vec::new();
+    loop {
+        while df.parser.consume_token(&Token::SemiColon) {}
+        if df.parser.peek_token().token == Token::EOF {
+            return Ok(statements);
+        }
+        statements.push(match model_statement(&mut df.parser)? {
+            Some(statement) => Statement::Model(statement),
+            None => Statement::Sql(Box::new(sql_statement(&mut df)?)),
+        });
+        let next = df.parser.peek_token().token;
+        if next != Token::SemiColon && next != Token::EOF {
+            return Err(Error::Usage(format!(
+                "expected the end of the statement (';'), found '{next}'"
+            )));
+        }
+    }
+}
+
+/// DataFusion's statement, refused when it nests deeper than planning can go.
+fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
+    let statement = df.parse_statement()?;
+    if let Err(e) = crate::limits::check_depth(&statement) {
+        // Dropping a tree that deep would overflow the stack as planning it would.
+        std::mem::forget(statement);
+        return Err(e);
+    }
+    Ok(statement)
+}
+
+/// The length of the longest start of `text` that holds complete statements (up to and with a
+/// `;` outside strings and comments): what can run while more of a script is still coming.
+pub fn complete_prefix(text: &str, dialect: &dyn Dialect) -> usize {
+    // An unfinished string or comment is not an error here: only more text is missing.
+    let Ok(tokens) = Tokenizer::new(dialect, text).tokenize_with_location() else {
+        return 0;
     };
-    match first {
-        Keyword::CREATE => {
-            let or_replace = t.len() > 2
-                && keyword(t[1]) == Some(Keyword::OR)
-                && keyword(t[2]) == Some(Keyword::REPLACE);
+    tokens
+        .iter()
+        .rev()
+        .find(|t| t.token == Token::SemiColon)
+        .map_or(0, |t| byte_offset(text, t.span.end.line, t.span.end.column))
+}
+
+/// The byte offset of a tokenizer location (1-based line and column, in characters).
+fn byte_offset(text: &str, line: u64, column: u64) -> usize {
+    let line_start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1) as usize)
+        .map(str::len)
+        .sum();
+    let rest = &text[line_start..];
+    line_start
+        + rest
+            .char_indices()
+            .nth(column.saturating_sub(1) as usize)
+            .map_or(rest.len(), |(i, _)| i)
+}
+
+fn is_word(token: &Token, word: &str) -> bool {
+    matches!(token, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+}
+
+fn keyword(token: &Token) -> Option<Keyword> {
+    match token {
+        Token::Word(w) if w.quote_style.is_none() => Some(w.keyword),
+        _ => None,
+    }
+}
+
+/// Recognizes and reads a model statement; `None` (nothing consumed) when the next statement is
+/// some other.
+fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
+    let peek = |parser: &Parser<'_>, n: usize| parser.peek_nth_token(n).token;
+    let statement = match keyword(&peek(parser, 0)) {
+        Some(Keyword::CREATE) => {
+            let or_replace = keyword(&peek(parser, 1)) == Some(Keyword::OR)
+                && keyword(&peek(parser, 2)) == Some(Keyword::REPLACE);
             let at = if or_replace { 3 } else { 1 };
-            if !t.get(at).is_some_and(|w| is_word(w, "MODEL")) {
+            if !is_word(&peek(parser, at), "MODEL") {
                 return Ok(None);
             }
-            let name = identifier(t.get(at + 1), &format!("a model name: {CREATE}"))?;
-            if t.get(at + 2).and_then(|w| keyword(w)) != Some(Keyword::FROM) {
+            advance(parser, at + 1);
+            let name = identifier(parser, &format!("a model name: {CREATE}"))?;
+            if !parser.parse_keyword(Keyword::FROM) {
                 return Err(Error::Usage(format!(
                     "expected FROM after the model name: {CREATE}"
                 )));
             }
-            let source = match t.get(at + 3) {
-                Some(Token::SingleQuotedString(s)) => s.clone(),
-                _ => {
-                    return Err(Error::Usage(format!(
-                        "expected the model's path as a quoted string: {CREATE}"
-                    )));
-                }
+            let Token::SingleQuotedString(source) = parser.next_token().token else {
+                return Err(Error::Usage(format!(
+                    "expected the model's path as a quoted string: {CREATE}"
+                )));
             };
-            end(&t[at + 4..], CREATE)?;
-            Ok(Some(ModelStatement::Create {
+            ModelStatement::Create {
                 name,
                 source,
                 or_replace,
-            }))
+            }
         }
-        Keyword::SHOW if t.get(1).is_some_and(|w| is_word(w, "MODELS")) => {
-            end(&t[2..], "SHOW MODELS")?;
-            Ok(Some(ModelStatement::Show))
+        Some(Keyword::SHOW) if is_word(&peek(parser, 1), "MODELS") => {
+            advance(parser, 2);
+            ModelStatement::Show
         }
-        Keyword::DESCRIBE | Keyword::DESC if t.get(1).is_some_and(|w| is_word(w, "MODEL")) => {
-            let name = identifier(t.get(2), "a model name: DESCRIBE MODEL name")?;
-            end(&t[3..], "DESCRIBE MODEL name")?;
-            Ok(Some(ModelStatement::Describe { name }))
+        Some(Keyword::DESCRIBE | Keyword::DESC) if is_word(&peek(parser, 1), "MODEL") => {
+            advance(parser, 2);
+            let name = identifier(parser, "a model name: DESCRIBE MODEL name")?;
+            ModelStatement::Describe { name }
         }
-        Keyword::DROP if t.get(1).is_some_and(|w| is_word(w, "MODEL")) => {
-            let if_exists = t.len() > 3
-                && keyword(t[2]) == Some(Keyword::IF)
-                && keyword(t[3]) == Some(Keyword::EXISTS);
-            let at = if if_exists { 4 } else { 2 };
-            let name = identifier(t.get(at), "a model name: DROP MODEL [IF EXISTS] name")?;
-            end(&t[at + 1..], "DROP MODEL [IF EXISTS] name")?;
-            Ok(Some(ModelStatement::Drop { name, if_exists }))
+        Some(Keyword::DROP) if is_word(&peek(parser, 1), "MODEL") => {
+            advance(parser, 2);
+            let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            let name = identifier(parser, "a model name: DROP MODEL [IF EXISTS] name")?;
+            ModelStatement::Drop { name, if_exists }
         }
-        _ => Ok(None),
+        _ => return Ok(None),
+    };
+    Ok(Some(statement))
+}
+
+fn advance(parser: &mut Parser<'_>, tokens: usize) {
+    for _ in 0..tokens {
+        parser.next_token();
+    }
+}
+
+/// A name as SQL normalizes it: lower case unless quoted.
+fn identifier(parser: &mut Parser<'_>, what: &str) -> Result<String> {
+    match parser.next_token().token {
+        Token::Word(w) if w.quote_style.is_some() => Ok(w.value),
+        Token::Word(w) => Ok(w.value.to_lowercase()),
+        _ => Err(Error::Usage(format!("expected {what}"))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+
+    fn split(script: &str) -> Result<Vec<Statement>> {
+        parse(script, &GenericDialect {})
+    }
+
+    fn sql(text: &str) -> Statement {
+        split(text).unwrap().remove(0)
+    }
 
     #[test]
     fn scripts_split_at_top_level_semicolons_only() {
         let script = "SELECT 'a;b' AS x; -- a comment; with a semicolon\nSELECT 2 /* ; */ ;;  ";
         let statements = split(script).unwrap();
-        assert_eq!(
-            statements,
-            vec![
-                Statement::Sql("SELECT 'a;b' AS x".into()),
-                Statement::Sql("SELECT 2".into())
-            ]
-        );
+        assert_eq!(statements, vec![sql("SELECT 'a;b' AS x"), sql("SELECT 2")]);
     }
 
     #[test]
@@ -231,10 +273,24 @@ mod tests {
             err.contains("expected the model's path as a quoted string"),
             "{err}"
         );
+        let err = split("SHOW MODELS now").unwrap_err().to_string();
+        assert!(err.contains("expected the end of the statement"), "{err}");
         // Other CREATE statements are DataFusion's.
         assert!(matches!(
             &split("CREATE TABLE t AS SELECT 1").unwrap()[0],
             Statement::Sql(_)
         ));
+    }
+
+    #[test]
+    fn complete_statements_end_at_a_semicolon_outside_strings() {
+        let dialect = GenericDialect {};
+        let prefix = |t: &str| &t[..complete_prefix(t, &dialect)];
+        assert_eq!(prefix("SELECT 1;\nSELECT 2"), "SELECT 1;");
+        // A ';' inside a string literal, at the end of its line, ends nothing.
+        assert_eq!(prefix("SELECT 'a;\nb';\nSELECT"), "SELECT 'a;\nb';");
+        assert_eq!(prefix("SELECT 'a;\n"), "");
+        assert_eq!(prefix("SELECT 'é;' AS x; SELECT"), "SELECT 'é;' AS x;");
+        assert_eq!(prefix("-- only a comment;\n"), "");
     }
 }

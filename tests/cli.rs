@@ -253,13 +253,14 @@ fn statements_from_standard_input_without_a_subcommand() {
         .take()
         .unwrap()
         .write_all(
-            b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\n",
+            // A ';' ending a line inside a string literal does not end the statement.
+            b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\nSELECT 'a;\nb' AS s;\n",
         )
         .unwrap();
     common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
     let out = child.wait_with_output().unwrap();
     assert_ok(&out);
-    assert_eq!(stdout(&out), "n\n150\ntwo\n2\n");
+    assert_eq!(stdout(&out), "n\n150\ntwo\n2\ns\n\"a;\nb\"\n");
 }
 
 #[test]
@@ -532,20 +533,21 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
         .send_line("FROM 'data/sample/iris.parquet' WHERE id = 149;")
         .unwrap();
     session.exp_string("| 2     |").unwrap();
-    session.exp_string("1 row(s) fetched.").unwrap();
-    session.exp_string("inside the model").unwrap();
+    // One summary line, batchinfer's.
+    session.exp_string("1 row in ").unwrap();
+    session.exp_string("s in the model").unwrap();
     // batchinfer's own statements, and DataFusion's backslash commands. Each line is typed once
     // the shell prompts again (what is typed while a statement runs is not read).
     session.exp_string("batchinfer> ").unwrap();
     type_and_expect(
         &mut session,
         "CREATE MODEL flowers FROM 'data/models/iris.onnx';",
-        &["0 row(s) returned in"],
+        &["0 rows in"],
     );
     type_and_expect(
         &mut session,
         "DESCRIBE MODEL flowers;",
-        &["float_input", "row(s) returned in"],
+        &["float_input", "rows in"],
     );
     type_and_expect(
         &mut session,
@@ -566,6 +568,15 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     session.exp_string("batchinfer> ").unwrap();
     session.send_line("SELECT 40 + 2 AS answer;").unwrap();
     session.exp_string("answer\r\n42").unwrap();
+    // Lists print as `--format csv` prints them: one printer.
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("SELECT make_array(1, 2) AS l;").unwrap();
+    session.exp_string("l\r\n\"[1, 2]\"").unwrap();
+    type_and_expect(
+        &mut session,
+        "CREATE TABLE shell_t AS SELECT value FROM range(10000);",
+        &["shell_t: 10,000 rows written in"],
+    );
     session.send_line("\\q").unwrap();
     session.exp_eof().unwrap();
     // What was created in the shell persists.
@@ -608,11 +619,10 @@ fn timing_prints_a_summary_per_statement_on_stderr() {
     assert_ok(&out);
     assert_eq!(stdout(&out), "n\n10000\n");
     let err = stderr(&out);
-    assert!(err.contains("1 row(s) returned in"), "{err}");
-    assert!(
-        err.contains("10000 row(s) scored in 2 model call(s)"),
-        "{err}"
-    );
+    assert!(err.starts_with("1 row in "), "{err}");
+    assert!(err.contains("; 10,000 scored in 2 calls, "), "{err}");
+    assert!(err.trim_end().ends_with(" s in the model"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one summary line: {err}");
     // No progress line when stderr is not a terminal.
     assert!(!err.contains("rows/s"), "{err}");
 }

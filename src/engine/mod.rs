@@ -27,11 +27,11 @@ use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
 use datafusion::prelude::ParquetReadOptions;
-use datafusion::sql::parser::{DFParserBuilder, Statement as DFStatement};
+use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
     ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
 };
-use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use datafusion::sql::sqlparser::dialect::{Dialect, dialect_from_str};
 use datafusion_cli::object_storage::AwsOptions;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
@@ -43,7 +43,7 @@ use crate::context::build_context;
 use crate::error::{Error, Result, display_error};
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
-use crate::statements::{ModelStatement, Statement, split};
+use crate::statements::{ModelStatement, Statement, parse};
 use crate::storage::{StoreRegistry, is_object_store_url, location_url, object_path};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
 use crate::warehouse::{Warehouse, check_name};
@@ -154,9 +154,22 @@ impl Engine {
         self.run(statements.remove(0)).await
     }
 
-    /// Splits a script into statements (`;`-separated).
+    /// Parses a script into statements (`;`-separated), in the session's SQL dialect.
     pub fn statements(&self, sql: &str) -> Result<Vec<Statement>> {
-        split(sql)
+        parse(sql, self.dialect()?.as_ref())
+    }
+
+    /// The session's SQL dialect (`SET datafusion.sql_parser.dialect`).
+    pub fn dialect(&self) -> Result<Box<dyn Dialect>> {
+        let name = self
+            .ctx
+            .state()
+            .config()
+            .options()
+            .sql_parser
+            .dialect
+            .to_string();
+        dialect_from_str(&name).ok_or_else(|| Error::Usage(format!("unknown SQL dialect {name}")))
     }
 
     /// Runs one statement of a script.
@@ -164,8 +177,8 @@ impl Engine {
         self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
-            Statement::Sql(sql) => {
-                let result = self.run_sql(&sql).await;
+            Statement::Sql(statement) => {
+                let result = self.run_sql(*statement).await;
                 self.follow_device_option();
                 result
             }
@@ -190,34 +203,7 @@ impl Engine {
         }
     }
 
-    /// Parses one statement with DataFusion's parser, in the session's dialect.
-    fn parse_sql(&self, sql: &str) -> Result<Option<DFStatement>> {
-        let dialect_name = self
-            .ctx
-            .state()
-            .config()
-            .options()
-            .sql_parser
-            .dialect
-            .to_string();
-        let dialect = dialect_from_str(&dialect_name)
-            .ok_or_else(|| Error::Usage(format!("unknown SQL dialect {dialect_name}")))?;
-        let mut parsed = DFParserBuilder::new(sql)
-            .with_dialect(dialect.as_ref())
-            .build()?
-            .parse_statements()?;
-        Ok(parsed.pop_front())
-    }
-
-    async fn run_sql(&self, sql: &str) -> Result<DataFrame> {
-        let Some(mut statement) = self.parse_sql(sql)? else {
-            return self.empty();
-        };
-        if let Err(e) = crate::limits::check_depth(&statement) {
-            // Dropping a tree that deep would overflow the stack as planning it would.
-            std::mem::forget(statement);
-            return Err(e);
-        }
+    async fn run_sql(&self, mut statement: DFStatement) -> Result<DataFrame> {
         self.connect_stores(&mut statement)?;
         for table in tables_named(&statement) {
             let reference = datafusion::common::TableReference::bare(table.as_str());

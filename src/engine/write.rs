@@ -5,6 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::{Schema, UInt64Type};
 use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::logical_expr::{Expr, LogicalPlan};
@@ -107,26 +111,30 @@ impl Engine {
             .key_value_metadata
             .insert("batchinfer.models".to_string(), Some(models.clone()));
         let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
-        if warehouse.bucket().is_some() {
-            self.write_table_in_bucket(warehouse, &name, df, options, empty_file)
+        let written = if warehouse.bucket().is_some() {
+            let written = self
+                .write_table_in_bucket(warehouse, &name, df, options, empty_file)
                 .await?;
             if self.ctx.table_exist(name.as_str())? {
                 self.ctx.deregister_table(name.as_str())?;
             }
+            written
         } else {
             let staging = warehouse.staging_dir(&name)?;
-            df.write_parquet(
-                &dir_url(staging.dir()),
-                DataFrameWriteOptions::new(),
-                Some(options),
-            )
-            .await?;
+            let written = df
+                .write_parquet(
+                    &dir_url(staging.dir()),
+                    DataFrameWriteOptions::new(),
+                    Some(options),
+                )
+                .await?;
             write_if_empty(staging.dir(), &empty_file)?;
             warehouse.commit(staging, &name, ct.or_replace)?;
             if self.ctx.table_exist(name.as_str())? {
                 self.ctx.deregister_table(name.as_str())?;
             }
-        }
+            written
+        };
         self.ctx
             .register_parquet(
                 &name,
@@ -134,7 +142,24 @@ impl Engine {
                 ParquetReadOptions::default(),
             )
             .await?;
-        self.empty()
+        self.rows_written(&written)
+    }
+
+    /// A result of no columns whose rows are the rows a write reports in `counts` (its
+    /// `count`): nothing to print, and the summary of the statement says how many.
+    fn rows_written(&self, counts: &[RecordBatch]) -> Result<DataFrame> {
+        let rows = counts
+            .first()
+            .and_then(|b| b.columns().first())
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .map_or(0, |c| c.values().iter().sum::<u64>());
+        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+        let batch = RecordBatch::try_new_with_options(
+            Arc::new(Schema::empty()),
+            vec![],
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
+        Ok(self.results.read_batch(batch)?)
     }
 
     /// A warehouse table in S3. From this process, the new files are uploaded with their
@@ -147,7 +172,7 @@ impl Engine {
         df: DataFrame,
         options: TableParquetOptions,
         empty_file: Vec<u8>,
-    ) -> Result<()> {
+    ) -> Result<Vec<RecordBatch>> {
         let location = warehouse.table_location(name)?;
         let url = parse_url(&location)?;
         let prefix = object_path(&url)?;
@@ -155,22 +180,27 @@ impl Engine {
         let (write_to, output) = self.placement.write_to(stores, &location)?;
         let store = stores.store_for(&url)?;
         let written = async {
-            df.write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
+            let counts = df
+                .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
                 .await?;
             // Objects already complete under the prefix are the old table's.
-            delete_prefix(store.as_ref(), &prefix).await
+            delete_prefix(store.as_ref(), &prefix).await?;
+            Ok::<_, Error>(counts)
         }
         .await;
-        if let Err(e) = written {
-            output.abort().await;
-            return Err(e);
-        }
+        let counts = match written {
+            Ok(counts) => counts,
+            Err(e) => {
+                output.abort().await;
+                return Err(e);
+            }
+        };
         if output.commit().await? == 0 {
             store
                 .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
                 .await?;
         }
-        Ok(())
+        Ok(counts)
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256.
