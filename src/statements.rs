@@ -284,8 +284,9 @@ mod tests {
 
     #[test]
     fn complete_statements_end_at_a_semicolon_outside_strings() {
-        let dialect = GenericDialect {};
-        let prefix = |t: &str| &t[..complete_prefix(t, &dialect)];
+        fn prefix(t: &str) -> &str {
+            &t[..complete_prefix(t, &GenericDialect {})]
+        }
         assert_eq!(prefix("SELECT 1;\nSELECT 2"), "SELECT 1;");
         // A ';' inside a string literal, at the end of its line, ends nothing.
         assert_eq!(prefix("SELECT 'a;\nb';\nSELECT"), "SELECT 'a;\nb';");
