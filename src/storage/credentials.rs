@@ -73,50 +73,17 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The `region` of the active profile (`AWS_PROFILE`, else `default`) in the AWS config file
-/// (`AWS_CONFIG_FILE`, else `~/.aws/config`).
+/// (`AWS_CONFIG_FILE`, else `~/.aws/config`), as the AWS SDK reads it; read once per process.
 pub fn profile_region() -> Option<String> {
-    let path = match std::env::var_os("AWS_CONFIG_FILE") {
-        Some(path) => std::path::PathBuf::from(path),
-        None => std::path::PathBuf::from(std::env::var_os("HOME")?).join(".aws/config"),
-    };
-    let text = std::fs::read_to_string(path).ok()?;
-    let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_string());
-    region_of_profile(&text, &profile)
-}
-
-fn region_of_profile(config: &str, profile: &str) -> Option<String> {
-    let mut in_profile = false;
-    for line in config.lines().map(str::trim) {
-        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            let section = section.trim();
-            let name = section.strip_prefix("profile ").unwrap_or(section).trim();
-            in_profile = name == profile;
-        } else if in_profile
-            && let Some((key, value)) = line.split_once('=')
-            && key.trim() == "region"
-        {
-            return Some(value.trim().to_string());
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::region_of_profile;
-
-    #[test]
-    fn region_is_read_from_the_named_profile_only() {
-        let config =
-            "[default]\nregion = eu-west-1\n\n[profile prod]\noutput=json\nregion=us-west-2\n";
-        assert_eq!(
-            region_of_profile(config, "default").as_deref(),
-            Some("eu-west-1")
-        );
-        assert_eq!(
-            region_of_profile(config, "prod").as_deref(),
-            Some("us-west-2")
-        );
-        assert_eq!(region_of_profile(config, "dev"), None);
-    }
+    use aws_config::meta::region::ProvideRegion;
+    static REGION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    REGION
+        .get_or_init(|| {
+            let provider = aws_config::profile::ProfileFileRegionProvider::new();
+            super::block_on_io(async move { provider.region().await })
+                .ok()
+                .flatten()
+                .map(|region| region.to_string())
+        })
+        .clone()
 }
