@@ -35,7 +35,7 @@
 //! - [`storage`]: object stores (local files, S3 and S3-compatible servers) and deferred commits
 //!   of writes to them.
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
-//! - [`error`]: the crate's error type.
+//! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
 //! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per
 //!   row), so that no input can crash batchinfer or exhaust its memory.
 
@@ -46,6 +46,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod limits;
+pub mod message;
 pub mod model;
 pub mod output;
 pub mod progress;

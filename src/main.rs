@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use batchinfer::cluster::{self, Remote};
 use batchinfer::config::{Device, GraphOptimization, parse_size};
-use batchinfer::error::display_error;
+use batchinfer::message::display_error;
 use batchinfer::output::OutputFormat;
 use batchinfer::runner::Runner;
 use batchinfer::shell::{ShellOptions, run_shell};

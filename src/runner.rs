@@ -6,7 +6,8 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use crate::engine::Engine;
-use crate::error::{Error, Result, display_error};
+use crate::error::{Error, Result};
+use crate::message::display_error;
 use crate::output::{OutputFormat, print_batches};
 use crate::progress::run_with_progress;
 use crate::statements::{Statement, complete_prefix};

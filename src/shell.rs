@@ -21,7 +21,8 @@ use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{Context, Editor, Helper};
 
 use crate::engine::Engine;
-use crate::error::{Error, Result, display_error};
+use crate::error::{Error, Result};
+use crate::message::display_error;
 use crate::output::OutputFormat;
 use crate::runner::Runner;
 

@@ -856,7 +856,7 @@ async fn predict_table_over_s3(server: &s3_server::S3Server) {
         let frame = engine
             .sql("SELECT count(label) AS n FROM predict_table('churn', 's3://data/customers.parquet')")
             .await
-            .map_err(|e| batchinfer::error::display_error(&e))?;
+            .map_err(|e| batchinfer::message::display_error(&e))?;
         frame.collect().await.map_err(|e| e.to_string())
     })
     .await

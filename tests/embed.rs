@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::Ordering;
 
-use batchinfer::error::display_error;
+use batchinfer::message::display_error;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float32Type, Float64Type};

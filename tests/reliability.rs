@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use batchinfer::error::display_error;
+use batchinfer::message::display_error;
 use batchinfer::model::ModelSource;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};

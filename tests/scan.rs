@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use batchinfer::error::display_error;
+use batchinfer::message::display_error;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{
     ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray,

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use batchinfer::error::display_error;
+use batchinfer::message::display_error;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::Array;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use url::Url;
 
-use crate::error::{Error, display_error};
+use crate::error::Error;
+use crate::message::display_error;
 use crate::storage::{StoreRegistry, is_object_store_url, read_capped};
 
 /// The largest model file read: ONNX's protobuf encoding ends at 2 GiB.

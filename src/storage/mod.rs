@@ -25,6 +25,7 @@
 
 pub mod commit;
 mod credentials;
+pub mod hints;
 pub mod staging;
 
 use std::collections::HashMap;

@@ -1,0 +1,49 @@
+//! An error as a person reads it: DataFusion wraps errors in layers ("External error: ...", "IO
+//! error: ..."), and the innermost one says what happened; an object store's error gets what
+//! to check ([`crate::storage::hints`]).
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+
+use crate::error::Error;
+use crate::storage::hints;
+
+/// The error for a person: the innermost message, with an object store's hint.
+pub fn display_error(err: &Error) -> String {
+    match err {
+        Error::DataFusion(e) => display_datafusion_error(e),
+        Error::ObjectStore(e) => hints::describe(e).unwrap_or_else(|| e.to_string()),
+        e => e.to_string(),
+    }
+}
+
+fn display_external(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    if let Some(e) = inner.downcast_ref::<Error>() {
+        return display_error(e);
+    }
+    if let Some(e) = inner.downcast_ref::<DataFusionError>() {
+        return display_datafusion_error(e);
+    }
+    hints::describe(inner).unwrap_or_else(|| inner.to_string())
+}
+
+fn display_datafusion_error(err: &DataFusionError) -> String {
+    match err {
+        DataFusionError::External(inner) => display_external(inner.as_ref()),
+        DataFusionError::ObjectStore(e) => {
+            hints::describe(e.as_ref()).unwrap_or_else(|| e.to_string())
+        }
+        DataFusionError::Context(ctx, inner) => {
+            format!("{ctx}: {}", display_datafusion_error(inner))
+        }
+        DataFusionError::Shared(inner) => display_datafusion_error(inner),
+        DataFusionError::Diagnostic(_, inner) => display_datafusion_error(inner),
+        DataFusionError::Plan(msg) => msg.clone(),
+        DataFusionError::ArrowError(e, _) => match e.as_ref() {
+            ArrowError::ExternalError(inner) => display_external(inner.as_ref()),
+            _ => err.strip_backtrace(),
+        },
+        DataFusionError::IoError(e) => hints::describe(e).unwrap_or_else(|| err.strip_backtrace()),
+        _ => err.strip_backtrace(),
+    }
+}
