@@ -16,20 +16,14 @@
 //! fails, is cancelled or the connection is lost, the uploads are aborted and the hidden files
 //! removed (or, with the server gone, simply never completed): what was there before stays. The
 //! window left is the commit itself, one request or rename per file after all the data is written.
+//! The store's methods and the uploads it hands out are in `deferred.rs`.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use futures::stream::BoxStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
-    UploadPart,
-};
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
 
 /// How a store makes a write's files visible at commit.
 #[derive(Debug)]
@@ -43,44 +37,44 @@ pub enum CommitKind {
 /// An object store whose writes under a [`PendingWrite`]'s prefix wait for its commit.
 #[derive(Debug)]
 pub struct CommitStore {
-    inner: Arc<dyn ObjectStore>,
-    kind: CommitKind,
+    pub(super) inner: Arc<dyn ObjectStore>,
+    pub(super) kind: CommitKind,
     writes: Mutex<Vec<Arc<WriteState>>>,
 }
 
 /// What one write holds back until it commits.
 #[derive(Debug, Default)]
-struct Held {
+pub(super) struct Held {
     /// Completed uploads waiting for `CompleteMultipartUpload` (S3).
-    uploads: Vec<Box<dyn MultipartUpload>>,
+    pub(super) uploads: Vec<Box<dyn MultipartUpload>>,
     /// Hidden files written in full, and the target each is renamed to (local).
-    staged: Vec<(Path, Path)>,
+    pub(super) staged: Vec<(Path, Path)>,
     /// Uploads dropped before they were completed (their writer was cancelled): to abort.
-    abandoned: Vec<Box<dyn MultipartUpload>>,
+    pub(super) abandoned: Vec<Box<dyn MultipartUpload>>,
 }
 
 /// The files of one write, held back until it commits.
 #[derive(Debug)]
-struct WriteState {
-    prefix: Path,
-    held: Mutex<Held>,
+pub(super) struct WriteState {
+    pub(super) prefix: Path,
+    pub(super) held: Mutex<Held>,
     /// Uploads begun and not yet completed, aborted or dropped.
-    open: std::sync::atomic::AtomicUsize,
+    pub(super) open: std::sync::atomic::AtomicUsize,
     /// Parts being sent. They run to their end even when the writer that sent them is dropped:
     /// a part that reached the server after its upload was aborted would stay there.
-    parts: std::sync::atomic::AtomicUsize,
+    pub(super) parts: std::sync::atomic::AtomicUsize,
     /// Told whenever an upload stops being open.
-    closed: tokio::sync::Notify,
+    pub(super) closed: tokio::sync::Notify,
     /// A local folder the write made: removed again if the write is discarded.
-    made_folder: Option<std::path::PathBuf>,
+    pub(super) made_folder: Option<std::path::PathBuf>,
 }
 
 impl WriteState {
-    fn take(&self) -> Held {
+    pub(super) fn take(&self) -> Held {
         std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn hold(&self, upload: Box<dyn MultipartUpload>) {
+    pub(super) fn hold(&self, upload: Box<dyn MultipartUpload>) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -88,7 +82,7 @@ impl WriteState {
             .push(upload);
     }
 
-    fn stage(&self, hidden: Path, target: Path) {
+    pub(super) fn stage(&self, hidden: Path, target: Path) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -96,18 +90,18 @@ impl WriteState {
             .push((hidden, target));
     }
 
-    fn opened(&self) {
+    pub(super) fn opened(&self) {
         self.open.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn closed(&self) {
+    pub(super) fn closed(&self) {
         self.open.fetch_sub(1, Ordering::SeqCst);
         self.closed.notify_waiters();
     }
 
     /// Waits until no upload of the write is open (a cancelled writer's task is dropped a moment
     /// after the statement) and no part is being sent, at most [`SETTLE`].
-    async fn settled(&self) {
+    pub(super) async fn settled(&self) {
         let _ = tokio::time::timeout(SETTLE, async {
             loop {
                 let notified = self.closed.notified();
@@ -136,7 +130,7 @@ static HIDDEN: AtomicU64 = AtomicU64::new(0);
 
 /// The hidden sibling a local file is written to before its commit: a name no listing of
 /// `*.parquet` picks up, unique to this process and write.
-fn hidden_sibling(target: &Path) -> Path {
+pub(super) fn hidden_sibling(target: &Path) -> Path {
     let mut parts: Vec<String> = target.parts().map(|p| p.as_ref().to_string()).collect();
     let name = parts.pop().unwrap_or_default();
     let hidden = format!(
@@ -196,7 +190,7 @@ impl CommitStore {
         }
     }
 
-    fn deferring(&self, location: &Path) -> Option<Arc<WriteState>> {
+    pub(super) fn deferring(&self, location: &Path) -> Option<Arc<WriteState>> {
         self.writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -317,218 +311,5 @@ impl Drop for PendingWrite {
                 }
             }
         }
-    }
-}
-
-/// A multipart upload whose completion is handed to its write instead of sent (S3), or which is
-/// written to a hidden file renamed at the write's commit (local).
-#[derive(Debug)]
-struct DeferredUpload {
-    upload: Option<Box<dyn MultipartUpload>>,
-    state: Arc<WriteState>,
-    /// Local files: where the upload goes (hidden) and the target it is renamed to at commit.
-    staged: Option<(Path, Path)>,
-}
-
-impl DeferredUpload {
-    fn new(
-        upload: Box<dyn MultipartUpload>,
-        state: Arc<WriteState>,
-        staged: Option<(Path, Path)>,
-    ) -> Self {
-        state.opened();
-        DeferredUpload {
-            upload: Some(upload),
-            state,
-            staged,
-        }
-    }
-}
-
-impl Drop for DeferredUpload {
-    /// Dropped neither completed nor aborted (its writer was cancelled): the write aborts it.
-    fn drop(&mut self) {
-        if let Some(upload) = self.upload.take() {
-            self.state
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .abandoned
-                .push(upload);
-            self.state.closed();
-        }
-    }
-}
-
-fn finished_upload() -> object_store::Error {
-    object_store::Error::Generic {
-        store: "batchinfer",
-        source: "a part was written after the upload was completed".into(),
-    }
-}
-
-#[async_trait]
-impl MultipartUpload for DeferredUpload {
-    fn put_part(&mut self, data: PutPayload) -> UploadPart {
-        let Some(upload) = self.upload.as_mut() else {
-            return Box::pin(async { Err(finished_upload()) });
-        };
-        let part = upload.put_part(data);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return part;
-        };
-        // On a task of its own, which a dropped writer does not cancel: the write waits for it
-        // before it aborts the upload (see WriteState::parts).
-        let state = self.state.clone();
-        state.parts.fetch_add(1, Ordering::SeqCst);
-        let sent = runtime.spawn(async move {
-            let sent = part.await;
-            state.parts.fetch_sub(1, Ordering::SeqCst);
-            state.closed.notify_waiters();
-            sent
-        });
-        Box::pin(async move {
-            sent.await.map_err(|e| object_store::Error::Generic {
-                store: "batchinfer",
-                source: Box::new(e),
-            })?
-        })
-    }
-
-    async fn complete(&mut self) -> object_store::Result<PutResult> {
-        let mut upload = self.upload.take().ok_or_else(finished_upload)?;
-        let completed = match self.staged.take() {
-            Some((hidden, target)) => {
-                // The hidden file is complete; the rename to the target waits for the commit.
-                let written = upload.complete().await;
-                if written.is_ok() {
-                    self.state.stage(hidden, target);
-                }
-                written.map(|_| ())
-            }
-            None => {
-                self.state.hold(upload);
-                Ok(())
-            }
-        };
-        self.state.closed();
-        completed.map(|()| PutResult {
-            e_tag: None,
-            version: None,
-        })
-    }
-
-    async fn abort(&mut self) -> object_store::Result<()> {
-        match self.upload.take() {
-            Some(mut upload) => {
-                let aborted = upload.abort().await;
-                self.state.closed();
-                aborted
-            }
-            None => Ok(()),
-        }
-    }
-}
-
-impl fmt::Display for CommitStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for CommitStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        let Some(state) = self.deferring(location) else {
-            return self.inner.put_opts(location, payload, opts).await;
-        };
-        if let CommitKind::StageAndRename(_) = self.kind {
-            let hidden = hidden_sibling(location);
-            self.inner.put_opts(&hidden, payload, opts).await?;
-            state.stage(hidden, location.clone());
-            return Ok(PutResult {
-                e_tag: None,
-                version: None,
-            });
-        }
-        // A small file is one put; as a one-part upload it can wait for the commit too.
-        let options = PutMultipartOptions {
-            tags: opts.tags,
-            attributes: opts.attributes,
-            ..Default::default()
-        };
-        let mut upload = self.inner.put_multipart_opts(location, options).await?;
-        if let Err(e) = upload.put_part(payload).await {
-            let _ = upload.abort().await;
-            return Err(e);
-        }
-        state.hold(upload);
-        Ok(PutResult {
-            e_tag: None,
-            version: None,
-        })
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        let Some(state) = self.deferring(location) else {
-            return self.inner.put_multipart_opts(location, opts).await;
-        };
-        let staged = match self.kind {
-            CommitKind::StageAndRename(_) => Some((hidden_sibling(location), location.clone())),
-            CommitKind::HoldUploads => None,
-        };
-        let write_to = staged.as_ref().map_or(location, |(hidden, _)| hidden);
-        let upload = self.inner.put_multipart_opts(write_to, opts).await?;
-        Ok(Box::new(DeferredUpload::new(upload, state, staged)))
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-
-    async fn rename_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: RenameOptions,
-    ) -> object_store::Result<()> {
-        self.inner.rename_opts(from, to, options).await
     }
 }

@@ -25,6 +25,7 @@
 
 pub mod commit;
 mod credentials;
+mod deferred;
 pub mod hints;
 pub mod staging;
 

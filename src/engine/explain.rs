@@ -1,0 +1,80 @@
+//! What the engine adds to DataFusion's explanations: EXPLAIN ANALYZE's rows per model, and the
+//! cause behind "table not found" for an `s3://` path.
+
+use super::*;
+
+impl Engine {
+    /// EXPLAIN ANALYZE, with a row per model: rows scored, calls, and time inside the model.
+    pub(super) async fn explain_analyze(&self, statement: DFStatement) -> Result<DataFrame> {
+        let df = self.execute(statement).await?;
+        let before = self.registry.stats_by_model();
+        let mut batches = df.collect().await?;
+        let Some(schema) = batches.first().map(|b| b.schema()) else {
+            return self.empty();
+        };
+        let mut kinds = Vec::new();
+        let mut lines = Vec::new();
+        for (name, rows, nanos, calls) in self.registry.stats_by_model() {
+            let (r0, n0, c0) = before
+                .iter()
+                .find(|b| b.0 == name)
+                .map_or((0, 0, 0), |b| (b.1, b.2, b.3));
+            if calls > c0 {
+                kinds.push("batchinfer_model".to_string());
+                lines.push(format!(
+                    "model '{name}': {} rows scored in {} calls, {:.3} ms inside ONNX Runtime (summed over parallel calls)",
+                    rows - r0,
+                    calls - c0,
+                    (nanos - n0) as f64 / 1e6
+                ));
+            }
+        }
+        if !lines.is_empty() {
+            let columns = [kinds, lines]
+                .into_iter()
+                .zip(schema.fields())
+                .map(|(values, field)| {
+                    let array: datafusion::arrow::array::ArrayRef =
+                        Arc::new(datafusion::arrow::array::StringArray::from(values));
+                    datafusion::arrow::compute::cast(&array, field.data_type())
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            batches.push(RecordBatch::try_new(schema.clone(), columns)?);
+        }
+        Ok(self.results.read_batches(batches)?)
+    }
+
+    /// DataFusion reports any failure to open `FROM 's3://...'` as "table not found"; the object
+    /// store says why (no such object or bucket, credentials refused, endpoint unreachable).
+    pub(super) async fn explain_missing_table(&self, err: DataFusionError) -> Error {
+        let message = err.to_string();
+        let Some(name) = message
+            .split_once("table '")
+            .and_then(|(_, rest)| rest.split_once("' not found"))
+            .map(|(name, _)| name.trim_start_matches("datafusion.public."))
+            .filter(|name| is_object_store_url(name))
+        else {
+            return err.into();
+        };
+        let Ok(url) = parse_url(name) else {
+            return err.into();
+        };
+        let probe = async {
+            let store = self.registry.stores().store_for(&url)?;
+            let path = object_path(&url)?;
+            match store.head(&path).await {
+                Ok(_) => return Ok(true),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::from(e)),
+            }
+            Ok(store.list(Some(&path)).next().await.transpose()?.is_some())
+        };
+        match probe.await {
+            Ok(true) => err.into(),
+            Ok(false) => Error::Usage(format!(
+                "no object at {name}: nothing is stored under that key"
+            )),
+            Err(e) => Error::Usage(format!("cannot read {name}: {}", display_error(&e))),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! `OPTIONS (...)` of COPY and CREATE EXTERNAL TABLE: the buckets they name are connected with
+//! them, and the secrets among them blanked once used.
+
+use super::*;
+
+impl Engine {
+    /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
+    /// options that are secrets (keys, tokens, passwords) in the statement, so that no plan,
+    /// table definition or error printed from it shows them.
+    pub(super) fn connect_stores(&self, statement: &mut DFStatement) -> Result<()> {
+        match statement {
+            DFStatement::CopyTo(copy) => {
+                self.connect_with_options(&copy.target, &copy.options)?;
+                redact(&mut copy.options);
+            }
+            DFStatement::CreateExternalTable(table) => {
+                for location in &table.locations {
+                    self.connect_with_options(location, &table.options)?;
+                }
+                redact(&mut table.options);
+            }
+            DFStatement::Explain(explain) => self.connect_stores(&mut explain.statement)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `OPTIONS ('aws.region' '...', 'aws.endpoint' '...')` on an `s3://` location: the bucket
+    /// is connected with them (over the environment's settings).
+    pub(super) fn connect_with_options(
+        &self,
+        location: &str,
+        options: &[(String, SqlValue)],
+    ) -> Result<()> {
+        let aws: Vec<(&String, String)> = options
+            .iter()
+            .filter(|(key, _)| key.starts_with("aws."))
+            .map(|(key, value)| (key, option_text(value)))
+            .collect();
+        if aws.is_empty() || !is_object_store_url(location) {
+            return Ok(());
+        }
+        let mut options = AwsOptions::default();
+        for (key, value) in aws {
+            options.set(key, &value)?;
+        }
+        self.registry
+            .stores()
+            .connect_s3(&parse_url(location)?, &options)?;
+        Ok(())
+    }
+}
+
+/// What a secret option's value reads as once the statement has used it.
+pub(super) const REDACTED: &str = "<redacted>";
+
+/// Blanks the values of the options whose name says they are secret.
+pub(super) fn redact(options: &mut [(String, SqlValue)]) {
+    for (key, value) in options {
+        let key = key.to_ascii_lowercase();
+        if ["secret", "token", "password", "key"]
+            .iter()
+            .any(|word| key.contains(word))
+        {
+            *value = SqlValue::SingleQuotedString(REDACTED.to_string());
+        }
+    }
+}
+
+/// The text of a SQL option's value (`'us-east-1'`, `true`, `9000`).
+pub(super) fn option_text(value: &SqlValue) -> String {
+    match value {
+        SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => s.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,400 @@
+//! The registry: model names (and, for a cluster's clients, model definitions) to loaded models,
+//! each loaded once per device and shared by every partition of every query.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::{Model, ModelSource, SessionOptions, SharedModels, shared};
+use crate::config::EngineConfig;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::storage::StoreRegistry;
+
+/// A registered model: where it comes from, and the model once loaded.
+#[derive(Debug)]
+struct ModelEntry {
+    source: ModelSource,
+    /// The sha256 the model's bytes must have (a definition a cluster client sent).
+    sha256: Option<String>,
+    /// The model once loaded, per device asked for (one pool of sessions per model per device).
+    loaded: Mutex<Vec<(Device, Arc<Model>)>>,
+}
+
+impl ModelEntry {
+    fn new(source: ModelSource, sha256: Option<String>) -> Self {
+        ModelEntry {
+            source,
+            sha256,
+            loaded: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn models(&self) -> Vec<Arc<Model>> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+}
+
+/// Models kept by content: (source, sha256) -> entry; see [`shared`].
+type ByContent = Arc<Mutex<HashMap<(String, String), Arc<ModelEntry>>>>;
+
+/// Name -> model, shared by the whole engine.
+#[derive(Debug)]
+pub struct ModelRegistry {
+    entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
+    options: SessionOptions,
+    /// Where models run unless a query says otherwise (`--device`, `SET batchinfer.device`).
+    device: RwLock<Device>,
+    stores: Arc<StoreRegistry>,
+    loads: Arc<AtomicU64>,
+    /// Models of cluster clients' definitions, by content (a scheduler's or executor's).
+    by_content: ByContent,
+}
+
+impl ModelRegistry {
+    /// An empty registry whose models get sessions as `config` says.
+    pub fn new(config: &EngineConfig, stores: Arc<StoreRegistry>) -> Self {
+        ModelRegistry {
+            stores,
+            entries: RwLock::new(BTreeMap::new()),
+            loads: Arc::new(AtomicU64::new(0)),
+            by_content: ByContent::default(),
+            device: RwLock::new(config.device),
+            options: SessionOptions {
+                max_sessions: config.sessions(),
+                intra_threads: config.threads_per_session(),
+                optimization: config.optimization,
+                varying_shapes: false,
+                device: config.device,
+            },
+        }
+    }
+
+    /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
+    /// The folder may be an S3 prefix (`s3://bucket/models/`).
+    pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        if let Ok(ModelSource::Object(url)) = ModelSource::from_path(dir) {
+            return self.register_prefix(url);
+        }
+        let listing = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(format!("reading the models folder {}", dir.display()), e))?;
+        let mut found = Vec::new();
+        for entry in listing {
+            let path = entry
+                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+                .path();
+            let model_file = if path.is_dir() {
+                path.join("model.onnx")
+            } else {
+                path.clone()
+            };
+            let is_onnx = model_file.extension().is_some_and(|e| e == "onnx");
+            // Anything there is registered (a FIFO too): loading it says what is wrong.
+            if !is_onnx || !model_file.exists() {
+                continue;
+            }
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            // Absolute, so that the source means the same to other processes of a cluster.
+            let model_file = std::path::absolute(&model_file).unwrap_or(model_file);
+            self.register(name, ModelSource::File(model_file));
+            found.push(name.to_string());
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    fn register_prefix(&self, mut url: url::Url) -> Result<Vec<String>> {
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        let mut found = Vec::new();
+        for key in self.stores.list_blocking(&url)? {
+            let name = match key.split_once('/') {
+                None => key.strip_suffix(".onnx"),
+                Some((folder, "model.onnx")) => Some(folder),
+                Some(_) => None,
+            };
+            if let (Some(name), Ok(file)) = (name, url.join(&key)) {
+                self.register(name, ModelSource::Object(file));
+                found.push(name.to_string());
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Registers each `name -> source` (a path or an `s3://` URL) that is not already registered
+    /// with that source; a model already loaded from the same source stays loaded.
+    pub fn register_sources(&self, sources: &BTreeMap<String, String>) -> Result<()> {
+        for (name, source) in sources {
+            let source = ModelSource::parse(source).map_err(Error::Usage)?;
+            if self.source(name).as_ref() != Some(&source) {
+                self.register(name, source);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every registered model with its source and, once loaded, its sha256: the definitions a
+    /// cluster client sends with a query ([`shared`]).
+    pub fn shared_models(&self) -> SharedModels {
+        let models = self
+            .read()
+            .iter()
+            .map(|(name, entry)| {
+                let sha256 = entry.models().first().map(|m| m.sha256.clone());
+                let model = shared::SharedModel {
+                    source: entry.source.to_string(),
+                    sha256: sha256.or_else(|| entry.sha256.clone()),
+                };
+                (name.clone(), model)
+            })
+            .collect();
+        shared::SharedModels(models)
+    }
+
+    /// The entry of a client's definition, kept by content for every query that names it.
+    fn shared_entry(&self, model: &shared::SharedModel) -> Result<Arc<ModelEntry>> {
+        let mut by_content = self.by_content.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = by_content.get(&model.key()) {
+            return Ok(entry.clone());
+        }
+        let entry = Arc::new(ModelEntry::new(model.model_source()?, model.sha256.clone()));
+        by_content.insert(model.key(), entry.clone());
+        Ok(entry)
+    }
+
+    /// A registry for one cluster session: this one's models, with the definitions of the
+    /// session's client over them (a scheduler plans each client's queries with its own).
+    pub fn for_session(&self, shared: &SharedModels) -> Result<Arc<ModelRegistry>> {
+        let mut entries = self.read().clone();
+        for (name, model) in &shared.0 {
+            entries.insert(name.clone(), self.shared_entry(model)?);
+        }
+        Ok(Arc::new(ModelRegistry {
+            entries: RwLock::new(entries),
+            options: self.options,
+            device: RwLock::new(self.device()),
+            stores: self.stores.clone(),
+            loads: self.loads.clone(),
+            by_content: self.by_content.clone(),
+        }))
+    }
+
+    /// The model `name` on `device` as the query's session defines it: through the definitions a
+    /// cluster client sent (`batchinfer.models` in `config`) when they name it, else by name.
+    pub fn resolve(
+        &self,
+        name: &str,
+        device: Option<Device>,
+        config: Option<&datafusion::config::ConfigOptions>,
+    ) -> Result<Arc<Model>> {
+        let shared = config
+            .and_then(|c| c.extensions.get::<crate::config::BatchInferOptions>())
+            .map(|o| &o.models);
+        if let Some(model) = shared.and_then(|models| models.get(name)) {
+            let entry = self.shared_entry(model)?;
+            return self.load(name, &entry, device);
+        }
+        self.get_on(name, device)
+    }
+
+    /// Registers (or re-registers) one model file under `name`; it is loaded on first use.
+    pub fn register(&self, name: &str, source: ModelSource) {
+        let entry = Arc::new(ModelEntry::new(source, None));
+        self.write().insert(name.to_string(), entry);
+    }
+
+    /// Registers a model that is already loaded (CREATE MODEL loads to check before it registers).
+    pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
+        let entry = Arc::new(ModelEntry {
+            source: model.source.clone(),
+            sha256: None,
+            loaded: Mutex::new(vec![(self.device(), model)]),
+        });
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        self.write().insert(name.to_string(), entry);
+    }
+
+    /// Removes a model; whether it was there.
+    pub fn unregister(&self, name: &str) -> bool {
+        self.write().remove(name).is_some()
+    }
+
+    /// Whether `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// The file a registered model comes from.
+    pub fn source(&self, name: &str) -> Option<ModelSource> {
+        self.read().get(name).map(|e| e.source.clone())
+    }
+
+    /// The object stores models are read from.
+    pub fn stores(&self) -> &Arc<StoreRegistry> {
+        &self.stores
+    }
+
+    /// The options sessions are built with (on the current device).
+    pub fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            device: self.device(),
+            ..self.options
+        }
+    }
+
+    /// Names of the registered models, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// The model `name`, loading it on first use.
+    pub fn get(&self, name: &str) -> Result<Arc<Model>> {
+        self.get_on(name, None)
+    }
+
+    /// Where models run unless a query says otherwise.
+    pub fn device(&self) -> Device {
+        *self.device.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `device` where models run from now on (`SET batchinfer.device`); models loaded for
+    /// another device stay loaded there.
+    pub fn set_device(&self, device: Device) {
+        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
+    }
+
+    /// The model `name` with its sessions on `device` (None: where models run now), loading it
+    /// there on first use.
+    pub fn get_on(&self, name: &str, device: Option<Device>) -> Result<Arc<Model>> {
+        let device = device.unwrap_or_else(|| self.device());
+        let entry = self.read().get(name).cloned();
+        let Some(entry) = entry else {
+            let names = self.names();
+            let available = if names.is_empty() {
+                "no models are registered (pass --models DIR)".to_string()
+            } else {
+                format!("the models are: {}", names.join(", "))
+            };
+            return Err(Error::UnknownModel {
+                name: name.to_string(),
+                available,
+            });
+        };
+        self.load(name, &entry, Some(device))
+    }
+
+    /// `entry`'s model on `device` (None: where models run now), loaded there on first use; an
+    /// entry with a sha256 is checked to load bytes of that hash.
+    fn load(&self, name: &str, entry: &ModelEntry, device: Option<Device>) -> Result<Arc<Model>> {
+        let device = device.unwrap_or_else(|| self.device());
+        let mut loaded = entry
+            .loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Asked for as such, or resolved to it (`auto` that chose this device).
+        if let Some((_, model)) = loaded
+            .iter()
+            .find(|(asked, m)| *asked == device || m.device() == device)
+        {
+            return Ok(model.clone());
+        }
+        let options = SessionOptions {
+            device,
+            ..self.options
+        };
+        let model = Arc::new(Model::load(name, &entry.source, options, &self.stores)?);
+        if let Some(expected) = &entry.sha256
+            && expected != &model.sha256
+        {
+            return Err(Error::ModelLoad {
+                model: name.to_string(),
+                path: entry.source.to_string(),
+                message: format!(
+                    "the file now has sha256 {}, but the query was planned with a model of \
+                     sha256 {expected}: it changed since the client loaded it (run CREATE OR \
+                     REPLACE MODEL again to use the new file)",
+                    model.sha256
+                ),
+            });
+        }
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        loaded.push((device, model.clone()));
+        Ok(model)
+    }
+
+    /// Per loaded model: (name, rows scored, nanoseconds inside ONNX Runtime, calls).
+    pub fn stats_by_model(&self) -> Vec<(String, u64, u64, u64)> {
+        self.read()
+            .iter()
+            .filter_map(|(name, e)| {
+                let models = e.models();
+                if models.is_empty() {
+                    return None;
+                }
+                let sum = |f: fn(&Model) -> u64| models.iter().map(|m| f(m)).sum::<u64>();
+                Some((
+                    name.clone(),
+                    sum(|m| m.stats.rows.load(Ordering::Relaxed)),
+                    sum(|m| m.stats.nanos.load(Ordering::Relaxed)),
+                    sum(|m| m.stats.calls.load(Ordering::Relaxed)),
+                ))
+            })
+            .collect()
+    }
+
+    /// Rows scored, nanoseconds inside ONNX Runtime and calls, summed over the loaded models.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        self.read()
+            .values()
+            .flat_map(|e| e.models())
+            .fold((0, 0, 0), |(r, n, c), m| {
+                (
+                    r + m.stats.rows.load(Ordering::Relaxed),
+                    n + m.stats.nanos.load(Ordering::Relaxed),
+                    c + m.stats.calls.load(Ordering::Relaxed),
+                )
+            })
+    }
+
+    /// How many times a model file was loaded (each model once, unless re-registered).
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Rows given NULL on model failure since the last call, per model; resets the counts.
+    pub fn take_failed_rows(&self) -> Vec<(String, u64)> {
+        self.read()
+            .iter()
+            .filter_map(|(name, entry)| {
+                let n: u64 = entry
+                    .models()
+                    .iter()
+                    .map(|m| m.failed_rows.swap(0, Ordering::Relaxed))
+                    .sum();
+                (n > 0).then(|| (name.clone(), n))
+            })
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
