@@ -12,8 +12,8 @@ use datafusion::config::ConfigOptions;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::optimizer::AnalyzerRule;
-use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::{Expr, Query, Visit, Visitor};
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{Expr, Query, Visitor};
 
 use crate::error::{Error, Result};
 
@@ -34,16 +34,7 @@ pub fn check_depth(statement: &DFStatement) -> Result<()> {
         current: 0,
         deepest: 0,
     };
-    let found = match statement {
-        DFStatement::Statement(s) => s.visit(&mut depth),
-        DFStatement::CopyTo(copy) => match &copy.source {
-            CopyToSource::Query(query) => query.visit(&mut depth),
-            CopyToSource::Relation(_) => ControlFlow::Continue(()),
-        },
-        DFStatement::Explain(explain) => return check_depth(&explain.statement),
-        _ => ControlFlow::Continue(()),
-    };
-    match found {
+    match crate::statements::visit_sql(statement, &mut depth) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(()) => Err(Error::Usage(format!(
             "expression too deep: the statement nests expressions or subqueries more than \

@@ -10,7 +10,10 @@
 //! ```
 //! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
-use datafusion::sql::parser::{DFParser, DFParserBuilder, Statement as DFStatement};
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::{CopyToSource, DFParser, DFParserBuilder, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{Visit, Visitor};
 use datafusion::sql::sqlparser::dialect::Dialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -87,6 +90,20 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
                 "expected the end of the statement (';'), found '{next}'"
             )));
         }
+    }
+}
+
+/// Walks the SQL of a DataFusion statement with `visitor`: a statement, the query of a COPY, the
+/// statement an EXPLAIN explains.
+pub fn visit_sql<V: Visitor>(statement: &DFStatement, visitor: &mut V) -> ControlFlow<V::Break> {
+    match statement {
+        DFStatement::Statement(s) => s.visit(visitor),
+        DFStatement::CopyTo(copy) => match &copy.source {
+            CopyToSource::Query(query) => query.visit(visitor),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        DFStatement::Explain(explain) => visit_sql(&explain.statement, visitor),
+        _ => ControlFlow::Continue(()),
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{DEADLINE, output_within};
+use common::{DEADLINE, assert_ok, output_within, stderr, stdout};
 
 /// The binary, with a warehouse outside the repository unless a test names its own.
 fn batchinfer(args: &[&str]) -> Output {
@@ -25,42 +25,10 @@ fn scratch_warehouse() -> std::path::PathBuf {
     ))
 }
 
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "batchinfer failed:\nstdout: {}\nstderr: {}",
-        stdout(out),
-        stderr(out)
-    );
-}
-
-/// A failure is a non-zero exit and one readable message: no panic, no backtrace.
+/// A failure: exit status 1 and one readable message mentioning `expected` (no panic, no
+/// backtrace).
 fn assert_clean_failure(out: &Output, expected: &str) {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "expected a failure, got success:\n{}",
-        stdout(out)
-    );
-    assert!(
-        err.contains(expected),
-        "stderr does not mention {expected:?}:\n{err}"
-    );
-    assert!(
-        err.starts_with("Error: "),
-        "stderr should start with 'Error: ':\n{err}"
-    );
-    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
-        assert!(!err.contains(bad), "stderr shows {bad:?}:\n{err}");
-    }
+    common::assert_failure(out, &[expected]);
 }
 
 const LINEAR: &str = "predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)";

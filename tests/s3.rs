@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{assert_failure, assert_ok, stdout};
 use s3_server::{ACCESS_KEY, S3Server, SECRET_KEY};
 
 const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
@@ -28,43 +29,6 @@ fn batchinfer(server: &S3Server, warehouse: &Path) -> Command {
 
 fn run(mut command: Command, args: &[&str]) -> Output {
     common::output_within(command.args(args), common::DEADLINE)
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn assert_ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "batchinfer failed:\nstdout: {}\nstderr: {}",
-        stdout(out),
-        stderr(out)
-    );
-    stdout(out)
-}
-
-/// A non-zero exit with one readable message that mentions each of `expected`.
-fn assert_failure(out: &Output, expected: &[&str]) -> String {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "expected a failure:\n{}",
-        stdout(out)
-    );
-    assert!(err.starts_with("Error: "), "stderr:\n{err}");
-    for text in expected {
-        assert!(
-            err.contains(text),
-            "stderr does not mention {text:?}:\n{err}"
-        );
-    }
-    assert!(!err.contains("panicked"), "stderr:\n{err}");
-    err
 }
 
 /// A server holding the sample features (as 4 files) and the test models.

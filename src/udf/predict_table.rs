@@ -53,9 +53,8 @@ impl ResolvedTables {
 /// The table (second) argument of each `predict_table` call in `statement` that is a string
 /// literal: what [`ResolvedTables`] should hold before it is planned.
 pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<String> {
-    use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
     use datafusion::sql::sqlparser::ast::{
-        Expr as SqlExpr, FunctionArg, FunctionArgExpr, TableFactor, Value, Visit, Visitor,
+        Expr as SqlExpr, FunctionArg, FunctionArgExpr, TableFactor, Value, Visitor,
     };
     use std::ops::ControlFlow;
 
@@ -79,15 +78,7 @@ pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<Strin
         }
     }
     let mut calls = Calls(Vec::new());
-    let _ = match statement {
-        DFStatement::Statement(s) => s.visit(&mut calls),
-        DFStatement::CopyTo(copy) => match &copy.source {
-            CopyToSource::Query(query) => query.visit(&mut calls),
-            CopyToSource::Relation(_) => ControlFlow::Continue(()),
-        },
-        DFStatement::Explain(explain) => return tables_named(&explain.statement),
-        _ => ControlFlow::Continue(()),
-    };
+    let _ = crate::statements::visit_sql(statement, &mut calls);
     calls.0
 }
 
