@@ -48,6 +48,10 @@ pub enum Error {
         message: String,
     },
 
+    /// A bug: code batchinfer runs panicked (the message says where).
+    #[error("internal error (a bug, please report it): {0}")]
+    Internal(String),
+
     /// A signal stopped the statement; what it wrote was discarded.
     #[error("cancelled by {0}: the statement stopped, and nothing it wrote was kept")]
     Cancelled(&'static str),

@@ -21,19 +21,20 @@
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
 //!   scoring of one record batch.
-//! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back.
-//! - [`udf`]: the SQL functions (`predict`).
+//! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
+//!   (`element.rs`) and a model's inputs and outputs (`signature.rs`).
+//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`).
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
 //! - [`device`]: `--device cpu | cuda[:N] | auto`: the GPU, the CUDA libraries, the fallback.
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
-//!   piped standard input and the shell.
+//!   piped standard input and the shell; stop signals, and panics reported as errors.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
-//! - [`storage`]: object stores (local files, S3 and S3-compatible servers) and deferred commits
-//!   of writes to them.
+//! - [`storage`]: every path, local or S3, answered here: object stores, staged and deferred
+//!   commits of writes, and what an object store's error means for a person (`hints.rs`).
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
 //! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per

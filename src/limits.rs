@@ -13,7 +13,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{Expr, Query, Visitor};
+use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visitor};
 
 use crate::error::{Error, Result};
 
@@ -37,10 +37,11 @@ pub fn check_depth(statement: &DFStatement) -> Result<()> {
     match crate::statements::visit_sql(statement, &mut depth) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(()) => Err(Error::Usage(format!(
-            "expression too deep: the statement nests expressions or subqueries more than \
-             {MAX_EXPRESSION_DEPTH} levels deep (a chain of 'a + b + ...' or 'x OR y OR ...' is \
-             one level per term); use IN (...) for long lists of alternatives, or a model for \
-             long sums"
+            "expression too deep: the statement nests expressions, subqueries or set operations \
+             more than {MAX_EXPRESSION_DEPTH} levels deep (a chain of 'a + b + ...', \
+             'x OR y OR ...' or 'q UNION ALL r UNION ALL ...' is one level per term); use IN \
+             (...) for long lists of alternatives, a model for long sums, or a table for long \
+             unions"
         ))),
     }
 }
@@ -78,7 +79,20 @@ impl Visitor for Depth {
         self.leave()
     }
 
-    fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        // Set operations (`a UNION ALL b UNION ALL ...`) nest without passing through an
+        // expression or a query; DataFusion plans them by recursion too.
+        let mut operations = 0;
+        let mut pending = vec![query.body.as_ref()];
+        while let Some(set) = pending.pop() {
+            if let SetExpr::SetOperation { left, right, .. } = set {
+                operations += 1;
+                if self.current + operations > MAX_EXPRESSION_DEPTH {
+                    return ControlFlow::Break(());
+                }
+                pending.extend([left.as_ref(), right.as_ref()]);
+            }
+        }
         self.enter()
     }
 
@@ -175,6 +189,11 @@ mod tests {
         ))
         .unwrap_err();
         assert!(err.to_string().contains("expression too deep"));
+        // Set operations count one level each, in a subquery too.
+        let unions = |n: usize| vec!["SELECT 1 AS x"; n].join(" UNION ALL ");
+        assert!(depth_of(&format!("SELECT count(*) FROM ({})", unions(500))).is_ok());
+        let err = depth_of(&format!("SELECT count(*) FROM ({})", unions(5_000))).unwrap_err();
+        assert!(err.to_string().contains("set operations"), "{err}");
         // A long IN list is wide, not deep.
         let list: Vec<String> = (0..20_000).map(|i| i.to_string()).collect();
         assert!(depth_of(&format!("SELECT 1 WHERE 5 IN ({})", list.join(","))).is_ok());

@@ -39,19 +39,19 @@ struct EngineArgs {
     format: OutputFormat,
 
     /// Partitions scored in parallel [default: the number of cores]
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     partitions: Option<usize>,
 
     /// ONNX Runtime sessions per model [default: one per partition]
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     sessions: Option<usize>,
 
     /// ONNX Runtime threads per session [default: cores / sessions, at least 1]
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     threads: Option<usize>,
 
     /// Rows per record batch read from the input [default: 8192; 65536 on a GPU]
-    #[arg(long, global = true, value_name = "ROWS", value_parser = at_least_one)]
+    #[arg(long, global = true, value_name = "ROWS", value_parser = count(MAX_BATCH_ROWS))]
     batch_rows: Option<usize>,
 
     /// ONNX Runtime graph optimizations applied when a model is loaded
@@ -128,7 +128,7 @@ enum Command {
         #[arg(long, default_value_t = 50051)]
         port: u16,
         /// Tasks run at once (default: the cores)
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = count(MAX_PARALLEL))]
         concurrent_tasks: Option<usize>,
         /// Folder for shuffle files (default: a temporary folder)
         #[arg(long, value_name = "DIR")]
@@ -137,9 +137,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    std::panic::set_hook(Box::new(|info| {
-        eprintln!("batchinfer: internal error: {info}");
-    }));
+    batchinfer::runner::record_panics();
     if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
         // SAFETY: no other thread exists yet. ONNX Runtime reads it when it is loaded.
         unsafe { std::env::set_var("ORT_DISABLE_TELEMETRY", "1") };
@@ -165,7 +163,11 @@ fn main() -> ExitCode {
         .spawn(move || run(cli));
     match main.map(|thread| thread.join()) {
         Ok(Ok(code)) => code,
-        Ok(Err(_)) => ExitCode::FAILURE,
+        Ok(Err(panic)) => {
+            let message = batchinfer::runner::panic_message(panic.as_ref());
+            eprintln!("Error: {}", Error::Internal(message));
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("Error: cannot start: {e}");
             ExitCode::FAILURE
@@ -242,6 +244,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
+    batchinfer::runner::exit_on_unheeded_signals();
     let engine = Engine::open(config).await?;
     match cli.command {
         Some(Command::Query { execute, file }) => {
@@ -269,11 +272,16 @@ async fn main_inner(cli: Cli) -> Result<()> {
     }
 }
 
-/// A count that must be at least 1.
-fn at_least_one(text: &str) -> std::result::Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".to_string()),
-        Ok(n) => Ok(n),
+/// The most partitions, sessions or threads asked for: more than any machine has cores.
+const MAX_PARALLEL: usize = 1024;
+/// The most rows per record batch.
+const MAX_BATCH_ROWS: usize = 1 << 24;
+
+/// A parser of a count from 1 to `max`.
+fn count(max: usize) -> impl Fn(&str) -> std::result::Result<usize, String> + Clone {
+    move |text| match text.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        Ok(_) => Err(format!("must be from 1 to {max}")),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -2,8 +2,10 @@
 
 use std::io::Write;
 
-use datafusion::arrow::array::{Array, RecordBatch};
-use datafusion::arrow::datatypes::SchemaRef;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::arrow::util::pretty::pretty_format_batches_with_options;
 
@@ -37,14 +39,15 @@ pub fn print_batches(
     match format {
         OutputFormat::Table => {
             let options = FormatOptions::default().with_null("NULL");
-            let table = if batches.is_empty() {
-                pretty_format_batches_with_options(
-                    &[RecordBatch::new_empty(schema.clone())],
-                    &options,
-                )?
+            let shown = if batches.is_empty() {
+                vec![RecordBatch::new_empty(schema.clone())]
             } else {
-                pretty_format_batches_with_options(batches, &options)?
+                batches
+                    .iter()
+                    .map(|batch| cut_cells(batch, &options))
+                    .collect::<Result<_>>()?
             };
+            let table = pretty_format_batches_with_options(&shown, &options)?;
             writeln!(out, "{table}").map_err(io)?;
         }
         OutputFormat::Csv => write_csv(out, schema, batches)?,
@@ -68,6 +71,35 @@ pub fn print_batches(
         }
     }
     Ok(())
+}
+
+/// The most characters of a value an aligned table shows: a longer one ends in '…' (a cell
+/// megabytes long is no use to a reader, and laying it out takes long). The other formats
+/// print every value whole.
+pub const TABLE_CELL_CHARS: usize = 1_000;
+
+/// A batch as the text of its cells, each cut to [`TABLE_CELL_CHARS`].
+fn cut_cells(batch: &RecordBatch, options: &FormatOptions) -> Result<RecordBatch> {
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        let formatter = ArrayFormatter::try_new(column.as_ref(), options)?;
+        let cells: StringArray = (0..column.len())
+            .map(|row| {
+                let text = formatter.value(row).to_string();
+                Some(match text.char_indices().nth(TABLE_CELL_CHARS) {
+                    Some((at, _)) => format!("{}…", &text[..at]),
+                    None => text,
+                })
+            })
+            .collect();
+        fields.push(Field::new(field.name(), DataType::Utf8, false));
+        columns.push(Arc::new(cells));
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 /// CSV by hand over Arrow's display formatting, so that list and struct columns (which Arrow's
@@ -110,5 +142,31 @@ fn csv_field(s: &str) -> String {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_cut_long_values_and_other_formats_do_not() {
+        let long = "é".repeat(TABLE_CELL_CHARS + 5);
+        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true)]));
+        let column = StringArray::from(vec![Some(long.as_str()), Some("short"), None]);
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(column)]).unwrap();
+        let print = |format| {
+            let mut out = Vec::new();
+            print_batches(&mut out, format, &schema, std::slice::from_ref(&batch)).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let table = print(OutputFormat::Table);
+        assert!(table.contains(&format!("{}…", "é".repeat(TABLE_CELL_CHARS))));
+        assert!(!table.contains(&"é".repeat(TABLE_CELL_CHARS + 1)));
+        assert!(
+            table.contains("| short") && table.contains("| NULL"),
+            "{table}"
+        );
+        assert!(print(OutputFormat::Csv).contains(&long));
     }
 }

@@ -3,7 +3,11 @@
 //! chosen format ([`crate::output`]); the per-statement summary, warnings and errors to stderr.
 
 use std::io::{BufRead, Write};
-use std::time::Instant;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -34,9 +38,14 @@ impl Runner<'_> {
     /// [`Error::Cancelled`].
     pub async fn run(&self, statement: Statement) -> Result<()> {
         let started = Instant::now();
+        let _running = Running::start();
+        // A panic in the engine or a library (a malformed file can cause one) ends the statement
+        // with an error, not the process or the shell.
+        let work = AssertUnwindSafe(run_with_progress(self.engine, statement)).catch_unwind();
         let report = tokio::select! {
-            report = run_with_progress(self.engine, statement) => report?,
+            report = work => report.map_err(|panic| Error::Internal(panic_message(&panic)))??,
             signal = stop_signal() => {
+                HEEDED.fetch_add(1, Ordering::SeqCst);
                 crate::storage::discards_done().await;
                 return Err(Error::Cancelled(signal));
             }
@@ -101,6 +110,102 @@ impl Runner<'_> {
                 Ok(true)
             }
         }
+    }
+}
+
+/// What a panic said: its message, with where it happened when the panic hook recorded it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let said = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    match LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(recorded) => recorded,
+        None => said,
+    }
+}
+
+/// The message and place of the last panic, as the hook [`record_panics`] saw it.
+static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Panics are recorded, not printed: the statement they end reports them as one error.
+pub fn record_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.to_string());
+    }));
+}
+
+/// How many stop signals a running statement has answered (by stopping).
+static HEEDED: AtomicU64 = AtomicU64::new(0);
+
+/// How many statements are running (in [`Runner::run`]).
+static RUNNING: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a statement in [`RUNNING`] while it lives.
+struct Running;
+
+impl Running {
+    fn start() -> Running {
+        RUNNING.fetch_add(1, Ordering::SeqCst);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long a statement has to answer a stop signal before the process ends.
+const HEED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Ends the process when a stop signal goes unanswered. A statement stops at SIGINT or SIGTERM
+/// wherever it waits (reading, writing, calling a model), but planning one is work on a thread
+/// that checks for nothing, and a signal that comes between two statements finds none to stop.
+/// A signal with no statement running, a second signal before the first is answered, or none
+/// answered [`HEED_WITHIN`] after it, exits at once with status 1. Nothing a statement staged has been committed then, so nothing
+/// is lost: its hidden files stay hidden, and an S3 upload never completed is no object.
+pub fn exit_on_unheeded_signals() {
+    let watch = async {
+        loop {
+            let heeded = HEEDED.load(Ordering::SeqCst);
+            let signal = stop_signal().await;
+            if RUNNING.load(Ordering::SeqCst) == 0 {
+                eprintln!("Error: {}", Error::Cancelled(signal));
+                std::process::exit(1);
+            }
+            let answer = async {
+                let started = Instant::now();
+                while HEEDED.load(Ordering::SeqCst) == heeded && started.elapsed() < HEED_WITHIN {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            tokio::select! {
+                _ = stop_signal() => {}
+                _ = answer => {}
+            }
+            if HEEDED.load(Ordering::SeqCst) == heeded {
+                eprintln!("Error: {}", Error::Cancelled(signal));
+                std::process::exit(1);
+            }
+        }
+    };
+    // A thread and a runtime of its own: the statement's may be too busy to look.
+    let spawned = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(watch),
+                Err(e) => eprintln!("warning: stop signals are heeded only between waits: {e}"),
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("warning: stop signals are heeded only between waits: {e}");
     }
 }
 

@@ -218,7 +218,7 @@ fn advance(parser: &mut Parser<'_>, tokens: usize) {
 fn identifier(parser: &mut Parser<'_>, what: &str) -> Result<String> {
     match parser.next_token().token {
         Token::Word(w) if w.quote_style.is_some() => Ok(w.value),
-        Token::Word(w) => Ok(w.value.to_lowercase()),
+        Token::Word(w) => Ok(w.value.to_ascii_lowercase()),
         _ => Err(Error::Usage(format!("expected {what}"))),
     }
 }

@@ -120,6 +120,10 @@ impl Warehouse {
                 .map_err(|e| Error::io(format!("resolving {}", root.display()), e))?,
             Some(_) => root,
         };
+        // Its tables are written to and read from paths under it, which DataFusion would take
+        // for patterns.
+        crate::storage::check_write_target(&root.to_string_lossy())
+            .map_err(|e| Error::Usage(format!("the warehouse cannot be used: {e}")))?;
         Ok(Warehouse {
             root,
             bucket,
@@ -258,7 +262,7 @@ impl Warehouse {
         let file = format!("{name}.json");
         if let Some(bucket) = &self.bucket {
             let url = self.object(bucket, &format!("models/{file}"))?;
-            return self.stores.delete_prefix_blocking(&url);
+            return self.stores.delete_blocking(&url);
         }
         let path = self.models_dir().join(file);
         match std::fs::remove_file(&path) {
@@ -301,7 +305,7 @@ impl Warehouse {
         match &self.bucket {
             Some(bucket) => self
                 .stores
-                .delete_prefix_blocking(&self.object(bucket, "models.json")?),
+                .delete_blocking(&self.object(bucket, "models.json")?),
             None => {
                 let _ = std::fs::remove_file(self.root.join("models.json"));
                 Ok(())

@@ -634,3 +634,60 @@ fn on_error_null_reports_how_many_rows_got_null() {
         assert!(warnings[0].contains(warning), "{}", warnings[0]);
     }
 }
+
+/// Sends `signal` to `child` (a child of this process, which handles it).
+fn send(child: &std::process::Child, signal: i32) {
+    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+/// A stop signal ends the process where no statement can answer it: between statements, and
+/// while a statement is being planned (work that checks for nothing), at a second signal.
+#[test]
+fn stop_signals_end_the_process_where_no_statement_can_answer() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+            .arg("--warehouse")
+            .arg(dir.path().join("wh"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Statements read from a pipe: after the first, batchinfer waits for more.
+    let mut shell = spawn(&["shell"]);
+    let mut stdin = shell.stdin.take().unwrap();
+    writeln!(stdin, "SELECT 41 + 1 AS x;").unwrap();
+    let mut lines = BufReader::new(shell.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().contains("42") {}
+    send(&shell, libc::SIGTERM);
+    let status = common::wait_with_deadline(&mut shell, Duration::from_secs(5), "the shell");
+    assert_eq!(status.code(), Some(1));
+    drop(stdin);
+    // A statement planned for long (many thousands of plan nodes): two Ctrl-C end it at once.
+    let unions = vec!["SELECT a + b + c AS x FROM (VALUES (1, 2, 3)) t(a, b, c) WHERE a > 0"; 990];
+    let script = dir.path().join("slow.sql");
+    let sql = format!("SELECT count(*) FROM ({})", unions.join(" UNION ALL "));
+    std::fs::write(&script, sql).unwrap();
+    let mut slow = spawn(&["query", "-f", script.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_secs(1));
+    send(&slow, libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    send(&slow, libc::SIGINT);
+    let status = common::wait_with_deadline(&mut slow, Duration::from_secs(5), "the statement");
+    let out = slow.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cancelled by SIGINT"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(signalled.elapsed() < Duration::from_secs(5));
+}

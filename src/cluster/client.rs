@@ -128,6 +128,7 @@ impl Placement {
                 CommittedWrite::Deferred(stores.begin_write(target)?),
             )),
             Placement::Cluster(_) => {
+                crate::storage::check_write_target(target)?;
                 let staged = StagedOutput::new(stores, target)?;
                 Ok((
                     staged.location().to_string(),

@@ -62,7 +62,7 @@ impl Engine {
         name: &str,
     ) -> Result<bool> {
         use datafusion::datasource::listing::ListingTable;
-        let Ok(provider) = self.ctx.table_provider(name).await else {
+        let Ok(provider) = self.ctx.table_provider(TableReference::bare(name)).await else {
             return Ok(false);
         };
         let Some(listing) = provider.downcast_ref::<ListingTable>() else {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
+use datafusion::common::TableReference;
 use datafusion::config::ExtensionOptions;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
@@ -112,14 +113,21 @@ impl Engine {
                 warehouse.remove_abandoned_staging();
             }
             for name in warehouse.tables()? {
-                engine
+                // One table that cannot be read does not take the others with it.
+                let registered = engine
                     .ctx
                     .register_parquet(
-                        &name,
+                        TableReference::bare(name.as_str()),
                         &warehouse.table_location(&name)?,
                         ParquetReadOptions::default(),
                     )
-                    .await?;
+                    .await;
+                if let Err(e) = registered {
+                    eprintln!(
+                        "warning: the warehouse's table '{name}' cannot be read and is left out: {}",
+                        display_error(&e.into())
+                    );
+                }
             }
         }
         Ok(engine)
@@ -283,9 +291,10 @@ fn table_name(name: &ObjectName) -> Result<String> {
     use datafusion::sql::sqlparser::ast::ObjectNamePart;
     match name.0.as_slice() {
         [ObjectNamePart::Identifier(ident)] => {
+            // As DataFusion normalizes identifiers: ASCII lower case unless quoted.
             let name = match ident.quote_style {
                 Some(_) => ident.value.clone(),
-                None => ident.value.to_lowercase(),
+                None => ident.value.to_ascii_lowercase(),
             };
             check_name("table", &name)?;
             Ok(name)

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::{Schema, UInt64Type};
+use datafusion::common::TableReference;
 use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::logical_expr::{Expr, LogicalPlan};
@@ -16,6 +17,7 @@ use datafusion::prelude::ParquetReadOptions;
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{CreateTable, Statement as SQLStatement};
+use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
 use super::{Engine, parse_url, table_name};
@@ -88,7 +90,7 @@ impl Engine {
         ct: &CreateTable,
     ) -> Result<DataFrame> {
         let name = table_name(&ct.name)?;
-        if self.ctx.table_exist(name.as_str())? {
+        if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
             if ct.if_not_exists {
                 return self.empty();
             }
@@ -113,10 +115,11 @@ impl Engine {
         let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
         let written = if warehouse.bucket().is_some() {
             let written = self
-                .write_table_in_bucket(warehouse, &name, df, options, empty_file)
+                .write_table_in_bucket(warehouse, &name, ct.or_replace, df, options, empty_file)
                 .await?;
-            if self.ctx.table_exist(name.as_str())? {
-                self.ctx.deregister_table(name.as_str())?;
+            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+                self.ctx
+                    .deregister_table(TableReference::bare(name.as_str()))?;
             }
             written
         } else {
@@ -130,14 +133,15 @@ impl Engine {
                 .await?;
             write_if_empty(staging.dir(), &empty_file)?;
             warehouse.commit(staging, &name, ct.or_replace)?;
-            if self.ctx.table_exist(name.as_str())? {
-                self.ctx.deregister_table(name.as_str())?;
+            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+                self.ctx
+                    .deregister_table(TableReference::bare(name.as_str()))?;
             }
             written
         };
         self.ctx
             .register_parquet(
-                &name,
+                TableReference::bare(name.as_str()),
                 &warehouse.table_location(&name)?,
                 ParquetReadOptions::default(),
             )
@@ -164,11 +168,13 @@ impl Engine {
 
     /// A warehouse table in S3. From this process, the new files are uploaded with their
     /// completion held back; from a cluster's executors, they go to a staging folder. Once all
-    /// are written, the old table's files (OR REPLACE) are deleted and the new ones committed.
+    /// are written, the old table's files are deleted (with `replace`; without, a table another
+    /// statement created meanwhile makes this one fail) and the new ones committed.
     async fn write_table_in_bucket(
         &self,
         warehouse: &Warehouse,
         name: &str,
+        replace: bool,
         df: DataFrame,
         options: TableParquetOptions,
         empty_file: Vec<u8>,
@@ -183,8 +189,14 @@ impl Engine {
             let counts = df
                 .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
                 .await?;
-            // Objects already complete under the prefix are the old table's.
-            delete_prefix(store.as_ref(), &prefix).await?;
+            // Objects already complete under the prefix are another table's.
+            if replace {
+                delete_prefix(store.as_ref(), &prefix).await?;
+            } else if store.list(Some(&prefix)).next().await.is_some() {
+                return Err(Error::Usage(format!(
+                    "table '{name}' already exists (another statement created it meanwhile)"
+                )));
+            }
             Ok::<_, Error>(counts)
         }
         .await;

@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 /// The external data files of a model: relative path -> bytes, in the order first named.
 pub type ExternalFiles = Vec<(String, Arc<[u8]>)>;
 
-/// The largest external data file read.
-pub const EXTERNAL_CAP: u64 = 32 << 30;
+/// The largest external data file read (each is held in memory while the model is loaded, and
+/// by ONNX Runtime after).
+pub const EXTERNAL_CAP: u64 = 16 << 30;
 
 /// How deep subgraphs (of `If`, `Loop`, `Scan` nodes) may nest in a model this reads.
 const MAX_NESTING: usize = 64;
@@ -21,10 +22,27 @@ const MAX_NESTING: usize = 64;
 /// The distinct files the tensors of an ONNX model (`ModelProto` bytes) keep their data in.
 pub fn locations(model: &[u8]) -> Result<Vec<String>, String> {
     let mut found = Vec::new();
-    // ModelProto: graph = 7.
+    // ModelProto: graph = 7, training_info = 20, functions = 25.
     for (field, value) in Fields(model) {
-        if let (7, Value::Bytes(graph)) = (field?, value) {
-            walk_graph(graph, 0, &mut found)?;
+        match (field?, value) {
+            (7, Value::Bytes(graph)) => walk_graph(graph, 0, &mut found)?,
+            (20, Value::Bytes(training)) => {
+                // TrainingInfoProto: initialization = 1, algorithm = 2 (graphs).
+                for (field, value) in Fields(training) {
+                    if let (1 | 2, Value::Bytes(graph)) = (field?, value) {
+                        walk_graph(graph, 0, &mut found)?;
+                    }
+                }
+            }
+            (25, Value::Bytes(function)) => {
+                // FunctionProto: node = 7.
+                for (field, value) in Fields(function) {
+                    if let (7, Value::Bytes(node)) = (field?, value) {
+                        walk_node(node, 0, &mut found)?;
+                    }
+                }
+            }
+            _ => {}
         }
     }
     Ok(found)
@@ -147,7 +165,8 @@ enum Value<'a> {
 }
 
 /// The fields of one protobuf message: (field number, value), or an error where the bytes end
-/// early or hold a wire type ONNX does not use.
+/// early or are not protobuf. Groups (a wire format ONNX does not use, which a parser still
+/// accepts) are skipped whole.
 struct Fields<'a>(&'a [u8]);
 
 impl<'a> Iterator for Fields<'a> {
@@ -174,6 +193,7 @@ impl<'a> Iterator for Fields<'a> {
                 .and_then(|n| usize::try_from(n).ok())
                 .and_then(|n| take(&mut self.0, n))
                 .map(Value::Bytes),
+            3 => skip_group(&mut self.0, key >> 3).map(|_| Value::Fixed),
             5 => take(&mut self.0, 4).map(|_| Value::Fixed),
             _ => None,
         };
@@ -185,6 +205,36 @@ impl<'a> Iterator for Fields<'a> {
             }
         }
     }
+}
+
+/// Skips the rest of a group begun with field number `number`, through its end.
+fn skip_group(buf: &mut &[u8], number: u64) -> Option<()> {
+    // Protobuf's parsers nest at most 100 deep.
+    let mut open = vec![number];
+    while let Some(&innermost) = open.last() {
+        let key = varint(buf)?;
+        match key & 7 {
+            0 => {
+                varint(buf)?;
+            }
+            1 => {
+                take(buf, 8)?;
+            }
+            2 => {
+                let n = usize::try_from(varint(buf)?).ok()?;
+                take(buf, n)?;
+            }
+            3 if open.len() < 100 => open.push(key >> 3),
+            4 if key >> 3 == innermost => {
+                open.pop();
+            }
+            5 => {
+                take(buf, 4)?;
+            }
+            _ => return None,
+        }
+    }
+    Some(())
 }
 
 fn varint(buf: &mut &[u8]) -> Option<u64> {
@@ -239,6 +289,48 @@ mod tests {
             assert!(check_location(bad).is_err(), "{bad}");
         }
         assert!(check_location("weights/part-1.bin").is_ok());
+    }
+
+    #[test]
+    fn groups_are_skipped_and_functions_walked() {
+        let mut bytes = std::fs::read("data/fixtures/external/model.onnx").unwrap();
+        // Field 99 as a group holding a varint, a nested group and bytes.
+        bytes.extend_from_slice(&[
+            0x9b, 0x06, 0x08, 0x01, 0x13, 0x14, 0x12, 0x01, 0x00, 0x9c, 0x06,
+        ]);
+        assert_eq!(locations(&bytes).unwrap(), vec!["weights.bin".to_string()]);
+        // A group left open is an error, not an empty list.
+        assert!(locations(&bytes[..bytes.len() - 2]).is_err());
+        // The model's graph, as a function's node would hold it: a tensor attribute.
+        let tensor = external_tensor(b"f.bin");
+        let attribute = message(5, &tensor);
+        let node = message(5, &attribute);
+        let function = message(7, &node);
+        assert_eq!(
+            locations(&message(25, &function)).unwrap(),
+            vec!["f.bin".to_string()]
+        );
+    }
+
+    fn message(field: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for mut n in [field << 3 | 2, body.len() as u64] {
+            while n >= 0x80 {
+                out.push((n as u8 & 0x7f) | 0x80);
+                n >>= 7;
+            }
+            out.push(n as u8);
+        }
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn external_tensor(location: &[u8]) -> Vec<u8> {
+        let mut entry = message(1, b"location");
+        entry.extend(message(2, location));
+        let mut tensor = message(13, &entry);
+        tensor.extend_from_slice(&[14 << 3, 1]);
+        tensor
     }
 
     #[test]

@@ -79,8 +79,7 @@ impl Model {
             .map_err(load_error)?
             .into();
         let mut files = external::ExternalFiles::new();
-        // Bytes that are not a model name no file: ONNX Runtime says what is wrong with them.
-        for location in external::locations(&bytes).unwrap_or_default() {
+        for location in external::locations(&bytes).map_err(load_error)? {
             external::check_location(&location).map_err(load_error)?;
             let file = source.beside(&location);
             let data = file
@@ -120,7 +119,7 @@ impl Model {
         };
         // Every file it names must be given: ONNX Runtime would look for any other in the
         // working directory.
-        for location in external::locations(&bytes).unwrap_or_default() {
+        for location in external::locations(&bytes).map_err(load_error)? {
             if !files.iter().any(|(given, _)| given == &location) {
                 return Err(load_error(format!(
                     "it keeps data in '{location}', which was not read with it"

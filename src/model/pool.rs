@@ -181,7 +181,14 @@ fn build_session(
             .with_inter_threads(1)?
             // Threads that spin between calls steal the cores DataFusion decodes Parquet on.
             .with_intra_op_spinning(false)?
-            .with_memory_pattern(!options.varying_shapes)?;
+            .with_memory_pattern(!options.varying_shapes)?
+            // External data comes only from the files given (see `external`): a file not given is
+            // looked for under a path that cannot exist (/dev/null is no folder), never in the
+            // working directory.
+            .with_config_entry(
+                "session.model_external_initializers_file_folder_path",
+                "/dev/null/no-external-data",
+            )?;
         for (location, data) in files {
             builder = builder.with_external_initializer_file_in_memory(location, data.clone())?;
         }

@@ -131,14 +131,17 @@ static HIDDEN: AtomicU64 = AtomicU64::new(0);
 /// The hidden sibling a local file is written to before its commit: a name no listing of
 /// `*.parquet` picks up, unique to this process and write.
 pub(super) fn hidden_sibling(target: &Path) -> Path {
-    let mut parts: Vec<String> = target.parts().map(|p| p.as_ref().to_string()).collect();
-    let name = parts.pop().unwrap_or_default();
+    // On the path as it is encoded: its parts stay as they are, none encoded twice.
+    let (folder, name) = match target.as_ref().rsplit_once('/') {
+        Some((folder, name)) => (format!("{folder}/"), name),
+        None => (String::new(), target.as_ref()),
+    };
     let hidden = format!(
-        ".{name}.batchinfer-{}-{}.partial",
+        "{folder}.{name}.batchinfer-{}-{}.partial",
         std::process::id(),
         HIDDEN.fetch_add(1, Ordering::Relaxed)
     );
-    Path::from_iter(parts.into_iter().chain([hidden]))
+    Path::parse(&hidden).unwrap_or_else(|_| Path::from(hidden))
 }
 
 impl CommitStore {
@@ -168,7 +171,7 @@ impl CommitStore {
             CommitKind::StageAndRename(local) => local
                 .path_to_filesystem(&prefix)
                 .ok()
-                .filter(|p| !p.exists()),
+                .and_then(|path| first_missing(&path)),
             CommitKind::HoldUploads => None,
         };
         let state = Arc::new(WriteState {
@@ -217,8 +220,7 @@ impl CommitStore {
             let _ = self.inner.delete(&hidden).await;
         }
         if let Some(folder) = &state.made_folder {
-            // Only if empty: anything else in it was put there by someone else.
-            let _ = std::fs::remove_dir(folder);
+            remove_empty_folders(folder);
         }
     }
 }
@@ -262,6 +264,31 @@ impl PendingWrite {
         self.store.end(&self.state);
         self.store.discard(&self.state).await;
     }
+}
+
+/// The outermost of `path` and its folders that does not exist yet: what a write to `path` may
+/// create.
+fn first_missing(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut missing = None;
+    let mut at = Some(path);
+    while let Some(p) = at.filter(|p| !p.exists()) {
+        missing = Some(p.to_path_buf());
+        at = p.parent();
+    }
+    missing
+}
+
+/// Removes `folder` and the folders under it that hold no file (a discarded write made them;
+/// anything with a file in it was put there by someone else and stays).
+fn remove_empty_folders(folder: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(folder) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_folders(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(folder);
 }
 
 /// Best effort: an upload that cannot be aborted (the server is gone) is never completed either,

@@ -77,6 +77,21 @@ impl CommittedWrite {
 /// own): a file batchinfer reads into memory never grows without bound.
 pub const READ_CAP: u64 = 1 << 30;
 
+/// Room for a file of `size` bytes read whole, or an error saying there is not that much memory
+/// (rather than an abort when the allocation fails).
+fn reserve(what: &str, size: u64) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    usize::try_from(size)
+        .ok()
+        .and_then(|size| bytes.try_reserve_exact(size).ok())
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{what} is {size} bytes, more than this process can hold in memory"
+            ))
+        })?;
+    Ok(bytes)
+}
+
 fn too_large(what: &str, size: u64, cap: u64) -> Error {
     Error::Usage(format!(
         "{what} is {size} bytes, over the {cap} bytes batchinfer reads of such a file"
@@ -109,7 +124,7 @@ pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
     if meta.len() > cap {
         return Err(too_large(&path.display().to_string(), meta.len(), cap));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut bytes = reserve(&path.display().to_string(), meta.len())?;
     file.take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
@@ -197,6 +212,7 @@ impl StoreRegistry {
     /// Begins a write to `target` (a file or a folder ending in `/`; a local path or a URL):
     /// nothing written under it becomes visible until the returned write commits.
     pub fn begin_write(&self, target: &str) -> Result<PendingWrite> {
+        check_write_target(target)?;
         let url = location_url(target)?;
         Ok(self.commit_store(&url)?.begin(object_path(&url)?))
     }
@@ -230,11 +246,25 @@ impl StoreRegistry {
     pub fn read_blocking_capped(&self, url: &Url, cap: u64) -> Result<Vec<u8>> {
         let (store, path) = self.own_client(url)?;
         block_on_io(async move {
+            use futures::StreamExt;
             let result = object_store::ObjectStoreExt::get(&store, &path).await?;
             if result.meta.size > cap {
                 return Err(too_large(url.as_str(), result.meta.size, cap));
             }
-            Ok(result.bytes().await?.to_vec())
+            let mut bytes = reserve(url.as_str(), result.meta.size)?;
+            let mut body = result.into_stream();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                if (bytes.len() + chunk.len()) as u64 > cap {
+                    return Err(too_large(
+                        url.as_str(),
+                        (bytes.len() + chunk.len()) as u64,
+                        cap,
+                    ));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
         })?
     }
 
@@ -265,6 +295,17 @@ impl StoreRegistry {
         block_on_io(async move {
             object_store::ObjectStoreExt::put(&store, &path, bytes.into()).await?;
             Ok(())
+        })?
+    }
+
+    /// Deletes the object `url` (none there is no error), from synchronous code.
+    pub fn delete_blocking(&self, url: &Url) -> Result<()> {
+        let (store, path) = self.own_client(url)?;
+        block_on_io(async move {
+            match object_store::ObjectStoreExt::delete(&store, &path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(Error::from(e)),
+            }
         })?
     }
 
@@ -336,19 +377,31 @@ pub async fn delete_prefix(
 
 /// A location as a URL: an `s3://` URL as it is, a local path made absolute as a `file://` URL.
 pub fn location_url(location: &str) -> Result<Url> {
-    if is_object_store_url(location) {
+    if is_object_store_url(location) || location.starts_with("file://") {
+        // A URL as DataFusion reads it: `file:///a/my%20dir/` is the folder `my dir`.
         return Url::parse(location)
             .map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")));
     }
-    let path = location.strip_prefix("file://").unwrap_or(location);
     let absolute =
-        std::path::absolute(path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
+        std::path::absolute(location).map_err(|e| Error::io(format!("resolving {location}"), e))?;
     let mut url = Url::from_file_path(&absolute)
         .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
     if location.ends_with('/') && !url.path().ends_with('/') {
         url.set_path(&format!("{}/", url.path()));
     }
     Ok(url)
+}
+
+/// Refuses a write target with glob characters (`*`, `?`, `[`): DataFusion reads such a path as
+/// a pattern and writes into the folder before it, not to the name given.
+pub fn check_write_target(target: &str) -> Result<()> {
+    match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
+        Some(c) => Err(Error::Usage(format!(
+            "'{target}' has the glob character '{c}': a write goes to a file or folder named \
+             plainly (DataFusion would read it as a pattern and write beside it)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The path of an object within its bucket.
@@ -399,6 +452,15 @@ fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
     }
     if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
         check_endpoint(&endpoint)?;
+        let allow_http = builder
+            .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if endpoint.starts_with("http://") && !allow_http {
+            return Err(Error::Usage(format!(
+                "the S3 endpoint '{endpoint}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
+                 'aws.allow_http' 'true') to use it"
+            )));
+        }
     }
     let has_static_keys = builder
         .get_config_value(&AmazonS3ConfigKey::AccessKeyId)
@@ -435,8 +497,19 @@ fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
 /// Refuses an S3 endpoint that is not an `http(s)://host[:port]` URL (object_store would panic on
 /// it at the first request).
 fn check_endpoint(endpoint: &str) -> Result<()> {
+    // object_store joins the endpoint and the key as text and parses that as a URI.
+    let as_sent = format!("{}/bucket/key", endpoint.trim_end_matches('/'))
+        .parse::<http::Uri>()
+        .map_err(|e| e.to_string())
+        .and_then(|uri| match (uri.scheme_str(), uri.authority()) {
+            (Some("http" | "https"), Some(_)) => Ok(()),
+            _ => Err("it is not http(s)://host[:port]".to_string()),
+        });
     let problem = match Url::parse(endpoint) {
+        _ if endpoint != endpoint.trim() => Some("it has spaces around it".to_string()),
+        _ if endpoint.contains('%') => Some("it has a percent-encoded character".to_string()),
         Err(e) => Some(e.to_string()),
+        Ok(_) if as_sent.is_err() => as_sent.err(),
         Ok(url) if !matches!(url.scheme(), "http" | "https") => Some(format!(
             "the scheme is '{}', not http or https",
             url.scheme()

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path;
-use url::Url;
 
-use super::{StoreRegistry, delete_prefix, is_object_store_url, object_path};
+use object_store::local::LocalFileSystem;
+
+use super::{StoreRegistry, delete_prefix, location_url, object_path};
 use crate::error::{Error, Result};
 
 static STAGING: AtomicU64 = AtomicU64::new(0);
@@ -32,33 +33,32 @@ pub struct StagedOutput {
 impl StagedOutput {
     /// A staging folder beside `target`, which may be a local path or an `s3://` URL.
     pub fn new(stores: &StoreRegistry, target: &str) -> Result<Self> {
-        let is_folder = target.ends_with('/');
-        let url = if is_object_store_url(target) {
-            Url::parse(target).map_err(|e| Error::Usage(format!("'{target}': {e}")))?
-        } else {
-            let path = std::path::absolute(target)
-                .map_err(|e| Error::io(format!("resolving {target}"), e))?;
-            Url::from_file_path(&path)
-                .map_err(|()| Error::Usage(format!("'{target}' is not a usable path")))?
-        };
+        let suffix = if target.ends_with('/') { "/" } else { "" };
+        let url = location_url(target)?;
         let store = stores.store_for(&url)?;
+        // On the path as it is encoded: its parts stay as they are, none encoded twice.
         let path = object_path(&url)?;
-        let mut parts: Vec<String> = path.parts().map(|p| p.as_ref().to_string()).collect();
-        let name = parts
-            .pop()
+        let (folder, name) = path
+            .as_ref()
+            .rsplit_once('/')
             .ok_or_else(|| Error::Usage(format!("'{target}' names no file or folder")))?;
-        let parent = Path::from_iter(parts);
-        let staging = parent.clone().join(format!(
-            ".batchinfer-staging-{}-{}",
+        let unusable = |e: object_store::path::Error| Error::Usage(format!("'{target}': {e}"));
+        let parent = Path::parse(folder).map_err(unusable)?;
+        let staging = Path::parse(format!(
+            "{folder}/.batchinfer-staging-{}-{}",
             std::process::id(),
             STAGING.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut location = url.clone();
-        let suffix = if is_folder { "/" } else { "" };
-        location.set_path(&format!("/{staging}/{name}{suffix}"));
+        ))
+        .map_err(unusable)?;
+        let staged = Path::parse(format!("{staging}/{name}")).map_err(unusable)?;
         let location = if url.scheme() == "file" {
-            format!("/{staging}/{name}{suffix}")
+            let local = LocalFileSystem::new()
+                .path_to_filesystem(&staged)
+                .map_err(|e| Error::Usage(format!("'{target}': {e}")))?;
+            format!("{}{suffix}", local.display())
         } else {
+            let mut location = url.clone();
+            location.set_path(&format!("/{staged}{suffix}"));
             location.to_string()
         };
         Ok(StagedOutput {
@@ -93,9 +93,11 @@ impl StagedOutput {
     /// Removes the staging folder and what is in it.
     pub async fn discard(self) {
         let _ = delete_prefix(self.store.as_ref(), &self.staging).await;
-        if self.store.to_string().starts_with("LocalFileSystem") {
+        if self.store.to_string().starts_with("LocalFileSystem")
+            && let Ok(folder) = LocalFileSystem::new().path_to_filesystem(&self.staging)
+        {
             // Object deletion leaves the local folders behind.
-            let _ = std::fs::remove_dir_all(format!("/{}", self.staging));
+            let _ = std::fs::remove_dir_all(folder);
         }
     }
 }
