@@ -20,6 +20,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use ort::environment::Environment;
+
+use crate::error::Error;
+use crate::runtime;
+
 /// The device asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
@@ -107,6 +112,63 @@ impl Device {
             Device::Cpu | Device::Auto => Vec::new(),
         }
     }
+
+    /// The ONNX Runtime environment that runs models on this device, and the device they will
+    /// run on (`auto` resolved). The first call of the process decides which build of ONNX Runtime
+    /// is loaded: the CUDA build for `cuda` and `auto` (where a GPU is usable), else the CPU build.
+    pub fn environment(self) -> crate::error::Result<(&'static Environment, Device)> {
+        let device = self;
+        let mut loaded = runtime::loaded();
+        if let Some((env, build)) = *loaded {
+            return match (device, build) {
+                (Device::Cpu, _) => Ok((env, Device::Cpu)),
+                (Device::Cuda(n), runtime::Build::Cuda) => {
+                    check_gpu(n).map_err(|e| cuda_error(device, &e))?;
+                    Ok((env, Device::Cuda(n)))
+                }
+                (Device::Auto, runtime::Build::Cuda) => Ok((env, Device::Cuda(0))),
+                (Device::Auto, runtime::Build::Cpu) => Ok((env, Device::Cpu)),
+                (Device::Cuda(n), runtime::Build::Cpu) => {
+                    check_gpu(n).map_err(|e| cuda_error(device, &e))?;
+                    Err(cuda_error(
+                        device,
+                        "this process already loaded ONNX Runtime's CPU build for an earlier model; \
+                         choose CUDA before the first model runs (--device cuda or auto, \
+                         BATCHINFER_DEVICE, or SET batchinfer.device first)",
+                    ))
+                }
+            };
+        }
+        let load_cuda = |n: u32| -> std::result::Result<_, String> {
+            let name = check_gpu(n)?;
+            preload_cuda_libraries()?;
+            Ok((runtime::load_cuda()?, name))
+        };
+        let (env, build, chosen) = match device {
+            Device::Cpu => (runtime::load_cpu()?, runtime::Build::Cpu, Device::Cpu),
+            Device::Cuda(n) => {
+                let (env, name) = load_cuda(n).map_err(|e| cuda_error(device, &e))?;
+                eprintln!("batchinfer: running models on cuda:{n} ({name})");
+                (env, runtime::Build::Cuda, device)
+            }
+            Device::Auto => match load_cuda(0) {
+                Ok((env, name)) => {
+                    eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
+                    (env, runtime::Build::Cuda, Device::Cuda(0))
+                }
+                Err(why) => {
+                    eprintln!("batchinfer: --device auto chose the CPU: {why}");
+                    (runtime::load_cpu()?, runtime::Build::Cpu, Device::Cpu)
+                }
+            },
+        };
+        *loaded = Some((env, build));
+        Ok((env, chosen))
+    }
+}
+
+fn cuda_error(device: Device, why: &str) -> Error {
+    Error::Runtime(format!("device {device} cannot be used: {why}"))
 }
 
 /// The CUDA libraries ONNX Runtime 1.31's CUDA provider (`libonnxruntime_providers_cuda.so` of

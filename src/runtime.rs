@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use ort::environment::Environment;
 use sha2::{Digest, Sha256};
 
-use crate::device::{Device, check_gpu};
 use crate::error::{Error, Result};
 
 /// The ONNX Runtime release batchinfer is built against (`ort` 2.0.0-rc.15).
@@ -77,7 +76,7 @@ const WHEELS: &[Wheel] = &[
 /// The ONNX Runtime build a process loaded: the CPU one, or the CUDA one (which runs on the CPU
 /// too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Build {
+pub(crate) enum Build {
     Cpu,
     Cuda,
 }
@@ -119,7 +118,7 @@ static LOADED: Mutex<Option<(&'static Environment, Build)>> = Mutex::new(None);
 static CPU_FAILURE: Mutex<Option<String>> = Mutex::new(None);
 
 /// The CPU build, or the reason it is not there (remembered).
-fn load_cpu() -> Result<&'static Environment> {
+pub(crate) fn load_cpu() -> Result<&'static Environment> {
     let mut failure = CPU_FAILURE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(message) = failure.as_ref() {
         return Err(Error::Runtime(message.clone()));
@@ -134,70 +133,16 @@ fn load_cpu() -> Result<&'static Environment> {
     })
 }
 
-/// The process's one ONNX Runtime environment for the CPU, loading (and on first use fetching)
-/// the library.
-pub fn environment() -> Result<&'static Environment> {
-    environment_for(Device::Cpu).map(|(env, _)| env)
+/// The build this process loaded, if any (held while a build is chosen and loaded).
+pub(crate) fn loaded() -> std::sync::MutexGuard<'static, Option<(&'static Environment, Build)>> {
+    LOADED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The environment that runs models on `device`, and the device they will run on (`auto`
-/// resolved). The first call of the process decides which build of ONNX Runtime is loaded: the CUDA
-/// build for `cuda` and `auto` (where a GPU is usable), else the CPU build.
-pub fn environment_for(device: Device) -> Result<(&'static Environment, Device)> {
-    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((env, build)) = *loaded {
-        return match (device, build) {
-            (Device::Cpu, _) => Ok((env, Device::Cpu)),
-            (Device::Cuda(n), Build::Cuda) => {
-                check_gpu(n).map_err(|e| cuda_error(device, &e))?;
-                Ok((env, Device::Cuda(n)))
-            }
-            (Device::Auto, Build::Cuda) => Ok((env, Device::Cuda(0))),
-            (Device::Auto, Build::Cpu) => Ok((env, Device::Cpu)),
-            (Device::Cuda(n), Build::Cpu) => {
-                check_gpu(n).map_err(|e| cuda_error(device, &e))?;
-                Err(cuda_error(
-                    device,
-                    "this process already loaded ONNX Runtime's CPU build for an earlier model; \
-                     choose CUDA before the first model runs (--device cuda or auto, \
-                     BATCHINFER_DEVICE, or SET batchinfer.device first)",
-                ))
-            }
-        };
-    }
-    let (env, build, chosen) = match device {
-        Device::Cpu => (load_cpu()?, Build::Cpu, Device::Cpu),
-        Device::Cuda(n) => {
-            let (env, name) = load_cuda(n).map_err(|e| cuda_error(device, &e))?;
-            eprintln!("batchinfer: running models on cuda:{n} ({name})");
-            (env, Build::Cuda, device)
-        }
-        Device::Auto => match load_cuda(0) {
-            Ok((env, name)) => {
-                eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
-                (env, Build::Cuda, Device::Cuda(0))
-            }
-            Err(why) => {
-                eprintln!("batchinfer: --device auto chose the CPU: {why}");
-                (load_cpu()?, Build::Cpu, Device::Cpu)
-            }
-        },
-    };
-    *loaded = Some((env, build));
-    Ok((env, chosen))
-}
-
-fn cuda_error(device: Device, why: &str) -> Error {
-    Error::Runtime(format!("device {device} cannot be used: {why}"))
-}
-
-/// The CUDA build, after checking the GPU and loading the CUDA libraries; the GPU's name.
-fn load_cuda(n: u32) -> std::result::Result<(&'static Environment, String), String> {
-    let name = check_gpu(n)?;
-    crate::device::preload_cuda_libraries()?;
+/// The CUDA build (the CUDA libraries it links against already loaded: see
+/// [`crate::device`]).
+pub(crate) fn load_cuda() -> std::result::Result<&'static Environment, String> {
     let path = cuda_library_path().map_err(|e| e.to_string())?;
-    let env = load(&path).map_err(|e| e.to_string())?;
-    Ok((env, name))
+    load(&path).map_err(|e| e.to_string())
 }
 
 /// Loads the library at `path` as the process's environment.

@@ -12,7 +12,6 @@ use ort::session::builder::GraphOptimizationLevel;
 use super::external::ExternalFiles;
 use crate::config::GraphOptimization;
 use crate::device::Device;
-use crate::runtime;
 
 /// How sessions of a model are built.
 #[derive(Debug, Clone, Copy)]
@@ -168,7 +167,7 @@ fn build_session(
     files: &ExternalFiles,
     options: SessionOptions,
 ) -> Result<(Session, Device), String> {
-    let (env, device) = runtime::environment_for(options.device).map_err(|e| e.to_string())?;
+    let (env, device) = options.device.environment().map_err(|e| e.to_string())?;
     let build = || -> ort::Result<Session> {
         let mut builder = Session::builder(env)?
             .with_optimization_level(match options.optimization {

@@ -42,7 +42,9 @@ fn vectors(rows: usize, k: usize) -> FixedSizeListArray {
 }
 
 fn environment() {
-    crate::runtime::environment().expect("ONNX Runtime loads");
+    crate::device::Device::Cpu
+        .environment()
+        .expect("ONNX Runtime loads");
 }
 
 #[test]
