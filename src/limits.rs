@@ -13,7 +13,10 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visitor};
+use datafusion::sql::sqlparser::ast::{
+    ArrayElemTypeDef, DataType as SqlType, Expr, Query, Set, SetExpr, Statement as SqlStatement,
+    TableFactor, Visitor,
+};
 
 use crate::error::{Error, Result};
 
@@ -33,22 +36,64 @@ pub fn check_depth(statement: &DFStatement) -> Result<()> {
     let mut depth = Depth {
         current: 0,
         deepest: 0,
+        tables: 0,
     };
     match crate::statements::visit_sql(statement, &mut depth) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(()) => Err(Error::Usage(format!(
-            "expression too deep: the statement nests expressions, subqueries or set operations \
-             more than {MAX_EXPRESSION_DEPTH} levels deep (a chain of 'a + b + ...', \
-             'x OR y OR ...' or 'q UNION ALL r UNION ALL ...' is one level per term); use IN \
-             (...) for long lists of alternatives, a model for long sums, or a table for long \
-             unions"
+            "expression too deep: the statement nests expressions, subqueries, set operations or \
+             types more than {MAX_EXPRESSION_DEPTH} levels deep, or reads more than \
+             {MAX_EXPRESSION_DEPTH} tables (a chain of 'a + b + ...', 'x OR y OR ...', \
+             'q UNION ALL r UNION ALL ...' or JOINs is one level per term); use IN (...) for long \
+             lists of alternatives, a model for long sums, or a table for long unions"
         ))),
+    }
+}
+
+/// Settings the engine sizes work by, and the most `SET` may give each (the command line's
+/// bounds): a million partitions would plan a million streams.
+const BOUNDED_SETTINGS: &[(&str, u64)] = &[
+    ("datafusion.execution.target_partitions", 1024),
+    ("datafusion.execution.planning_concurrency", 1024),
+    ("datafusion.execution.meta_fetch_concurrency", 1024),
+    ("datafusion.execution.minimum_parallel_output_files", 1024),
+    ("datafusion.execution.batch_size", 1 << 24),
+];
+
+/// Refuses `SET` of a setting in [`BOUNDED_SETTINGS`] to more than its bound.
+pub fn check_setting(statement: &DFStatement) -> Result<()> {
+    let DFStatement::Statement(statement) = statement else {
+        return Ok(());
+    };
+    let SqlStatement::Set(Set::SingleAssignment {
+        variable, values, ..
+    }) = statement.as_ref()
+    else {
+        return Ok(());
+    };
+    let name = variable.to_string().to_ascii_lowercase();
+    let Some((_, most)) = BOUNDED_SETTINGS.iter().find(|(key, _)| *key == name) else {
+        return Ok(());
+    };
+    let value = values
+        .iter()
+        .map(|v| v.to_string().trim_matches('\'').to_string())
+        .collect::<String>();
+    match value.parse::<u64>() {
+        Ok(n) if n > *most => Err(Error::Usage(format!(
+            "{name} must be at most {most}, not {n}"
+        ))),
+        // Anything else is DataFusion's to accept or refuse.
+        _ => Ok(()),
     }
 }
 
 struct Depth {
     current: usize,
     deepest: usize,
+    /// Tables, subqueries and CTE references read: a chain of JOINs or of CTEs each reading the
+    /// one before nests as deep in the plan.
+    tables: usize,
 }
 
 impl Depth {
@@ -71,8 +116,21 @@ impl Depth {
 impl Visitor for Depth {
     type Break = ();
 
-    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        if let Expr::Cast { data_type, .. } = expr
+            && self.current + type_depth(data_type) > MAX_EXPRESSION_DEPTH
+        {
+            return ControlFlow::Break(());
+        }
         self.enter()
+    }
+
+    fn pre_visit_table_factor(&mut self, _: &TableFactor) -> ControlFlow<()> {
+        self.tables += 1;
+        if self.tables > MAX_EXPRESSION_DEPTH {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
     }
 
     fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<()> {
@@ -99,6 +157,38 @@ impl Visitor for Depth {
     fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
         self.leave()
     }
+}
+
+/// How deep a type nests (`INT[][]` is 3), looking no deeper than [`MAX_EXPRESSION_DEPTH`].
+fn type_depth(data_type: &SqlType) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(data_type, 1)];
+    while let Some((data_type, depth)) = pending.pop() {
+        deepest = deepest.max(depth);
+        if deepest > MAX_EXPRESSION_DEPTH {
+            break;
+        }
+        match data_type {
+            SqlType::Array(
+                ArrayElemTypeDef::AngleBracket(inner)
+                | ArrayElemTypeDef::SquareBracket(inner, _)
+                | ArrayElemTypeDef::Parenthesis(inner),
+            )
+            | SqlType::Nullable(inner)
+            | SqlType::LowCardinality(inner) => pending.push((inner, depth + 1)),
+            SqlType::Map(key, value) => {
+                pending.extend([(key.as_ref(), depth + 1), (value.as_ref(), depth + 1)])
+            }
+            SqlType::Struct(fields, _) | SqlType::Tuple(fields) => {
+                pending.extend(fields.iter().map(|f| (&f.field_type, depth + 1)))
+            }
+            SqlType::Union(fields) => {
+                pending.extend(fields.iter().map(|f| (&f.field_type, depth + 1)))
+            }
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Refuses a query over a table with a list column of more than [`MAX_LIST_VALUES_PER_ROW`]

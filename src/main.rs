@@ -190,7 +190,11 @@ fn run(cli: Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(main_inner(cli)) {
+    let result = runtime.block_on(main_inner(cli));
+    // Work still running now has nothing left to deliver (a cancelled statement's discards are
+    // done): a thread blocked for good (opening a FIFO) must not hold the process open.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that stopped reading (`batchinfer ... | head`) is not a failure.
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
@@ -286,12 +290,31 @@ fn count(max: usize) -> impl Fn(&str) -> std::result::Result<usize, String> + Cl
     }
 }
 
+/// The largest SQL script read (`-f`, or standard input).
+const SCRIPT_CAP: u64 = 64 << 20;
+
+/// A script's text: from a file (a pipe such as `<(...)` too), or standard input for `-`; at most
+/// [`SCRIPT_CAP`] bytes, so that `-f /dev/zero` is an error, not all of memory.
 fn read_script(path: &PathBuf) -> Result<String> {
-    if path.as_os_str() == "-" {
-        return std::io::read_to_string(std::io::stdin())
-            .map_err(|e| Error::io("reading standard input", e));
+    use std::io::Read;
+    let (what, reader): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
+        ("standard input".into(), Box::new(std::io::stdin()))
+    } else {
+        let file = std::fs::File::open(path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        (path.display().to_string(), Box::new(file))
+    };
+    let mut text = String::new();
+    reader
+        .take(SCRIPT_CAP + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io(format!("reading {what}"), e))?;
+    if text.len() as u64 > SCRIPT_CAP {
+        return Err(Error::Usage(format!(
+            "{what} holds more than {SCRIPT_CAP} bytes of SQL, the most a script may have"
+        )));
     }
-    std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+    Ok(text)
 }
 
 /// The shell: the interactive one on a terminal, else statements read from standard input and

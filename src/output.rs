@@ -78,28 +78,30 @@ pub fn print_batches(
 /// print every value whole.
 pub const TABLE_CELL_CHARS: usize = 1_000;
 
-/// A batch as the text of its cells, each cut to [`TABLE_CELL_CHARS`].
+/// A batch as the text of its cells, each (and each column name) cut to [`TABLE_CELL_CHARS`].
 fn cut_cells(batch: &RecordBatch, options: &FormatOptions) -> Result<RecordBatch> {
     let mut fields = Vec::with_capacity(batch.num_columns());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
     for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
         let formatter = ArrayFormatter::try_new(column.as_ref(), options)?;
         let cells: StringArray = (0..column.len())
-            .map(|row| {
-                let text = formatter.value(row).to_string();
-                Some(match text.char_indices().nth(TABLE_CELL_CHARS) {
-                    Some((at, _)) => format!("{}…", &text[..at]),
-                    None => text,
-                })
-            })
+            .map(|row| Some(cut(formatter.value(row).to_string())))
             .collect();
-        fields.push(Field::new(field.name(), DataType::Utf8, false));
+        fields.push(Field::new(cut(field.name().clone()), DataType::Utf8, false));
         columns.push(Arc::new(cells));
     }
     Ok(RecordBatch::try_new(
         Arc::new(Schema::new(fields)),
         columns,
     )?)
+}
+
+/// `text` cut to [`TABLE_CELL_CHARS`] characters, ending in '…' where it was cut.
+fn cut(text: String) -> String {
+    match text.char_indices().nth(TABLE_CELL_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
 }
 
 /// CSV by hand over Arrow's display formatting, so that list and struct columns (which Arrow's

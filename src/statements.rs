@@ -115,6 +115,7 @@ fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
         std::mem::forget(statement);
         return Err(e);
     }
+    crate::limits::check_setting(&statement)?;
     Ok(statement)
 }
 

@@ -34,7 +34,12 @@ use serde_json::Value;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{StoreRegistry, is_object_store_url};
+use crate::storage::StoreRegistry;
+
+/// The object that claims a table's name in an S3 warehouse while its CREATE TABLE commits (S3
+/// has no rename to make a table appear at once). It is not Parquet, so no reader takes it for
+/// data, and a table with nothing else is still being created: not listed.
+pub const TABLE_CLAIM: &str = "_batchinfer_table";
 
 /// The longest table or model name, in bytes (folder names have a limit of their own: 255).
 pub const MAX_NAME_BYTES: usize = 200;
@@ -103,22 +108,27 @@ impl Warehouse {
     /// reach.
     pub fn new(root: impl Into<PathBuf>, stores: Arc<StoreRegistry>) -> Result<Self> {
         let root = root.into();
-        let bucket = match root.to_str() {
-            Some(location) if is_object_store_url(location) => {
-                let mut url = Url::parse(location)
-                    .map_err(|e| Error::Usage(format!("warehouse '{location}': {e}")))?;
+        let text = root.to_string_lossy().into_owned();
+        let (root, bucket) = match crate::storage::local_path(&text) {
+            // Absolute, so that the executors of a cluster write where this process reads.
+            Ok(Some(path)) => (
+                std::path::absolute(&path)
+                    .map_err(|e| Error::io(format!("resolving {}", path.display()), e))?,
+                None,
+            ),
+            Ok(None) => {
+                let mut url = crate::storage::location_url(&text)?;
+                if !matches!(url.scheme(), "s3" | "s3a") {
+                    return Err(Error::Usage(format!(
+                        "warehouse '{text}': a warehouse is a local folder or an s3:// prefix"
+                    )));
+                }
                 if !url.path().ends_with('/') {
                     url.set_path(&format!("{}/", url.path()));
                 }
-                Some(url)
+                (root, Some(url))
             }
-            _ => None,
-        };
-        // Absolute, so that the executors of a cluster write where this process reads.
-        let root = match bucket {
-            None => std::path::absolute(&root)
-                .map_err(|e| Error::io(format!("resolving {}", root.display()), e))?,
-            Some(_) => root,
+            Err(e) => return Err(Error::Usage(format!("warehouse '{text}': {e}"))),
         };
         // Its tables are written to and read from paths under it, which DataFusion would take
         // for patterns.
@@ -321,7 +331,9 @@ impl Warehouse {
                 .stores
                 .list_blocking(&self.object(bucket, "tables/")?)?
                 .iter()
-                .filter_map(|key| Some(key.split_once('/')?.0.to_string()))
+                .filter_map(|key| key.split_once('/'))
+                .filter(|(_, file)| *file != TABLE_CLAIM)
+                .map(|(name, _)| name.to_string())
                 .filter(usable)
                 .collect();
             names.sort();

@@ -1068,3 +1068,180 @@ fn engine_options_and_endpoints_out_of_range_are_refused() {
     let out = common::run_bounded(command, MEMORY, DEADLINE);
     assert_failure(&out, &["http://127.0.0.1:9", "AWS_ALLOW_HTTP"]);
 }
+
+/// Of two CREATE TABLEs of one name in an S3 warehouse, the one that comes second fails even
+/// while the first has written nothing visible yet: the first has claimed the name.
+#[test]
+fn of_two_s3_create_tables_of_one_name_one_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.bucket("lake");
+    let run = s3_warehouse(&server);
+    // One file: its upload begun (1), its part (2), the claim (3), held at its completion (4).
+    let held = server.hold_write_under("lake/wh/tables/t/", 4);
+    let mut first = run("CREATE TABLE t AS SELECT 1 AS who")
+        .arg("--partitions")
+        .arg("1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    held.recv_timeout(Duration::from_secs(120))
+        .expect("the first CREATE TABLE reaches its commit");
+    let second = run("CREATE TABLE t AS SELECT 2 AS who").output().unwrap();
+    assert_failure(&second, &["table 't' already exists"]);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert_eq!(
+        server.keys("lake", "wh/tables/"),
+        vec!["wh/tables/t/_batchinfer_table"],
+        "the second wrote nothing; the first's claim stays"
+    );
+}
+
+/// Every spelling DataFusion reads as a URL is written as it reads it: `S3://`, `FILE:///`,
+/// `file:/path` targets are committed like any other (a failed COPY leaves nothing), a
+/// `file://` warehouse is its folder (not a folder named `file:` in the working directory), and
+/// a scheme with no store is one clear error.
+#[test]
+fn url_spellings_are_written_as_they_are_read() {
+    let base = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&base.path().join("s3"));
+    server.bucket("lake");
+    let cwd = base.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out_dir = base.path().join("out");
+    let before = snapshot(base.path());
+    let root = out_dir.display().to_string();
+    for target in [
+        format!("file:{root}/a/"),
+        format!("FILE://{root}/b/"),
+        format!("file://{root}/c.parquet"),
+        "S3://lake/up/".to_string(),
+    ] {
+        let sql = format!("COPY ({FAILS_LATE}) TO '{target}' STORED AS PARQUET");
+        let out = s3_warehouse(&server)(&sql)
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        assert_failure(&out, &["Divide by zero"]);
+        let changed = changes(&before, &snapshot(base.path()));
+        assert!(changed.is_empty(), "{target} left {changed:?}");
+    }
+    let url = format!("file://{}/w%20x", base.path().display());
+    let out = bin()
+        .current_dir(&cwd)
+        .args([
+            "--warehouse",
+            &url,
+            "query",
+            "-e",
+            "CREATE TABLE t AS SELECT 1 AS x",
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(base.path().join("w x/tables/t").is_dir());
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0);
+    let out = bin()
+        .current_dir(&cwd)
+        .args(["--warehouse", "wh", "query", "-e"])
+        .arg("COPY (SELECT 1 AS x) TO 'a:b.parquet' STORED AS PARQUET")
+        .output()
+        .unwrap();
+    assert_failure(&out, &["scheme 'a:'", "no store for", "'./'"]);
+}
+
+/// A model in S3 cannot name external data outside its folder by escaping `..` in the URL.
+#[test]
+fn an_s3_models_external_data_stays_in_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.bucket("lake");
+    let external = Path::new("data/fixtures/external");
+    let mut bytes = std::fs::read(external.join("model.onnx")).unwrap();
+    while let Some(at) = bytes.windows(11).position(|w| w == b"weights.bin") {
+        bytes[at..at + 11].copy_from_slice(b"%2e%2e/w.bn");
+    }
+    let model = dir.path().join("esc.onnx");
+    std::fs::write(&model, bytes).unwrap();
+    server.put_file("lake", "models/m/esc.onnx", &model);
+    server.put_file("lake", "models/w.bn", &external.join("weights.bin"));
+    let out = s3_warehouse(&server)(
+        "CREATE MODEL esc FROM 's3://lake/models/m/esc.onnx'; SELECT predict('esc', [1.0, 1, 1, 1, 1, 1, 1, 1, 1, 1]) AS p",
+    )
+    .output()
+    .unwrap();
+    assert_failure(&out, &["model 'esc'", "external data"]);
+}
+
+/// What no file, FIFO or statement can make batchinfer do: wait on a FIFO for ever, read an
+/// endless script, or plan without bound.
+#[test]
+fn no_hang_or_unbounded_work_from_fifo_tables_endless_scripts_or_wide_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let table = dir.path().join("f.parquet");
+    fifo(&table);
+    let out = bounded(
+        &wh,
+        &[
+            "query",
+            "-e",
+            &format!("SELECT * FROM '{}'", table.display()),
+        ],
+    );
+    assert_failure(&out, &["f.parquet", "not a regular file"]);
+    let out = bounded(&wh, &["query", "-f", "/dev/zero"]);
+    assert_failure(&out, &["/dev/zero", "more than 67108864 bytes"]);
+    let script = dir.path().join("wide.sql");
+    let ctes: Vec<String> = (1..2000)
+        .map(|i| format!("a{i} AS (SELECT x FROM a{})", i - 1))
+        .collect();
+    let joins: Vec<String> = (0..2000)
+        .map(|i| format!("JOIN (VALUES (1)) t{i}(c{i}) ON true"))
+        .collect();
+    for sql in [
+        format!("SELECT CAST(NULL AS INT{})", "[]".repeat(10_000)),
+        format!(
+            "WITH a0 AS (SELECT 1 AS x), {} SELECT * FROM a1999",
+            ctes.join(", ")
+        ),
+        format!("SELECT 1 FROM (VALUES (1)) s(c) {}", joins.join(" ")),
+    ] {
+        std::fs::write(&script, &sql).unwrap();
+        let out = bounded(&wh, &["query", "-f", script.to_str().unwrap()]);
+        assert_failure(&out, &["expression too deep", "1000"]);
+    }
+    let out = bounded(
+        &wh,
+        &[
+            "query",
+            "-e",
+            "SET datafusion.execution.target_partitions = 1000000",
+        ],
+    );
+    assert_failure(&out, &["target_partitions must be at most 1024"]);
+}
+
+/// A file name as long as a file system allows is written, staged under a shorter hidden name.
+#[test]
+fn long_file_names_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("{}.parquet", "n".repeat(240));
+    let target = dir.path().join(&name);
+    let sql = format!(
+        "COPY (SELECT 1 AS x) TO '{}' STORED AS PARQUET; SELECT x FROM '{}'",
+        target.display(),
+        target.display()
+    );
+    assert_eq!(
+        assert_ok(&query(&dir.path().join("wh"), &sql)),
+        "count\n1\nx\n1\n"
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec![name], "nothing staged is left");
+}

@@ -44,19 +44,20 @@ impl Engine {
         Ok(self.results.read_batches(batches)?)
     }
 
-    /// DataFusion reports any failure to open `FROM 's3://...'` as "table not found"; the object
-    /// store says why (no such object or bucket, credentials refused, endpoint unreachable).
+    /// DataFusion reports any failure to open `FROM 's3://...'` or `FROM 'path'` as "table not
+    /// found"; the store says why (no such object, file or bucket, credentials refused, endpoint
+    /// unreachable, not a regular file).
     pub(super) async fn explain_missing_table(&self, err: DataFusionError) -> Error {
         let message = err.to_string();
         let Some(name) = message
             .split_once("table '")
             .and_then(|(_, rest)| rest.split_once("' not found"))
             .map(|(name, _)| name.trim_start_matches("datafusion.public."))
-            .filter(|name| is_object_store_url(name))
+            .filter(|name| is_object_store_url(name) || name.contains('/'))
         else {
             return err.into();
         };
-        let Ok(url) = parse_url(name) else {
+        let Ok(url) = location_url(name) else {
             return err.into();
         };
         let probe = async {
@@ -71,6 +72,9 @@ impl Engine {
         };
         match probe.await {
             Ok(true) => err.into(),
+            Ok(false) if url.scheme() == "file" => {
+                Error::Usage(format!("no file or folder at {name}"))
+            }
             Ok(false) => Error::Usage(format!(
                 "no object at {name}: nothing is stored under that key"
             )),

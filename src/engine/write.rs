@@ -18,7 +18,7 @@ use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{CreateTable, Statement as SQLStatement};
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use super::{Engine, parse_url, table_name};
 use crate::error::{Error, Result};
@@ -185,17 +185,19 @@ impl Engine {
         let stores = self.registry.stores();
         let (write_to, output) = self.placement.write_to(stores, &location)?;
         let store = stores.store_for(&url)?;
+        // Straight to the bucket: the claim is not held back with the table's files.
+        let bucket = stores.commit_store(&url)?.inner().clone();
+        let claim = prefix.clone().join(crate::warehouse::TABLE_CLAIM);
         let written = async {
             let counts = df
                 .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
                 .await?;
-            // Objects already complete under the prefix are another table's.
             if replace {
+                // Objects already complete under the prefix are the old table's.
                 delete_prefix(store.as_ref(), &prefix).await?;
-            } else if store.list(Some(&prefix)).next().await.is_some() {
-                return Err(Error::Usage(format!(
-                    "table '{name}' already exists (another statement created it meanwhile)"
-                )));
+                bucket.put(&claim, PutPayload::new()).await?;
+            } else {
+                claim_table(bucket.as_ref(), &prefix, &claim, name).await?;
             }
             Ok::<_, Error>(counts)
         }
@@ -207,7 +209,16 @@ impl Engine {
                 return Err(e);
             }
         };
-        if output.commit().await? == 0 {
+        let committed = match output.commit().await {
+            Ok(files) => files,
+            Err(e) => {
+                if !replace {
+                    let _ = bucket.delete(&claim).await;
+                }
+                return Err(e);
+            }
+        };
+        if committed == 0 {
             store
                 .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
                 .await?;
@@ -284,4 +295,38 @@ fn dir_url(dir: &Path) -> String {
         s.push('/');
     }
     s
+}
+
+/// Claims table `name` in S3 for a CREATE TABLE: the claim is created only where none exists
+/// (S3's conditional PUT), so of two statements creating one table at once exactly one goes on.
+/// A table with files and no claim (written before claims were made) counts as taken too.
+async fn claim_table(
+    bucket: &dyn ObjectStore,
+    prefix: &object_store::path::Path,
+    claim: &object_store::path::Path,
+    name: &str,
+) -> Result<()> {
+    let taken = || {
+        Error::Usage(format!(
+            "table '{name}' already exists (another statement created it meanwhile)"
+        ))
+    };
+    match bucket
+        .put_opts(claim, PutPayload::new(), PutMode::Create.into())
+        .await
+    {
+        Ok(_) => {}
+        Err(object_store::Error::AlreadyExists { .. }) => return Err(taken()),
+        // A store without conditional writes: the listing below is the only check.
+        Err(object_store::Error::NotImplemented { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut objects = bucket.list(Some(prefix));
+    while let Some(object) = objects.next().await {
+        if object?.location != *claim {
+            let _ = bucket.delete(claim).await;
+            return Err(taken());
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use url::Url;
 
 use crate::error::Error;
 use crate::message::display_error;
-use crate::storage::{StoreRegistry, is_object_store_url, read_capped};
+use crate::storage::{StoreRegistry, local_path, location_url, read_capped};
 
 /// The largest model file read: ONNX's protobuf encoding ends at 2 GiB.
 pub const MODEL_CAP: u64 = 2 << 30;
@@ -28,12 +28,11 @@ impl ModelSource {
     /// A path or an `s3://` URL, as written in `CREATE MODEL ... FROM`, `--models` or
     /// a warehouse model definition.
     pub fn parse(location: &str) -> Result<Self, String> {
-        if is_object_store_url(location) {
-            Url::parse(location)
+        match local_path(location).map_err(|e| e.to_string())? {
+            Some(path) => Ok(ModelSource::File(path)),
+            None => location_url(location)
                 .map(ModelSource::Object)
-                .map_err(|e| format!("'{location}' is not a valid URL: {e}"))
-        } else {
-            Ok(ModelSource::File(PathBuf::from(location)))
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -51,7 +50,14 @@ impl ModelSource {
             ModelSource::File(path) => {
                 ModelSource::File(path.parent().unwrap_or(Path::new("")).join(name))
             }
-            ModelSource::Object(url) => ModelSource::Object(url.join(name).unwrap_or(url.clone())),
+            // Each part a path segment, encoded: a name is never read as `..` or a query.
+            ModelSource::Object(url) => {
+                let mut beside = url.clone();
+                if let Ok(mut segments) = beside.path_segments_mut() {
+                    segments.pop().extend(name.split('/'));
+                }
+                ModelSource::Object(beside)
+            }
         }
     }
 

@@ -41,6 +41,10 @@ impl ScanFile {
         names: &[&str],
         output: &Schema,
     ) -> Option<Self> {
+        // Opening a FIFO would wait for a writer: regular files only.
+        if !std::fs::metadata(&path).ok()?.is_file() {
+            return None;
+        }
         let file = File::open(&path).ok()?;
         let natural = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()?;
         // The file's columns with the table's types (DataFusion reads strings as views, ...).

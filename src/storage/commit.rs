@@ -136,6 +136,17 @@ pub(super) fn hidden_sibling(target: &Path) -> Path {
         Some((folder, name)) => (format!("{folder}/"), name),
         None => (String::new(), target.as_ref()),
     };
+    // The start of a long name: the hidden name must fit the 255 bytes a file name may have.
+    let mut end = name.len().min(150);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut name = &name[..end];
+    // Nor an escape (`%2F`) cut in two.
+    let from = name.len().saturating_sub(2);
+    if let Some(at) = name.as_bytes()[from..].iter().position(|b| *b == b'%') {
+        name = &name[..from + at];
+    }
     let hidden = format!(
         "{folder}.{name}.batchinfer-{}-{}.partial",
         std::process::id(),

@@ -191,6 +191,24 @@ impl ObjectStore for CommitStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        // A FIFO would block the read until someone writes to it, a device never ends.
+        if let CommitKind::StageAndRename(fs) = &self.kind {
+            let path = fs.path_to_filesystem(location)?;
+            if let Ok(meta) = std::fs::metadata(&path)
+                && !meta.is_file()
+                && !meta.is_dir()
+            {
+                return Err(object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: format!(
+                        "{} is not a regular file (a FIFO, a device, or a link to one): \
+                         batchinfer reads regular files",
+                        path.display()
+                    )
+                    .into(),
+                });
+            }
+        }
         self.inner.get_opts(location, options).await
     }
 

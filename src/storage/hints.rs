@@ -47,6 +47,15 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
         .and_then(|(_, rest)| rest.split_once("</Code>"))
         .map(|(code, _)| code);
     Some(match (store, code, http) {
+        // batchinfer's own refusals (a FIFO where a file belongs) say all there is to say.
+        (
+            object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source,
+            },
+            _,
+            _,
+        ) => source.to_string(),
         (_, Some(code @ ("SignatureDoesNotMatch" | "InvalidAccessKeyId" | "AccessDenied")), _) => {
             format!(
                 "the S3 server{endpoint} rejected the credentials ({code}): check \

@@ -173,11 +173,62 @@ impl Default for StoreRegistry {
     }
 }
 
-/// Whether `location` names an object store rather than a local path.
+/// A location as DataFusion reads one (`ListingTableUrl::parse`), so that batchinfer and
+/// DataFusion never disagree on where a path points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// An absolute path, or one that does not parse as a URL (relative to the working directory).
+    Path(std::path::PathBuf),
+    /// Anything else that parses as a URL, whatever the case of its scheme: `s3://b/k`,
+    /// `S3://b/k`, `file:///a/my%20dir/`, `file:/a` (but also `a:b.parquet`, whose scheme is `a`).
+    Url(Url),
+}
+
+/// Reads `location` as DataFusion does (see [`Location`]).
+pub fn parse_location(location: &str) -> Result<Location> {
+    if !std::path::Path::new(location).is_absolute() {
+        match Url::parse(location) {
+            Ok(url) => return Ok(Location::Url(url)),
+            Err(url::ParseError::RelativeUrlWithoutBase) => {}
+            Err(e) => {
+                return Err(Error::Usage(format!(
+                    "'{location}' is not a valid URL: {e}"
+                )));
+            }
+        }
+    }
+    Ok(Location::Path(location.into()))
+}
+
+/// The URL schemes batchinfer has stores for.
+const SCHEMES: &str = "local paths, file:// and s3:// URLs";
+
+/// The error for a URL whose scheme batchinfer has no store for.
+fn no_store_for(url: &Url) -> Error {
+    Error::Usage(format!(
+        "'{url}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
+         writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
+        url.scheme()
+    ))
+}
+
+/// Whether `location` names an object store rather than a local file or folder (a URL of
+/// another scheme than `file:` counts: its use is then an error naming the scheme).
 pub fn is_object_store_url(location: &str) -> bool {
-    ["s3://", "s3a://"]
-        .iter()
-        .any(|scheme| location.starts_with(scheme))
+    matches!(parse_location(location), Ok(Location::Url(url)) if url.scheme() != "file")
+}
+
+/// The local path `location` names, if it names one: a path as written, or a `file:` URL's path
+/// (decoded: `file:///a/my%20dir/` is the folder `my dir`).
+pub fn local_path(location: &str) -> Result<Option<std::path::PathBuf>> {
+    match parse_location(location)? {
+        Location::Path(path) => Ok(Some(path)),
+        Location::Url(url) if url.scheme() == "file" => url
+            .to_file_path()
+            .map(Some)
+            .map_err(|()| Error::Usage(format!("'{location}' is not a usable local path"))),
+        Location::Url(_) => Ok(None),
+    }
 }
 
 fn store_key(url: &Url) -> String {
@@ -220,8 +271,10 @@ impl StoreRegistry {
     /// The store of a URL: local files, or an `s3://` URL's bucket, connected from the
     /// environment on first use.
     pub fn commit_store(&self, url: &Url) -> Result<Arc<CommitStore>> {
-        if url.scheme() == "file" {
-            return Ok(self.local.clone());
+        match url.scheme() {
+            "file" => return Ok(self.local.clone()),
+            "s3" | "s3a" => {}
+            _ => return Err(no_store_for(url)),
         }
         if let Some((_, store)) = self
             .buckets
@@ -353,7 +406,8 @@ impl ObjectStoreRegistry for StoreRegistry {
     fn get_store(&self, url: &Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
         match url.scheme() {
             "s3" | "s3a" => Ok(self.commit_store(url).map_err(DataFusionError::from)?),
-            _ => self.inner.get_store(url),
+            "file" => self.inner.get_store(url),
+            _ => Err(DataFusionError::Plan(no_store_for(url).to_string())),
         }
     }
 }
@@ -375,15 +429,15 @@ pub async fn delete_prefix(
     Ok(())
 }
 
-/// A location as a URL: an `s3://` URL as it is, a local path made absolute as a `file://` URL.
+/// A location as a URL, as DataFusion reads it (see [`Location`]): a URL as it is, a path made
+/// absolute as a `file://` URL.
 pub fn location_url(location: &str) -> Result<Url> {
-    if is_object_store_url(location) || location.starts_with("file://") {
-        // A URL as DataFusion reads it: `file:///a/my%20dir/` is the folder `my dir`.
-        return Url::parse(location)
-            .map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")));
-    }
+    let path = match parse_location(location)? {
+        Location::Url(url) => return Ok(url),
+        Location::Path(path) => path,
+    };
     let absolute =
-        std::path::absolute(location).map_err(|e| Error::io(format!("resolving {location}"), e))?;
+        std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
     let mut url = Url::from_file_path(&absolute)
         .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
     if location.ends_with('/') && !url.path().ends_with('/') {
@@ -392,9 +446,13 @@ pub fn location_url(location: &str) -> Result<Url> {
     Ok(url)
 }
 
-/// Refuses a write target with glob characters (`*`, `?`, `[`): DataFusion reads such a path as
-/// a pattern and writes into the folder before it, not to the name given.
+/// Refuses a write target that is a path with glob characters (`*`, `?`, `[`): DataFusion reads
+/// such a path as a pattern and writes into the folder before it, not to the name given. (In a
+/// URL they are plain characters, `%2A` and the like.)
 pub fn check_write_target(target: &str) -> Result<()> {
+    if let Location::Url(_) = parse_location(target)? {
+        return Ok(());
+    }
     match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
         Some(c) => Err(Error::Usage(format!(
             "'{target}' has the glob character '{c}': a write goes to a file or folder named \

@@ -92,8 +92,13 @@ impl S3Server {
 
     /// Holds the `nth` write request (1-based) into `bucket` and says so on the returned channel.
     pub fn hold_write_to(&self, bucket: &str, nth: usize) -> mpsc::Receiver<()> {
+        self.hold_write_under(&format!("{bucket}/"), nth)
+    }
+
+    /// Holds the `nth` write request (1-based) to a key starting with `bucket/prefix`.
+    pub fn hold_write_under(&self, prefix: &str, nth: usize) -> mpsc::Receiver<()> {
         let (tx, rx) = mpsc::channel();
-        *self.hold.lock().unwrap() = Some((format!("/{bucket}/"), nth, tx));
+        *self.hold.lock().unwrap() = Some((format!("/{prefix}"), nth, tx));
         rx
     }
 
