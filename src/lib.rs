@@ -33,8 +33,9 @@
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
-//! - [`storage`]: every path, local or S3, answered here: object stores, staged and deferred
-//!   commits of writes, and what an object store's error means for a person (`hints.rs`).
+//! - [`storage`]: every path, local or S3, answered here: where a location points
+//!   (`location.rs`), S3 clients (`s3.rs`), staged and deferred commits of writes, and what an
+//!   object store's error means for a person (`hints.rs`).
 //! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
 //! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per

@@ -30,18 +30,7 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
         .find_map(|e| e.downcast_ref::<HttpError>())
         .map(HttpError::kind);
     let text = store.to_string();
-    let request = chain
-        .iter()
-        .find_map(|e| e.downcast_ref::<reqwest::Error>()?.url().cloned())
-        .or_else(|| request_url(&text));
-    let endpoint = request
-        .as_ref()
-        .map(|u| format!(" {}", u.origin().ascii_serialization()))
-        .unwrap_or_default();
-    let bucket = request
-        .as_ref()
-        .and_then(|u| u.path_segments()?.next().map(str::to_string))
-        .unwrap_or_default();
+    let (endpoint, bucket) = endpoint_and_bucket(&chain, &text);
     let code = text
         .split_once("<Code>")
         .and_then(|(_, rest)| rest.split_once("</Code>"))
@@ -97,6 +86,24 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
         ),
         _ => return None,
     })
+}
+
+/// The endpoint (with a space before it) and the bucket of the request that failed, as far as
+/// the errors in `chain` or the message `text` tell them.
+fn endpoint_and_bucket(chain: &[&(dyn StdError + 'static)], text: &str) -> (String, String) {
+    let request = chain
+        .iter()
+        .find_map(|e| e.downcast_ref::<reqwest::Error>()?.url().cloned())
+        .or_else(|| request_url(text));
+    let endpoint = request
+        .as_ref()
+        .map(|u| format!(" {}", u.origin().ascii_serialization()))
+        .unwrap_or_default();
+    let bucket = request
+        .as_ref()
+        .and_then(|u| u.path_segments()?.next().map(str::to_string))
+        .unwrap_or_default();
+    (endpoint, bucket)
 }
 
 /// The error under `err`: its source, or for an I/O error that wraps another, that one (an

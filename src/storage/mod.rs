@@ -27,6 +27,8 @@ pub mod commit;
 mod credentials;
 mod deferred;
 pub mod hints;
+mod location;
+mod s3;
 pub mod staging;
 
 use std::collections::HashMap;
@@ -37,14 +39,18 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion_cli::object_storage::AwsOptions;
 use object_store::ObjectStore;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 use url::Url;
 
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
+pub use location::{
+    Location, check_write_target, is_object_store_url, local_path, location_url, object_path,
+    parse_location,
+};
 pub use staging::StagedOutput;
 
 use crate::error::{Error, Result};
+use location::no_store_for;
+use s3::s3_builder;
 
 /// A write whose files appear together when it commits, or never.
 #[derive(Debug)]
@@ -170,64 +176,6 @@ impl Default for StoreRegistry {
             local,
             buckets: RwLock::new(HashMap::new()),
         }
-    }
-}
-
-/// A location as DataFusion reads one (`ListingTableUrl::parse`), so that batchinfer and
-/// DataFusion never disagree on where a path points.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Location {
-    /// An absolute path, or one that does not parse as a URL (relative to the working directory).
-    Path(std::path::PathBuf),
-    /// Anything else that parses as a URL, whatever the case of its scheme: `s3://b/k`,
-    /// `S3://b/k`, `file:///a/my%20dir/`, `file:/a` (but also `a:b.parquet`, whose scheme is `a`).
-    Url(Url),
-}
-
-/// Reads `location` as DataFusion does (see [`Location`]).
-pub fn parse_location(location: &str) -> Result<Location> {
-    if !std::path::Path::new(location).is_absolute() {
-        match Url::parse(location) {
-            Ok(url) => return Ok(Location::Url(url)),
-            Err(url::ParseError::RelativeUrlWithoutBase) => {}
-            Err(e) => {
-                return Err(Error::Usage(format!(
-                    "'{location}' is not a valid URL: {e}"
-                )));
-            }
-        }
-    }
-    Ok(Location::Path(location.into()))
-}
-
-/// The URL schemes batchinfer has stores for.
-const SCHEMES: &str = "local paths, file:// and s3:// URLs";
-
-/// The error for a URL whose scheme batchinfer has no store for.
-fn no_store_for(url: &Url) -> Error {
-    Error::Usage(format!(
-        "'{url}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
-         writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
-        url.scheme()
-    ))
-}
-
-/// Whether `location` names an object store rather than a local file or folder (a URL of
-/// another scheme than `file:` counts: its use is then an error naming the scheme).
-pub fn is_object_store_url(location: &str) -> bool {
-    matches!(parse_location(location), Ok(Location::Url(url)) if url.scheme() != "file")
-}
-
-/// The local path `location` names, if it names one: a path as written, or a `file:` URL's path
-/// (decoded: `file:///a/my%20dir/` is the folder `my dir`).
-pub fn local_path(location: &str) -> Result<Option<std::path::PathBuf>> {
-    match parse_location(location)? {
-        Location::Path(path) => Ok(Some(path)),
-        Location::Url(url) if url.scheme() == "file" => url
-            .to_file_path()
-            .map(Some)
-            .map_err(|()| Error::Usage(format!("'{location}' is not a usable local path"))),
-        Location::Url(_) => Ok(None),
     }
 }
 
@@ -427,161 +375,6 @@ pub async fn delete_prefix(
         .try_collect::<Vec<_>>()
         .await?;
     Ok(())
-}
-
-/// A location as a URL, as DataFusion reads it (see [`Location`]): a URL as it is, a path made
-/// absolute as a `file://` URL.
-pub fn location_url(location: &str) -> Result<Url> {
-    let path = match parse_location(location)? {
-        Location::Url(url) => return Ok(url),
-        Location::Path(path) => path,
-    };
-    let absolute =
-        std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
-    let mut url = Url::from_file_path(&absolute)
-        .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
-    if location.ends_with('/') && !url.path().ends_with('/') {
-        url.set_path(&format!("{}/", url.path()));
-    }
-    Ok(url)
-}
-
-/// Refuses a write target that is a path with glob characters (`*`, `?`, `[`): DataFusion reads
-/// such a path as a pattern and writes into the folder before it, not to the name given. (In a
-/// URL they are plain characters, `%2A` and the like.)
-pub fn check_write_target(target: &str) -> Result<()> {
-    if let Location::Url(_) = parse_location(target)? {
-        return Ok(());
-    }
-    match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
-        Some(c) => Err(Error::Usage(format!(
-            "'{target}' has the glob character '{c}': a write goes to a file or folder named \
-             plainly (DataFusion would read it as a pattern and write beside it)"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// The path of an object within its bucket.
-pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
-    object_store::path::Path::from_url_path(url.path())
-        .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
-}
-
-/// An S3 client for `bucket`: the environment's settings, then `options` over them.
-fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3Builder> {
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let AwsOptions {
-        access_key_id,
-        secret_access_key,
-        session_token,
-        region,
-        endpoint,
-        allow_http,
-        skip_signature,
-    } = options;
-    if let (Some(key), Some(secret)) = (access_key_id, secret_access_key) {
-        builder = builder
-            .with_access_key_id(key)
-            .with_secret_access_key(secret);
-        if let Some(token) = session_token {
-            builder = builder.with_token(token);
-        }
-    }
-    if let Some(region) = region {
-        builder = builder.with_region(region);
-    }
-    if let Some(endpoint) = endpoint {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Some(allow_http) = allow_http {
-        builder = builder.with_allow_http(*allow_http);
-    }
-    if let Some(skip) = skip_signature {
-        builder = builder.with_skip_signature(*skip);
-    }
-    if builder
-        .get_config_value(&AmazonS3ConfigKey::Region)
-        .is_none()
-        && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-        && let Some(region) = credentials::profile_region()
-    {
-        builder = builder.with_region(region);
-    }
-    if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
-        check_endpoint(&endpoint)?;
-        let allow_http = builder
-            .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        if endpoint.starts_with("http://") && !allow_http {
-            return Err(Error::Usage(format!(
-                "the S3 endpoint '{endpoint}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
-                 'aws.allow_http' 'true') to use it"
-            )));
-        }
-    }
-    let has_static_keys = builder
-        .get_config_value(&AmazonS3ConfigKey::AccessKeyId)
-        .is_some();
-    let skips = builder
-        .get_config_value(&AmazonS3ConfigKey::SkipSignature)
-        .is_some_and(|v| v == "true");
-    let has_env_provider = [
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some());
-    if !has_static_keys && !skips && !has_env_provider {
-        builder = builder.with_credentials(Arc::new(credentials::SdkCredentials::default()));
-    }
-    let seconds = |d: Duration| format!("{}s", d.as_secs());
-    Ok(builder
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: RETRIES,
-            retry_timeout: RETRY_TIMEOUT,
-        })
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
-            seconds(CONNECT_TIMEOUT),
-        )
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
-            seconds(REQUEST_TIMEOUT),
-        ))
-}
-
-/// Refuses an S3 endpoint that is not an `http(s)://host[:port]` URL (object_store would panic on
-/// it at the first request).
-fn check_endpoint(endpoint: &str) -> Result<()> {
-    // object_store joins the endpoint and the key as text and parses that as a URI.
-    let as_sent = format!("{}/bucket/key", endpoint.trim_end_matches('/'))
-        .parse::<http::Uri>()
-        .map_err(|e| e.to_string())
-        .and_then(|uri| match (uri.scheme_str(), uri.authority()) {
-            (Some("http" | "https"), Some(_)) => Ok(()),
-            _ => Err("it is not http(s)://host[:port]".to_string()),
-        });
-    let problem = match Url::parse(endpoint) {
-        _ if endpoint != endpoint.trim() => Some("it has spaces around it".to_string()),
-        _ if endpoint.contains('%') => Some("it has a percent-encoded character".to_string()),
-        Err(e) => Some(e.to_string()),
-        Ok(_) if as_sent.is_err() => as_sent.err(),
-        Ok(url) if !matches!(url.scheme(), "http" | "https") => Some(format!(
-            "the scheme is '{}', not http or https",
-            url.scheme()
-        )),
-        Ok(url) if url.host_str().is_none_or(str::is_empty) => Some("it has no host".into()),
-        Ok(_) => None,
-    };
-    match problem {
-        None => Ok(()),
-        Some(why) => Err(Error::Usage(format!(
-            "the S3 endpoint '{endpoint}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: \
-             {why}; expected a URL such as http://localhost:9000"
-        ))),
-    }
 }
 
 /// Runs an I/O future to completion from synchronous code, on a thread with a runtime of its own.

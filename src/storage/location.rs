@@ -1,0 +1,102 @@
+//! Where a location points: a path or a URL, read as DataFusion reads it.
+
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// A location as DataFusion reads one (`ListingTableUrl::parse`), so that batchinfer and
+/// DataFusion never disagree on where a path points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// An absolute path, or one that does not parse as a URL (relative to the working directory).
+    Path(std::path::PathBuf),
+    /// Anything else that parses as a URL, whatever the case of its scheme: `s3://b/k`,
+    /// `S3://b/k`, `file:///a/my%20dir/`, `file:/a` (but also `a:b.parquet`, whose scheme is `a`).
+    Url(Url),
+}
+
+/// Reads `location` as DataFusion does (see [`Location`]).
+pub fn parse_location(location: &str) -> Result<Location> {
+    if !std::path::Path::new(location).is_absolute() {
+        match Url::parse(location) {
+            Ok(url) => return Ok(Location::Url(url)),
+            Err(url::ParseError::RelativeUrlWithoutBase) => {}
+            Err(e) => {
+                return Err(Error::Usage(format!(
+                    "'{location}' is not a valid URL: {e}"
+                )));
+            }
+        }
+    }
+    Ok(Location::Path(location.into()))
+}
+
+/// The URL schemes batchinfer has stores for.
+const SCHEMES: &str = "local paths, file:// and s3:// URLs";
+
+/// The error for a URL whose scheme batchinfer has no store for.
+pub(super) fn no_store_for(url: &Url) -> Error {
+    Error::Usage(format!(
+        "'{url}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
+         writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
+        url.scheme()
+    ))
+}
+
+/// Whether `location` names an object store rather than a local file or folder (a URL of
+/// another scheme than `file:` counts: its use is then an error naming the scheme).
+pub fn is_object_store_url(location: &str) -> bool {
+    matches!(parse_location(location), Ok(Location::Url(url)) if url.scheme() != "file")
+}
+
+/// The local path `location` names, if it names one: a path as written, or a `file:` URL's path
+/// (decoded: `file:///a/my%20dir/` is the folder `my dir`).
+pub fn local_path(location: &str) -> Result<Option<std::path::PathBuf>> {
+    match parse_location(location)? {
+        Location::Path(path) => Ok(Some(path)),
+        Location::Url(url) if url.scheme() == "file" => url
+            .to_file_path()
+            .map(Some)
+            .map_err(|()| Error::Usage(format!("'{location}' is not a usable local path"))),
+        Location::Url(_) => Ok(None),
+    }
+}
+
+/// A location as a URL, as DataFusion reads it (see [`Location`]): a URL as it is, a path made
+/// absolute as a `file://` URL.
+pub fn location_url(location: &str) -> Result<Url> {
+    let path = match parse_location(location)? {
+        Location::Url(url) => return Ok(url),
+        Location::Path(path) => path,
+    };
+    let absolute =
+        std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
+    let mut url = Url::from_file_path(&absolute)
+        .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
+    if location.ends_with('/') && !url.path().ends_with('/') {
+        url.set_path(&format!("{}/", url.path()));
+    }
+    Ok(url)
+}
+
+/// Refuses a write target that is a path with glob characters (`*`, `?`, `[`): DataFusion reads
+/// such a path as a pattern and writes into the folder before it, not to the name given. (In a
+/// URL they are plain characters, `%2A` and the like.)
+pub fn check_write_target(target: &str) -> Result<()> {
+    if let Location::Url(_) = parse_location(target)? {
+        return Ok(());
+    }
+    match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
+        Some(c) => Err(Error::Usage(format!(
+            "'{target}' has the glob character '{c}': a write goes to a file or folder named \
+             plainly (DataFusion would read it as a pattern and write beside it)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The path of an object within its bucket.
+pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
+    object_store::path::Path::from_url_path(url.path())
+        .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
+}
