@@ -60,6 +60,21 @@ const BOUNDED_SETTINGS: &[(&str, u64)] = &[
     ("datafusion.execution.batch_size", 1 << 24),
 ];
 
+/// Refuses `CREATE UNBOUNDED EXTERNAL TABLE`: an unbounded table is a stream (DataFusion reads
+/// it until its writer stops, a FIFO forever, `/dev/zero` into all memory) and an INSERT appends to
+/// its file in place, so a failed one would leave part of its rows. batchinfer reads tables whole
+/// and writes only what it can commit whole.
+pub fn check_unbounded(statement: &DFStatement) -> Result<()> {
+    match statement {
+        DFStatement::CreateExternalTable(table) if table.unbounded => Err(Error::Usage(format!(
+            "table '{}' cannot be UNBOUNDED: batchinfer reads tables as batches and writes only              what it can commit whole (an unbounded table is read until its writer stops, and              INSERT would append to its file in place); use CREATE EXTERNAL TABLE over a file or              a folder ending in '/'",
+            table.name
+        ))),
+        DFStatement::Explain(explain) => check_unbounded(&explain.statement),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses `SET` of a setting in [`BOUNDED_SETTINGS`] to more than its bound.
 pub fn check_setting(statement: &DFStatement) -> Result<()> {
     let DFStatement::Statement(statement) = statement else {

@@ -125,9 +125,10 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
         schema,
         batches,
         written,
-        scored_rows: after.0 - before.0,
-        model_time: Duration::from_nanos(after.1 - before.1),
-        model_calls: after.2 - before.2,
+        // A model dropped or replaced by the statement takes its counts with it.
+        scored_rows: after.0.saturating_sub(before.0),
+        model_time: Duration::from_nanos(after.1.saturating_sub(before.1)),
+        model_calls: after.2.saturating_sub(before.2),
     })
 }
 
@@ -163,7 +164,7 @@ async fn show_progress<T>(
                     shown = true;
                     continue;
                 }
-                let rows = registry.totals().0 - base_rows;
+                let rows = registry.totals().0.saturating_sub(base_rows);
                 let rate = rows as f64 / elapsed.as_secs_f64();
                 let mut line = format!("{rows} rows scored, {rate:.0} rows/s, {:.1} s elapsed", elapsed.as_secs_f64());
                 let total = total.load(Ordering::Relaxed);

@@ -116,6 +116,7 @@ fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
         return Err(e);
     }
     crate::limits::check_setting(&statement)?;
+    crate::limits::check_unbounded(&statement)?;
     Ok(statement)
 }
 

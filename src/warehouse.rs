@@ -69,6 +69,15 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
     }
 }
 
+/// A model as CREATE MODEL defined it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Definition {
+    /// The model's file or folder: a path or an `s3://` URL.
+    pub source: String,
+    /// The sha256 of the model CREATE MODEL loaded (absent in definitions written before).
+    pub sha256: Option<String>,
+}
+
 /// A warehouse folder (created on first write), local or in S3.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
@@ -185,6 +194,15 @@ impl Warehouse {
 
     /// Models defined by CREATE MODEL: name -> source path.
     pub fn models(&self) -> Result<BTreeMap<String, String>> {
+        Ok(self
+            .definitions()?
+            .into_iter()
+            .map(|(name, d)| (name, d.source))
+            .collect())
+    }
+
+    /// Models defined by CREATE MODEL: name -> definition.
+    pub fn definitions(&self) -> Result<BTreeMap<String, Definition>> {
         let mut models = BTreeMap::new();
         for (name, text, path) in self.model_files()? {
             let json: Value = serde_json::from_str(&text)
@@ -192,7 +210,14 @@ impl Warehouse {
             let source = json.get("source").and_then(Value::as_str).ok_or_else(|| {
                 Error::Usage(format!("{path} has no \"source\": not a model definition"))
             })?;
-            models.insert(name, source.to_string());
+            let sha256 = json.get("sha256").and_then(Value::as_str);
+            models.insert(
+                name,
+                Definition {
+                    source: source.to_string(),
+                    sha256: sha256.map(str::to_string),
+                },
+            );
         }
         Ok(models)
     }
@@ -238,14 +263,19 @@ impl Warehouse {
         Ok(files)
     }
 
-    /// Keeps `name -> source` (replacing any definition of that name): one file written whole,
-    /// by rename locally or by one PUT in S3.
-    pub fn save_model(&self, name: &str, source: &str) -> Result<()> {
+    /// Keeps `name -> source` (replacing any definition of that name), with the sha256 of the
+    /// model the statement loaded, so that other processes see a redefinition from the same
+    /// file: one file written whole, by rename locally or by one PUT in S3.
+    pub fn save_model(&self, name: &str, source: &str, sha256: Option<&str>) -> Result<()> {
         check_name("model", name)?;
-        let text = serde_json::to_string_pretty(&serde_json::json!({
+        let mut definition = serde_json::json!({
             "name": name,
             "source": source,
-        }))
+        });
+        if let Some(sha256) = sha256 {
+            definition["sha256"] = sha256.into();
+        }
+        let text = serde_json::to_string_pretty(&definition)
         .map_err(|e| Error::Usage(e.to_string()))?;
         let file = format!("{name}.json");
         if let Some(bucket) = &self.bucket {
@@ -308,7 +338,7 @@ impl Warehouse {
         if let Some(models) = json.get("models").and_then(Value::as_object) {
             for (name, source) in models {
                 if let (Some(source), None) = (source.as_str(), existing.get(name)) {
-                    self.save_model(name, source)?;
+                    self.save_model(name, source, None)?;
                 }
             }
         }

@@ -1245,3 +1245,208 @@ fn long_file_names_are_written() {
         .collect();
     assert_eq!(names, vec![name], "nothing staged is left");
 }
+
+const PREDICT_M: &str = "predict('m', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)";
+
+/// The score of row 0 of the sample features by the model file `file`, from a process of its own.
+fn score_of(file: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "CREATE MODEL m FROM '{file}'; \
+         SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0"
+    );
+    let out = assert_ok(&query(&dir.path().join("wh"), &sql));
+    out.lines().nth(1).unwrap().to_string()
+}
+
+/// Results never come from a stale model: a process running statements one after another (a
+/// shell reading a pipe) scores, at each statement, with the model the warehouse defines then,
+/// whatever another process redefined or dropped meanwhile, the same file with new bytes
+/// included. (A file changed on disk without a redefinition keeps its loaded model.)
+#[test]
+fn a_model_redefined_by_another_process_is_used_from_the_next_statement() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let file = dir.path().join("m.onnx");
+    std::fs::copy("data/models/linear.onnx", &file).unwrap();
+    let (linear, doubled) = (
+        score_of("data/models/linear.onnx"),
+        score_of("data/fixtures/linear_doubled.onnx"),
+    );
+    assert_ne!(linear, doubled);
+    let elsewhere = |sql: &str| {
+        let out = common::output_within(
+            bin()
+                .arg("--warehouse")
+                .arg(&wh)
+                .args(["query", "-e", sql]),
+            common::DEADLINE,
+        );
+        assert_ok(&out);
+    };
+    elsewhere(&format!("CREATE MODEL m FROM '{}'", file.display()));
+
+    let mut shell = bin()
+        .arg("--warehouse")
+        .arg(&wh)
+        .arg("shell")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let lines = |stream: Box<dyn std::io::Read + Send>| {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                if sender.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        receiver
+    };
+    let out = lines(Box::new(shell.stdout.take().unwrap()));
+    let err = lines(Box::new(shell.stderr.take().unwrap()));
+    let mut score = || {
+        writeln!(
+            stdin,
+            "SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0;"
+        )
+        .unwrap();
+        loop {
+            let line = out
+                .recv_timeout(common::DEADLINE)
+                .expect("the shell answers");
+            if line != "s" {
+                return line;
+            }
+        }
+    };
+    assert_eq!(score(), linear);
+    // The file changes, nobody redefines the model: the loaded model keeps serving.
+    std::fs::copy("data/fixtures/linear_doubled.onnx", &file).unwrap();
+    assert_eq!(score(), linear);
+    // Another process redefines it from that same file: its new bytes from the next statement.
+    elsewhere(&format!("CREATE OR REPLACE MODEL m FROM '{}'", file.display()));
+    assert_eq!(score(), doubled);
+    // From another file.
+    elsewhere("CREATE OR REPLACE MODEL m FROM 'data/models/linear.onnx'");
+    assert_eq!(score(), linear);
+    // Dropped: the shell no longer has it.
+    elsewhere("DROP MODEL m");
+    writeln!(
+        stdin,
+        "SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0;"
+    )
+    .unwrap();
+    loop {
+        let line = err
+            .recv_timeout(common::DEADLINE)
+            .expect("the shell reports the error");
+        if line.contains("unknown model 'm'") {
+            break;
+        }
+    }
+    drop(stdin);
+    wait_with_deadline(&mut shell, common::DEADLINE, "the shell");
+}
+
+/// A model dropped or redefined after it scored in the same process: the statement succeeds
+/// (its counts of scored rows go with the old model), and the warehouse says what it did.
+#[test]
+fn a_model_used_then_redefined_or_dropped_in_one_process_reports_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let sql = format!(
+        "CREATE MODEL m FROM 'data/models/linear.onnx'; \
+         SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0; \
+         CREATE OR REPLACE MODEL m FROM 'data/fixtures/linear_doubled.onnx'; \
+         SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0; \
+         DROP MODEL m"
+    );
+    let out = assert_ok(&query(&wh, &sql));
+    let expected = format!(
+        "s\n{}\ns\n{}\n",
+        score_of("data/models/linear.onnx"),
+        score_of("data/fixtures/linear_doubled.onnx")
+    );
+    assert_eq!(out, expected);
+    assert!(!wh.join("models/m.json").exists());
+}
+
+/// A model of `--models` is its file: a statement that would redefine or drop it (and leave a
+/// definition the file hides in the next process) is refused, and a warehouse definition the
+/// folder hides is said at start.
+#[test]
+fn models_of_the_models_folder_are_not_redefined_by_statements() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    for sql in [
+        "CREATE OR REPLACE MODEL linear FROM 'data/fixtures/linear_doubled.onnx'",
+        "DROP MODEL linear",
+    ] {
+        let out = query(&wh, sql);
+        assert_failure(&out, &["model 'linear' is a file of --models"]);
+        assert!(!wh.join("models/linear.json").exists());
+    }
+    // Defined in the warehouse by a process without --models, then hidden by the folder's file.
+    let out = common::output_within(
+        bin().arg("--warehouse").arg(&wh).args([
+            "query",
+            "-e",
+            "CREATE MODEL linear FROM 'data/fixtures/linear_doubled.onnx'",
+        ]),
+        common::DEADLINE,
+    );
+    assert_ok(&out);
+    let out = query(
+        &wh,
+        "SELECT predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS s \
+         FROM 'data/sample/features.parquet' WHERE id = 0",
+    );
+    assert_eq!(
+        assert_ok(&out),
+        format!("s\n{}\n", score_of("data/models/linear.onnx"))
+    );
+    assert!(
+        common::stderr(&out).contains("warning: model 'linear' of --models"),
+        "{}",
+        common::stderr(&out)
+    );
+}
+
+/// An UNBOUNDED table is a stream (read until its writer stops; an INSERT appends to its file in
+/// place): refused, so a FIFO cannot make a statement wait forever nor `/dev/zero` fill the
+/// memory, and a failed INSERT cannot leave part of its rows.
+#[test]
+fn unbounded_tables_are_refused() {
+    let (dir, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let wh = elsewhere.path().join("wh");
+    let fifo = elsewhere.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let csv = dir.path().join("s.csv");
+    std::fs::write(&csv, "id,q\n1,1\n").unwrap();
+    let before = snapshot(dir.path());
+    for location in [fifo.display().to_string(), "/dev/zero".into()] {
+        let sql = format!(
+            "CREATE UNBOUNDED EXTERNAL TABLE s (id BIGINT, q BIGINT) STORED AS CSV \
+             LOCATION '{location}'; SELECT * FROM s LIMIT 1"
+        );
+        let out = bounded(&wh, &["query", "-e", &sql]);
+        assert_failure(&out, &["table 's' cannot be UNBOUNDED"]);
+    }
+    let sql = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE s (id BIGINT, q BIGINT) STORED AS CSV LOCATION '{}' \
+         OPTIONS ('format.has_header' 'true'); \
+         INSERT INTO s SELECT id, 10 / (id - 9000) FROM 'data/sample/features.parquet'",
+        csv.display()
+    );
+    let out = bounded(&wh, &["query", "-e", &sql]);
+    assert_failure(&out, &["table 's' cannot be UNBOUNDED"]);
+    assert_eq!(changes(&before, &snapshot(dir.path())), Vec::<String>::new());
+}

@@ -12,6 +12,7 @@ impl Engine {
                 or_replace,
             } => {
                 check_name("model", &name)?;
+                self.check_not_a_folder_model(&name)?;
                 if self.registry.contains(&name) && !or_replace {
                     return Err(Error::Usage(format!(
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
@@ -24,11 +25,13 @@ impl Engine {
                     self.registry.session_options(),
                     self.registry.stores(),
                 )?;
-                self.registry.insert_loaded(&name, Arc::new(model));
-                self.persist_models(&name, Some(&source))?;
+                let model = Arc::new(model);
+                self.registry.insert_loaded(&name, model.clone());
+                self.persist_models(&name, Some(&model))?;
                 self.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
+                self.check_not_a_folder_model(&name)?;
                 if !self.registry.unregister(&name) && !if_exists {
                     return Err(Error::UnknownModel {
                         name,
@@ -46,12 +49,76 @@ impl Engine {
         }
     }
 
-    pub(super) fn persist_models(&self, name: &str, source: Option<&ModelSource>) -> Result<()> {
-        match (&self.warehouse, source) {
-            (Some(warehouse), Some(source)) => warehouse.save_model(name, &source.to_string()),
-            (Some(warehouse), None) => warehouse.remove_model(name),
-            (None, _) => Ok(()),
+    /// Refuses to redefine or drop a model of `--models`: it is a file, read again by every
+    /// process, which would hide the warehouse's definition from the next one.
+    fn check_not_a_folder_model(&self, name: &str) -> Result<()> {
+        if !self.folder_models.contains(name) {
+            return Ok(());
         }
+        let file = self
+            .registry
+            .source(name)
+            .map_or_else(String::new, |s| format!(" ({s})"));
+        Err(Error::Usage(format!(
+            "model '{name}' is a file of --models{file}: every process reads it again, so it is \
+             not redefined or dropped by a statement; replace or remove the file, or CREATE MODEL \
+             under another name"
+        )))
+    }
+
+    /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
+    pub(super) fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(());
+        };
+        let mut seen = self.seen_models();
+        match model {
+            Some(model) => {
+                let definition = Definition {
+                    source: model.source.to_string(),
+                    sha256: Some(model.sha256.clone()),
+                };
+                warehouse.save_model(name, &definition.source, definition.sha256.as_deref())?;
+                seen.insert(name.to_string(), definition);
+            }
+            None => {
+                warehouse.remove_model(name)?;
+                seen.remove(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the models up to the warehouse's definitions, which other processes may have
+    /// changed since this one last read them: a model defined or redefined there (another file,
+    /// or the same file with other bytes) is registered anew and loaded on first use, one dropped
+    /// there is dropped here. So no statement scores with a model the warehouse no longer names.
+    pub(super) fn refresh_models(&self) -> Result<()> {
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(());
+        };
+        let defined = warehouse.definitions()?;
+        let mut seen = self.seen_models();
+        for (name, definition) in &defined {
+            if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
+                continue;
+            }
+            let source = ModelSource::parse(&definition.source).map_err(Error::Usage)?;
+            self.registry.register(name, source);
+            seen.insert(name.clone(), definition.clone());
+        }
+        seen.retain(|name, _| {
+            let kept = defined.contains_key(name);
+            if !kept {
+                self.registry.unregister(name);
+            }
+            kept
+        });
+        Ok(())
+    }
+
+    fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
+        self.seen_models.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `name` is registered as the warehouse's table of that name (not an external

@@ -17,8 +17,9 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
@@ -48,7 +49,7 @@ use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, parse};
 use crate::storage::{StoreRegistry, is_object_store_url, location_url, object_path};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
-use crate::warehouse::{Warehouse, check_name};
+use crate::warehouse::{Definition, Warehouse, check_name};
 
 mod catalog;
 mod explain;
@@ -68,6 +69,11 @@ pub struct Engine {
     tables: Arc<ResolvedTables>,
     /// Where statements run: this process, or a cluster.
     placement: Placement,
+    /// The models of `--models`: files, which every process reads again, so not redefined by
+    /// statements (a definition kept in the warehouse would be hidden by the file in the next).
+    folder_models: BTreeSet<String>,
+    /// The warehouse's model definitions as this process last read or wrote them.
+    seen_models: Mutex<BTreeMap<String, Definition>>,
 }
 
 impl Engine {
@@ -81,14 +87,27 @@ impl Engine {
             .as_ref()
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
+        let mut defined = BTreeMap::new();
         if let Some(warehouse) = &warehouse {
             warehouse.move_legacy_models()?;
-            registry.register_sources(&warehouse.models()?)?;
+            defined = warehouse.definitions()?;
+            let sources = defined.iter().map(|(n, d)| (n.clone(), d.source.clone()));
+            registry.register_sources(&sources.collect())?;
         }
         // Models of --models DIR win over the warehouse's of the same name.
-        if let Some(dir) = &config.models_dir {
-            registry.register_dir(dir)?;
+        let folder_models: BTreeSet<String> = match &config.models_dir {
+            Some(dir) => registry.register_dir(dir)?.into_iter().collect(),
+            None => BTreeSet::new(),
+        };
+        for name in folder_models.iter().filter(|n| defined.contains_key(*n)) {
+            eprintln!(
+                "warning: model '{name}' of --models {} hides the warehouse's model of that name \
+                 (FROM '{}'); DROP MODEL it in a process without --models, or rename the file",
+                config.models_dir.as_deref().unwrap_or(Path::new("")).display(),
+                defined[name].source
+            );
         }
+        defined.retain(|name, _| !folder_models.contains(name));
         let tables = Arc::new(ResolvedTables::default());
         let placement = Placement::new(config.remote.as_ref());
         let ctx = build_context(&config, registry.clone(), tables.clone(), |state| {
@@ -102,6 +121,8 @@ impl Engine {
             registry,
             config,
             warehouse,
+            folder_models,
+            seen_models: Mutex::new(defined),
         })
     }
 
@@ -186,6 +207,7 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
+        self.refresh_models()?;
         self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
