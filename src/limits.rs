@@ -18,6 +18,10 @@ use datafusion::sql::sqlparser::ast::{
     TableFactor, Visitor,
 };
 
+use datafusion::sql::sqlparser::dialect::Dialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+
 use crate::error::{Error, Result};
 
 /// The deepest nesting of expressions and subqueries a statement may have. DataFusion plans an
@@ -59,6 +63,79 @@ const BOUNDED_SETTINGS: &[(&str, u64)] = &[
     ("datafusion.execution.minimum_parallel_output_files", 1024),
     ("datafusion.execution.batch_size", 1 << 24),
 ];
+
+/// The deepest nesting of calls such as `CAST(...)` or `NOT (...)` accepted. sqlparser reads each
+/// of these words first as its special form and, where that fails, again as a function call, so
+/// a statement that fails to parse inside them is parsed again at every level: `2^depth` times.
+pub const MAX_TWO_WAY_CALL_DEPTH: usize = 12;
+
+/// The words sqlparser parses two ways when a `(` follows them.
+const TWO_WAY_WORDS: &[Keyword] = &[
+    Keyword::ARRAY,
+    Keyword::CASE,
+    Keyword::CAST,
+    Keyword::CEIL,
+    Keyword::CONVERT,
+    Keyword::EXISTS,
+    Keyword::EXTRACT,
+    Keyword::FLOOR,
+    Keyword::INTERVAL,
+    Keyword::LAMBDA,
+    Keyword::MAP,
+    Keyword::MATCH,
+    Keyword::NOT,
+    Keyword::OVERLAY,
+    Keyword::POSITION,
+    Keyword::PRIOR,
+    Keyword::SAFE_CAST,
+    Keyword::STRUCT,
+    Keyword::SUBSTR,
+    Keyword::SUBSTRING,
+    Keyword::TRIM,
+    Keyword::TRY_CAST,
+    Keyword::TRY_CONVERT,
+];
+
+/// Refuses a script whose calls of [`TWO_WAY_WORDS`] nest deeper than
+/// [`MAX_TWO_WAY_CALL_DEPTH`], before the parser sees it (48 nested `CAST`s around a syntax error
+/// would take it years). Text that does not tokenize is left to the parser to report.
+pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
+    let Ok(tokens) = Tokenizer::new(dialect, script).tokenize() else {
+        return Ok(());
+    };
+    let mut open: Vec<Option<Keyword>> = Vec::new();
+    let (mut depth, mut previous) = (0usize, None);
+    for token in tokens {
+        match token {
+            Token::Whitespace(_) => continue,
+            Token::LParen => {
+                let two_way = previous.filter(|k| TWO_WAY_WORDS.contains(k));
+                if let Some(word) = two_way {
+                    depth += 1;
+                    if depth > MAX_TWO_WAY_CALL_DEPTH {
+                        return Err(Error::Usage(format!(
+                            "expression too deep: {word:?}(...) nested in {} calls of CAST, NOT, \
+                             EXTRACT and the like (at most {MAX_TWO_WAY_CALL_DEPTH})",
+                            depth - 1
+                        )));
+                    }
+                }
+                open.push(two_way);
+            }
+            Token::RParen => {
+                if open.pop().flatten().is_some() {
+                    depth -= 1;
+                }
+            }
+            _ => {}
+        }
+        previous = match &token {
+            Token::Word(word) => Some(word.keyword),
+            _ => None,
+        };
+    }
+    Ok(())
+}
 
 /// Refuses `CREATE UNBOUNDED EXTERNAL TABLE`: an unbounded table is a stream (DataFusion reads
 /// it until its writer stops, a FIFO forever, `/dev/zero` into all memory) and an INSERT appends to

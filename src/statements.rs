@@ -73,6 +73,7 @@ const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path'";
 /// The statements of a script, separated by `;` (empty ones dropped). A statement whose
 /// expressions nest too deep is refused here ([`crate::limits::check_depth`]).
 pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
+    crate::limits::check_two_way_calls(script, dialect)?;
     let mut df = DFParserBuilder::new(script).with_dialect(dialect).build()?;
     let mut statements = Vec::new();
     loop {

@@ -275,8 +275,8 @@ impl Warehouse {
         if let Some(sha256) = sha256 {
             definition["sha256"] = sha256.into();
         }
-        let text = serde_json::to_string_pretty(&definition)
-        .map_err(|e| Error::Usage(e.to_string()))?;
+        let text =
+            serde_json::to_string_pretty(&definition).map_err(|e| Error::Usage(e.to_string()))?;
         let file = format!("{name}.json");
         if let Some(bucket) = &self.bucket {
             let url = self.object(bucket, &format!("models/{file}"))?;

@@ -1277,10 +1277,7 @@ fn a_model_redefined_by_another_process_is_used_from_the_next_statement() {
     assert_ne!(linear, doubled);
     let elsewhere = |sql: &str| {
         let out = common::output_within(
-            bin()
-                .arg("--warehouse")
-                .arg(&wh)
-                .args(["query", "-e", sql]),
+            bin().arg("--warehouse").arg(&wh).args(["query", "-e", sql]),
             common::DEADLINE,
         );
         assert_ok(&out);
@@ -1330,7 +1327,10 @@ fn a_model_redefined_by_another_process_is_used_from_the_next_statement() {
     std::fs::copy("data/fixtures/linear_doubled.onnx", &file).unwrap();
     assert_eq!(score(), linear);
     // Another process redefines it from that same file: its new bytes from the next statement.
-    elsewhere(&format!("CREATE OR REPLACE MODEL m FROM '{}'", file.display()));
+    elsewhere(&format!(
+        "CREATE OR REPLACE MODEL m FROM '{}'",
+        file.display()
+    ));
     assert_eq!(score(), doubled);
     // From another file.
     elsewhere("CREATE OR REPLACE MODEL m FROM 'data/models/linear.onnx'");
@@ -1448,5 +1448,34 @@ fn unbounded_tables_are_refused() {
     );
     let out = bounded(&wh, &["query", "-e", &sql]);
     assert_failure(&out, &["table 's' cannot be UNBOUNDED"]);
-    assert_eq!(changes(&before, &snapshot(dir.path())), Vec::<String>::new());
+    assert_eq!(
+        changes(&before, &snapshot(dir.path())),
+        Vec::<String>::new()
+    );
+}
+
+/// sqlparser reads `CAST(`, `NOT (` and the like two ways, the second where the first fails, so
+/// a few hundred bytes of them nested around a syntax error would take it years: refused before
+/// parsing, while a dozen levels still parse.
+#[test]
+fn no_hang_from_calls_nested_around_a_syntax_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let nested = |n: usize, inner: &str, close: &str| {
+        format!(
+            "SELECT {}{inner}{} AS x",
+            "CAST(".repeat(n),
+            close.repeat(n)
+        )
+    };
+    for sql in [
+        nested(48, "1", " AS BIGINT)"),
+        nested(40, &format!("{}true", "NOT ".repeat(12)), " AS BOOLEAN)"),
+        format!("SELECT {}true{}", "NOT (".repeat(48), ")".repeat(48)),
+    ] {
+        let out = bounded(&wh, &["query", "-e", &sql]);
+        assert_failure(&out, &["expression too deep"]);
+    }
+    let out = bounded(&wh, &["query", "-e", &nested(12, "1", " AS BIGINT)")]);
+    assert_eq!(assert_ok(&out), "x\n1\n");
 }

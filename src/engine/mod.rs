@@ -103,7 +103,11 @@ impl Engine {
             eprintln!(
                 "warning: model '{name}' of --models {} hides the warehouse's model of that name \
                  (FROM '{}'); DROP MODEL it in a process without --models, or rename the file",
-                config.models_dir.as_deref().unwrap_or(Path::new("")).display(),
+                config
+                    .models_dir
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .display(),
                 defined[name].source
             );
         }
