@@ -26,7 +26,7 @@ use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
 use crate::storage::StoreRegistry;
 use crate::udf::predict_table::ResolvedTables;
-use crate::udf::{EmbedUdf, PredictTableFunction, PredictUdf, Similarity, SimilarityUdf};
+use crate::udf::{CosineSimilarity, EmbedUdf, PredictTableFunction, PredictUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
 /// files or folders directly (`FROM 'data/sample/features.parquet'`), local or in S3 (the
@@ -154,7 +154,6 @@ pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
     vec![
         Arc::new(ScalarUDF::from(PredictUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(EmbedUdf::new(registry.clone()))),
-        Arc::new(ScalarUDF::from(SimilarityUdf::new(Similarity::Cosine))),
-        Arc::new(ScalarUDF::from(SimilarityUdf::new(Similarity::Dot))),
+        Arc::new(ScalarUDF::from(CosineSimilarity::default())),
     ]
 }

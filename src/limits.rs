@@ -122,11 +122,7 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
                 }
                 open.push(two_way);
             }
-            Token::RParen => {
-                if open.pop().flatten().is_some() {
-                    depth -= 1;
-                }
-            }
+            Token::RParen if open.pop().flatten().is_some() => depth -= 1,
             _ => {}
         }
         previous = match &token {

@@ -8,7 +8,7 @@ pub mod vector;
 pub use embed::EmbedUdf;
 pub use predict::PredictUdf;
 pub use predict_table::PredictTableFunction;
-pub use vector::{Similarity, SimilarityUdf};
+pub use vector::CosineSimilarity;
 
 use datafusion::common::{ScalarValue, plan_err};
 
