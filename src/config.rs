@@ -316,8 +316,21 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     if !(value.is_finite() && value > 0.0) {
         return Err(format!("'{text}' is not a positive size"));
     }
-    Ok((value * scale) as usize)
+    let bytes = value * scale;
+    if bytes < 1.0 {
+        return Err(format!("'{text}' is less than one byte"));
+    }
+    if bytes > MAX_SIZE as f64 {
+        return Err(format!(
+            "'{text}' is more memory than any machine has (at most {}T)",
+            MAX_SIZE >> 40
+        ));
+    }
+    Ok(bytes as usize)
 }
+
+/// The largest size [`parse_size`] accepts: 1 PiB.
+const MAX_SIZE: usize = 1 << 50;
 
 #[cfg(test)]
 mod tests {
@@ -331,5 +344,8 @@ mod tests {
         assert_eq!(parse_size("1000"), Ok(1000));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1G").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+        assert!(parse_size("0.1").is_err());
+        assert_eq!(parse_size("1024T"), Ok(1 << 50));
     }
 }

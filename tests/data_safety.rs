@@ -1479,3 +1479,35 @@ fn no_hang_from_calls_nested_around_a_syntax_error() {
     let out = bounded(&wh, &["query", "-e", &nested(12, "1", " AS BIGINT)")]);
     assert_eq!(assert_ok(&out), "x\n1\n");
 }
+
+/// A password written in a URL (a model's source, a COPY target, an endpoint) is never printed.
+#[test]
+fn a_password_in_a_url_is_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    for sql in [
+        "CREATE MODEL m FROM 'https://user:PASSW0RD1@127.0.0.1:1/m.onnx'",
+        "COPY (SELECT 1 AS x) TO 'ftp://user:PASSW0RD1@127.0.0.1:1/x.parquet' STORED AS PARQUET",
+    ] {
+        let out = bounded(&wh, &["query", "-e", sql]);
+        let err = assert_failure(&out, &["REDACTED", "which batchinfer has no store for"]);
+        assert!(!err.contains("PASSW0RD1"), "{err}");
+    }
+    for endpoint in [
+        "http://user:PASSW0RD1@127.0.0.1:1",
+        "ftp://user:PASSW0RD1@h",
+    ] {
+        let mut command = bin();
+        command
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("AWS_ACCESS_KEY_ID", "x")
+            .env("AWS_SECRET_ACCESS_KEY", "x")
+            .env("AWS_REGION", "us-east-1")
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["query", "-e", "SELECT * FROM 's3://b/x.parquet'"]);
+        let out = common::run_bounded(command, MEMORY, DEADLINE);
+        let err = assert_failure(&out, &["S3 endpoint"]);
+        assert!(!err.contains("PASSW0RD1"), "{err}");
+    }
+}

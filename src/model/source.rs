@@ -108,7 +108,8 @@ impl fmt::Display for ModelSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ModelSource::File(path) => write!(f, "{}", path.display()),
-            ModelSource::Object(url) => write!(f, "{url}"),
+            // A password in the URL is never printed (nor kept: no store takes one).
+            ModelSource::Object(url) => write!(f, "{}", crate::storage::shown(url)),
         }
     }
 }

@@ -44,7 +44,7 @@ use url::Url;
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
     Location, check_write_target, is_object_store_url, local_path, location_url, object_path,
-    parse_location,
+    parse_location, shown, shown_text,
 };
 pub use staging::StagedOutput;
 
@@ -321,6 +321,9 @@ impl StoreRegistry {
         &self,
         url: &Url,
     ) -> Result<(object_store::aws::AmazonS3, object_store::path::Path)> {
+        if !matches!(url.scheme(), "s3" | "s3a") {
+            return Err(no_store_for(url));
+        }
         let options = self
             .buckets
             .read()

@@ -92,8 +92,9 @@ fn with_endpoint_checked(builder: AmazonS3Builder) -> Result<AmazonS3Builder> {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if endpoint.starts_with("http://") && !allow_http {
             return Err(Error::Usage(format!(
-                "the S3 endpoint '{endpoint}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
-                 'aws.allow_http' 'true') to use it"
+                "the S3 endpoint '{}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
+                 'aws.allow_http' 'true') to use it",
+                super::shown_text(&endpoint)
             )));
         }
     }
@@ -147,8 +148,9 @@ fn check_endpoint(endpoint: &str) -> Result<()> {
     match problem {
         None => Ok(()),
         Some(why) => Err(Error::Usage(format!(
-            "the S3 endpoint '{endpoint}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: \
-             {why}; expected a URL such as http://localhost:9000"
+            "the S3 endpoint '{}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: {why}; \
+             expected a URL such as http://localhost:9000",
+            super::shown_text(endpoint)
         ))),
     }
 }
