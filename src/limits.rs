@@ -108,7 +108,7 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
     for token in tokens {
         match token {
             Token::Whitespace(_) => continue,
-            Token::LParen => {
+            Token::LParen | Token::LBracket => {
                 let two_way = previous.filter(|k| TWO_WAY_WORDS.contains(k));
                 if let Some(word) = two_way {
                     depth += 1;
@@ -122,7 +122,7 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
                 }
                 open.push(two_way);
             }
-            Token::RParen if open.pop().flatten().is_some() => depth -= 1,
+            Token::RParen | Token::RBracket if open.pop().flatten().is_some() => depth -= 1,
             _ => {}
         }
         previous = match &token {
@@ -140,7 +140,10 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
 pub fn check_unbounded(statement: &DFStatement) -> Result<()> {
     match statement {
         DFStatement::CreateExternalTable(table) if table.unbounded => Err(Error::Usage(format!(
-            "table '{}' cannot be UNBOUNDED: batchinfer reads tables as batches and writes only              what it can commit whole (an unbounded table is read until its writer stops, and              INSERT would append to its file in place); use CREATE EXTERNAL TABLE over a file or              a folder ending in '/'",
+            "table '{}' cannot be UNBOUNDED: batchinfer reads tables as batches and writes only \
+             what it can commit whole (an unbounded table is read until its writer stops, and \
+             INSERT would append to its file in place); use CREATE EXTERNAL TABLE over a file or \
+             a folder ending in '/'",
             table.name
         ))),
         DFStatement::Explain(explain) => check_unbounded(&explain.statement),

@@ -10,11 +10,12 @@ use crate::storage::hints;
 
 /// The error for a person: the innermost message, with an object store's hint.
 pub fn display_error(err: &Error) -> String {
-    match err {
+    // Whatever part of a message quotes a URL the user gave, its password is not shown.
+    crate::storage::blank_passwords(&match err {
         Error::DataFusion(e) => display_datafusion_error(e),
         Error::ObjectStore(e) => hints::describe(e).unwrap_or_else(|| e.to_string()),
         e => e.to_string(),
-    }
+    })
 }
 
 fn display_external(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> String {

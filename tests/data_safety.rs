@@ -1472,6 +1472,7 @@ fn no_hang_from_calls_nested_around_a_syntax_error() {
         nested(48, "1", " AS BIGINT)"),
         nested(40, &format!("{}true", "NOT ".repeat(12)), " AS BOOLEAN)"),
         format!("SELECT {}true{}", "NOT (".repeat(48), ")".repeat(48)),
+        format!("SELECT {}1{}", "ARRAY[".repeat(48), "]".repeat(48)),
     ] {
         let out = bounded(&wh, &["query", "-e", &sql]);
         assert_failure(&out, &["expression too deep"]);
@@ -1510,4 +1511,24 @@ fn a_password_in_a_url_is_never_printed() {
         let err = assert_failure(&out, &["S3 endpoint"]);
         assert!(!err.contains("PASSW0RD1"), "{err}");
     }
+    // Plans and table definitions that quote the URL, and a warehouse given as one.
+    let out = bounded(
+        &wh,
+        &[
+            "query",
+            "-e",
+            "EXPLAIN COPY (SELECT 1 AS x) TO 's3://u:PASSW0RD1@b/x.parquet'; \
+             CREATE EXTERNAL TABLE t (a INT) STORED AS CSV LOCATION 's3://u:PASSW0RD1@b/t.csv'; \
+             SHOW CREATE TABLE t",
+        ],
+    );
+    let text = assert_ok(&out);
+    assert!(text.contains("s3://u:REDACTED@b/t.csv"), "{text}");
+    assert!(!text.contains("PASSW0RD1"), "{text}");
+    let out = bounded(
+        Path::new("https://u:PASSW0RD1@h/wh/"),
+        &["query", "-e", "SELECT 1"],
+    );
+    let err = assert_failure(&out, &["REDACTED"]);
+    assert!(!err.contains("PASSW0RD1"), "{err}");
 }

@@ -3,6 +3,13 @@
 
 use super::*;
 
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::CopyToSource;
+use datafusion::sql::sqlparser::ast::{ObjectNamePart, VisitMut, visit_relations_mut};
+
+use crate::storage::blank_passwords;
+
 impl Engine {
     /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
     /// options that are secrets (keys, tokens, passwords) in the statement, so that no plan,
@@ -12,14 +19,22 @@ impl Engine {
             DFStatement::CopyTo(copy) => {
                 self.connect_with_options(&copy.target, &copy.options)?;
                 redact(&mut copy.options);
+                copy.target = blank_passwords(&copy.target);
+                if let CopyToSource::Query(query) = &mut copy.source {
+                    blank_table_passwords(query.as_mut());
+                }
             }
             DFStatement::CreateExternalTable(table) => {
                 for location in &table.locations {
                     self.connect_with_options(location, &table.options)?;
                 }
                 redact(&mut table.options);
+                for location in &mut table.locations {
+                    *location = blank_passwords(location);
+                }
             }
             DFStatement::Explain(explain) => self.connect_stores(&mut explain.statement)?,
+            DFStatement::Statement(s) => blank_table_passwords(s.as_mut()),
             _ => {}
         }
         Ok(())
@@ -49,6 +64,21 @@ impl Engine {
             .connect_s3(&parse_url(location)?, &options)?;
         Ok(())
     }
+}
+
+/// Blanks the password of every table named by a URL (`FROM 's3://user:pw@bucket/x'`), so that
+/// no plan or error printed from the statement shows it (no store takes a password in a URL).
+fn blank_table_passwords<V: VisitMut>(node: &mut V) {
+    let _ = visit_relations_mut(node, |name| {
+        for part in name.0.iter_mut() {
+            if let ObjectNamePart::Identifier(ident) = part
+                && ident.value.contains('@')
+            {
+                ident.value = blank_passwords(&ident.value);
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
 }
 
 /// What a secret option's value reads as once the statement has used it.

@@ -118,3 +118,51 @@ pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
     object_store::path::Path::from_url_path(url.path())
         .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
 }
+
+/// `text` with the password of every URL in it (`scheme://user:password@host`) blanked: for
+/// messages that quote what was given, whatever part of them it is.
+pub fn blank_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        // The authority: up to the path, a quote or a space.
+        let end = after
+            .find(|c: char| c == '/' || c == '\'' || c == '"' || c.is_whitespace())
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        match authority
+            .rfind('@')
+            .and_then(|a| Some((a, authority[..a].find(':')?)))
+        {
+            Some((at, colon)) => {
+                out.push_str(&authority[..=colon]);
+                out.push_str("REDACTED");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blank_passwords;
+
+    #[test]
+    fn passwords_in_urls_are_blanked_wherever_they_are() {
+        assert_eq!(
+            blank_passwords("cannot read s3://u:s3cret@b/x.parquet: 'https://a:b:c@h:99999/x'"),
+            "cannot read s3://u:REDACTED@b/x.parquet: 'https://a:REDACTED@h:99999/x'"
+        );
+        assert_eq!(blank_passwords("s3://bucket/k@v:1"), "s3://bucket/k@v:1");
+        assert_eq!(
+            blank_passwords("http://user@h/ and ://"),
+            "http://user@h/ and ://"
+        );
+    }
+}

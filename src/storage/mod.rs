@@ -43,8 +43,8 @@ use url::Url;
 
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
-    Location, check_write_target, is_object_store_url, local_path, location_url, object_path,
-    parse_location, shown, shown_text,
+    Location, blank_passwords, check_write_target, is_object_store_url, local_path, location_url,
+    object_path, parse_location, shown, shown_text,
 };
 pub use staging::StagedOutput;
 

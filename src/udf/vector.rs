@@ -5,10 +5,10 @@
 //! SELECT id, cosine_similarity(v, embed('minilm', 'how do I read a parquet file')) AS score
 //! FROM doc_vectors ORDER BY score DESC LIMIT 10;
 //! ```
-//! It is `1 - cosine_distance(a, b)`, computed by DataFusion's own `cosine_distance` (faster than
-//! a loop of ours: `benches/vectors.rs`); `dot_product` is DataFusion's `inner_product` by its
-//! alias. Either side may be a constant vector. NULL on either side (or a NULL inside a vector),
-//! or a zero vector, gives NULL; vectors of different lengths are an error naming the row.
+//! It is `1 - cosine_distance(a, b)`, DataFusion's own `cosine_distance` (faster than a loop of
+//! ours: `benches/vectors.rs`), rewritten so in the plan where both sides have one fixed size;
+//! `dot_product` is DataFusion's `inner_product` by its alias. Either side may be a constant vector. NULL on either side (or a NULL inside a vector),
+//! or a zero vector, gives NULL; vectors of different lengths are an error.
 
 use std::sync::Arc;
 
@@ -18,8 +18,10 @@ use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::common::{ScalarValue, exec_err, plan_err};
 use datafusion::error::Result;
 use datafusion::functions_nested::cosine_distance::cosine_distance_udf;
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, cast,
+    lit,
 };
 
 /// `cosine_similarity`: `1 - cosine_distance`.
@@ -81,7 +83,8 @@ impl CosineSimilarity {
             let (x, y) = (len_a(ia), len_b(ib));
             if x != y {
                 return exec_err!(
-                    "{}: vectors of {x} and {y} values in row {row}",
+                    "{}: vectors of {x} and {y} values in one row (a pair of vectors must be of \
+                     one length)",
                     self.name()
                 );
             }
@@ -121,6 +124,36 @@ impl ScalarUDFImpl for CosineSimilarity {
             }
         }
         Ok(DataType::Float64)
+    }
+
+    /// Vectors of one fixed size on both sides (embeddings) cannot differ in length: the call is
+    /// then `1 - cosine_distance(a, b)` in the plan itself, exactly DataFusion's function. Other
+    /// lists are checked row by row when the function runs.
+    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
+        let types = args
+            .iter()
+            .map(|e| info.get_data_type(e))
+            .collect::<Result<Vec<_>>>()?;
+        let size = |t: &DataType| match t {
+            DataType::FixedSizeList(_, k) => Some(*k),
+            _ => None,
+        };
+        match (size(&types[0]), size(&types[1])) {
+            (Some(x), Some(y)) if x == y => {
+                // Planned after type coercion: the casts DataFusion would have put in, put here.
+                let coerced = self.distance.coerce_types(&types)?;
+                let args = args
+                    .into_iter()
+                    .zip(coerced)
+                    .map(|(e, t)| cast(e, t))
+                    .collect();
+                Ok(ExprSimplifyResult::Simplified(
+                    lit(1.0_f64) - self.distance.call(args),
+                ))
+            }
+            (Some(x), Some(y)) => plan_err!("{}: vectors of {x} and {y} values", self.name()),
+            _ => Ok(ExprSimplifyResult::Original(args)),
+        }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
