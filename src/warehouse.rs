@@ -78,6 +78,15 @@ pub struct Definition {
     pub sha256: Option<String>,
 }
 
+/// The model definitions of a warehouse.
+#[derive(Debug, Default)]
+pub struct Definitions {
+    /// Name -> definition.
+    pub models: BTreeMap<String, Definition>,
+    /// Name -> why its definition cannot be read.
+    pub unusable: BTreeMap<String, String>,
+}
+
 /// A warehouse folder (created on first write), local or in S3.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
@@ -192,38 +201,52 @@ impl Warehouse {
         Ok(self.tables_dir().join(name))
     }
 
-    /// Models defined by CREATE MODEL: name -> source path.
+    /// Models defined by CREATE MODEL: name -> source path (definitions that cannot be read left
+    /// out: see [`Warehouse::definitions`]).
     pub fn models(&self) -> Result<BTreeMap<String, String>> {
         Ok(self
             .definitions()?
+            .models
             .into_iter()
             .map(|(name, d)| (name, d.source))
             .collect())
     }
 
-    /// Models defined by CREATE MODEL: name -> definition.
-    pub fn definitions(&self) -> Result<BTreeMap<String, Definition>> {
-        let mut models = BTreeMap::new();
+    /// Models defined by CREATE MODEL. A definition that cannot be read (not JSON, no source, a
+    /// FIFO, too large) is set apart with what is wrong, so that one bad file does not take the
+    /// others, or the warehouse, with it.
+    pub fn definitions(&self) -> Result<Definitions> {
+        let mut definitions = Definitions::default();
         for (name, text, path) in self.model_files()? {
-            let json: Value = serde_json::from_str(&text)
-                .map_err(|e| Error::Usage(format!("{path} is not valid JSON: {e}")))?;
-            let source = json.get("source").and_then(Value::as_str).ok_or_else(|| {
-                Error::Usage(format!("{path} has no \"source\": not a model definition"))
-            })?;
-            let sha256 = json.get("sha256").and_then(Value::as_str);
-            models.insert(
-                name,
-                Definition {
+            let definition = text.and_then(|text| {
+                let json: Value = serde_json::from_str(&text)
+                    .map_err(|e| Error::Usage(format!("{path} is not valid JSON: {e}")))?;
+                let source = json.get("source").and_then(Value::as_str).ok_or_else(|| {
+                    Error::Usage(format!("{path} has no \"source\": not a model definition"))
+                })?;
+                Ok(Definition {
                     source: source.to_string(),
-                    sha256: sha256.map(str::to_string),
-                },
-            );
+                    sha256: json
+                        .get("sha256")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                })
+            });
+            match definition {
+                Ok(definition) => {
+                    definitions.models.insert(name, definition);
+                }
+                Err(e) => {
+                    definitions.unusable.insert(name, e.to_string());
+                }
+            }
         }
-        Ok(models)
+        Ok(definitions)
     }
 
-    /// The text of each `models/NAME.json` whose NAME is a usable name, with where it was read.
-    fn model_files(&self) -> Result<Vec<(String, String, String)>> {
+    /// The text of each `models/NAME.json` whose NAME is a usable name (or why it cannot be
+    /// read), with where it was read.
+    fn model_files(&self) -> Result<Vec<(String, Result<String>, String)>> {
         let name_of = |file: &str| {
             file.strip_suffix(".json")
                 .filter(|n| check_name("model", n).is_ok())
@@ -235,12 +258,11 @@ impl Warehouse {
             for key in self.stores.list_blocking(&folder)? {
                 let Some(name) = name_of(&key) else { continue };
                 let url = self.object(&folder, &key)?;
-                let bytes = self.stores.read_blocking(&url)?;
-                files.push((
-                    name,
-                    String::from_utf8_lossy(&bytes).into_owned(),
-                    url.into(),
-                ));
+                let text = self
+                    .stores
+                    .read_blocking_capped(&url, MODEL_DEFINITION_CAP)
+                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+                files.push((name, text, url.into()));
             }
             return Ok(files);
         }
@@ -257,7 +279,7 @@ impl Warehouse {
             let path = entry.path();
             let text = crate::storage::read_capped(&path, MODEL_DEFINITION_CAP)
                 .and_then(|bytes| String::from_utf8(bytes).map_err(|e| Error::Usage(e.to_string())))
-                .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
+                .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())));
             files.push((name, text, path.display().to_string()));
         }
         Ok(files)

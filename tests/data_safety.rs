@@ -1532,3 +1532,29 @@ fn a_password_in_a_url_is_never_printed() {
     let err = assert_failure(&out, &["REDACTED"]);
     assert!(!err.contains("PASSW0RD1"), "{err}");
 }
+
+/// A model definition in the warehouse that cannot be read (empty, not JSON) is left out with a
+/// warning: the other models and the statements go on, and DROP MODEL IF EXISTS removes it.
+#[test]
+fn one_unreadable_model_definition_does_not_take_the_warehouse_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&query(&wh, "CREATE MODEL m FROM 'data/models/linear.onnx'"));
+    std::fs::write(wh.join("models/bad.json"), "").unwrap();
+    let score = format!("SELECT {PREDICT_M} AS s FROM 'data/sample/features.parquet' WHERE id = 0");
+    let out = query(&wh, &score);
+    assert_eq!(
+        assert_ok(&out),
+        format!("s\n{}\n", score_of("data/models/linear.onnx"))
+    );
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("warning: a model definition is left out") && err.contains("bad.json"),
+        "{err}"
+    );
+    assert_ok(&query(&wh, "DROP MODEL IF EXISTS bad"));
+    assert!(!wh.join("models/bad.json").exists());
+    let out = query(&wh, &score);
+    assert_ok(&out);
+    assert_eq!(common::stderr(&out), "");
+}

@@ -97,7 +97,14 @@ impl Engine {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        let defined = warehouse.definitions()?;
+        let definitions = warehouse.definitions()?;
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        for why in definitions.unusable.values() {
+            if warned.insert(why.clone()) {
+                eprintln!("warning: a model definition is left out: {why}");
+            }
+        }
+        let defined = definitions.models;
         let mut seen = self.seen_models();
         for (name, definition) in &defined {
             if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
@@ -107,8 +114,10 @@ impl Engine {
             self.registry.register(name, source);
             seen.insert(name.clone(), definition.clone());
         }
+        // A definition that cannot be read now (being rewritten by hand) leaves its model as
+        // it was.
         seen.retain(|name, _| {
-            let kept = defined.contains_key(name);
+            let kept = defined.contains_key(name) || definitions.unusable.contains_key(name);
             if !kept {
                 self.registry.unregister(name);
             }

@@ -74,6 +74,8 @@ pub struct Engine {
     folder_models: BTreeSet<String>,
     /// The warehouse's model definitions as this process last read or wrote them.
     seen_models: Mutex<BTreeMap<String, Definition>>,
+    /// The unusable model definitions already warned of.
+    warned: Mutex<BTreeSet<String>>,
 }
 
 impl Engine {
@@ -88,9 +90,15 @@ impl Engine {
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
         let mut defined = BTreeMap::new();
+        let mut warned = BTreeSet::new();
         if let Some(warehouse) = &warehouse {
             warehouse.move_legacy_models()?;
-            defined = warehouse.definitions()?;
+            let definitions = warehouse.definitions()?;
+            for why in definitions.unusable.into_values() {
+                eprintln!("warning: a model definition is left out: {why}");
+                warned.insert(why);
+            }
+            defined = definitions.models;
             let sources = defined.iter().map(|(n, d)| (n.clone(), d.source.clone()));
             registry.register_sources(&sources.collect())?;
         }
@@ -127,6 +135,7 @@ impl Engine {
             warehouse,
             folder_models,
             seen_models: Mutex::new(defined),
+            warned: Mutex::new(warned),
         })
     }
 
