@@ -165,14 +165,21 @@ const HEED_WITHIN: Duration = Duration::from_secs(10);
 /// wherever it waits (reading, writing, calling a model), but planning one is work on a thread
 /// that checks for nothing, and a signal that comes between two statements finds none to stop.
 /// A signal with no statement running, a second signal before the first is answered, or none
-/// answered [`HEED_WITHIN`] after it, exits at once with status 1. Nothing a statement staged has been committed then, so nothing
-/// is lost: its hidden files stay hidden, and an S3 upload never completed is no object.
+/// answered [`HEED_WITHIN`] after it, exits at once with status 1. Nothing a statement staged
+/// has been committed then, so nothing is lost: its hidden files stay hidden, and an S3 upload
+/// never completed is no object.
 pub fn exit_on_unheeded_signals() {
     let watch = async {
         loop {
             let heeded = HEEDED.load(Ordering::SeqCst);
             let signal = stop_signal().await;
-            if RUNNING.load(Ordering::SeqCst) == 0 {
+            // Read before HEEDED: a statement counts the signal it answers before it stops
+            // running, so a statement that already answered this one is seen to have.
+            let running = RUNNING.load(Ordering::SeqCst);
+            if HEEDED.load(Ordering::SeqCst) != heeded {
+                continue;
+            }
+            if running == 0 {
                 eprintln!("Error: {}", Error::Cancelled(signal));
                 std::process::exit(1);
             }
