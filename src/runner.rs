@@ -183,9 +183,14 @@ pub fn exit_on_unheeded_signals() {
                 eprintln!("Error: {}", Error::Cancelled(signal));
                 std::process::exit(1);
             }
+            // Answered, or not: the statement ended without answering it (the signal came as it
+            // finished), or HEED_WITHIN passed.
             let answer = async {
                 let started = Instant::now();
-                while HEEDED.load(Ordering::SeqCst) == heeded && started.elapsed() < HEED_WITHIN {
+                while RUNNING.load(Ordering::SeqCst) > 0
+                    && HEEDED.load(Ordering::SeqCst) == heeded
+                    && started.elapsed() < HEED_WITHIN
+                {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             };
