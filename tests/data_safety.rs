@@ -354,16 +354,21 @@ fn no_crash_from_bad_options() {
     );
     assert_failure(&out, &["--batch-rows", "must be from 1 to"]);
     for endpoint in ["http://[::1", "ftp://host:21", "http://", "not a url"] {
-        let mut command = bin();
-        command
-            .env("AWS_ACCESS_KEY_ID", "k")
-            .env("AWS_SECRET_ACCESS_KEY", "s")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT_URL", endpoint)
-            .args(["query", "-e", "SELECT * FROM 's3://bucket/x.parquet'"]);
-        let out = common::run_bounded(command, MEMORY, DEADLINE);
+        let out = common::run_bounded(through_endpoint(endpoint), MEMORY, DEADLINE);
         assert_failure(&out, &["S3 endpoint", "is not usable"]);
     }
+}
+
+/// A query of an S3 object through the endpoint `endpoint` (any text), with static keys.
+fn through_endpoint(endpoint: &str) -> Command {
+    let mut command = bin();
+    command
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .args(["query", "-e", "SELECT * FROM 's3://bucket/x.parquet'"]);
+    command
 }
 
 /// A FIFO no one writes to: reading it whole would wait forever.
@@ -1047,24 +1052,11 @@ fn engine_options_and_endpoints_out_of_range_are_refused() {
         assert_failure(&out, &[option, "must be from 1 to"]);
     }
     for endpoint in ["http://host name:9000", "http://host%41:9000"] {
-        let mut command = bin();
-        command
-            .env("AWS_ACCESS_KEY_ID", "k")
-            .env("AWS_SECRET_ACCESS_KEY", "s")
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT_URL", endpoint)
-            .args(["query", "-e", "SELECT * FROM 's3://bucket/x.parquet'"]);
-        let out = common::run_bounded(command, MEMORY, DEADLINE);
+        let out = common::run_bounded(through_endpoint(endpoint), MEMORY, DEADLINE);
         assert_failure(&out, &["S3 endpoint", "is not usable"]);
     }
-    let mut command = bin();
-    command
-        .env("AWS_ACCESS_KEY_ID", "k")
-        .env("AWS_SECRET_ACCESS_KEY", "s")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        .env_remove("AWS_ALLOW_HTTP")
-        .args(["query", "-e", "SELECT * FROM 's3://bucket/x.parquet'"]);
+    let mut command = through_endpoint("http://127.0.0.1:9");
+    command.env_remove("AWS_ALLOW_HTTP");
     let out = common::run_bounded(command, MEMORY, DEADLINE);
     assert_failure(&out, &["http://127.0.0.1:9", "AWS_ALLOW_HTTP"]);
 }
@@ -1498,16 +1490,7 @@ fn a_password_in_a_url_is_never_printed() {
         "http://user:PASSW0RD1@127.0.0.1:1",
         "ftp://user:PASSW0RD1@h",
     ] {
-        let mut command = bin();
-        command
-            .env("AWS_ENDPOINT_URL", endpoint)
-            .env("AWS_ACCESS_KEY_ID", "x")
-            .env("AWS_SECRET_ACCESS_KEY", "x")
-            .env("AWS_REGION", "us-east-1")
-            .arg("--warehouse")
-            .arg(&wh)
-            .args(["query", "-e", "SELECT * FROM 's3://b/x.parquet'"]);
-        let out = common::run_bounded(command, MEMORY, DEADLINE);
+        let out = common::run_bounded(through_endpoint(endpoint), MEMORY, DEADLINE);
         let err = assert_failure(&out, &["S3 endpoint"]);
         assert!(!err.contains("PASSW0RD1"), "{err}");
     }

@@ -109,7 +109,9 @@ impl fmt::Display for ModelSource {
         match self {
             ModelSource::File(path) => write!(f, "{}", path.display()),
             // A password in the URL is never printed (nor kept: no store takes one).
-            ModelSource::Object(url) => write!(f, "{}", crate::storage::shown(url)),
+            ModelSource::Object(url) => {
+                write!(f, "{}", crate::storage::blank_passwords(url.as_str()))
+            }
         }
     }
 }

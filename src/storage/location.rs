@@ -39,26 +39,9 @@ pub(super) fn no_store_for(url: &Url) -> Error {
     Error::Usage(format!(
         "'{}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
          writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
-        shown(url),
+        blank_passwords(url.as_str()),
         url.scheme()
     ))
-}
-
-/// A URL as it may be printed: a password in it (`https://user:secret@host/`) blanked.
-pub fn shown(url: &Url) -> String {
-    let mut url = url.clone();
-    if url.password().is_some() {
-        let _ = url.set_password(Some("REDACTED"));
-    }
-    url.to_string()
-}
-
-/// [`shown`] of a text that may be a URL (an endpoint as given); other text as it is.
-pub fn shown_text(text: &str) -> String {
-    match Url::parse(text) {
-        Ok(url) if url.password().is_some() => shown(&url),
-        _ => text.to_string(),
-    }
 }
 
 /// Whether `location` names an object store rather than a local file or folder (a URL of

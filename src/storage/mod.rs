@@ -44,7 +44,7 @@ use url::Url;
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
     Location, blank_passwords, check_write_target, is_object_store_url, local_path, location_url,
-    object_path, parse_location, shown, shown_text,
+    object_path, parse_location,
 };
 pub use staging::StagedOutput;
 

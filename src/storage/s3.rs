@@ -94,7 +94,7 @@ fn with_endpoint_checked(builder: AmazonS3Builder) -> Result<AmazonS3Builder> {
             return Err(Error::Usage(format!(
                 "the S3 endpoint '{}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
                  'aws.allow_http' 'true') to use it",
-                super::shown_text(&endpoint)
+                super::blank_passwords(&endpoint)
             )));
         }
     }
@@ -150,7 +150,7 @@ fn check_endpoint(endpoint: &str) -> Result<()> {
         Some(why) => Err(Error::Usage(format!(
             "the S3 endpoint '{}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: {why}; \
              expected a URL such as http://localhost:9000",
-            super::shown_text(endpoint)
+            super::blank_passwords(endpoint)
         ))),
     }
 }

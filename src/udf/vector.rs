@@ -40,22 +40,12 @@ impl Default for CosineSimilarity {
     }
 }
 
-/// The length of each row's vector in `array` (a list of any kind), or `None` where it is not a
-/// list.
-fn length_at(array: &ArrayRef) -> Option<Box<dyn Fn(usize) -> usize + '_>> {
+/// The length of row `i`'s vector in `array`, or `None` where `array` is not a list.
+fn length_at(array: &dyn Array, i: usize) -> Option<usize> {
     match array.data_type() {
-        DataType::FixedSizeList(_, k) => {
-            let k = *k as usize;
-            Some(Box::new(move |_| k))
-        }
-        DataType::List(_) => {
-            let list = array.as_list::<i32>();
-            Some(Box::new(move |i| list.value_length(i) as usize))
-        }
-        DataType::LargeList(_) => {
-            let list = array.as_list::<i64>();
-            Some(Box::new(move |i| list.value_length(i) as usize))
-        }
+        DataType::FixedSizeList(_, k) => Some(*k as usize),
+        DataType::List(_) => Some(array.as_list::<i32>().value_length(i) as usize),
+        DataType::LargeList(_) => Some(array.as_list::<i64>().value_length(i) as usize),
         _ => None,
     }
 }
@@ -69,9 +59,6 @@ impl CosineSimilarity {
             Ok((value.to_array(if scalar { 1 } else { rows })?, scalar))
         };
         let ((a, a_scalar), (b, b_scalar)) = (side(&args.args[0])?, side(&args.args[1])?);
-        let (Some(len_a), Some(len_b)) = (length_at(&a), length_at(&b)) else {
-            return Ok(());
-        };
         for row in 0..rows {
             let (ia, ib) = (
                 if a_scalar { 0 } else { row },
@@ -80,7 +67,9 @@ impl CosineSimilarity {
             if a.is_null(ia) || b.is_null(ib) {
                 continue;
             }
-            let (x, y) = (len_a(ia), len_b(ib));
+            let (Some(x), Some(y)) = (length_at(&a, ia), length_at(&b, ib)) else {
+                return Ok(());
+            };
             if x != y {
                 return exec_err!(
                     "{}: vectors of {x} and {y} values in one row (a pair of vectors must be of \
