@@ -190,7 +190,7 @@ fn predict_overhead(c: &mut Criterion) {
     };
     let model = Model::load(
         "linear",
-        &ModelSource::File("data/models/linear.onnx".into()),
+        &ModelSource::parse("data/models/linear.onnx").unwrap(),
         options,
         &StoreRegistry::new(),
     )

@@ -88,7 +88,7 @@ fn mutated_models_load_or_fail_cleanly() {
         let bytes: Arc<[u8]> = mutate(&mut rng, &corpus).into();
         match Model::from_bytes(
             "fuzzed",
-            ModelSource::File("fuzzed.onnx".into()),
+            ModelSource::parse("fuzzed.onnx").unwrap(),
             bytes,
             Vec::new(),
             options,

@@ -79,7 +79,7 @@ async fn a_model_path_that_does_not_exist_is_a_load_error() {
     let engine = engine_over(dir.path());
     engine
         .registry()
-        .register("ghost", ModelSource::File("/no/such/ghost.onnx".into()));
+        .register("ghost", ModelSource::parse("/no/such/ghost.onnx").unwrap());
     let err = error_of(&engine, "SELECT predict('ghost', 1.0)").await;
     assert!(
         err.contains("model 'ghost' could not be loaded from /no/such/ghost.onnx"),
@@ -107,7 +107,7 @@ async fn a_model_deleted_or_replaced_on_disk_keeps_serving_until_reloaded() {
     assert_eq!(floats(&run(&engine, sql).await.unwrap(), 0), before);
     engine
         .registry()
-        .register("scorer", ModelSource::File(path.clone()));
+        .register("scorer", ModelSource::from_path(&path).unwrap());
     let err = error_of(&engine, sql).await;
     assert!(
         err.contains("model 'scorer': the model takes 2 inputs, 1 columns were given"),

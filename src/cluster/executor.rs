@@ -31,7 +31,7 @@ pub struct ExecutorOptions {
 
 /// Runs an executor until the process is stopped.
 pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Result<()> {
-    let node = Node::new(config)?;
+    let node = Node::new(config).await?;
     let scheduler = &options.scheduler;
     let mut functions = BallistaFunctionRegistry::default();
     for f in scalar_functions(&node.registry) {

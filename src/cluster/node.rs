@@ -16,12 +16,12 @@ pub(super) struct Node {
 }
 
 impl Node {
-    pub(super) fn new(config: &EngineConfig) -> Result<Self> {
+    pub(super) async fn new(config: &EngineConfig) -> Result<Self> {
         let stores = Arc::new(StoreRegistry::new());
         let registry = Arc::new(ModelRegistry::new(config, stores.clone()));
         if let Some(root) = &config.warehouse {
             let warehouse = Warehouse::new(root, stores.clone())?;
-            registry.register_sources(&warehouse.models()?)?;
+            registry.register_sources(&warehouse.models().await?)?;
         }
         if let Some(dir) = &config.models_dir {
             registry.register_dir(dir)?;

@@ -94,7 +94,7 @@ pub async fn run_scheduler(
     config: &EngineConfig,
 ) -> Result<()> {
     let node = Arc::new(Scheduler {
-        node: Node::new(config)?,
+        node: Node::new(config).await?,
         executors: OnceLock::new(),
     });
     let mut scheduler = SchedulerConfig {

@@ -18,7 +18,7 @@ impl Engine {
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
                     )));
                 }
-                let source = model_source(&source)?;
+                let source = model_source(&name, &source, self.registry.stores()).await?;
                 let model = Model::load(
                     &name,
                     &source,
@@ -27,7 +27,7 @@ impl Engine {
                 )?;
                 let model = Arc::new(model);
                 self.registry.insert_loaded(&name, model.clone());
-                self.persist_models(&name, Some(&model))?;
+                self.persist_models(&name, Some(&model)).await?;
                 self.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
@@ -38,7 +38,7 @@ impl Engine {
                         available: format!("the models are: {}", self.registry.names().join(", ")),
                     });
                 }
-                self.persist_models(&name, None)?;
+                self.persist_models(&name, None).await?;
                 self.empty()
             }
             ModelStatement::Show => Ok(self.results.read_batch(models_batch(&self.registry)?)?),
@@ -67,23 +67,24 @@ impl Engine {
     }
 
     /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
-    pub(super) fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
+    pub(super) async fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        let mut seen = self.seen_models();
         match model {
             Some(model) => {
                 let definition = Definition {
                     source: model.source.to_string(),
                     sha256: Some(model.sha256.clone()),
                 };
-                warehouse.save_model(name, &definition.source, definition.sha256.as_deref())?;
-                seen.insert(name.to_string(), definition);
+                warehouse
+                    .save_model(name, &definition.source, definition.sha256.as_deref())
+                    .await?;
+                self.seen_models().insert(name.to_string(), definition);
             }
             None => {
-                warehouse.remove_model(name)?;
-                seen.remove(name);
+                warehouse.remove_model(name).await?;
+                self.seen_models().remove(name);
             }
         }
         Ok(())
@@ -93,15 +94,26 @@ impl Engine {
     /// changed since this one last read them: a model defined or redefined there (another file,
     /// or the same file with other bytes) is registered anew and loaded on first use, one dropped
     /// there is dropped here. So no statement scores with a model the warehouse no longer names.
-    pub(super) fn refresh_models(&self) -> Result<()> {
+    pub(super) async fn refresh_models(&self) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        let definitions = warehouse.definitions()?;
+        self.opened
+            .get_or_try_init(|| warehouse.move_legacy_models())
+            .await?;
+        let definitions = warehouse.definitions().await?;
         let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warn = |warning: String| {
+            if warned.insert(warning.clone()) {
+                eprintln!("warning: {warning}");
+            }
+        };
         for why in definitions.unusable.values() {
-            if warned.insert(why.clone()) {
-                eprintln!("warning: a model definition is left out: {why}");
+            warn(format!("a model definition is left out: {why}"));
+        }
+        for name in self.folder_models.iter() {
+            if let Some(definition) = definitions.models.get(name) {
+                warn(self.hidden_warning(name, definition));
             }
         }
         let defined = definitions.models;
@@ -124,6 +136,17 @@ impl Engine {
             kept
         });
         Ok(())
+    }
+
+    /// The warning of a warehouse model hidden by a file of `--models` of the same name.
+    fn hidden_warning(&self, name: &str, definition: &Definition) -> String {
+        let dir = self.config.models_dir.as_deref().unwrap_or(Path::new(""));
+        format!(
+            "model '{name}' of --models {} hides the warehouse's model of that name (FROM '{}'); \
+             DROP MODEL it in a process without --models, or rename the file",
+            dir.display(),
+            definition.source
+        )
     }
 
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
@@ -180,33 +203,17 @@ impl Engine {
 /// The model file a CREATE MODEL source names: a `.onnx` file, or a folder with `model.onnx`,
 /// local or in S3; a local path is made absolute so that the definition means the same in a
 /// process started elsewhere.
-pub(super) fn model_source(source: &str) -> Result<ModelSource> {
-    let mut url = match ModelSource::parse(source).map_err(Error::Usage)? {
-        ModelSource::Object(url) => url,
-        ModelSource::File(path) => return model_file(&path, source).map(ModelSource::File),
-    };
-    if !url.path().ends_with(".onnx") {
-        if !url.path().ends_with('/') {
-            url.set_path(&format!("{}/", url.path()));
-        }
-        url = url
-            .join("model.onnx")
-            .map_err(|e| Error::Usage(format!("{source}: {e}")))?;
+pub(super) async fn model_source(
+    name: &str,
+    source: &str,
+    stores: &StoreRegistry,
+) -> Result<ModelSource> {
+    let url = ModelSource::parse(source).map_err(Error::Usage)?;
+    match stores.file_or_folder(url.url(), "model.onnx").await? {
+        Some(file) => Ok(ModelSource::from_url(file)),
+        None => Err(Error::Usage(format!(
+            "model '{name}': no model at '{source}': expected an .onnx file or a folder holding \
+             model.onnx; {url} does not exist, or is a folder without model.onnx"
+        ))),
     }
-    Ok(ModelSource::Object(url))
-}
-
-pub(super) fn model_file(path: &Path, source: &str) -> Result<PathBuf> {
-    let path = path.to_path_buf();
-    let path = if path.is_dir() {
-        path.join("model.onnx")
-    } else {
-        path
-    };
-    if !path.is_file() {
-        return Err(Error::Usage(format!(
-            "no model at '{source}': expected an .onnx file or a folder holding model.onnx"
-        )));
-    }
-    std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {source}"), e))
 }

@@ -18,7 +18,7 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::RecordBatch;
@@ -74,13 +74,15 @@ pub struct Engine {
     folder_models: BTreeSet<String>,
     /// The warehouse's model definitions as this process last read or wrote them.
     seen_models: Mutex<BTreeMap<String, Definition>>,
-    /// The unusable model definitions already warned of.
+    /// The warnings of model definitions already given.
     warned: Mutex<BTreeSet<String>>,
+    /// Set once the warehouse has been opened: its legacy layout moved.
+    opened: tokio::sync::OnceCell<()>,
 }
 
 impl Engine {
-    /// An engine with the models of `config.models_dir` and of the warehouse registered (loaded on
-    /// first use). Warehouse tables are attached by [`Engine::open`].
+    /// An engine with the models of `config.models_dir` registered (loaded on first use); the
+    /// warehouse's models are registered before each statement, its tables by [`Engine::open`].
     pub fn new(config: EngineConfig) -> Result<Self> {
         let stores = Arc::new(StoreRegistry::new());
         let registry = Arc::new(ModelRegistry::new(&config, stores.clone()));
@@ -89,37 +91,11 @@ impl Engine {
             .as_ref()
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
-        let mut defined = BTreeMap::new();
-        let mut warned = BTreeSet::new();
-        if let Some(warehouse) = &warehouse {
-            warehouse.move_legacy_models()?;
-            let definitions = warehouse.definitions()?;
-            for why in definitions.unusable.into_values() {
-                eprintln!("warning: a model definition is left out: {why}");
-                warned.insert(why);
-            }
-            defined = definitions.models;
-            let sources = defined.iter().map(|(n, d)| (n.clone(), d.source.clone()));
-            registry.register_sources(&sources.collect())?;
-        }
         // Models of --models DIR win over the warehouse's of the same name.
         let folder_models: BTreeSet<String> = match &config.models_dir {
             Some(dir) => registry.register_dir(dir)?.into_iter().collect(),
             None => BTreeSet::new(),
         };
-        for name in folder_models.iter().filter(|n| defined.contains_key(*n)) {
-            eprintln!(
-                "warning: model '{name}' of --models {} hides the warehouse's model of that name \
-                 (FROM '{}'); DROP MODEL it in a process without --models, or rename the file",
-                config
-                    .models_dir
-                    .as_deref()
-                    .unwrap_or(Path::new(""))
-                    .display(),
-                defined[name].source
-            );
-        }
-        defined.retain(|name, _| !folder_models.contains(name));
         let tables = Arc::new(ResolvedTables::default());
         let placement = Placement::new(config.remote.as_ref());
         let ctx = build_context(&config, registry.clone(), tables.clone(), |state| {
@@ -134,19 +110,19 @@ impl Engine {
             config,
             warehouse,
             folder_models,
-            seen_models: Mutex::new(defined),
-            warned: Mutex::new(warned),
+            seen_models: Mutex::new(BTreeMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
+            opened: tokio::sync::OnceCell::new(),
         })
     }
 
     /// [`Engine::new`], with the warehouse's tables registered by name.
     pub async fn open(config: EngineConfig) -> Result<Self> {
         let engine = Self::new(config)?;
+        engine.refresh_models().await?;
         if let Some(warehouse) = &engine.warehouse {
-            if warehouse.bucket().is_none() {
-                warehouse.remove_abandoned_staging();
-            }
-            for name in warehouse.tables()? {
+            warehouse.remove_abandoned();
+            for name in warehouse.tables().await? {
                 // One table that cannot be read does not take the others with it.
                 let registered = engine
                     .ctx
@@ -220,7 +196,7 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
-        self.refresh_models()?;
+        self.refresh_models().await?;
         self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
@@ -287,7 +263,7 @@ impl Engine {
                     }
                     let df = self.execute(statement).await?;
                     for name in owned {
-                        warehouse.remove_table(&name)?;
+                        warehouse.remove_table(&name).await?;
                     }
                     return Ok(df);
                 }

@@ -1,11 +1,11 @@
-//! Writes whose files appear whole or not at all: COPY to object stores and from a cluster's
-//! executors, and CREATE TABLE ... AS into the warehouse (local folder or S3).
+//! Writes whose files appear whole or not at all: COPY, INSERT and CREATE TABLE ... AS, in this
+//! process or on a cluster ([`crate::cluster::Placement::write_to`]), committed as their store
+//! commits ([`crate::storage`]).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::sync::Arc;
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::{Schema, UInt64Type};
@@ -17,12 +17,10 @@ use datafusion::prelude::ParquetReadOptions;
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{CreateTable, Statement as SQLStatement};
-use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
-use super::{Engine, parse_url, table_name};
+use super::{Engine, table_name};
 use crate::error::{Error, Result};
-use crate::storage::{CommittedWrite, delete_prefix, object_path};
+use crate::storage::CommittedWrite;
 use crate::warehouse::Warehouse;
 
 impl Engine {
@@ -82,8 +80,9 @@ impl Engine {
         }
     }
 
-    /// CREATE TABLE name AS query, into the warehouse: written to a staging folder, with the
-    /// models and model hashes that produced it in each file's metadata, then committed by rename.
+    /// CREATE TABLE name AS query, into the warehouse, with the models and model hashes that
+    /// produced it in each file's metadata: the table appears when the statement succeeds
+    /// ([`crate::storage::Tables`]), or not at all.
     pub(super) async fn create_table_as(
         &self,
         warehouse: &Warehouse,
@@ -113,32 +112,25 @@ impl Engine {
             .key_value_metadata
             .insert("batchinfer.models".to_string(), Some(models.clone()));
         let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
-        let written = if warehouse.bucket().is_some() {
-            let written = self
-                .write_table_in_bucket(warehouse, &name, ct.or_replace, df, options, empty_file)
-                .await?;
-            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
-                self.ctx
-                    .deregister_table(TableReference::bare(name.as_str()))?;
+        let stores = self.registry.stores();
+        let table = warehouse.begin_table(&name, ct.or_replace, |target| {
+            self.placement.write_to(stores, target)
+        })?;
+        let written = match df
+            .write_parquet(table.target(), DataFrameWriteOptions::new(), Some(options))
+            .await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                table.abort().await;
+                return Err(e.into());
             }
-            written
-        } else {
-            let staging = warehouse.staging_dir(&name)?;
-            let written = df
-                .write_parquet(
-                    &dir_url(staging.dir()),
-                    DataFrameWriteOptions::new(),
-                    Some(options),
-                )
-                .await?;
-            write_if_empty(staging.dir(), &empty_file)?;
-            warehouse.commit(staging, &name, ct.or_replace)?;
-            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
-                self.ctx
-                    .deregister_table(TableReference::bare(name.as_str()))?;
-            }
-            written
         };
+        table.commit(empty_file).await?;
+        if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+            self.ctx
+                .deregister_table(TableReference::bare(name.as_str()))?;
+        }
         self.ctx
             .register_parquet(
                 TableReference::bare(name.as_str()),
@@ -164,66 +156,6 @@ impl Engine {
             &RecordBatchOptions::new().with_row_count(Some(rows)),
         )?;
         Ok(self.results.read_batch(batch)?)
-    }
-
-    /// A warehouse table in S3. From this process, the new files are uploaded with their
-    /// completion held back; from a cluster's executors, they go to a staging folder. Once all
-    /// are written, the old table's files are deleted (with `replace`; without, a table another
-    /// statement created meanwhile makes this one fail) and the new ones committed.
-    async fn write_table_in_bucket(
-        &self,
-        warehouse: &Warehouse,
-        name: &str,
-        replace: bool,
-        df: DataFrame,
-        options: TableParquetOptions,
-        empty_file: Vec<u8>,
-    ) -> Result<Vec<RecordBatch>> {
-        let location = warehouse.table_location(name)?;
-        let url = parse_url(&location)?;
-        let prefix = object_path(&url)?;
-        let stores = self.registry.stores();
-        let (write_to, output) = self.placement.write_to(stores, &location)?;
-        let store = stores.store_for(&url)?;
-        // Straight to the bucket: the claim is not held back with the table's files.
-        let bucket = stores.commit_store(&url)?.inner().clone();
-        let claim = prefix.clone().join(crate::warehouse::TABLE_CLAIM);
-        let written = async {
-            let counts = df
-                .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
-                .await?;
-            if replace {
-                // Objects already complete under the prefix are the old table's.
-                delete_prefix(store.as_ref(), &prefix).await?;
-                bucket.put(&claim, PutPayload::new()).await?;
-            } else {
-                claim_table(bucket.as_ref(), &prefix, &claim, name).await?;
-            }
-            Ok::<_, Error>(counts)
-        }
-        .await;
-        let counts = match written {
-            Ok(counts) => counts,
-            Err(e) => {
-                output.abort().await;
-                return Err(e);
-            }
-        };
-        let committed = match output.commit().await {
-            Ok(files) => files,
-            Err(e) => {
-                if !replace {
-                    let _ = bucket.delete(&claim).await;
-                }
-                return Err(e);
-            }
-        };
-        if committed == 0 {
-            store
-                .put(&prefix.clone().join("part-0.parquet"), empty_file.into())
-                .await?;
-        }
-        Ok(counts)
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256.
@@ -254,19 +186,6 @@ impl Engine {
     }
 }
 
-/// Writes `file` as the table's one file when the write made none.
-fn write_if_empty(dir: &Path, file: &[u8]) -> Result<()> {
-    let has_files = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-        .next()
-        .is_some();
-    if has_files {
-        return Ok(());
-    }
-    let path = dir.join("part-0.parquet");
-    std::fs::write(&path, file).map_err(|e| Error::io(format!("writing {}", path.display()), e))
-}
-
 /// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
 fn empty_table_file(
     schema: datafusion::arrow::datatypes::SchemaRef,
@@ -286,47 +205,4 @@ fn empty_table_file(
         .map_err(|e| Error::Usage(e.to_string()))?;
     writer.close().map_err(|e| Error::Usage(e.to_string()))?;
     Ok(bytes)
-}
-
-/// A folder as a listing-table location (trailing slash: every file in it).
-fn dir_url(dir: &Path) -> String {
-    let mut s = dir.display().to_string();
-    if !s.ends_with('/') {
-        s.push('/');
-    }
-    s
-}
-
-/// Claims table `name` in S3 for a CREATE TABLE: the claim is created only where none exists
-/// (S3's conditional PUT), so of two statements creating one table at once exactly one goes on.
-/// A table with files and no claim (written before claims were made) counts as taken too.
-async fn claim_table(
-    bucket: &dyn ObjectStore,
-    prefix: &object_store::path::Path,
-    claim: &object_store::path::Path,
-    name: &str,
-) -> Result<()> {
-    let taken = || {
-        Error::Usage(format!(
-            "table '{name}' already exists (another statement created it meanwhile)"
-        ))
-    };
-    match bucket
-        .put_opts(claim, PutPayload::new(), PutMode::Create.into())
-        .await
-    {
-        Ok(_) => {}
-        Err(object_store::Error::AlreadyExists { .. }) => return Err(taken()),
-        // A store without conditional writes: the listing below is the only check.
-        Err(object_store::Error::NotImplemented { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let mut objects = bucket.list(Some(prefix));
-    while let Some(object) = objects.next().await {
-        if object?.location != *claim {
-            let _ = bucket.delete(claim).await;
-            return Err(taken());
-        }
-    }
-    Ok(())
 }

@@ -79,55 +79,32 @@ impl ModelRegistry {
     /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
     /// The folder may be an S3 prefix (`s3://bucket/models/`).
     pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
-        if let Ok(ModelSource::Object(url)) = ModelSource::from_path(dir) {
-            return self.register_prefix(url);
-        }
-        let listing = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(format!("reading the models folder {}", dir.display()), e))?;
-        let mut found = Vec::new();
-        for entry in listing {
-            let path = entry
-                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-                .path();
-            let model_file = if path.is_dir() {
-                path.join("model.onnx")
-            } else {
-                path.clone()
-            };
-            let is_onnx = model_file.extension().is_some_and(|e| e == "onnx");
-            // Anything there is registered (a FIFO too): loading it says what is wrong.
-            if !is_onnx || !model_file.exists() {
-                continue;
-            }
-            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
-                continue;
-            };
-            // Absolute, so that the source means the same to other processes of a cluster.
-            let model_file = std::path::absolute(&model_file).unwrap_or(model_file);
-            self.register(name, ModelSource::File(model_file));
-            found.push(name.to_string());
-        }
-        found.sort();
-        Ok(found)
-    }
-
-    fn register_prefix(&self, mut url: url::Url) -> Result<Vec<String>> {
+        let folder = ModelSource::from_path(dir).map_err(Error::Usage)?;
+        let mut url = folder.url().clone();
         if !url.path().ends_with('/') {
             url.set_path(&format!("{}/", url.path()));
         }
         let mut found = Vec::new();
-        for key in self.stores.list_blocking(&url)? {
-            let name = match key.split_once('/') {
-                None => key.strip_suffix(".onnx"),
+        let shown = format!("the models folder {}", dir.display());
+        for file in self.stores.list_two_levels(&url, &shown)? {
+            let name = match file.split_once('/') {
+                None => file.strip_suffix(".onnx"),
                 Some((folder, "model.onnx")) => Some(folder),
                 Some(_) => None,
             };
-            if let (Some(name), Ok(file)) = (name, url.join(&key)) {
-                self.register(name, ModelSource::Object(file));
-                found.push(name.to_string());
+            let Some(name) = name.filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let mut source = url.clone();
+            if let Ok(mut segments) = source.path_segments_mut() {
+                segments.pop_if_empty().extend(file.split('/'));
             }
+            // Anything there is registered (a FIFO too): loading it says what is wrong.
+            self.register(name, ModelSource::from_url(source));
+            found.push(name.to_string());
         }
         found.sort();
+        found.dedup();
         Ok(found)
     }
 

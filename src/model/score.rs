@@ -353,7 +353,7 @@ mod tests {
             .get_or_init(|| {
                 let registry =
                     ModelRegistry::new(&EngineConfig::default(), Arc::new(StoreRegistry::new()));
-                let source = ModelSource::File("data/models/linear.onnx".into());
+                let source = ModelSource::parse("data/models/linear.onnx").unwrap();
                 Arc::new(
                     Model::load(
                         "linear",

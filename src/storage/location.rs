@@ -96,6 +96,21 @@ pub fn check_write_target(target: &str) -> Result<()> {
     }
 }
 
+/// A location as a person (and DataFusion) writes it: a local path for a `file:` URL, the URL
+/// otherwise.
+pub fn display_location(url: &Url) -> String {
+    match url.to_file_path() {
+        Ok(path) if url.scheme() == "file" => {
+            let mut text = path.display().to_string();
+            if url.path().ends_with('/') && !text.ends_with('/') {
+                text.push('/');
+            }
+            text
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// The path of an object within its bucket.
 pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
     object_store::path::Path::from_url_path(url.path())

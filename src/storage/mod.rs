@@ -26,10 +26,12 @@
 pub mod commit;
 mod credentials;
 mod deferred;
+mod files;
 pub mod hints;
 mod location;
 mod s3;
 pub mod staging;
+mod table;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -39,14 +41,16 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion_cli::object_storage::AwsOptions;
 use object_store::ObjectStore;
+use object_store::path::Path;
 use url::Url;
 
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
-    Location, blank_passwords, check_write_target, is_object_store_url, local_path, location_url,
-    object_path, parse_location,
+    Location, blank_passwords, check_write_target, display_location, is_object_store_url,
+    local_path, location_url, object_path, parse_location,
 };
 pub use staging::StagedOutput;
+pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, TableWrite, Tables, check_name};
 
 use crate::error::{Error, Result};
 use location::no_store_for;
@@ -85,7 +89,7 @@ pub const READ_CAP: u64 = 1 << 30;
 
 /// Room for a file of `size` bytes read whole, or an error saying there is not that much memory
 /// (rather than an abort when the allocation fails).
-fn reserve(what: &str, size: u64) -> Result<Vec<u8>> {
+pub(super) fn reserve(what: &str, size: u64) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     usize::try_from(size)
         .ok()
@@ -98,7 +102,7 @@ fn reserve(what: &str, size: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-fn too_large(what: &str, size: u64, cap: u64) -> Error {
+pub(super) fn too_large(what: &str, size: u64, cap: u64) -> Error {
     Error::Usage(format!(
         "{what} is {size} bytes, over the {cap} bytes batchinfer reads of such a file"
     ))
@@ -235,89 +239,8 @@ impl StoreRegistry {
         self.connect_s3(url, &AwsOptions::default())
     }
 
-    /// Reads a whole object of at most [`READ_CAP`] bytes into memory, from synchronous code
-    /// (model loading at planning time), on a thread and runtime of its own. It uses a client of
-    /// its own too: connections pooled by a runtime do not outlive it.
-    pub fn read_blocking(&self, url: &Url) -> Result<Vec<u8>> {
-        self.read_blocking_capped(url, READ_CAP)
-    }
-
-    /// [`StoreRegistry::read_blocking`] of an object that may not be larger than `cap` bytes
-    /// (checked before its body is read).
-    pub fn read_blocking_capped(&self, url: &Url, cap: u64) -> Result<Vec<u8>> {
-        let (store, path) = self.own_client(url)?;
-        block_on_io(async move {
-            use futures::StreamExt;
-            let result = object_store::ObjectStoreExt::get(&store, &path).await?;
-            if result.meta.size > cap {
-                return Err(too_large(url.as_str(), result.meta.size, cap));
-            }
-            let mut bytes = reserve(url.as_str(), result.meta.size)?;
-            let mut body = result.into_stream();
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk?;
-                if (bytes.len() + chunk.len()) as u64 > cap {
-                    return Err(too_large(
-                        url.as_str(),
-                        (bytes.len() + chunk.len()) as u64,
-                        cap,
-                    ));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(bytes)
-        })?
-    }
-
-    /// The keys under the prefix `url`, relative to it, from synchronous code (`--models
-    /// s3://bucket/models/`).
-    pub fn list_blocking(&self, url: &Url) -> Result<Vec<String>> {
-        use futures::TryStreamExt;
-        let (store, prefix) = self.own_client(url)?;
-        let objects: Vec<object_store::ObjectMeta> =
-            block_on_io(async { store.list(Some(&prefix)).try_collect().await })??;
-        Ok(objects
-            .iter()
-            .filter_map(|o| {
-                Some(
-                    o.location
-                        .prefix_match(&prefix)?
-                        .map(|p| p.as_ref().to_string())
-                        .collect::<Vec<_>>()
-                        .join("/"),
-                )
-            })
-            .collect())
-    }
-
-    /// Writes one object (a single PUT, which S3 makes visible atomically), from synchronous code.
-    pub fn write_blocking(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
-        let (store, path) = self.own_client(url)?;
-        block_on_io(async move {
-            object_store::ObjectStoreExt::put(&store, &path, bytes.into()).await?;
-            Ok(())
-        })?
-    }
-
-    /// Deletes the object `url` (none there is no error), from synchronous code.
-    pub fn delete_blocking(&self, url: &Url) -> Result<()> {
-        let (store, path) = self.own_client(url)?;
-        block_on_io(async move {
-            match object_store::ObjectStoreExt::delete(&store, &path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                Err(e) => Err(Error::from(e)),
-            }
-        })?
-    }
-
-    /// Deletes every object under the prefix `url`, from synchronous code.
-    pub fn delete_prefix_blocking(&self, url: &Url) -> Result<()> {
-        let (store, prefix) = self.own_client(url)?;
-        block_on_io(delete_prefix(&store, &prefix))?
-    }
-
     /// A client for `url`'s bucket made with the bucket's options, for use on another runtime.
-    fn own_client(
+    pub(super) fn own_client(
         &self,
         url: &Url,
     ) -> Result<(object_store::aws::AmazonS3, object_store::path::Path)> {
@@ -361,6 +284,54 @@ impl ObjectStoreRegistry for StoreRegistry {
             _ => Err(DataFusionError::Plan(no_store_for(url).to_string())),
         }
     }
+}
+
+/// Reads the whole object `path` of `store` (at most `cap` bytes; checked before its body is
+/// read), or `None` where there is none. A local file is read only if it is a regular file
+/// ([`read_capped`]), so that a FIFO or a device in its place is an error, not a wait.
+pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    let read = match &store.kind {
+        CommitKind::StageAndRename(local) => {
+            let file = local.path_to_filesystem(path)?;
+            if !file.exists() && file.symlink_metadata().is_err() {
+                return Ok(None);
+            }
+            tokio::task::spawn_blocking(move || read_capped(&file, cap))
+                .await
+                .map_err(|e| Error::Usage(format!("reading {path}: {e}")))?
+        }
+        CommitKind::HoldUploads => {
+            read_body(store.inner().as_ref(), path, path.as_ref(), cap).await
+        }
+    };
+    match read {
+        Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
+        read => read.map(Some),
+    }
+}
+
+/// The body of object `path` (`what` in messages), refused once it is over `cap` bytes.
+pub(super) async fn read_body(
+    store: &dyn ObjectStore,
+    path: &Path,
+    what: &str,
+    cap: u64,
+) -> Result<Vec<u8>> {
+    use futures::StreamExt;
+    let result = object_store::ObjectStoreExt::get(store, path).await?;
+    if result.meta.size > cap {
+        return Err(too_large(what, result.meta.size, cap));
+    }
+    let mut bytes = reserve(what, result.meta.size)?;
+    let mut body = result.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        if (bytes.len() + chunk.len()) as u64 > cap {
+            return Err(too_large(what, (bytes.len() + chunk.len()) as u64, cap));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
 }
 
 /// Deletes every object under `prefix`.

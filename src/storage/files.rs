@@ -1,0 +1,130 @@
+//! Whole files read from synchronous code: a model and the files beside it, read when a
+//! statement's planning first needs the model, local or in S3 alike.
+
+use std::path::PathBuf;
+
+use url::Url;
+
+use super::{StoreRegistry, block_on_io, no_store_for, read_body, read_capped};
+use crate::error::{Error, Result};
+
+impl StoreRegistry {
+    /// Reads the whole file `url` (at most `cap` bytes) into memory. A local file is read only if
+    /// it is a regular file ([`read_capped`]); an object is read on a thread and runtime of its
+    /// own, with a client of its own (connections pooled by a runtime do not outlive it).
+    pub fn read_file(&self, url: &Url, cap: u64) -> Result<Vec<u8>> {
+        if let Some(path) = file_path(url)? {
+            return read_capped(&path, cap);
+        }
+        let (store, path) = self.own_client(url)?;
+        block_on_io(async move { read_body(&store, &path, url.as_str(), cap).await })?
+    }
+
+    /// [`StoreRegistry::read_file`], or `None` when there is no such file.
+    pub fn read_file_if_exists(&self, url: &Url, cap: u64) -> Result<Option<Vec<u8>>> {
+        match self.read_file(url, cap) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The files in the folder `url` and in the folders in it, relative to it (`NAME`,
+    /// `FOLDER/NAME`): where a folder of models keeps them. Locally, anything that is not a
+    /// folder counts as a file (a FIFO too: reading it says what is wrong). `shown` names the
+    /// folder in messages, as the person gave it.
+    pub fn list_two_levels(&self, url: &Url, shown: &str) -> Result<Vec<String>> {
+        let Some(dir) = file_path(url)? else {
+            let (store, prefix) = self.own_client(url)?;
+            let objects: Vec<object_store::ObjectMeta> = block_on_io(async {
+                futures::TryStreamExt::try_collect(object_store::ObjectStore::list(
+                    &store,
+                    Some(&prefix),
+                ))
+                .await
+            })??;
+            return Ok(objects
+                .iter()
+                .filter_map(|o| {
+                    let parts: Vec<_> = o.location.prefix_match(&prefix)?.collect();
+                    let parts: Vec<&str> = parts.iter().map(|p| p.as_ref()).collect();
+                    (parts.len() <= 2).then(|| parts.join("/"))
+                })
+                .collect());
+        };
+        let read_dir = |dir: &std::path::Path| {
+            std::fs::read_dir(dir).map_err(|e| Error::io(format!("reading {shown}"), e))
+        };
+        let mut files = Vec::new();
+        for entry in read_dir(&dir)? {
+            let entry = entry.map_err(|e| Error::io(format!("reading {shown}"), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !entry.path().is_dir() {
+                files.push(name);
+                continue;
+            }
+            for inner in read_dir(&entry.path())?.flatten() {
+                if !inner.path().is_dir() {
+                    files.push(format!("{name}/{}", inner.file_name().to_string_lossy()));
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// The file `url` names, for a statement that reads it (CREATE MODEL): `url` itself, or where
+    /// it names a folder, the file `in_folder` in it; `None` when there is nothing there.
+    pub async fn file_or_folder(&self, url: &Url, in_folder: &str) -> Result<Option<Url>> {
+        let in_folder_of = |url: &Url| {
+            let mut folder = url.clone();
+            if !folder.path().ends_with('/') {
+                folder.set_path(&format!("{}/", folder.path()));
+            }
+            folder
+                .join(in_folder)
+                .map_err(|e| Error::Usage(format!("{url}: {e}")))
+        };
+        if let Some(path) = file_path(url)? {
+            let file = if path.is_dir() {
+                in_folder_of(url)?
+            } else {
+                url.clone()
+            };
+            let exists = file_path(&file)?.is_some_and(|p| p.symlink_metadata().is_ok());
+            return Ok(exists.then_some(file));
+        }
+        let store = self.commit_store(url)?.inner().clone();
+        let exists = |url: Url| {
+            let store = store.clone();
+            async move {
+                match object_store::ObjectStoreExt::head(&store, &super::object_path(&url)?).await {
+                    Ok(_) => Ok(Some(url)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(Error::from(e)),
+                }
+            }
+        };
+        if !url.path().ends_with('/')
+            && let Some(file) = exists(url.clone()).await?
+        {
+            return Ok(Some(file));
+        }
+        exists(in_folder_of(url)?).await
+    }
+}
+
+/// The local path of a `file:` URL; `None` for the URL of an object store.
+fn file_path(url: &Url) -> Result<Option<PathBuf>> {
+    match url.scheme() {
+        "file" => url
+            .to_file_path()
+            .map(Some)
+            .map_err(|()| Error::Usage(format!("'{url}' is not a usable local path"))),
+        "s3" | "s3a" => Ok(None),
+        _ => Err(no_store_for(url)),
+    }
+}
