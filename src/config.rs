@@ -130,7 +130,7 @@ pub struct BatchInferOptions {
 impl BatchInferOptions {
     /// The device set for this session, if any.
     pub fn device(&self) -> Option<Device> {
-        self.device.parse().ok()
+        self.device.parse().ok().map(Device::resolve)
     }
 }
 

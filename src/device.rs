@@ -1,7 +1,7 @@
 //! Where models run: the CPU, or an NVIDIA GPU through ONNX Runtime's CUDA execution provider.
 //!
 //! `--device cpu` (the default), `cuda` (GPU 0), `cuda:N`, or `auto`: CUDA when this machine has a
-//! usable GPU, else the CPU, saying which it chose. Asking for CUDA where it cannot run is an
+//! usable GPU, else the CPU, decided at start-up and said. Asking for CUDA where it cannot run is an
 //! error that says what is missing; it never runs on the CPU instead.
 //!
 //! What CUDA needs, checked in this order before anything is fetched:
@@ -19,6 +19,7 @@ use std::ffi::{c_char, c_int};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use ort::environment::Environment;
 
@@ -66,23 +67,47 @@ impl fmt::Display for Device {
     }
 }
 
-/// What running on a device implies, decided here and nowhere else. `auto` is resolved when the
-/// first model loads (it needs ONNX Runtime's CUDA build to load), into `cpu` or `cuda:0`; a
-/// loaded model says where it runs.
+/// What running on a device implies, decided here and nowhere else. `auto` is resolved once, at
+/// start-up ([`Device::resolve`]), into `cpu` or `cuda:0`: every answer below is for a device
+/// that is one or the other.
 impl Device {
+    /// The device `auto` stands for on this machine: CUDA (GPU 0) where the driver reports a GPU
+    /// and the CUDA libraries are found, else the CPU; said once per process. Any other device
+    /// is itself.
+    pub fn resolve(self) -> Device {
+        static AUTO: OnceLock<Device> = OnceLock::new();
+        if self != Device::Auto {
+            return self;
+        }
+        *AUTO.get_or_init(|| {
+            match check_gpu(0).and_then(|name| {
+                preload_cuda_libraries()?;
+                Ok(name)
+            }) {
+                Ok(name) => {
+                    eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
+                    Device::Cuda(0)
+                }
+                Err(why) => {
+                    eprintln!("batchinfer: --device auto chose the CPU: {why}");
+                    Device::Cpu
+                }
+            }
+        })
+    }
+
     /// Rows per record batch read from the input when none was asked for: a GPU is kept busy by
     /// large calls, a core's caches by small ones.
     pub fn batch_rows(self) -> usize {
-        match self {
+        match self.resolve() {
             Device::Cuda(_) => 65_536,
-            Device::Auto if gpus().is_ok() => 65_536,
             Device::Cpu | Device::Auto => 8_192,
         }
     }
 
     /// Tokens (rows x padded length) per `embed` call when none was set.
     pub fn token_budget(self) -> usize {
-        match self {
+        match self.resolve() {
             Device::Cuda(_) => 16_384,
             Device::Cpu | Device::Auto => 256,
         }
@@ -92,7 +117,7 @@ impl Device {
     /// share it (each call fills the GPU; a second session would only split it and hold a second
     /// copy of the weights in its memory).
     pub fn sessions(self, wanted: usize) -> usize {
-        match self {
+        match self.resolve() {
             Device::Cuda(_) => 1,
             Device::Cpu | Device::Auto => wanted,
         }
@@ -102,7 +127,7 @@ impl Device {
     /// Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a provider
     /// that fails to start is an error, never a silent move to the CPU.
     pub fn execution_providers(self) -> Vec<ort::ep::ExecutionProviderDispatch> {
-        match self {
+        match self.resolve() {
             Device::Cuda(n) => vec![
                 ort::ep::CUDA::default()
                     .with_device_id(i32::try_from(n).unwrap_or(i32::MAX))
@@ -113,21 +138,18 @@ impl Device {
         }
     }
 
-    /// The ONNX Runtime environment that runs models on this device, and the device they will
-    /// run on (`auto` resolved). The first call of the process decides which build of ONNX Runtime
-    /// is loaded: the CUDA build for `cuda` and `auto` (where a GPU is usable), else the CPU build.
+    /// The ONNX Runtime environment that runs models on this device, and the device they run on.
+    /// The first call of the process decides which build of ONNX Runtime is loaded: the CUDA
+    /// build for `cuda`, else the CPU build.
     pub fn environment(self) -> crate::error::Result<(&'static Environment, Device)> {
-        let device = self;
+        let device = self.resolve();
         let mut loaded = runtime::loaded();
         if let Some((env, build)) = *loaded {
             return match (device, build) {
-                (Device::Cpu, _) => Ok((env, Device::Cpu)),
                 (Device::Cuda(n), runtime::Build::Cuda) => {
                     check_gpu(n).map_err(|e| cuda_error(device, &e))?;
-                    Ok((env, Device::Cuda(n)))
+                    Ok((env, device))
                 }
-                (Device::Auto, runtime::Build::Cuda) => Ok((env, Device::Cuda(0))),
-                (Device::Auto, runtime::Build::Cpu) => Ok((env, Device::Cpu)),
                 (Device::Cuda(n), runtime::Build::Cpu) => {
                     check_gpu(n).map_err(|e| cuda_error(device, &e))?;
                     Err(cuda_error(
@@ -137,33 +159,29 @@ impl Device {
                          BATCHINFER_DEVICE, or SET batchinfer.device first)",
                     ))
                 }
+                (Device::Cpu | Device::Auto, _) => Ok((env, Device::Cpu)),
             };
         }
-        let load_cuda = |n: u32| -> std::result::Result<_, String> {
-            let name = check_gpu(n)?;
-            preload_cuda_libraries()?;
-            Ok((runtime::load_cuda()?, name))
-        };
-        let (env, build, chosen) = match device {
-            Device::Cpu => (runtime::load_cpu()?, runtime::Build::Cpu, Device::Cpu),
+        let env = match device {
             Device::Cuda(n) => {
-                let (env, name) = load_cuda(n).map_err(|e| cuda_error(device, &e))?;
+                let name = check_gpu(n)
+                    .and_then(|name| {
+                        preload_cuda_libraries()?;
+                        Ok(name)
+                    })
+                    .map_err(|e| cuda_error(device, &e))?;
+                let env = runtime::load_cuda().map_err(|e| cuda_error(device, &e))?;
                 eprintln!("batchinfer: running models on cuda:{n} ({name})");
-                (env, runtime::Build::Cuda, device)
+                *loaded = Some((env, runtime::Build::Cuda));
+                env
             }
-            Device::Auto => match load_cuda(0) {
-                Ok((env, name)) => {
-                    eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
-                    (env, runtime::Build::Cuda, Device::Cuda(0))
-                }
-                Err(why) => {
-                    eprintln!("batchinfer: --device auto chose the CPU: {why}");
-                    (runtime::load_cpu()?, runtime::Build::Cpu, Device::Cpu)
-                }
-            },
+            Device::Cpu | Device::Auto => {
+                let env = runtime::load_cpu()?;
+                *loaded = Some((env, runtime::Build::Cpu));
+                env
+            }
         };
-        *loaded = Some((env, build));
-        Ok((env, chosen))
+        Ok((env, device))
     }
 }
 

@@ -210,17 +210,19 @@ fn run(cli: Cli) -> ExitCode {
 async fn main_inner(cli: Cli) -> Result<()> {
     let args = cli.engine;
     let defaults = EngineConfig::default();
+    // Decided once, here: everything after asks the resolved device.
+    let device = args.device.resolve();
     let config = EngineConfig {
         models_dir: args.models,
         target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
         sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
-        batch_size: args.batch_rows.unwrap_or_else(|| args.device.batch_rows()),
+        batch_size: args.batch_rows.unwrap_or_else(|| device.batch_rows()),
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
         warehouse: Some(args.warehouse),
         remote: args.remote,
-        device: args.device,
+        device,
     };
     match cli.command {
         Some(Command::Scheduler {

@@ -65,13 +65,13 @@ impl ModelRegistry {
             entries: RwLock::new(BTreeMap::new()),
             loads: Arc::new(AtomicU64::new(0)),
             by_content: ByContent::default(),
-            device: RwLock::new(config.device),
+            device: RwLock::new(config.device.resolve()),
             options: SessionOptions {
                 max_sessions: config.sessions(),
                 intra_threads: config.threads_per_session(),
                 optimization: config.optimization,
                 varying_shapes: false,
-                device: config.device,
+                device: config.device.resolve(),
             },
         }
     }
@@ -247,7 +247,7 @@ impl ModelRegistry {
     /// Makes `device` where models run from now on (`SET batchinfer.device`); models loaded for
     /// another device stay loaded there.
     pub fn set_device(&self, device: Device) {
-        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
+        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device.resolve();
     }
 
     /// The model `name` with its sessions on `device` (None: where models run now), loading it
@@ -273,16 +273,12 @@ impl ModelRegistry {
     /// `entry`'s model on `device` (None: where models run now), loaded there on first use; an
     /// entry with a sha256 is checked to load bytes of that hash.
     fn load(&self, name: &str, entry: &ModelEntry, device: Option<Device>) -> Result<Arc<Model>> {
-        let device = device.unwrap_or_else(|| self.device());
+        let device = device.map_or_else(|| self.device(), Device::resolve);
         let mut loaded = entry
             .loaded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Asked for as such, or resolved to it (`auto` that chose this device).
-        if let Some((_, model)) = loaded
-            .iter()
-            .find(|(asked, m)| *asked == device || m.device() == device)
-        {
+        if let Some((_, model)) = loaded.iter().find(|(on, _)| *on == device) {
             return Ok(model.clone());
         }
         let options = SessionOptions {
