@@ -44,10 +44,7 @@ fn columns_f32() -> Vec<ArrayRef> {
 }
 
 fn arrow_to_tensor(c: &mut Criterion) {
-    batchinfer::device::Device::Cpu
-        .environment()
-        .map(|(env, _)| env)
-        .unwrap();
+    batchinfer::device::Target::Cpu.environment().unwrap();
     let mut group = c.benchmark_group("arrow_to_tensor");
     group.throughput(Throughput::Elements((ROWS * K) as u64));
     let input = spec(E::Float32, &[-1, K as i64]);
@@ -129,10 +126,7 @@ fn arrow_to_tensor(c: &mut Criterion) {
 }
 
 fn tensor_to_arrow(c: &mut Criterion) {
-    batchinfer::device::Device::Cpu
-        .environment()
-        .map(|(env, _)| env)
-        .unwrap();
+    batchinfer::device::Target::Cpu.environment().unwrap();
     let mut group = c.benchmark_group("tensor_to_arrow");
     let scalar: DynValue = Tensor::from_array(([ROWS, 1], floats(ROWS)))
         .unwrap()

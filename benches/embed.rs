@@ -64,10 +64,7 @@ fn onnxruntime_alone(
     sorted: bool,
     sessions: usize,
 ) -> f64 {
-    let env = batchinfer::device::Device::Cpu
-        .environment()
-        .map(|(env, _)| env)
-        .unwrap();
+    let env = batchinfer::device::Target::Cpu.environment().unwrap();
     let mut tokenizer = Tokenizer::from_file(model_dir.join("tokenizer.json")).unwrap();
     tokenizer
         .with_truncation(Some(tokenizers::TruncationParams {

@@ -241,20 +241,14 @@ fn batchinfer(sql: String, extra: &[&str]) -> impl Fn() -> Command {
 fn onnxruntime_alone(rows: usize) -> (f64, String) {
     use ort::session::Session;
     use ort::value::TensorRef;
-    batchinfer::device::Device::Cpu
-        .environment()
-        .map(|(env, _)| env)
-        .unwrap();
+    batchinfer::device::Target::Cpu.environment().unwrap();
     let mut rng = Rng(20261130);
     let data: Vec<f32> = (0..rows * FEATURES).map(|_| rng.next_f32()).collect();
     let cores = EngineConfig::cores();
     let mut best = (f64::MAX, String::new());
     for threads in [1, cores] {
         for batch in [8192usize, 65536] {
-            let env = batchinfer::device::Device::Cpu
-                .environment()
-                .map(|(env, _)| env)
-                .unwrap();
+            let env = batchinfer::device::Target::Cpu.environment().unwrap();
             let mut session = Session::builder(env)
                 .unwrap()
                 .with_intra_threads(threads)

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-pub use crate::device::Device;
+pub use crate::device::{Device, Target};
 
 use std::any::Any;
 
@@ -34,7 +34,7 @@ pub struct EngineConfig {
     /// A Ballista scheduler (`df://host:port`) to run queries on, instead of this process.
     pub remote: Option<crate::cluster::Remote>,
     /// Where models run: the CPU, a CUDA GPU, or `auto`.
-    pub device: Device,
+    pub device: Target,
 }
 
 /// ONNX Runtime's graph optimization levels.
@@ -63,7 +63,7 @@ impl Default for EngineConfig {
             memory_limit: None,
             warehouse: None,
             remote: None,
-            device: Device::Cpu,
+            device: Target::Cpu,
         }
     }
 }
@@ -117,8 +117,8 @@ pub struct BatchInferOptions {
     /// embed: most tokens (rows x padded length) per model call, rows sorted by length (0: no
     /// sorting, calls of 32 rows in the input's order). Unset: 256 on the CPU, 16,384 on a GPU.
     pub token_budget: Option<usize>,
-    /// Where models run for this session's queries (empty: the engine's `--device`).
-    pub device: String,
+    /// Where models run for this session's queries (unset: the engine's `--device`).
+    pub device: Option<Device>,
     /// Model definitions (name -> source and sha256) that a cluster client sends with each query,
     /// so that the scheduler and the executors resolve model names as it does.
     pub models: crate::model::SharedModels,
@@ -129,8 +129,8 @@ pub struct BatchInferOptions {
 
 impl BatchInferOptions {
     /// The device set for this session, if any.
-    pub fn device(&self) -> Option<Device> {
-        self.device.parse().ok().map(Device::resolve)
+    pub fn device(&self) -> Option<Target> {
+        self.device.map(Device::resolve)
     }
 }
 
@@ -140,7 +140,7 @@ impl Default for BatchInferOptions {
             batch_size: 0,
             on_error: OnError::Fail,
             token_budget: None,
-            device: String::new(),
+            device: None,
             models: Default::default(),
             streaming_scan: true,
         }
@@ -166,10 +166,7 @@ impl ExtensionOptions for BatchInferOptions {
             "on_error" => self.on_error.set(key, value),
             "token_budget" => self.token_budget.set(key, value),
             "device" => {
-                value
-                    .parse::<Device>()
-                    .map_err(DataFusionError::Configuration)?;
-                self.device = value.trim().to_ascii_lowercase();
+                self.device = Some(value.parse().map_err(DataFusionError::Configuration)?);
                 Ok(())
             }
             "models" => self.models.set(key, value),
@@ -221,11 +218,11 @@ impl ExtensionOptions for BatchInferOptions {
             "batchinfer.token_budget",
             "embed: most tokens (rows x padded length) per model call (0: calls of 32 rows, unsorted; unset: 256 on the CPU, 16384 on a GPU).",
         );
-        self.device.visit(
-            v,
-            "batchinfer.device",
-            "Where models run: cpu, cuda, cuda:N or auto (empty: the engine's --device).",
-        );
+        let about = "Where models run: cpu, cuda, cuda:N or auto (unset: the engine's --device).";
+        match self.device {
+            Some(device) => v.some("batchinfer.device", device, about),
+            None => v.none("batchinfer.device", about),
+        }
         self.models.visit(
             v,
             "batchinfer.models",

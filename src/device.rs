@@ -67,49 +67,71 @@ impl fmt::Display for Device {
     }
 }
 
-/// What running on a device implies, decided here and nowhere else. `auto` is resolved once, at
-/// start-up ([`Device::resolve`]), into `cpu` or `cuda:0`: every answer below is for a device
-/// that is one or the other.
-impl Device {
-    /// The device `auto` stands for on this machine: CUDA (GPU 0) where the driver reports a GPU
-    /// and the CUDA libraries are found, else the CPU; said once per process. Any other device
-    /// is itself.
-    pub fn resolve(self) -> Device {
-        static AUTO: OnceLock<Device> = OnceLock::new();
-        if self != Device::Auto {
-            return self;
+/// Where models run, `auto` decided: the one value every question about the device is asked of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Target {
+    #[default]
+    Cpu,
+    /// The NVIDIA GPU with this number.
+    Cuda(u32),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Cpu => write!(f, "cpu"),
+            Target::Cuda(n) => write!(f, "cuda:{n}"),
         }
-        *AUTO.get_or_init(|| {
-            match check_gpu(0).and_then(|name| {
-                preload_cuda_libraries()?;
-                Ok(name)
-            }) {
+    }
+}
+
+impl Device {
+    /// Where models run when this device is asked for: `auto` is CUDA (GPU 0) where the driver
+    /// reports a GPU and the CUDA libraries are found, else the CPU, decided once per process
+    /// (at start-up for `--device`) and said.
+    pub fn resolve(self) -> Target {
+        static AUTO: OnceLock<Target> = OnceLock::new();
+        match self {
+            Device::Cpu => Target::Cpu,
+            Device::Cuda(n) => Target::Cuda(n),
+            Device::Auto => *AUTO.get_or_init(|| match usable_gpu(0) {
                 Ok(name) => {
                     eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
-                    Device::Cuda(0)
+                    Target::Cuda(0)
                 }
                 Err(why) => {
                     eprintln!("batchinfer: --device auto chose the CPU: {why}");
-                    Device::Cpu
+                    Target::Cpu
                 }
-            }
-        })
+            }),
+        }
     }
+}
 
+/// GPU `n`'s name, once the driver reports it and the CUDA libraries are loaded; or what is
+/// missing.
+fn usable_gpu(n: u32) -> Result<String, String> {
+    let name = check_gpu(n)?;
+    preload_cuda_libraries()?;
+    Ok(name)
+}
+
+/// What running on a device implies, decided here and nowhere else.
+impl Target {
     /// Rows per record batch read from the input when none was asked for: a GPU is kept busy by
     /// large calls, a core's caches by small ones.
     pub fn batch_rows(self) -> usize {
-        match self.resolve() {
-            Device::Cuda(_) => 65_536,
-            Device::Cpu | Device::Auto => 8_192,
+        match self {
+            Target::Cuda(_) => 65_536,
+            Target::Cpu => 8_192,
         }
     }
 
     /// Tokens (rows x padded length) per `embed` call when none was set.
     pub fn token_budget(self) -> usize {
-        match self.resolve() {
-            Device::Cuda(_) => 16_384,
-            Device::Cpu | Device::Auto => 256,
+        match self {
+            Target::Cuda(_) => 16_384,
+            Target::Cpu => 256,
         }
     }
 
@@ -117,9 +139,9 @@ impl Device {
     /// share it (each call fills the GPU; a second session would only split it and hold a second
     /// copy of the weights in its memory).
     pub fn sessions(self, wanted: usize) -> usize {
-        match self.resolve() {
-            Device::Cuda(_) => 1,
-            Device::Cpu | Device::Auto => wanted,
+        match self {
+            Target::Cuda(_) => 1,
+            Target::Cpu => wanted,
         }
     }
 
@@ -127,65 +149,54 @@ impl Device {
     /// Nodes CUDA has no kernel for still run on the CPU, as ONNX Runtime places them; a provider
     /// that fails to start is an error, never a silent move to the CPU.
     pub fn execution_providers(self) -> Vec<ort::ep::ExecutionProviderDispatch> {
-        match self.resolve() {
-            Device::Cuda(n) => vec![
+        match self {
+            Target::Cuda(n) => vec![
                 ort::ep::CUDA::default()
                     .with_device_id(i32::try_from(n).unwrap_or(i32::MAX))
                     .build()
                     .error_on_failure(),
             ],
-            Device::Cpu | Device::Auto => Vec::new(),
+            Target::Cpu => Vec::new(),
         }
     }
 
-    /// The ONNX Runtime environment that runs models on this device, and the device they run on.
-    /// The first call of the process decides which build of ONNX Runtime is loaded: the CUDA
-    /// build for `cuda`, else the CPU build.
-    pub fn environment(self) -> crate::error::Result<(&'static Environment, Device)> {
-        let device = self.resolve();
+    /// The ONNX Runtime environment that runs models here. The first call of the process decides
+    /// which build of ONNX Runtime is loaded: the CUDA build for `cuda`, else the CPU build.
+    pub fn environment(self) -> crate::error::Result<&'static Environment> {
         let mut loaded = runtime::loaded();
         if let Some((env, build)) = *loaded {
-            return match (device, build) {
-                (Device::Cuda(n), runtime::Build::Cuda) => {
-                    check_gpu(n).map_err(|e| cuda_error(device, &e))?;
-                    Ok((env, device))
+            return match (self, build) {
+                (Target::Cpu, _) => Ok(env),
+                (Target::Cuda(n), runtime::Build::Cuda) => {
+                    check_gpu(n).map_err(|e| cuda_error(self, &e))?;
+                    Ok(env)
                 }
-                (Device::Cuda(n), runtime::Build::Cpu) => {
-                    check_gpu(n).map_err(|e| cuda_error(device, &e))?;
+                (Target::Cuda(n), runtime::Build::Cpu) => {
+                    check_gpu(n).map_err(|e| cuda_error(self, &e))?;
                     Err(cuda_error(
-                        device,
+                        self,
                         "this process already loaded ONNX Runtime's CPU build for an earlier model; \
                          choose CUDA before the first model runs (--device cuda or auto, \
                          BATCHINFER_DEVICE, or SET batchinfer.device first)",
                     ))
                 }
-                (Device::Cpu | Device::Auto, _) => Ok((env, Device::Cpu)),
             };
         }
-        let env = match device {
-            Device::Cuda(n) => {
-                let name = check_gpu(n)
-                    .and_then(|name| {
-                        preload_cuda_libraries()?;
-                        Ok(name)
-                    })
-                    .map_err(|e| cuda_error(device, &e))?;
-                let env = runtime::load_cuda().map_err(|e| cuda_error(device, &e))?;
+        let (env, build) = match self {
+            Target::Cuda(n) => {
+                let name = usable_gpu(n).map_err(|e| cuda_error(self, &e))?;
+                let env = runtime::load_cuda().map_err(|e| cuda_error(self, &e))?;
                 eprintln!("batchinfer: running models on cuda:{n} ({name})");
-                *loaded = Some((env, runtime::Build::Cuda));
-                env
+                (env, runtime::Build::Cuda)
             }
-            Device::Cpu | Device::Auto => {
-                let env = runtime::load_cpu()?;
-                *loaded = Some((env, runtime::Build::Cpu));
-                env
-            }
+            Target::Cpu => (runtime::load_cpu()?, runtime::Build::Cpu),
         };
-        Ok((env, device))
+        *loaded = Some((env, build));
+        Ok(env)
     }
 }
 
-fn cuda_error(device: Device, why: &str) -> Error {
+fn cuda_error(device: Target, why: &str) -> Error {
     Error::Runtime(format!("device {device} cannot be used: {why}"))
 }
 

@@ -9,23 +9,27 @@
 //!
 //! # Layout
 //! - [`engine`]: [`Engine`], the library entry point: a SessionContext, the model registry, the
-//!   warehouse and where statements run; `engine/write.rs` holds the writes that appear whole
-//!   (COPY, INSERT, CREATE TABLE).
+//!   warehouse and where statements run; `write.rs` holds the writes that appear whole (COPY,
+//!   INSERT, CREATE TABLE), `catalog.rs` the model statements and what DROP TABLE and INSERT
+//!   need of tables, `options.rs` the stores a statement's `OPTIONS` connect, `explain.rs`
+//!   EXPLAIN ANALYZE and the message for a missing table.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
-//!   (`client.rs`), and the scheduler and executor processes (`scheduler.rs`, `executor.rs`).
+//!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
+//!   what each holds of stores and models (`node.rs`).
 //! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime,
 //!   functions).
 //! - [`scan`]: the streaming reader for local Parquet: the plan rule that uses it (`rule.rs`), the
 //!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
-//! - [`model`]: the registry (name -> model), loaded models, session pools, signatures, and the
-//!   scoring of one record batch.
+//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, session pools,
+//!   text models' tokenizers, and the scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`) and a model's inputs and outputs (`signature.rs`).
 //! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`).
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
-//! - [`device`]: `--device cpu | cuda[:N] | auto`: the GPU, the CUDA libraries, the fallback.
+//! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
+//!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
@@ -34,9 +38,13 @@
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
 //! - [`storage`]: every path, local or S3, answered here: where a location points
-//!   (`location.rs`), S3 clients (`s3.rs`), staged and deferred commits of writes, and what an
-//!   object store's error means for a person (`hints.rs`).
-//! - [`warehouse`]: the folder (or S3 prefix) where model definitions and tables persist.
+//!   (`location.rs`), S3 clients (`s3.rs`) and credentials from the AWS SDK's chain
+//!   (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
+//!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`), whole
+//!   files read for models (`files.rs`), and what an object store's error means for a person
+//!   (`hints.rs`).
+//! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
+//!   (a folder or an S3 prefix).
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
 //! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per
 //!   row), so that no input can crash batchinfer or exhaust its memory.

@@ -232,6 +232,29 @@ fn statements_from_standard_input_without_a_subcommand() {
 }
 
 #[test]
+fn a_semicolon_alone_on_a_line_of_a_literal_does_not_end_piped_statements() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(["--format", "csv"])
+        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"SELECT 'x\n;\ny' AS t;\nSELECT 2 AS two;\n")
+        .unwrap();
+    common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    assert_eq!(stdout(&out), "t\n\"x\n;\ny\"\ntwo\n2\n");
+}
+
+#[test]
 fn unknown_model_fails_cleanly_and_lists_the_models() {
     let out = batchinfer(&[
         "query",

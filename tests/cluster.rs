@@ -168,43 +168,6 @@ fn local(models: &Path, sql: &str) -> String {
     ok(&out)
 }
 
-/// CSV rows as (id, the rest's numbers), sorted by id.
-fn rows(csv: &str) -> Vec<(i64, Vec<f64>)> {
-    let mut rows: Vec<(i64, Vec<f64>)> = csv
-        .lines()
-        .skip(1)
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (id, rest) = l.split_once(',').unwrap();
-            let numbers = rest
-                .trim_matches(|c| c == '"' || c == '[' || c == ']')
-                .split(',')
-                .map(|n| n.trim().parse().unwrap())
-                .collect();
-            (id.parse().unwrap(), numbers)
-        })
-        .collect();
-    rows.sort_by_key(|r| r.0);
-    rows
-}
-
-/// The same ids; every number within `tolerance` (ONNX Runtime's float kernels may differ in
-/// the last bits between call sizes; embeddings by 1e-5 as in tests/embed.rs).
-fn assert_same_rows(got: &[(i64, Vec<f64>)], want: &[(i64, Vec<f64>)], tolerance: f64) {
-    assert_eq!(got.len(), want.len(), "row counts differ");
-    for (g, w) in got.iter().zip(want) {
-        assert_eq!(g.0, w.0, "ids differ");
-        assert_eq!(g.1.len(), w.1.len());
-        for (a, b) in g.1.iter().zip(&w.1) {
-            assert!(
-                (a - b).abs() <= tolerance * b.abs().max(1.0),
-                "id {}: {a} vs {b}",
-                g.0
-            );
-        }
-    }
-}
-
 /// `n` Parquet files splitting `source` (its rows with `filter`) by `id % n`.
 fn split_into_files(source: &str, filter: &str, n: usize, dir: &Path) {
     let script: String = (0..n)
@@ -232,18 +195,18 @@ fn scoring_and_embedding_on_two_executors_give_the_rows_of_one_process() {
         "SELECT id, predict('linear', {FEATURES}) AS p FROM '{}/'",
         data.path().display()
     );
-    let remote = rows(&ok(&cluster.query(Some(&models), &sql)));
+    let remote = common::rows(&ok(&cluster.query(Some(&models), &sql)));
     assert_eq!(remote.len(), 10_000);
-    assert_same_rows(&remote, &rows(&local(&models, &sql)), 0.0);
+    common::assert_same_rows(&remote, &common::rows(&local(&models, &sql)), 0.0);
 
     let sql = format!(
         "SELECT id, embed('minilm', body) AS v FROM '{}/'",
         text.path().display()
     );
-    let remote = rows(&ok(&cluster.query(Some(&models), &sql)));
+    let remote = common::rows(&ok(&cluster.query(Some(&models), &sql)));
     assert_eq!(remote.len(), 240);
     assert_eq!(remote[0].1.len(), 384);
-    assert_same_rows(&remote, &rows(&local(&models, &sql)), 1e-5);
+    common::assert_same_rows(&remote, &common::rows(&local(&models, &sql)), 1e-5);
 }
 
 /// Executors started without models: the client's CREATE MODEL reaches them with the query, and
@@ -288,7 +251,7 @@ fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
             "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
         ),
     );
-    assert_same_rows(&rows(&reread), &rows(&want), 1e-6);
+    common::assert_same_rows(&common::rows(&reread), &common::rows(&want), 1e-6);
 
     let table = cluster.query(
         None,
@@ -300,7 +263,7 @@ fn copy_from_the_cluster_with_a_model_the_client_created_rereads_correctly() {
             data.path().display()
         ),
     );
-    assert_same_rows(&rows(&ok(&table)), &rows(&want), 1e-6);
+    common::assert_same_rows(&common::rows(&ok(&table)), &common::rows(&want), 1e-6);
 }
 
 /// One executor is killed while a COPY runs, at a moment when it holds tasks of the COPY (its
@@ -375,7 +338,7 @@ fn an_executor_killed_mid_query_leaves_every_row_exactly_once() {
             out_dir.display()
         ),
     );
-    let counts = rows(&reread);
+    let counts = common::rows(&reread);
     assert_eq!(counts.len(), 1600, "every row is there");
     assert!(counts.iter().all(|r| r.1 == vec![1.0]), "no row twice");
     let leftovers: Vec<_> = std::fs::read_dir(text.path().join("out"))
@@ -436,7 +399,7 @@ fn a_model_name_means_one_model_everywhere() {
     let doubled = std::fs::canonicalize("data/fixtures/linear_doubled.onnx").unwrap();
     // The single-process scores of each file.
     let want = |model: &Path| {
-        rows(&local(
+        common::rows(&local(
             Path::new("data/models"),
             &format!("{}; {scores}", define(model, true)),
         ))
@@ -445,22 +408,78 @@ fn a_model_name_means_one_model_everywhere() {
     assert_eq!(want_linear.len(), 2000);
     assert_ne!(want_linear, want_doubled);
     let on_cluster = |client: &str, model: &Path, replace: bool| {
-        rows(&ok(&cluster.query_as(
+        common::rows(&ok(&cluster.query_as(
             client,
             None,
             &format!("{}; {scores}", define(model, replace)),
         )))
     };
-    assert_same_rows(&on_cluster("a", &linear, false), &want_linear, 0.0);
-    assert_same_rows(&on_cluster("b", &doubled, false), &want_doubled, 0.0);
-    assert_same_rows(&on_cluster("a", &linear, true), &want_linear, 0.0);
-    assert_same_rows(&on_cluster("b", &doubled, true), &want_doubled, 0.0);
+    common::assert_same_rows(&on_cluster("a", &linear, false), &want_linear, 0.0);
+    common::assert_same_rows(&on_cluster("b", &doubled, false), &want_doubled, 0.0);
+    common::assert_same_rows(&on_cluster("a", &linear, true), &want_linear, 0.0);
+    common::assert_same_rows(&on_cluster("b", &doubled, true), &want_doubled, 0.0);
 
     // The same path, new bytes: CREATE OR REPLACE MODEL reads the file again, and the executors
     // serve the new model, not the one they loaded from that path before.
     let file = data.path().join("m.onnx");
     std::fs::copy(&linear, &file).unwrap();
-    assert_same_rows(&on_cluster("c", &file, false), &want_linear, 0.0);
+    common::assert_same_rows(&on_cluster("c", &file, false), &want_linear, 0.0);
     std::fs::copy(&doubled, &file).unwrap();
-    assert_same_rows(&on_cluster("c", &file, true), &want_doubled, 0.0);
+    common::assert_same_rows(&on_cluster("c", &file, true), &want_doubled, 0.0);
+}
+
+/// An INSERT the executors carry out adds all of its rows when it succeeds, and none when it
+/// fails partway (1,500,000 rows into 2,000,000): what the executors wrote is held back until the
+/// whole job has succeeded, as in one process.
+#[test]
+fn a_failed_insert_on_the_cluster_adds_none_of_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id FROM range(2000000)) TO '{}/' STORED AS PARQUET",
+            source.display()
+        ),
+    );
+    let table = dir.path().join("t");
+    let define = format!(
+        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
+        table.display()
+    );
+    local(
+        Path::new("data/models"),
+        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
+    );
+    let before = common::snapshot(&table);
+    let cluster = Cluster::start(2, None);
+    let failed = cluster.query(
+        None,
+        &format!(
+            "{define}; INSERT INTO t SELECT id, 10 / (id - 1500000) AS q FROM '{}/'",
+            source.display()
+        ),
+    );
+    assert!(!failed.status.success(), "the INSERT was to fail");
+    let changed = common::changes(&before, &common::snapshot(&table));
+    assert!(changed.is_empty(), "the failed INSERT changed {changed:?}");
+    ok(&cluster.query(
+        None,
+        &format!(
+            "{define}; INSERT INTO t SELECT id, id AS q FROM '{}/'",
+            source.display()
+        ),
+    ));
+    let count = local(
+        Path::new("data/models"),
+        &format!("{define}; SELECT count(*) AS n FROM t"),
+    );
+    assert!(count.ends_with("n\n2000002\n"), "{count}");
+    let mut left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["source", "t"], "no staging folder is left");
 }

@@ -55,39 +55,8 @@ fn server_with_data(dir: &Path) -> S3Server {
     server
 }
 
-/// `id,value` rows of CSV output, sorted by id.
-fn rows(csv: &str) -> Vec<(i64, f64)> {
-    let mut rows: Vec<(i64, f64)> = csv
-        .lines()
-        .skip(1)
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (id, v) = l.split_once(',').unwrap();
-            (id.parse().unwrap(), v.parse().unwrap())
-        })
-        .collect();
-    rows.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    rows
-}
-
-/// The same rows; scores within 1e-6 relative (ONNX Runtime's float kernels may differ in the
-/// last bits between call sizes).
-fn assert_same_rows(got: &[(i64, f64)], want: &[(i64, f64)]) {
-    assert_eq!(got.len(), want.len(), "row counts differ");
-    for (g, w) in got.iter().zip(want) {
-        assert_eq!(g.0, w.0);
-        assert!(
-            (g.1 - w.1).abs() <= 1e-6 * w.1.abs().max(1.0),
-            "id {}: {} vs {}",
-            g.0,
-            g.1,
-            w.1
-        );
-    }
-}
-
 /// The scores of the local sample, four times over (the server holds four copies).
-fn local_scores(warehouse: &Path) -> Vec<(i64, f64)> {
+fn local_scores(warehouse: &Path) -> Vec<(i64, Vec<f64>)> {
     let out = common::output_within(
         Command::new(env!("CARGO_BIN_EXE_batchinfer"))
             .env("BATCHINFER_WAREHOUSE", warehouse)
@@ -97,9 +66,12 @@ fn local_scores(warehouse: &Path) -> Vec<(i64, f64)> {
             )),
         common::DEADLINE,
     );
-    let once = rows(&assert_ok(&out));
-    let mut all: Vec<(i64, f64)> = once.iter().flat_map(|r| [*r; 4]).collect();
-    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let once = common::rows(&assert_ok(&out));
+    let mut all: Vec<(i64, Vec<f64>)> = once
+        .iter()
+        .flat_map(|r| [r.clone(), r.clone(), r.clone(), r.clone()])
+        .collect();
+    all.sort_by_key(|r| r.0);
     all
 }
 
@@ -109,7 +81,7 @@ fn assert_scores_in_s3_match_a_local_run(server: &S3Server, wh: &Path) {
         batchinfer(server, wh),
         &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
     );
-    assert_same_rows(&rows(&assert_ok(&reread)), &local_scores(wh));
+    common::assert_same_rows(&common::rows(&assert_ok(&reread)), &local_scores(wh), 1e-6);
 }
 
 #[test]
@@ -153,10 +125,10 @@ fn models_folder_in_s3_registers_files_and_model_folders() {
         batchinfer(&server, &wh),
         &["--models", "s3://models/", "query", "-e", &query],
     );
-    let rows = rows(&assert_ok(&out));
+    let rows = common::rows(&assert_ok(&out));
     assert_eq!(rows.len(), 10_000);
     assert!(
-        rows.iter().all(|r| r.1 == 0.0),
+        rows.iter().all(|r| r.1 == [0.0]),
         "the same model gives the same scores"
     );
     let out = run(
@@ -226,7 +198,7 @@ fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
     assert!(!server.keys("lake", "wh/tables/scored").is_empty());
 
     let out = in_wh("SELECT id, p FROM scored");
-    assert_same_rows(&rows(&assert_ok(&out)), &local_scores(&local));
+    common::assert_same_rows(&common::rows(&assert_ok(&out)), &local_scores(&local), 1e-6);
     let out = in_wh(&format!(
         "SELECT count(*) AS n FROM (SELECT predict('lin', {FEATURES}) FROM 's3://data/features/part-1.parquet')"
     ));

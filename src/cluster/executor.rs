@@ -38,6 +38,8 @@ pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Re
         functions.scalar_functions.insert(f.name().to_string(), f);
     }
     let stores = node.stores.clone();
+    // Its own --memory-limit: the memory of this machine's tasks.
+    let memory_limit = config.memory_limit;
     let process = ExecutorProcessConfig {
         bind_host: options.bind_host.clone(),
         external_host: Some(options.bind_host.clone()),
@@ -53,7 +55,7 @@ pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Re
         override_function_registry: Some(Arc::new(functions)),
         override_config_producer: Some(Arc::new(cluster_session_config)),
         override_runtime_producer: Some(Arc::new(move |_config: &SessionConfig| {
-            runtime_env(&stores, None)
+            runtime_env(&stores, memory_limit)
         })),
         ..Default::default()
     };

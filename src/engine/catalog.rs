@@ -174,29 +174,21 @@ impl Engine {
             .any(|path| path.get_url() == &owned))
     }
 
-    /// The folders an INSERT writes into: the locations of its target table.
-    pub(super) async fn insert_targets(
+    /// The table an INSERT writes into, where it is a listing table (files in a folder).
+    pub(super) async fn insert_target(
         &self,
         insert: &datafusion::sql::sqlparser::ast::Insert,
-    ) -> Result<Vec<String>> {
+    ) -> Option<Arc<dyn datafusion::catalog::TableProvider>> {
         use datafusion::datasource::listing::ListingTable;
         use datafusion::sql::sqlparser::ast::TableObject;
         let TableObject::TableName(name) = &insert.table else {
-            return Ok(Vec::new());
+            return None;
         };
-        let Ok(provider) = self.ctx.table_provider(name.to_string()).await else {
-            return Ok(Vec::new());
-        };
-        Ok(provider
+        let provider = self.ctx.table_provider(name.to_string()).await.ok()?;
+        provider
             .downcast_ref::<ListingTable>()
-            .map(|listing| {
-                listing
-                    .table_paths()
-                    .iter()
-                    .map(|path| path.get_url().to_string())
-                    .collect()
-            })
-            .unwrap_or_default())
+            .is_some_and(|listing| !listing.table_paths().is_empty())
+            .then_some(provider)
     }
 }
 

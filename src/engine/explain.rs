@@ -57,27 +57,9 @@ impl Engine {
         else {
             return err.into();
         };
-        let Ok(url) = location_url(name) else {
-            return err.into();
-        };
-        let probe = async {
-            let store = self.registry.stores().store_for(&url)?;
-            let path = object_path(&url)?;
-            match store.head(&path).await {
-                Ok(_) => return Ok(true),
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::from(e)),
-            }
-            Ok(store.list(Some(&path)).next().await.transpose()?.is_some())
-        };
-        match probe.await {
-            Ok(true) => err.into(),
-            Ok(false) if url.scheme() == "file" => {
-                Error::Usage(format!("no file or folder at {name}"))
-            }
-            Ok(false) => Error::Usage(format!(
-                "no object at {name}: nothing is stored under that key"
-            )),
+        match self.registry.stores().why_nothing_at(name).await {
+            Ok(None) => err.into(),
+            Ok(Some(why)) => Error::Usage(why),
             Err(e) => Error::Usage(format!("cannot read {name}: {}", display_error(&e))),
         }
     }

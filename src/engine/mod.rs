@@ -35,9 +35,6 @@ use datafusion::sql::sqlparser::ast::{
 };
 use datafusion::sql::sqlparser::dialect::{Dialect, dialect_from_str};
 use datafusion_cli::object_storage::AwsOptions;
-use futures::StreamExt;
-use object_store::ObjectStoreExt;
-use url::Url;
 
 use crate::cluster::Placement;
 use crate::config::{BatchInferOptions, EngineConfig};
@@ -47,7 +44,7 @@ use crate::message::display_error;
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statements::{ModelStatement, Statement, parse};
-use crate::storage::{StoreRegistry, is_object_store_url, location_url, object_path};
+use crate::storage::{StoreRegistry, is_object_store_url, location_url};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
 use crate::warehouse::{Definition, Warehouse, check_name};
 
@@ -238,8 +235,10 @@ impl Engine {
             DFStatement::CopyTo(_) => return self.copy_committed(statement).await,
             DFStatement::Statement(s) => {
                 if let SQLStatement::Insert(insert) = s.as_ref() {
-                    let targets = self.insert_targets(insert).await?;
-                    return self.write_committed(statement, &targets).await;
+                    return match self.insert_target(insert).await {
+                        Some(table) => self.insert_committed(statement, table).await,
+                        None => self.execute(statement).await,
+                    };
                 }
             }
             _ => {}
@@ -314,9 +313,4 @@ fn table_name(name: &ObjectName) -> Result<String> {
             "warehouse tables are named without a schema, not '{name}'"
         ))),
     }
-}
-
-/// An `s3://` location as a URL.
-fn parse_url(location: &str) -> Result<Url> {
-    Url::parse(location).map_err(|e| Error::Usage(format!("'{location}' is not a valid URL: {e}")))
 }

@@ -52,17 +52,14 @@ impl Engine {
             .filter(|(key, _)| key.starts_with("aws."))
             .map(|(key, value)| (key, option_text(value)))
             .collect();
-        if aws.is_empty() || !is_object_store_url(location) {
+        if aws.is_empty() {
             return Ok(());
         }
         let mut options = AwsOptions::default();
         for (key, value) in aws {
             options.set(key, &value)?;
         }
-        self.registry
-            .stores()
-            .connect_s3(&parse_url(location)?, &options)?;
-        Ok(())
+        self.registry.stores().connect_with(location, &options)
     }
 }
 

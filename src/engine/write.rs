@@ -4,19 +4,25 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::{Schema, UInt64Type};
+use datafusion::catalog::TableProvider;
 use datafusion::common::TableReference;
 use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::prelude::ParquetReadOptions;
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{CreateTable, Statement as SQLStatement};
+use datafusion::sql::sqlparser::ast::{
+    CreateTable, Ident, ObjectName, Statement as SQLStatement, TableObject,
+};
 
 use super::{Engine, table_name};
 use crate::error::{Error, Result};
@@ -34,31 +40,46 @@ impl Engine {
             .placement
             .write_to(self.registry.stores(), &copy.target)?;
         copy.target = write_to;
-        self.run_then_commit(DFStatement::CopyTo(copy), vec![output])
+        self.run_then_commit(DFStatement::CopyTo(copy), output)
             .await
     }
 
-    /// A statement writing into `targets` (INSERT INTO a table's folders) whose new files appear
-    /// together when it succeeds, or not at all.
-    pub(super) async fn write_committed(
+    /// INSERT INTO a listing `table`, whose new files appear together when it succeeds, or not
+    /// at all, wherever it runs. Where the placement writes elsewhere than the table's folder (a
+    /// cluster's executors: into a staging folder), the rows go into a copy of the table over
+    /// that place, and are moved into the table's folder at commit.
+    pub(super) async fn insert_committed(
         &self,
-        statement: DFStatement,
-        targets: &[String],
+        mut statement: DFStatement,
+        table: Arc<dyn TableProvider>,
     ) -> Result<DataFrame> {
-        let stores = self.registry.stores();
-        let writes = targets
-            .iter()
-            .map(|target| stores.begin_write(target).map(CommittedWrite::Deferred))
-            .collect::<Result<Vec<_>>>()?;
-        self.run_then_commit(statement, writes).await
+        let Some(listing) = table.downcast_ref::<ListingTable>() else {
+            return self.execute(statement).await;
+        };
+        // The folder an INSERT writes into: its table's first.
+        let folder = listing.table_paths()[0].as_str().to_string();
+        let (write_to, output) = self.placement.write_to(self.registry.stores(), &folder)?;
+        if write_to == folder {
+            return self.run_then_commit(statement, output).await;
+        }
+        let staged = Registered::new(&self.ctx, staged_table(listing, table.as_ref(), &write_to)?)?;
+        if let DFStatement::Statement(s) = &mut statement
+            && let SQLStatement::Insert(insert) = s.as_mut()
+        {
+            insert.table = TableObject::TableName(ObjectName::from(vec![Ident::with_quote(
+                '"',
+                staged.name.as_str(),
+            )]));
+        }
+        self.run_then_commit(statement, output).await
     }
 
-    /// Runs `statement` to the end, then commits `writes`; on failure (or when the future is
-    /// dropped: cancellation) they are discarded.
+    /// Runs `statement` to the end, then commits `write`; on failure (or when the future is
+    /// dropped: cancellation) it is discarded.
     async fn run_then_commit(
         &self,
         statement: DFStatement,
-        writes: Vec<CommittedWrite>,
+        write: CommittedWrite,
     ) -> Result<DataFrame> {
         let written = match self.execute(statement).await {
             Ok(df) => df.collect().await.map_err(Error::from),
@@ -66,15 +87,11 @@ impl Engine {
         };
         match written {
             Ok(batches) => {
-                for write in writes {
-                    write.commit().await?;
-                }
+                write.commit().await?;
                 Ok(self.results.read_batches(batches)?)
             }
             Err(e) => {
-                for write in writes {
-                    write.abort().await;
-                }
+                write.abort().await;
                 Err(e)
             }
         }
@@ -205,4 +222,68 @@ fn empty_table_file(
         .map_err(|e| Error::Usage(e.to_string()))?;
     writer.close().map_err(|e| Error::Usage(e.to_string()))?;
     Ok(bytes)
+}
+
+/// A copy of the listing table `listing` (the provider `table`: its columns, partitioning, file
+/// format, defaults and constraints) whose folder is `location`.
+fn staged_table(
+    listing: &ListingTable,
+    table: &dyn TableProvider,
+    location: &str,
+) -> Result<Arc<dyn TableProvider>> {
+    let options = listing.options().clone();
+    let schema = table.schema();
+    let partitioned = |name: &str| options.table_partition_cols.iter().any(|(c, _)| c == name);
+    let file_fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .filter(|f| !partitioned(f.name()))
+        .cloned()
+        .collect();
+    let file_schema = Schema::new(file_fields).with_metadata(schema.metadata().clone());
+    let defaults = schema
+        .fields()
+        .iter()
+        .filter_map(|f| {
+            Some((
+                f.name().clone(),
+                table.get_column_default(f.name())?.clone(),
+            ))
+        })
+        .collect();
+    let config = ListingTableConfig::new(ListingTableUrl::parse(location)?)
+        .with_listing_options(options)
+        .with_schema(Arc::new(file_schema));
+    let mut staged = ListingTable::try_new(config)?.with_column_defaults(defaults);
+    if let Some(constraints) = table.constraints() {
+        staged = staged.with_constraints(constraints.clone());
+    }
+    Ok(Arc::new(staged))
+}
+
+/// A table registered under a hidden name for as long as this lives.
+struct Registered<'a> {
+    ctx: &'a SessionContext,
+    name: String,
+}
+
+impl<'a> Registered<'a> {
+    fn new(ctx: &'a SessionContext, table: Arc<dyn TableProvider>) -> Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "__batchinfer_staged_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        ctx.register_table(TableReference::bare(name.as_str()), table)?;
+        Ok(Registered { ctx, name })
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .ctx
+            .deregister_table(TableReference::bare(self.name.as_str()));
+    }
 }

@@ -21,7 +21,7 @@ use ort::value::DynValue;
 
 pub use pool::SessionOptions;
 
-use crate::device::Device;
+use crate::device::Target;
 pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 use pool::SessionPool;
 pub use registry::ModelRegistry;
@@ -181,7 +181,7 @@ impl Model {
     }
 
     /// Where this model's sessions run.
-    pub fn device(&self) -> Device {
+    pub fn device(&self) -> Target {
         self.pool.device()
     }
 

@@ -11,7 +11,7 @@ use ort::session::builder::GraphOptimizationLevel;
 
 use super::external::ExternalFiles;
 use crate::config::GraphOptimization;
-use crate::device::Device;
+use crate::device::Target;
 
 /// How sessions of a model are built.
 #[derive(Debug, Clone, Copy)]
@@ -22,8 +22,8 @@ pub struct SessionOptions {
     /// Inputs change shape from call to call (texts): no memory patterns, which ONNX Runtime
     /// plans for one shape.
     pub varying_shapes: bool,
-    /// Where the sessions run (`auto` is resolved when the first session is built).
-    pub device: Device,
+    /// Where the sessions run.
+    pub device: Target,
 }
 
 #[derive(Debug)]
@@ -56,12 +56,9 @@ impl SessionPool {
         files: ExternalFiles,
         options: SessionOptions,
     ) -> Result<(Self, Session), String> {
-        let (first, device) = build_session(&bytes, &files, options)?;
-        // Every later session goes where the first went.
-        let max_sessions = device.sessions(options.max_sessions);
+        let first = build_session(&bytes, &files, options)?;
         let options = SessionOptions {
-            device,
-            max_sessions,
+            max_sessions: options.device.sessions(options.max_sessions),
             ..options
         };
         let pool = SessionPool {
@@ -97,7 +94,7 @@ impl SessionPool {
                 state.created += 1;
                 drop(state);
                 return match build_session(&self.bytes, &self.files, self.options) {
-                    Ok((session, _)) => Ok(PooledSession {
+                    Ok(session) => Ok(PooledSession {
                         pool: self,
                         session: Some(session),
                     }),
@@ -120,7 +117,7 @@ impl SessionPool {
     }
 
     /// The device the sessions run on.
-    pub fn device(&self) -> Device {
+    pub fn device(&self) -> Target {
         self.options.device
     }
 
@@ -166,8 +163,9 @@ fn build_session(
     bytes: &[u8],
     files: &ExternalFiles,
     options: SessionOptions,
-) -> Result<(Session, Device), String> {
-    let (env, device) = options.device.environment().map_err(|e| e.to_string())?;
+) -> Result<Session, String> {
+    let device = options.device;
+    let env = device.environment().map_err(|e| e.to_string())?;
     let build = || -> ort::Result<Session> {
         let mut builder = Session::builder(env)?
             .with_optimization_level(match options.optimization {
@@ -197,6 +195,5 @@ fn build_session(
         }
         builder.commit_from_memory(bytes)
     };
-    let session = build().map_err(|e| format!("on {device}: {e}"))?;
-    Ok((session, device))
+    build().map_err(|e| format!("on {device}: {e}"))
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::{Model, ModelSource, SessionOptions, SharedModels, shared};
 use crate::config::EngineConfig;
-use crate::device::Device;
+use crate::device::Target;
 use crate::error::{Error, Result};
 use crate::storage::StoreRegistry;
 
@@ -19,7 +19,7 @@ struct ModelEntry {
     /// The sha256 the model's bytes must have (a definition a cluster client sent).
     sha256: Option<String>,
     /// The model once loaded, per device asked for (one pool of sessions per model per device).
-    loaded: Mutex<Vec<(Device, Arc<Model>)>>,
+    loaded: Mutex<Vec<(Target, Arc<Model>)>>,
 }
 
 impl ModelEntry {
@@ -50,7 +50,7 @@ pub struct ModelRegistry {
     entries: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
     options: SessionOptions,
     /// Where models run unless a query says otherwise (`--device`, `SET batchinfer.device`).
-    device: RwLock<Device>,
+    device: RwLock<Target>,
     stores: Arc<StoreRegistry>,
     loads: Arc<AtomicU64>,
     /// Models of cluster clients' definitions, by content (a scheduler's or executor's).
@@ -65,13 +65,13 @@ impl ModelRegistry {
             entries: RwLock::new(BTreeMap::new()),
             loads: Arc::new(AtomicU64::new(0)),
             by_content: ByContent::default(),
-            device: RwLock::new(config.device.resolve()),
+            device: RwLock::new(config.device),
             options: SessionOptions {
                 max_sessions: config.sessions(),
                 intra_threads: config.threads_per_session(),
                 optimization: config.optimization,
                 varying_shapes: false,
-                device: config.device.resolve(),
+                device: config.device,
             },
         }
     }
@@ -171,7 +171,7 @@ impl ModelRegistry {
     pub fn resolve(
         &self,
         name: &str,
-        device: Option<Device>,
+        device: Option<Target>,
         config: Option<&datafusion::config::ConfigOptions>,
     ) -> Result<Arc<Model>> {
         let shared = config
@@ -240,19 +240,19 @@ impl ModelRegistry {
     }
 
     /// Where models run unless a query says otherwise.
-    pub fn device(&self) -> Device {
+    pub fn device(&self) -> Target {
         *self.device.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Makes `device` where models run from now on (`SET batchinfer.device`); models loaded for
     /// another device stay loaded there.
-    pub fn set_device(&self, device: Device) {
-        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device.resolve();
+    pub fn set_device(&self, device: Target) {
+        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
     }
 
     /// The model `name` with its sessions on `device` (None: where models run now), loading it
     /// there on first use.
-    pub fn get_on(&self, name: &str, device: Option<Device>) -> Result<Arc<Model>> {
+    pub fn get_on(&self, name: &str, device: Option<Target>) -> Result<Arc<Model>> {
         let device = device.unwrap_or_else(|| self.device());
         let entry = self.read().get(name).cloned();
         let Some(entry) = entry else {
@@ -272,8 +272,8 @@ impl ModelRegistry {
 
     /// `entry`'s model on `device` (None: where models run now), loaded there on first use; an
     /// entry with a sha256 is checked to load bytes of that hash.
-    fn load(&self, name: &str, entry: &ModelEntry, device: Option<Device>) -> Result<Arc<Model>> {
-        let device = device.map_or_else(|| self.device(), Device::resolve);
+    fn load(&self, name: &str, entry: &ModelEntry, device: Option<Target>) -> Result<Arc<Model>> {
+        let device = device.unwrap_or_else(|| self.device());
         let mut loaded = entry
             .loaded
             .lock()

@@ -179,6 +179,10 @@ pub(super) fn length_prefixed(buf: &[u8], at: usize) -> Option<(Range<usize>, us
 /// count, value)` for a repeated run, `packed(at, bytes, count)` for bit-packed values (`count`
 /// of them in `bytes`, padding excluded); true when the stream holds `n` values and every run
 /// passes.
+///
+/// The `parquet` crate's own `RleDecoder` cannot serve here: it is public only behind the crate's
+/// `experimental` feature (an unstable API), and it yields values, not the byte positions of the
+/// runs, which are what a page is cut at.
 pub(super) fn hybrid_runs(
     data: &[u8],
     n: usize,

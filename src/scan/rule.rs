@@ -21,7 +21,6 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
 };
-use object_store::local::LocalFileSystem;
 
 use super::exec::StreamingParquetExec;
 use super::file::ScanFile;
@@ -69,7 +68,7 @@ impl StreamingParquetExec {
     pub(super) fn replacing(node: &Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Option<Self> {
         let exec = node.downcast_ref::<DataSourceExec>()?;
         let (scan, source) = exec.downcast_to_file_source::<ParquetSource>()?;
-        if scan.object_store_url.as_str() != "file:///"
+        if !crate::storage::is_local_store(&scan.object_store_url)
             || source.filter().is_some()
             || scan.limit.is_some()
             || scan.preserve_order
@@ -164,7 +163,6 @@ fn files_of(
     names: &[&str],
     read_schema: &SchemaRef,
 ) -> Option<Vec<ScanFile>> {
-    let local = LocalFileSystem::new();
     let mut locations = Vec::new();
     for file in scan.file_groups.iter().flat_map(|g| g.iter()) {
         if !file.extensions.is_empty() || !file.partition_values.is_empty() {
@@ -177,7 +175,7 @@ fn files_of(
     locations
         .iter()
         .map(|location| {
-            let path = local.path_to_filesystem(location).ok()?;
+            let path = crate::storage::local_file(location)?;
             ScanFile::open(path, table, names, read_schema)
         })
         .collect()

@@ -115,6 +115,27 @@ impl StoreRegistry {
         }
         exists(in_folder_of(url)?).await
     }
+
+    /// Why nothing can be read at `location` (a path or a URL): `None` when there is a file or
+    /// an object there, or under it.
+    pub async fn why_nothing_at(&self, location: &str) -> Result<Option<String>> {
+        let url = super::location_url(location)?;
+        let store = self.store_for(&url)?;
+        let path = super::object_path(&url)?;
+        match object_store::ObjectStoreExt::head(&store, &path).await {
+            Ok(_) => return Ok(None),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let listed = futures::StreamExt::next(&mut store.list(Some(&path))).await;
+        if listed.transpose()?.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(match file_path(&url)? {
+            Some(_) => format!("no file or folder at {location}"),
+            None => format!("no object at {location}: nothing is stored under that key"),
+        }))
+    }
 }
 
 /// The local path of a `file:` URL; `None` for the URL of an object store.

@@ -111,6 +111,18 @@ pub fn display_location(url: &Url) -> String {
     }
 }
 
+/// Whether a scan reads its files from the local file system (rather than an object store).
+pub fn is_local_store(url: &datafusion::execution::object_store::ObjectStoreUrl) -> bool {
+    url.as_str() == "file:///"
+}
+
+/// The file an object of the local file system's store is.
+pub fn local_file(location: &object_store::path::Path) -> Option<std::path::PathBuf> {
+    object_store::local::LocalFileSystem::new()
+        .path_to_filesystem(location)
+        .ok()
+}
+
 /// The path of an object within its bucket.
 pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
     object_store::path::Path::from_url_path(url.path())

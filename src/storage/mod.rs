@@ -46,8 +46,8 @@ use url::Url;
 
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
-    Location, blank_passwords, check_write_target, display_location, is_object_store_url,
-    local_path, location_url, object_path, parse_location,
+    Location, blank_passwords, check_write_target, display_location, is_local_store,
+    is_object_store_url, local_file, local_path, location_url, object_path, parse_location,
 };
 pub use staging::StagedOutput;
 pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, TableWrite, Tables, check_name};
@@ -210,6 +210,17 @@ impl StoreRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, (options.clone(), store.clone()));
         Ok(store)
+    }
+
+    /// Connects the bucket `location` names with `options` (SQL `OPTIONS`); a location in no
+    /// bucket (a local path) takes none.
+    pub fn connect_with(&self, location: &str, options: &AwsOptions) -> Result<()> {
+        if let Location::Url(url) = parse_location(location)?
+            && matches!(url.scheme(), "s3" | "s3a")
+        {
+            self.connect_s3(&url, options)?;
+        }
+        Ok(())
     }
 
     /// Begins a write to `target` (a file or a folder ending in `/`; a local path or a URL):

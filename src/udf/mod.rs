@@ -48,7 +48,7 @@ pub(crate) use same_registry_identity;
 /// The device a query's session asks models to run on (`SET batchinfer.device`), if any.
 pub(crate) fn device_of(
     config: Option<&datafusion::config::ConfigOptions>,
-) -> Option<crate::device::Device> {
+) -> Option<crate::device::Target> {
     config?
         .extensions
         .get::<crate::config::BatchInferOptions>()?

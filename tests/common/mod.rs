@@ -189,3 +189,40 @@ pub fn run_bounded(mut command: Command, memory: u64, limit: Duration) -> Output
     }
     output_within(&mut command, limit)
 }
+
+/// CSV rows as (id, the rest's numbers), sorted by id.
+pub fn rows(csv: &str) -> Vec<(i64, Vec<f64>)> {
+    let mut rows: Vec<(i64, Vec<f64>)> = csv
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (id, rest) = l.split_once(',').unwrap();
+            let numbers = rest
+                .trim_matches(|c| c == '"' || c == '[' || c == ']')
+                .split(',')
+                .map(|n| n.trim().parse().unwrap())
+                .collect();
+            (id.parse().unwrap(), numbers)
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+/// The same ids; every number within `tolerance` (ONNX Runtime's float kernels may differ in
+/// the last bits between call sizes; embeddings by 1e-5 as in tests/embed.rs).
+pub fn assert_same_rows(got: &[(i64, Vec<f64>)], want: &[(i64, Vec<f64>)], tolerance: f64) {
+    assert_eq!(got.len(), want.len(), "row counts differ");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.0, w.0, "ids differ");
+        assert_eq!(g.1.len(), w.1.len());
+        for (a, b) in g.1.iter().zip(&w.1) {
+            assert!(
+                (a - b).abs() <= tolerance * b.abs().max(1.0),
+                "id {}: {a} vs {b}",
+                g.0
+            );
+        }
+    }
+}

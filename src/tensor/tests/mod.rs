@@ -42,7 +42,7 @@ fn vectors(rows: usize, k: usize) -> FixedSizeListArray {
 }
 
 fn environment() {
-    crate::device::Device::Cpu
+    crate::device::Target::Cpu
         .environment()
         .expect("ONNX Runtime loads");
 }
