@@ -266,6 +266,36 @@ def make_half() -> None:
     save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "half")
 
 
+def make_small_vocabulary_text_model() -> None:
+    """A text model (with MiniLM's tokenizer beside it, copied in by the tests) that knows only
+    the first 1,100 token ids: the special tokens, punctuation, digits and single letters. A text
+    with any other word makes ONNX Runtime fail its call (for embed and batchinfer.on_error).
+    Each token's vector is 4 values of its id's row in a fixed table, masked by attention."""
+    vocabulary, dim = 1_100, 4
+    table = np.arange(vocabulary * dim, dtype=np.float32).reshape(vocabulary, dim) / 1000.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "input_ids"], ["vectors"], axis=0),
+            helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+            helper.make_node("Mul", ["vectors", "mask3"], ["last_hidden_state"]),
+        ],
+        "small_vocabulary",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
+                                       ["batch", "tokens", dim])],
+        [numpy_helper.from_array(table, "table"),
+         numpy_helper.from_array(np.array([2], dtype=np.int64), "last")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = min(model.ir_version, 9)
+    onnx.checker.check_model(model)
+    folder = HERE / "text" / "small_vocabulary"
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, folder / "model.onnx")
+
+
 def main() -> None:
     for d in (MODELS, SAMPLE, REFERENCE):
         d.mkdir(parents=True, exist_ok=True)
@@ -278,6 +308,7 @@ def main() -> None:
     make_types(rng)
     make_lookup()
     make_half()
+    make_small_vocabulary_text_model()
     for d in (MODELS, SAMPLE, REFERENCE):
         for f in sorted(d.iterdir()):
             print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")

@@ -125,6 +125,16 @@ pub struct BatchInferOptions {
     /// Local Parquet files are read by batchinfer's streaming reader (page by page, row groups
     /// split across partitions); false: by DataFusion's reader (whole row groups at once).
     pub streaming_scan: bool,
+    /// Where rejected rows go (`on_error = 'reject'`): a folder or an S3 prefix (empty: the
+    /// warehouse's `rejects/`). Made absolute by the engine before each statement.
+    pub rejects: String,
+    /// How many failed rows a statement may have before it stops: a count or a share of the rows
+    /// scored (unset: no limit).
+    pub max_errors: Option<crate::rejects::ErrorBudget>,
+    /// The statement at hand, as the engine tags it before planning: its id and its text (for
+    /// the rejects it leaves).
+    pub statement: String,
+    pub statement_text: String,
 }
 
 impl BatchInferOptions {
@@ -143,6 +153,10 @@ impl Default for BatchInferOptions {
             device: None,
             models: Default::default(),
             streaming_scan: true,
+            rejects: String::new(),
+            max_errors: None,
+            statement: String::new(),
+            statement_text: String::new(),
         }
     }
 }
@@ -171,9 +185,19 @@ impl ExtensionOptions for BatchInferOptions {
             }
             "models" => self.models.set(key, value),
             "streaming_scan" => self.streaming_scan.set(key, value),
+            "rejects" => self.rejects.set(key, value),
+            "max_errors" => {
+                self.max_errors = match value.trim() {
+                    "" => None,
+                    text => Some(text.parse().map_err(DataFusionError::Configuration)?),
+                };
+                Ok(())
+            }
+            "statement" => self.statement.set(key, value),
+            "statement_text" => self.statement_text.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget, device, streaming_scan"
+                 token_budget, device, streaming_scan, rejects, max_errors"
             ))),
         }
     }
@@ -211,7 +235,7 @@ impl ExtensionOptions for BatchInferOptions {
         self.on_error.visit(
             v,
             "batchinfer.on_error",
-            "What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.",
+            "What a model failure on some rows does: 'fail' the statement, give those rows 'null', or 'reject' them (null, and kept in batchinfer.rejects).",
         );
         self.token_budget.visit(
             v,
@@ -233,11 +257,31 @@ impl ExtensionOptions for BatchInferOptions {
             "batchinfer.streaming_scan",
             "Read local Parquet page by page, row groups split across partitions (false: DataFusion's reader).",
         );
+        self.rejects.visit(
+            v,
+            "batchinfer.rejects",
+            "Where rejected rows go with on_error = 'reject': a folder or an S3 prefix (empty: the warehouse's rejects/).",
+        );
+        let about = "How many failed rows a statement may have: a count ('100') or a share of the rows scored ('0.5%'); unset: no limit.";
+        match &self.max_errors {
+            Some(budget) => v.some("batchinfer.max_errors", budget, about),
+            None => v.none("batchinfer.max_errors", about),
+        }
+        self.statement.visit(
+            v,
+            "batchinfer.statement",
+            "The id of the statement at hand (set by batchinfer for its rejects).",
+        );
+        self.statement_text.visit(
+            v,
+            "batchinfer.statement_text",
+            "The text of the statement at hand (set by batchinfer for its rejects).",
+        );
         entries.0
     }
 }
 
-/// `SET batchinfer.on_error = 'fail' | 'null'`.
+/// `SET batchinfer.on_error = 'fail' | 'null' | 'reject'`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnError {
     /// A model call that fails fails the statement (the default).
@@ -246,6 +290,9 @@ pub enum OnError {
     /// The rows the model fails on are isolated (by bisecting the call) and get NULL; the
     /// statement goes on and the count of such rows is reported when it ends.
     Null,
+    /// As `Null`, and each such row is kept in the rejects (`batchinfer.rejects`): its inputs,
+    /// the model and the model's message.
+    Reject,
 }
 
 impl std::fmt::Display for OnError {
@@ -253,6 +300,7 @@ impl std::fmt::Display for OnError {
         f.write_str(match self {
             OnError::Fail => "fail",
             OnError::Null => "null",
+            OnError::Reject => "reject",
         })
     }
 }
@@ -266,9 +314,10 @@ impl ConfigField for OnError {
         *self = match value.trim().to_ascii_lowercase().as_str() {
             "fail" => OnError::Fail,
             "null" => OnError::Null,
+            "reject" => OnError::Reject,
             other => {
                 return Err(DataFusionError::Configuration(format!(
-                    "batchinfer.on_error must be 'fail' or 'null', not '{other}'"
+                    "batchinfer.on_error must be 'fail', 'null' or 'reject', not '{other}'"
                 )));
             }
         };

@@ -65,6 +65,12 @@ pub fn build_context(
         }),
     );
     ctx.register_udtf(
+        "batchinfer_rejects",
+        Arc::new(crate::rejects::RejectsFunction {
+            stores: registry.stores().clone(),
+        }),
+    );
+    ctx.register_udtf(
         "predict_table",
         Arc::new(PredictTableFunction { registry, tables }),
     );

@@ -46,6 +46,8 @@
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
 //!   (a folder or an S3 prefix).
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
+//! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
+//!   (`max_errors`).
 //! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per
 //!   row), so that no input can crash batchinfer or exhaust its memory.
 
@@ -60,6 +62,7 @@ pub mod message;
 pub mod model;
 pub mod output;
 pub mod progress;
+pub mod rejects;
 pub mod runner;
 pub mod runtime;
 pub mod scan;

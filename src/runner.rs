@@ -58,10 +58,19 @@ impl Runner<'_> {
         if self.timing {
             eprintln!("{}", report.summary(started.elapsed()));
         }
-        for (model, rows) in self.engine.registry().take_failed_rows() {
+        let (rejected, folder) = self.engine.statement_rejects().await?;
+        for (model, rows) in &rejected {
             eprintln!(
-                "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
+                "warning: model '{model}' failed on {rows} row(s), which got NULL; they are kept \
+                 in {folder}"
             );
+        }
+        for (model, rows) in self.engine.registry().take_failed_rows() {
+            if !rejected.iter().any(|(m, _)| *m == model) {
+                eprintln!(
+                    "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
+                );
+            }
         }
         Ok(())
     }

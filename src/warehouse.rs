@@ -76,7 +76,8 @@ impl Warehouse {
         // for patterns.
         crate::storage::check_write_target(&text)
             .map_err(|e| Error::Usage(format!("the warehouse cannot be used: {e}")))?;
-        let tables = Tables::new(store.clone(), &root)?;
+        crate::storage::object_path(&root).map_err(unusable)?;
+        let tables = Tables::new(store.clone(), &root).map_err(unusable)?;
         Ok(Warehouse {
             root,
             store,
@@ -98,6 +99,15 @@ impl Warehouse {
         let mut url = self.root.clone();
         url.set_path(&format!("/{path}"));
         crate::storage::display_location(&url)
+    }
+
+    /// Where rejected rows go unless `batchinfer.rejects` says otherwise: `rejects/`.
+    pub fn rejects_location(&self) -> Result<String> {
+        let url = self
+            .root
+            .join("rejects/")
+            .map_err(|e| Error::Usage(format!("{}rejects/: {e}", self.root)))?;
+        Ok(crate::storage::display_location(&url))
     }
 
     /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).

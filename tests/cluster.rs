@@ -483,3 +483,66 @@ fn a_failed_insert_on_the_cluster_adds_none_of_its_rows() {
     left.sort();
     assert_eq!(left, ["source", "t"], "no staging folder is left");
 }
+
+/// Rows a model fails on, rejected on the executors: NULL in the output, kept (by the executors)
+/// in the client's rejects, counted in the client's summary; a budget passed by the executors'
+/// rows together fails the statement, which then writes nothing.
+#[test]
+fn rejected_rows_on_the_cluster_are_kept_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id, CASE WHEN value IN (17, 5000, 19999) THEN 99 ELSE value % 10 END AS idx
+                   FROM range(20000)) TO '{}/' STORED AS PARQUET",
+            input.display()
+        ),
+    );
+    let cluster = Cluster::start(2, None);
+    let models = Path::new("data/models");
+    let output = dir.path().join("out");
+    let copy = |budget: &str, to: &Path| {
+        cluster.query(
+            Some(models),
+            &format!(
+                "SET batchinfer.on_error = 'reject'; {budget}
+                 COPY (SELECT id, predict('lookup', idx) AS p FROM '{}/') TO '{}/' STORED AS PARQUET",
+                input.display(),
+                to.display()
+            ),
+        )
+    };
+    let out = copy("", &output);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("model 'lookup' failed on 3 row(s)"), "{err}");
+    let nulls = local(
+        models,
+        &format!(
+            "SELECT id FROM '{}/' WHERE p IS NULL ORDER BY id",
+            output.display()
+        ),
+    );
+    assert_eq!(nulls, "id\n17\n5000\n19999\n");
+    let folder = err
+        .split("they are kept in ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap()
+        .to_string();
+    let kept = local(
+        models,
+        &format!("SELECT idx, model FROM '{folder}' ORDER BY idx"),
+    );
+    assert_eq!(kept, "idx,model\n99,lookup\n99,lookup\n99,lookup\n");
+    let past = dir.path().join("past");
+    let out = copy("SET batchinfer.max_errors = '2';", &past);
+    assert!(!out.status.success(), "a COPY past its budget succeeded");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max_errors"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!past.exists(), "a COPY past its budget wrote");
+}

@@ -1541,3 +1541,183 @@ fn one_unreadable_model_definition_does_not_take_the_warehouse_with_it() {
     assert_ok(&out);
     assert_eq!(common::stderr(&out), "");
 }
+
+#[test]
+fn a_file_url_naming_another_machine_or_with_a_query_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().display().to_string();
+    for warehouse in [
+        format!("file://otherhost{path}/wh"),
+        format!("file://{path}/wh?x=1"),
+        format!("file://{path}/wh#frag"),
+    ] {
+        let before = snapshot(dir.path());
+        let out = common::output_within(
+            bin().args(["--warehouse", &warehouse, "query", "-e"]).arg(
+                "CREATE MODEL m FROM 'data/models/linear.onnx'; CREATE TABLE t AS SELECT 1 AS a",
+            ),
+            common::DEADLINE,
+        );
+        assert_failure(&out, &["warehouse"]);
+        assert!(!common::stderr(&out).contains("nternal error"));
+        let changed = changes(&before, &snapshot(dir.path()));
+        assert!(changed.is_empty(), "{warehouse} changed {changed:?}");
+    }
+    let target = format!("file://otherhost{path}/out.parquet");
+    let out = query(
+        &dir.path().join("wh"),
+        &format!("COPY (SELECT 1 AS a) TO '{target}' STORED AS PARQUET"),
+    );
+    assert_failure(&out, &["names the machine 'otherhost'"]);
+    assert!(!dir.path().join("out.parquet").exists());
+}
+
+#[test]
+fn concurrent_replaces_of_one_table_all_succeed_and_leave_one_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&query(&wh, "CREATE TABLE two AS SELECT 0 AS v"));
+    for _round in 0..3 {
+        let mut children: Vec<_> = (1..=6)
+            .map(|i| {
+                bin()
+                    .arg("--warehouse")
+                    .arg(&wh)
+                    .args([
+                        "query",
+                        "-e",
+                        &format!(
+                            "CREATE OR REPLACE TABLE two AS SELECT {i} AS v FROM generate_series(1, 100000)"
+                        ),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in &mut children {
+            let status = wait_with_deadline(child, Duration::from_secs(120), "a replace");
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            assert!(status.success(), "a replace that committed failed: {err}");
+        }
+        let out = query(&wh, "SELECT count(*) AS n, count(DISTINCT v) AS k FROM two");
+        assert_eq!(assert_ok(&out), "n,k\n100000,1\n");
+    }
+}
+
+#[test]
+fn a_running_process_sees_tables_other_processes_create_replace_and_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&query(
+        &wh,
+        "CREATE TABLE t AS SELECT 1 AS gen FROM generate_series(1, 10)",
+    ));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let engine = batchinfer::Engine::open(batchinfer::EngineConfig {
+                warehouse: Some(wh.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let sql = |text: &'static str| {
+                let engine = &engine;
+                async move {
+                    let frame = engine.sql(text).await?;
+                    let batches = frame.collect().await?;
+                    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                        .unwrap()
+                        .to_string();
+                    Ok::<_, batchinfer::Error>(text)
+                }
+            };
+            let counts = "SELECT gen, count(*) AS n FROM t GROUP BY gen";
+            assert!(sql(counts).await.unwrap().contains("| 1   | 10 |"));
+            // Replaced elsewhere: read from its new files.
+            assert_ok(&query(
+                &wh,
+                "CREATE OR REPLACE TABLE t AS SELECT 2 AS gen FROM generate_series(1, 5)",
+            ));
+            let now = sql(counts).await.unwrap();
+            assert!(
+                now.contains("| 2   | 5 |") && !now.contains("| 1 "),
+                "{now}"
+            );
+            // Created elsewhere: there.
+            assert_ok(&query(&wh, "CREATE TABLE u AS SELECT 7 AS x"));
+            assert!(sql("SELECT x FROM u").await.unwrap().contains("| 7 |"));
+            // Dropped elsewhere: gone, and its name free again.
+            assert_ok(&query(&wh, "DROP TABLE t"));
+            let gone = sql("SELECT * FROM t").await.unwrap_err().to_string();
+            assert!(gone.contains("t"), "{gone}");
+            sql("CREATE TABLE t AS SELECT 3 AS gen").await.unwrap();
+            assert!(sql(counts).await.unwrap().contains("| 3   | 1 |"));
+        });
+}
+
+#[test]
+fn models_folder_names_are_names_and_one_models_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(models.join("dup")).unwrap();
+    for file in [
+        "x.y.onnx",
+        ".hidden.onnx",
+        "p%20q.onnx",
+        "ok.onnx",
+        "dup.onnx",
+    ] {
+        std::fs::copy("data/models/linear.onnx", models.join(file)).unwrap();
+    }
+    std::fs::copy("data/models/lookup.onnx", models.join("dup/model.onnx")).unwrap();
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(dir.path().join("wh"))
+            .arg("--models")
+            .arg(&models)
+            .args(["query", "-e", "SELECT name FROM models() ORDER BY name"]),
+        common::DEADLINE,
+    );
+    assert_eq!(assert_ok(&out), "name\ndup\nok\n");
+    let err = common::stderr(&out);
+    for file in ["x.y.onnx", ".hidden.onnx", "p%20q.onnx", "dup/model.onnx"] {
+        assert!(
+            err.contains(&format!("warning: {file} in")),
+            "{file}: {err}"
+        );
+    }
+    // `dup` is dup.onnx (the linear model), not the folder's.
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(dir.path().join("wh"))
+            .arg("--models")
+            .arg(&models)
+            .args(["query", "-e", "DESCRIBE MODEL dup"]),
+        common::DEADLINE,
+    );
+    assert!(assert_ok(&out).contains("[N, 10]"), "{}", stdout(&out));
+}
+
+#[test]
+fn an_unreadable_model_definition_can_be_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&query(&wh, "CREATE MODEL m FROM 'data/models/linear.onnx'"));
+    std::fs::write(wh.join("models/broken.json"), "not json").unwrap();
+    let out = query(&wh, "DROP MODEL broken");
+    assert_ok(&out);
+    assert!(!wh.join("models/broken.json").exists());
+    assert!(wh.join("models/m.json").exists());
+    assert_failure(
+        &query(&wh, "DROP MODEL broken"),
+        &["unknown model 'broken'"],
+    );
+}

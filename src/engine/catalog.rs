@@ -32,7 +32,15 @@ impl Engine {
             }
             ModelStatement::Drop { name, if_exists } => {
                 self.check_not_a_folder_model(&name)?;
-                if !self.registry.unregister(&name) && !if_exists {
+                let known = self.registry.unregister(&name);
+                // A definition that cannot be read (left out with a warning) is dropped too.
+                let unusable = match (&self.warehouse, known) {
+                    (Some(warehouse), false) => {
+                        warehouse.definitions().await?.unusable.contains_key(&name)
+                    }
+                    _ => false,
+                };
+                if !known && !unusable && !if_exists {
                     return Err(Error::UnknownModel {
                         name,
                         available: format!("the models are: {}", self.registry.names().join(", ")),
@@ -147,6 +155,68 @@ impl Engine {
             dir.display(),
             definition.source
         )
+    }
+
+    /// Brings the warehouse's tables up to what is there now, as other processes may have
+    /// changed them: a table created elsewhere is registered, one dropped elsewhere forgotten,
+    /// and the files of every table listed again (one replaced elsewhere is read from its new
+    /// files). A table that cannot be read is left out, with a warning, and the others kept.
+    pub(super) async fn refresh_tables(&self) -> Result<()> {
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(());
+        };
+        if !self
+            .tables_attached
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        if let Some(listings) = self.ctx.runtime_env().cache_manager.get_list_files_cache() {
+            listings.clear();
+        }
+        let names: BTreeSet<String> = warehouse.tables().await?.into_iter().collect();
+        let seen: Vec<String> = self.seen_tables().iter().cloned().collect();
+        for name in seen.iter().filter(|n| !names.contains(*n)) {
+            if self.is_warehouse_table(warehouse, name).await? {
+                self.ctx
+                    .deregister_table(TableReference::bare(name.as_str()))?;
+            }
+            self.seen_tables().remove(name);
+        }
+        for name in names.iter().filter(|n| !seen.contains(n)) {
+            // An external table of that name, registered by this process, stays.
+            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+                continue;
+            }
+            let registered = self
+                .ctx
+                .register_parquet(
+                    TableReference::bare(name.as_str()),
+                    &warehouse.table_location(name)?,
+                    ParquetReadOptions::default(),
+                )
+                .await;
+            match registered {
+                Ok(()) => {
+                    self.seen_tables().insert(name.clone());
+                }
+                Err(e) => {
+                    let warning = format!(
+                        "the warehouse's table '{name}' cannot be read and is left out: {}",
+                        display_error(&e.into())
+                    );
+                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+                    if warned.insert(warning.clone()) {
+                        eprintln!("warning: {warning}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn seen_tables(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.seen_tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {

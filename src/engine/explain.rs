@@ -29,6 +29,13 @@ impl Engine {
                 ));
             }
         }
+        let (rejected, folder) = self.statement_rejects().await?;
+        for (name, rows) in rejected {
+            kinds.push("batchinfer_rejects".to_string());
+            lines.push(format!(
+                "model '{name}': {rows} rows rejected, kept in {folder}"
+            ));
+        }
         if !lines.is_empty() {
             let columns = [kinds, lines]
                 .into_iter()

@@ -51,6 +51,7 @@ use crate::warehouse::{Definition, Warehouse, check_name};
 mod catalog;
 mod explain;
 mod options;
+mod rejects;
 mod write;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows.
@@ -75,6 +76,11 @@ pub struct Engine {
     warned: Mutex<BTreeSet<String>>,
     /// Set once the warehouse has been opened: its legacy layout moved.
     opened: tokio::sync::OnceCell<()>,
+    /// Whether the warehouse's tables are registered by name ([`Engine::open`]), and kept up
+    /// to date before each statement.
+    tables_attached: std::sync::atomic::AtomicBool,
+    /// The warehouse tables registered by name.
+    seen_tables: Mutex<BTreeSet<String>>,
 }
 
 impl Engine {
@@ -110,6 +116,8 @@ impl Engine {
             seen_models: Mutex::new(BTreeMap::new()),
             warned: Mutex::new(BTreeSet::new()),
             opened: tokio::sync::OnceCell::new(),
+            tables_attached: std::sync::atomic::AtomicBool::new(false),
+            seen_tables: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -119,24 +127,11 @@ impl Engine {
         engine.refresh_models().await?;
         if let Some(warehouse) = &engine.warehouse {
             warehouse.remove_abandoned();
-            for name in warehouse.tables().await? {
-                // One table that cannot be read does not take the others with it.
-                let registered = engine
-                    .ctx
-                    .register_parquet(
-                        TableReference::bare(name.as_str()),
-                        &warehouse.table_location(&name)?,
-                        ParquetReadOptions::default(),
-                    )
-                    .await;
-                if let Err(e) = registered {
-                    eprintln!(
-                        "warning: the warehouse's table '{name}' cannot be read and is left out: {}",
-                        display_error(&e.into())
-                    );
-                }
-            }
         }
+        engine
+            .tables_attached
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        engine.refresh_tables().await?;
         Ok(engine)
     }
 
@@ -194,6 +189,7 @@ impl Engine {
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
         self.refresh_models().await?;
+        self.refresh_tables().await?;
         self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
@@ -225,6 +221,7 @@ impl Engine {
 
     async fn run_sql(&self, mut statement: DFStatement) -> Result<DataFrame> {
         self.connect_stores(&mut statement)?;
+        self.tag_statement(&statement)?;
         for table in tables_named(&statement) {
             let reference = datafusion::common::TableReference::bare(table.as_str());
             if let Ok(provider) = self.ctx.table_provider(reference).await {
@@ -262,6 +259,7 @@ impl Engine {
                     }
                     let df = self.execute(statement).await?;
                     for name in owned {
+                        self.seen_tables().remove(&name);
                         warehouse.remove_table(&name).await?;
                     }
                     return Ok(df);

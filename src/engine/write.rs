@@ -17,7 +17,6 @@ use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::{Expr, LogicalPlan};
-use datafusion::prelude::ParquetReadOptions;
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
@@ -87,6 +86,10 @@ impl Engine {
         };
         match written {
             Ok(batches) => {
+                if let Err(e) = self.check_rejects_budget().await {
+                    write.abort().await;
+                    return Err(e);
+                }
                 write.commit().await?;
                 Ok(self.results.read_batches(batches)?)
             }
@@ -128,7 +131,8 @@ impl Engine {
         options
             .key_value_metadata
             .insert("batchinfer.models".to_string(), Some(models.clone()));
-        let empty_file = empty_table_file(df.schema().inner().clone(), &models)?;
+        let schema = df.schema().inner().clone();
+        let empty_file = empty_table_file(schema.clone(), &models)?;
         let stores = self.registry.stores();
         let table = warehouse.begin_table(&name, ct.or_replace, |target| {
             self.placement.write_to(stores, target)
@@ -136,25 +140,29 @@ impl Engine {
         let written = match df
             .write_parquet(table.target(), DataFrameWriteOptions::new(), Some(options))
             .await
+            .map_err(Error::from)
         {
             Ok(written) => written,
             Err(e) => {
                 table.abort().await;
-                return Err(e.into());
+                return Err(e);
             }
         };
+        if let Err(e) = self.check_rejects_budget().await {
+            table.abort().await;
+            return Err(e);
+        }
         table.commit(empty_file).await?;
         if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
             self.ctx
                 .deregister_table(TableReference::bare(name.as_str()))?;
         }
+        // With the schema the statement wrote: nothing is listed or read to register it, so
+        // another process replacing the table meanwhile cannot fail a statement that committed.
+        let table = listing_table(&warehouse.table_location(&name)?, schema)?;
         self.ctx
-            .register_parquet(
-                TableReference::bare(name.as_str()),
-                &warehouse.table_location(&name)?,
-                ParquetReadOptions::default(),
-            )
-            .await?;
+            .register_table(TableReference::bare(name.as_str()), table)?;
+        self.seen_tables().insert(name.clone());
         self.rows_written(&written)
     }
 
@@ -222,6 +230,21 @@ fn empty_table_file(
         .map_err(|e| Error::Usage(e.to_string()))?;
     writer.close().map_err(|e| Error::Usage(e.to_string()))?;
     Ok(bytes)
+}
+
+/// The Parquet files of the folder `location`, read with `schema`.
+fn listing_table(
+    location: &str,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::ListingOptions;
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new(ListingTableUrl::parse(location)?)
+        .with_listing_options(options)
+        .with_schema(schema);
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 /// A copy of the listing table `listing` (the provider `table`: its columns, partitioning, file

@@ -95,6 +95,19 @@ impl ModelRegistry {
             let Some(name) = name.filter(|n| !n.is_empty()) else {
                 continue;
             };
+            // A model name is a name (as CREATE MODEL's), and one model's.
+            if let Err(e) = crate::storage::check_name("model", name) {
+                eprintln!("warning: {file} in {} is left out: {e}", dir.display());
+                continue;
+            }
+            if found.iter().any(|f| f == name) {
+                eprintln!(
+                    "warning: {file} in {} is left out: the model '{name}' is already its \
+                     {name}.onnx",
+                    dir.display()
+                );
+                continue;
+            }
             let mut source = url.clone();
             if let Ok(mut segments) = source.path_segments_mut() {
                 segments.pop_if_empty().extend(file.split('/'));
@@ -104,7 +117,6 @@ impl ModelRegistry {
             found.push(name.to_string());
         }
         found.sort();
-        found.dedup();
         Ok(found)
     }
 

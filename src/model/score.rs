@@ -22,8 +22,17 @@ use crate::tensor::output::to_array;
 pub struct ScoreOptions {
     /// Most rows per model call (0: no cap).
     pub max_rows: usize,
-    /// Fail the batch, or give NULL to the rows the model fails on.
+    /// Fail the batch, or give NULL to the rows the model fails on (and keep them).
     pub on_error: OnError,
+}
+
+/// A batch scored: the results, how many rows went to the model, and the rows it failed on (by
+/// position in the batch, with the model's message), which got NULL.
+#[derive(Debug)]
+pub struct Scoring {
+    pub result: ArrayRef,
+    pub scored: usize,
+    pub failed: Vec<(usize, String)>,
 }
 
 /// Scores `rows` rows of `columns` (the feature columns) with `model`. A row with a NULL in any
@@ -34,31 +43,47 @@ pub fn score(
     columns: &[ArrayRef],
     rows: usize,
     options: ScoreOptions,
-) -> Result<ArrayRef> {
+) -> Result<Scoring> {
     let out_type = &model.signature.output_type;
     if u32::try_from(rows).is_err() {
         return Err(too_many_rows(rows));
     }
+    let done = |result, scored, failed| Scoring {
+        result,
+        scored,
+        failed,
+    };
     if rows == 0 {
-        return Ok(new_empty_array(out_type));
+        return Ok(done(new_empty_array(out_type), 0, Vec::new()));
     }
     let valid = columns.iter().fold(None::<NullBuffer>, |acc, c| {
         NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
     });
     let Some(valid) = valid.filter(|v| v.null_count() > 0) else {
-        return score_dense(model, binding, columns, rows, options);
+        let (result, failed) = score_dense(model, binding, columns, rows, options)?;
+        return Ok(done(result, rows, failed));
     };
     let present = valid.len() - valid.null_count();
     if present == 0 {
-        return Ok(new_null_array(out_type, rows));
+        return Ok(done(new_null_array(out_type, rows), 0, Vec::new()));
     }
     let mask = BooleanArray::new(valid.inner().clone(), None);
     let dense = columns
         .iter()
         .map(|c| filter(c.as_ref(), &mask))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let scored = score_dense(model, binding, &dense, present, options)?;
-    scatter(scored.as_ref(), valid.iter())
+    let (scored, failed) = score_dense(model, binding, &dense, present, options)?;
+    // The k-th dense row is the k-th row without a NULL.
+    let rows_of: Vec<usize> = valid.valid_indices().collect();
+    let failed = failed
+        .into_iter()
+        .map(|(k, message)| (rows_of[k], message))
+        .collect();
+    Ok(done(
+        scatter(scored.as_ref(), valid.iter())?,
+        present,
+        failed,
+    ))
 }
 
 /// Places result k at the k-th row whose flag is true, and NULL at the others.
@@ -82,7 +107,7 @@ fn score_dense(
     columns: &[ArrayRef],
     rows: usize,
     options: ScoreOptions,
-) -> Result<ArrayRef> {
+) -> Result<(ArrayRef, Vec<(usize, String)>)> {
     let fixed = model.signature.fixed_batch();
     let chunk = match (fixed, options.max_rows) {
         (Some(f), _) => f,
@@ -120,27 +145,28 @@ fn score_dense(
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let result = assemble(&model.signature.output_type, joined)?;
     if scored.failed.is_empty() {
-        return Ok(result);
+        return Ok((result, Vec::new()));
     }
     model
         .failed_rows
         .fetch_add(scored.failed.len() as u64, Ordering::Relaxed);
     let rows = u32::try_from(rows).map_err(|_| too_many_rows(rows))?;
     let mut positions: Vec<Option<u32>> = (0..rows).map(Some).collect();
-    for row in scored.failed {
-        positions[row] = None;
+    for (row, _) in &scored.failed {
+        positions[*row] = None;
     }
     // Through `take`, so that a struct result is NULL as a whole, not field by field.
-    Ok(take(result.as_ref(), &UInt32Array::from(positions), None)?)
+    let result = take(result.as_ref(), &UInt32Array::from(positions), None)?;
+    Ok((result, scored.failed))
 }
 
-/// Results gathered call by call, and the rows the model failed on.
+/// Results gathered call by call, and the rows the model failed on, with its message.
 struct Scored {
     per_output: Vec<Vec<ArrayRef>>,
-    failed: Vec<usize>,
+    failed: Vec<(usize, String)>,
 }
 
-/// Scores rows `start..start + len`. With `on_error = null`, a failing call is split in halves
+/// Scores rows `start..start + len`. With `on_error = null` (or `reject`), a failing call is split in halves
 /// until the rows that fail on their own are found; they get placeholder results and are
 /// recorded as failed. A row's result never depends on which rows shared its call.
 fn score_range(
@@ -171,7 +197,7 @@ fn score_range(
             }
             Ok(())
         }
-        Err(_) if on_error == OnError::Null && len == 1 => {
+        Err(e) if on_error != OnError::Fail && len == 1 => {
             for (all, ty) in scored
                 .per_output
                 .iter_mut()
@@ -179,10 +205,14 @@ fn score_range(
             {
                 all.push(new_null_array(ty, 1));
             }
-            scored.failed.push(start);
+            let message = match e {
+                Error::Inference { message, .. } => message,
+                e => crate::message::display_error(&e),
+            };
+            scored.failed.push((start, message));
             Ok(())
         }
-        Err(_) if on_error == OnError::Null => {
+        Err(_) if on_error != OnError::Fail => {
             let half = len / 2;
             score_range(model, binding, columns, start, half, on_error, scored)?;
             score_range(
@@ -393,7 +423,7 @@ mod tests {
                 .collect();
             let binding = InputBinding::plan(&model.signature, &vec![DataType::Float32; 10]).unwrap();
             let options = ScoreOptions { max_rows, on_error: OnError::Fail };
-            let scored = score(&model, &binding, &inputs, rows.len(), options).unwrap();
+            let scored = score(&model, &binding, &inputs, rows.len(), options).unwrap().result;
             let scored = scored.as_primitive::<Float32Type>();
             let mut nulls = 0;
             for (i, (id, null)) in rows.iter().enumerate() {

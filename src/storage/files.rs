@@ -20,6 +20,29 @@ impl StoreRegistry {
         block_on_io(async move { read_body(&store, &path, url.as_str(), cap).await })?
     }
 
+    /// Writes the whole file `url`, from synchronous code: it appears whole (locally a hidden
+    /// sibling renamed over it, in S3 one PUT), its folders made as needed.
+    pub fn write_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
+        let Some(path) = file_path(url)? else {
+            let (store, path) = self.own_client(url)?;
+            return block_on_io(async move {
+                object_store::ObjectStoreExt::put(&store, &path, bytes.into()).await?;
+                Ok(())
+            })?;
+        };
+        let at = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
+        if let Some(folder) = path.parent() {
+            std::fs::create_dir_all(folder).map_err(|e| at("creating the folder of", e))?;
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let hidden = path.with_file_name(format!(".{name}.partial"));
+        std::fs::write(&hidden, bytes).map_err(|e| at("writing", e))?;
+        std::fs::rename(&hidden, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&hidden);
+            at("writing", e)
+        })
+    }
+
     /// [`StoreRegistry::read_file`], or `None` when there is no such file.
     pub fn read_file_if_exists(&self, url: &Url, cap: u64) -> Result<Option<Vec<u8>>> {
         match self.read_file(url, cap) {
@@ -114,6 +137,60 @@ impl StoreRegistry {
             return Ok(Some(file));
         }
         exists(in_folder_of(url)?).await
+    }
+
+    /// The rows of the rejects files in the folder `url`, per model (a file is named
+    /// `MODEL-PID-N.parquet`; its rows are counted from its footer).
+    pub async fn count_rejects(&self, url: &Url) -> Result<Vec<(String, u64)>> {
+        use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+        use futures::TryStreamExt;
+        use object_store::ObjectStoreExt;
+        let store = self.store_for(url)?;
+        let folder = super::object_path(url)?;
+        let files: Vec<object_store::ObjectMeta> =
+            match store.list(Some(&folder)).try_collect().await {
+                Ok(files) => files,
+                Err(object_store::Error::NotFound { .. }) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+        let mut counts: Vec<(String, u64)> = Vec::new();
+        for file in files {
+            let Some(model) = file
+                .location
+                .filename()
+                .and_then(|f| f.strip_suffix(".parquet"))
+                .and_then(|f| f.rsplitn(3, '-').nth(2))
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            let unreadable = || Error::Usage(format!("{} is not a Parquet file", file.location));
+            // The footer: the metadata's length and `PAR1`, after the metadata.
+            let size = file.size;
+            let tail = store
+                .get_range(&file.location, size.saturating_sub(8)..size)
+                .await?;
+            let length = tail
+                .get(..4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(|b| u64::from(u32::from_le_bytes(b)))
+                .filter(|length| length + 8 <= size)
+                .ok_or_else(unreadable)?;
+            let metadata = store
+                .get_range(&file.location, size - 8 - length..size - 8)
+                .await?;
+            let rows = ParquetMetaDataReader::decode_metadata(&metadata)
+                .map_err(|_| unreadable())?
+                .file_metadata()
+                .num_rows();
+            let rows = u64::try_from(rows).unwrap_or(0);
+            match counts.iter_mut().find(|(m, _)| *m == model) {
+                Some((_, n)) => *n += rows,
+                None => counts.push((model, rows)),
+            }
+        }
+        counts.sort();
+        Ok(counts)
     }
 
     /// Why nothing can be read at `location` (a path or a URL): `None` when there is a file or

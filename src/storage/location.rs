@@ -125,6 +125,20 @@ pub fn local_file(location: &object_store::path::Path) -> Option<std::path::Path
 
 /// The path of an object within its bucket.
 pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(Error::Usage(format!(
+            "'{}' has a query or a fragment ('?' or '#'), which no store reads; a file or key \
+             with one of these characters is written with it encoded (%3F, %23)",
+            blank_passwords(url.as_str())
+        )));
+    }
+    if url.scheme() == "file" && !matches!(url.host_str(), None | Some("") | Some("localhost")) {
+        return Err(Error::Usage(format!(
+            "'{url}' names the machine '{}': a file: URL names a file of this machine \
+             (file:///path)",
+            url.host_str().unwrap_or_default()
+        )));
+    }
     object_store::path::Path::from_url_path(url.path())
         .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
 }

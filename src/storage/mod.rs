@@ -317,6 +317,8 @@ pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<O
     };
     match read {
         Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),
+        // Removed between the check and the read.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
         read => read.map(Some),
     }
 }

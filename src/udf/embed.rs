@@ -20,10 +20,11 @@ use datafusion::logical_expr::{
 
 use datafusion::config::ConfigOptions;
 
-use crate::config::BatchInferOptions;
+use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
 use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
 use crate::model::{Model, ModelRegistry};
+use crate::rejects;
 
 /// The `embed` scalar function over a [`ModelRegistry`].
 #[derive(Debug)]
@@ -105,10 +106,10 @@ impl ScalarUDFImpl for EmbedUdf {
             _ => model_name_of(None)?,
         };
         let rows = args.number_rows;
-        let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
+        let text_array = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
         let session = args.config_options.extensions.get::<BatchInferOptions>();
-        let (model, dim) = self.model(&name, texts.data_type(), Some(&args.config_options))?;
-        let texts = texts.as_string::<i32>();
+        let (model, dim) = self.model(&name, text_array.data_type(), Some(&args.config_options))?;
+        let texts = text_array.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
         let options = EmbedOptions {
             token_budget: session
@@ -116,35 +117,95 @@ impl ScalarUDFImpl for EmbedUdf {
                 .unwrap_or_else(|| model.device().token_budget()),
             ..EmbedOptions::default()
         };
-        let vectors =
-            embed_texts(&model, &present, options).map_err(|message| Error::Inference {
-                model: name.clone(),
-                first_row: 0,
-                end_row: rows,
-                message,
-            })?;
+        let on_error = session.map_or(OnError::Fail, |o| o.on_error);
+        let (vectors, failed) = if on_error == OnError::Fail {
+            let vectors =
+                embed_texts(&model, &present, options).map_err(|message| Error::Inference {
+                    model: name.clone(),
+                    first_row: 0,
+                    end_row: rows,
+                    message,
+                })?;
+            (vectors, Vec::new())
+        } else {
+            let mut isolated = Isolated::default();
+            isolated.embed(&model, &present, 0, options, dim);
+            (isolated.vectors, isolated.failed)
+        };
         // NULL texts were skipped: spread the vectors back over the rows, zeros under NULLs.
+        let rows_of: Vec<usize> = (0..rows).filter(|&r| texts.is_valid(r)).collect();
+        let failed: Vec<(usize, String)> = failed
+            .into_iter()
+            .map(|(k, message)| (rows_of[k], message))
+            .collect();
         let values = if texts.null_count() == 0 {
             vectors
         } else {
             let mut all = vec![0f32; rows * dim];
-            let mut next = vectors.chunks_exact(dim);
-            for row in 0..rows {
-                if texts.is_valid(row)
-                    && let Some(v) = next.next()
-                {
-                    all[row * dim..(row + 1) * dim].copy_from_slice(v);
-                }
+            for (row, v) in rows_of.iter().zip(vectors.chunks_exact(dim)) {
+                all[row * dim..(row + 1) * dim].copy_from_slice(v);
             }
             all
         };
+        let mut valid: Vec<bool> = (0..rows).map(|r| texts.is_valid(r)).collect();
+        for (row, _) in &failed {
+            valid[*row] = false;
+        }
+        if let Some(session) = session {
+            if session.on_error == OnError::Reject {
+                let fields = args.arg_fields.get(1..2).unwrap_or_default();
+                let columns = [text_array.clone()];
+                let stores = self.registry.stores();
+                rejects::keep(stores, session, &model, fields, &columns, &failed)?;
+            }
+            rejects::count(session, &name, present.len(), &failed)?;
+        }
         let item = Arc::new(Field::new_list_field(DataType::Float32, true));
+        let nulls = (texts.null_count() > 0 || !failed.is_empty())
+            .then(|| datafusion::arrow::buffer::NullBuffer::from(valid));
         let array = FixedSizeListArray::try_new(
             item,
             dim as i32,
             Arc::new(Float32Array::from(values)),
-            texts.nulls().cloned(),
+            nulls,
         )?;
         Ok(ColumnarValue::Array(Arc::new(array)))
+    }
+}
+
+/// Texts embedded with the failing ones isolated (`on_error` 'null' or 'reject'): a failing call
+/// is split in halves until the texts that fail on their own are found; they get zeros (NULL
+/// once spread back) and are recorded with the model's message. A text's vector never depends
+/// on which texts shared its call.
+#[derive(Default)]
+struct Isolated {
+    vectors: Vec<f32>,
+    failed: Vec<(usize, String)>,
+}
+
+impl Isolated {
+    fn embed(
+        &mut self,
+        model: &Model,
+        texts: &[&str],
+        first: usize,
+        options: EmbedOptions,
+        dim: usize,
+    ) {
+        if texts.is_empty() {
+            return;
+        }
+        match embed_texts(model, texts, options) {
+            Ok(vectors) => self.vectors.extend(vectors),
+            Err(message) if texts.len() == 1 => {
+                self.vectors.extend(std::iter::repeat_n(0f32, dim));
+                self.failed.push((first, message));
+            }
+            Err(_) => {
+                let half = texts.len() / 2;
+                self.embed(model, &texts[..half], first, options, dim);
+                self.embed(model, &texts[half..], first + half, options, dim);
+            }
+        }
     }
 }

@@ -19,10 +19,11 @@ use datafusion::logical_expr::{
 
 use datafusion::config::ConfigOptions;
 
-use crate::config::BatchInferOptions;
+use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
+use crate::rejects;
 use crate::tensor::input::InputBinding;
 
 /// The `predict` scalar function over a [`ModelRegistry`].
@@ -115,7 +116,16 @@ impl ScalarUDFImpl for PredictUdf {
             max_rows: o.batch_size,
             on_error: o.on_error,
         });
-        let result = score(&model, &binding, &columns, rows, options)?;
+        let scoring = score(&model, &binding, &columns, rows, options)?;
+        if let Some(session) = session {
+            if session.on_error == OnError::Reject {
+                let fields = args.arg_fields.get(1..).unwrap_or_default();
+                let stores = self.registry.stores();
+                rejects::keep(stores, session, &model, fields, &columns, &scoring.failed)?;
+            }
+            rejects::count(session, &name, scoring.scored, &scoring.failed)?;
+        }
+        let result = scoring.result;
         if result.data_type() != args.return_field.data_type() {
             return exec_err!(
                 "predict: model '{name}' now returns {}, but the query was planned for {} (was the model replaced?)",

@@ -1,0 +1,93 @@
+//! What the engine does for rejected rows (`SET batchinfer.on_error = 'reject'`, see
+//! [`crate::rejects`]): tags each statement with an id (its rejects' folder), makes the rejects
+//! location absolute so that every process writes where this one reads, counts a statement's
+//! rejects when it ends, and holds back its writes when they are past the budget.
+
+use super::*;
+
+use crate::config::OnError;
+use crate::rejects::{ErrorBudget, statement_folder, statement_id};
+
+/// The most of a statement's text kept with its rejects.
+const STATEMENT_TEXT: usize = 4_096;
+
+impl Engine {
+    /// Tags the statement about to be planned: a new id, its text (secrets already blanked), and
+    /// the rejects location made absolute (the warehouse's `rejects/` unless set).
+    pub(super) fn tag_statement(&self, statement: &DFStatement) -> Result<()> {
+        let mut text = statement.to_string();
+        if text.len() > STATEMENT_TEXT {
+            let mut end = STATEMENT_TEXT;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.push('…');
+        }
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        let Some(options) = state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<BatchInferOptions>()
+        else {
+            return Ok(());
+        };
+        options.statement = statement_id();
+        options.statement_text = text;
+        let rejects = match (&*options.rejects, &self.warehouse) {
+            ("", Some(warehouse)) => warehouse.rejects_location()?,
+            ("", None) => "rejects/".to_string(),
+            (set, _) => set.to_string(),
+        };
+        let mut url = crate::storage::location_url(&rejects)?;
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        options.rejects = crate::storage::display_location(&url);
+        Ok(())
+    }
+
+    fn options(&self) -> BatchInferOptions {
+        self.ctx
+            .state()
+            .config()
+            .options()
+            .extensions
+            .get::<BatchInferOptions>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The rows the statement that just ran rejected, per model, and the folder they are in
+    /// (nothing unless `on_error = 'reject'`): counted from the files, wherever they were written.
+    pub async fn statement_rejects(&self) -> Result<(Vec<(String, u64)>, String)> {
+        let options = self.options();
+        if options.on_error != OnError::Reject || options.statement.is_empty() {
+            return Ok((Vec::new(), String::new()));
+        }
+        let folder = statement_folder(&options)?;
+        let counts = self.registry.stores().count_rejects(&folder).await?;
+        Ok((counts, crate::storage::display_location(&folder)))
+    }
+
+    /// Before a statement's writes commit: its rejects, counted wherever they were written (the
+    /// executors of a cluster each count only their own while it runs), are within
+    /// `batchinfer.max_errors`.
+    pub(super) async fn check_rejects_budget(&self) -> Result<()> {
+        let options = self.options();
+        let Some(ErrorBudget::Count(most)) = options.max_errors else {
+            return Ok(());
+        };
+        let (counts, folder) = self.statement_rejects().await?;
+        let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
+        if rejected > most {
+            return Err(Error::Usage(format!(
+                "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
+                 written; they are in {folder}"
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! Rows a model fails on: kept (`SET batchinfer.on_error = 'reject'`), counted and bounded
+//! (`SET batchinfer.max_errors`).
+//!
+//! A rejected row gets NULL, as with `on_error = 'null'`, and is written to the rejects location
+//! (`batchinfer.rejects`; by default the warehouse's `rejects/`) as Parquet, in one folder per
+//! statement (`rejects/STATEMENT/`): the statement's id and text, the time, the model's name and
+//! sha256, the model's message, and the row's input values as the model received them (the
+//! argument columns, with their names and types), so that `predict` over that folder retries
+//! them. The files are written while the statement runs, by the process that scores the rows
+//! (the executors of a cluster too), each whole (a rename locally, one PUT in S3): a statement
+//! stopped by its budget keeps the rejects it found.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
+use datafusion::parquet::arrow::ArrowWriter;
+
+use crate::config::BatchInferOptions;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::storage::StoreRegistry;
+
+/// How many failed rows a statement may have: `'100'` (a count) or `'0.5%'` (a share of the rows
+/// scored, checked once at least [`SHARE_AFTER`] rows were).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ErrorBudget {
+    Count(u64),
+    /// A fraction, 0 to 1.
+    Share(f64),
+}
+
+/// Rows scored before a share budget is checked: the first failures of a statement say little
+/// about its share.
+pub const SHARE_AFTER: u64 = 1_000;
+
+impl FromStr for ErrorBudget {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let text = text.trim();
+        let bad = || {
+            format!(
+                "batchinfer.max_errors '{text}': expected a count of rows ('100') or a share of \
+                 the rows scored ('0.5%')"
+            )
+        };
+        match text.strip_suffix('%') {
+            Some(percent) => {
+                let p: f64 = percent.trim().parse().map_err(|_| bad())?;
+                if !(0.0..=100.0).contains(&p) {
+                    return Err(bad());
+                }
+                Ok(ErrorBudget::Share(p / 100.0))
+            }
+            None => text.parse().map(ErrorBudget::Count).map_err(|_| bad()),
+        }
+    }
+}
+
+impl fmt::Display for ErrorBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorBudget::Count(n) => write!(f, "{n}"),
+            ErrorBudget::Share(share) => write!(f, "{}%", share * 100.0),
+        }
+    }
+}
+
+impl ErrorBudget {
+    /// Whether `failed` of `scored` rows is past the budget.
+    pub fn exceeded(self, scored: u64, failed: u64) -> bool {
+        match self {
+            ErrorBudget::Count(n) => failed > n,
+            ErrorBudget::Share(share) => {
+                scored >= SHARE_AFTER && failed as f64 > share * scored as f64
+            }
+        }
+    }
+}
+
+/// What one statement's model calls in this process have scored and failed on so far.
+#[derive(Debug, Default)]
+struct Tally {
+    scored: u64,
+    failed: u64,
+    first: Vec<String>,
+}
+
+/// Statements whose tallies are kept (the oldest are forgotten past this).
+const TALLIES: usize = 256;
+
+static TALLY: Mutex<BTreeMap<String, Tally>> = Mutex::new(BTreeMap::new());
+
+/// Counts a batch's rows for the statement at hand, and stops it once its failed rows are past
+/// `batchinfer.max_errors`: the error gives the count and the first messages.
+pub fn count(
+    options: &BatchInferOptions,
+    model: &str,
+    scored: usize,
+    failed: &[(usize, String)],
+) -> Result<()> {
+    let Some(budget) = options.max_errors else {
+        return Ok(());
+    };
+    let mut tallies = TALLY.lock().unwrap_or_else(|p| p.into_inner());
+    let tally = tallies.entry(options.statement.clone()).or_default();
+    tally.scored += scored as u64;
+    tally.failed += failed.len() as u64;
+    for (_, message) in failed {
+        let message = format!("model '{model}': {message}");
+        if tally.first.len() < 3 && !tally.first.contains(&message) {
+            tally.first.push(message);
+        }
+    }
+    let over = budget.exceeded(tally.scored, tally.failed).then(|| {
+        Error::Usage(format!(
+            "{} rows failed of {} scored, past batchinfer.max_errors = '{budget}'; nothing is \
+             written; the first failures: {}",
+            tally.failed,
+            tally.scored,
+            tally.first.join("; ")
+        ))
+    });
+    while tallies.len() > TALLIES {
+        tallies.pop_first();
+    }
+    over.map_or(Ok(()), Err)
+}
+
+/// The columns every rejects file starts with; the row's inputs follow.
+pub fn meta_fields() -> Vec<Field> {
+    vec![
+        Field::new("statement_id", DataType::Utf8, false),
+        Field::new("statement", DataType::Utf8, false),
+        Field::new(
+            "rejected_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("model", DataType::Utf8, false),
+        Field::new("model_sha256", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, false),
+    ]
+}
+
+/// The schema of `batchinfer_rejects()`: what every rejects file has.
+pub fn meta_schema() -> SchemaRef {
+    Arc::new(Schema::new(meta_fields()))
+}
+
+static FILES: AtomicU64 = AtomicU64::new(0);
+
+/// Writes the rows of `columns` (the model's arguments, described by `fields`) that `model`
+/// failed on to the statement's rejects folder, with the model's messages.
+pub fn keep(
+    stores: &StoreRegistry,
+    options: &BatchInferOptions,
+    model: &Model,
+    fields: &[FieldRef],
+    columns: &[ArrayRef],
+    failed: &[(usize, String)],
+) -> Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let rows = failed.len();
+    let positions: datafusion::arrow::array::UInt32Array = failed
+        .iter()
+        .map(|(row, _)| u32::try_from(*row).ok())
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let repeat = |text: &str| Arc::new(StringArray::from(vec![text; rows])) as ArrayRef;
+    let mut meta = meta_fields();
+    let mut arrays: Vec<ArrayRef> = vec![
+        repeat(&options.statement),
+        repeat(&options.statement_text),
+        Arc::new(TimestampMicrosecondArray::from(vec![now; rows]).with_timezone("UTC")),
+        repeat(&model.name),
+        repeat(&model.sha256),
+        Arc::new(StringArray::from_iter_values(
+            failed.iter().map(|(_, m)| m.as_str()),
+        )),
+    ];
+    for (field, column) in fields.iter().zip(columns) {
+        let mut name = field.name().clone();
+        while meta.iter().any(|f| f.name() == &name) {
+            name.push_str("_input");
+        }
+        meta.push(Field::new(name, column.data_type().clone(), true));
+        arrays.push(take(column.as_ref(), &positions, None)?);
+    }
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(meta)), arrays)?;
+    let mut bytes = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), None)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    writer
+        .write(&batch)
+        .and_then(|()| writer.close().map(drop))
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    let folder = statement_folder(options)?;
+    let file = folder
+        .join(&format!(
+            "{}-{}-{}.parquet",
+            model.name,
+            std::process::id(),
+            FILES.fetch_add(1, Ordering::Relaxed)
+        ))
+        .map_err(|e| Error::Usage(format!("{folder}: {e}")))?;
+    stores.write_file(&file, bytes)
+}
+
+/// The folder of the statement at hand's rejects: `REJECTS/STATEMENT/`.
+pub fn statement_folder(options: &BatchInferOptions) -> Result<url::Url> {
+    let mut root = crate::storage::location_url(&options.rejects)?;
+    if !root.path().ends_with('/') {
+        root.set_path(&format!("{}/", root.path()));
+    }
+    let id = if options.statement.is_empty() {
+        "statement"
+    } else {
+        options.statement.as_str()
+    };
+    root.join(&format!("{id}/"))
+        .map_err(|e| Error::Usage(format!("{root}{id}/: {e}")))
+}
+
+/// A new statement id: when it began (UTC, sortable), this process and a counter.
+pub fn statement_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (secs, millis) = (now.as_secs(), now.subsec_millis());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}-{millis:03}-{}-{}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The civil date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `batchinfer_rejects()`: every rejected row kept at the session's rejects location, with the
+/// columns every rejects file has (a statement's own folder, `REJECTS/STATEMENT/`, has the
+/// inputs too).
+#[derive(Debug)]
+pub struct RejectsFunction {
+    pub stores: Arc<StoreRegistry>,
+}
+
+impl datafusion::catalog::TableFunctionImpl for RejectsFunction {
+    fn call_with_args(
+        &self,
+        args: datafusion::catalog::TableFunctionArgs,
+    ) -> datafusion::error::Result<Arc<dyn datafusion::catalog::TableProvider>> {
+        use datafusion::datasource::file_format::parquet::ParquetFormat;
+        use datafusion::datasource::listing::{
+            ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+        };
+        if !args.exprs().is_empty() {
+            return datafusion::common::plan_err!("batchinfer_rejects() takes no arguments");
+        }
+        let root = args
+            .session()
+            .config()
+            .options()
+            .extensions
+            .get::<BatchInferOptions>()
+            .map(|o| o.rejects.clone())
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "rejects/".to_string());
+        let mut url = crate::storage::location_url(&root)?;
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        // One folder per statement (DataFusion reads no subfolders of a table's folder).
+        let files = match self.stores.list_two_levels(&url, &root) {
+            Ok(files) => files,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut folders: Vec<&str> = files
+            .iter()
+            .filter(|f| f.ends_with(".parquet"))
+            .filter_map(|f| Some(f.split_once('/')?.0))
+            .collect();
+        folders.dedup();
+        if folders.is_empty() {
+            return Ok(Arc::new(datafusion::datasource::MemTable::try_new(
+                meta_schema(),
+                vec![vec![]],
+            )?));
+        }
+        let paths = folders
+            .iter()
+            .map(|folder| {
+                let url = url
+                    .join(&format!("{folder}/"))
+                    .map_err(|e| Error::Usage(format!("{url}{folder}/: {e}")))?;
+                Ok(ListingTableUrl::parse(url.as_str())?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options =
+            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        let config = ListingTableConfig::new_with_multi_paths(paths)
+            .with_listing_options(options)
+            .with_schema(meta_schema());
+        Ok(Arc::new(ListingTable::try_new(config)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_parse_and_bound() {
+        assert_eq!("100".parse(), Ok(ErrorBudget::Count(100)));
+        assert_eq!(" 0.5% ".parse(), Ok(ErrorBudget::Share(0.005)));
+        assert!("-1".parse::<ErrorBudget>().is_err());
+        assert!("101%".parse::<ErrorBudget>().is_err());
+        assert!("lots".parse::<ErrorBudget>().is_err());
+        assert!(!ErrorBudget::Count(2).exceeded(10, 2));
+        assert!(ErrorBudget::Count(2).exceeded(10, 3));
+        // A share is checked once SHARE_AFTER rows were scored.
+        assert!(!ErrorBudget::Share(0.01).exceeded(999, 500));
+        assert!(ErrorBudget::Share(0.01).exceeded(1_000, 11));
+        assert!(!ErrorBudget::Share(0.01).exceeded(1_000, 10));
+    }
+
+    #[test]
+    fn days_are_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_787), (2026, 11, 30));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}
