@@ -67,7 +67,8 @@ impl fmt::Display for ErrorBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ErrorBudget::Count(n) => write!(f, "{n}"),
-            ErrorBudget::Share(share) => write!(f, "{}%", share * 100.0),
+            // As written, without the float's noise (0.9, not 0.9000000000000001).
+            ErrorBudget::Share(share) => write!(f, "{}%", (share * 100.0 * 1e9).round() / 1e9),
         }
     }
 }

@@ -58,7 +58,14 @@ impl Runner<'_> {
         if self.timing {
             eprintln!("{}", report.summary(started.elapsed()));
         }
-        let (rejected, folder) = self.engine.statement_rejects().await?;
+        // The statement succeeded: rejects that cannot be counted are a warning, not its error.
+        let (rejected, folder) = self.engine.statement_rejects().await.unwrap_or_else(|e| {
+            eprintln!(
+                "warning: the statement's rejects cannot be counted: {}",
+                display_error(&e)
+            );
+            (Vec::new(), String::new())
+        });
         for (model, rows) in &rejected {
             eprintln!(
                 "warning: model '{model}' failed on {rows} row(s), which got NULL; they are kept \

@@ -1721,3 +1721,46 @@ fn an_unreadable_model_definition_can_be_dropped() {
         &["unknown model 'broken'"],
     );
 }
+
+#[test]
+fn a_failed_explain_analyze_of_a_write_leaves_what_was_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let table = dir.path().join("t");
+    let define = format!(
+        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
+        table.display()
+    );
+    assert_ok(&query(
+        &wh,
+        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
+    ));
+    let before = snapshot(dir.path());
+    for write in [
+        format!("{define}; EXPLAIN ANALYZE INSERT INTO t {FAILS_LATE}"),
+        format!(
+            "EXPLAIN ANALYZE COPY ({FAILS_LATE}) TO '{}' STORED AS PARQUET",
+            dir.path().join("out.parquet").display()
+        ),
+        format!(
+            "EXPLAIN ANALYZE COPY ({FAILS_LATE}) TO '{}/' STORED AS PARQUET",
+            dir.path().join("out").display()
+        ),
+    ] {
+        assert_failure(&query(&wh, &write), &[]);
+        let changed = changes(&before, &snapshot(dir.path()));
+        assert!(changed.is_empty(), "{write} changed {changed:?}");
+    }
+    // One that succeeds writes, and explains itself.
+    let out = query(
+        &wh,
+        &format!(
+            "{define}; EXPLAIN ANALYZE INSERT INTO t VALUES (3, 3); SELECT count(*) AS n FROM t"
+        ),
+    );
+    let printed = assert_ok(&out);
+    assert!(
+        printed.contains("DataSinkExec") && printed.ends_with("n\n3\n"),
+        "{printed}"
+    );
+}

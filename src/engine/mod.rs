@@ -81,6 +81,8 @@ pub struct Engine {
     tables_attached: std::sync::atomic::AtomicBool,
     /// The warehouse tables registered by name.
     seen_tables: Mutex<BTreeSet<String>>,
+    /// Where the statement at hand keeps its rejects, if it keeps them.
+    rejects_folder: Mutex<Option<url::Url>>,
 }
 
 impl Engine {
@@ -118,6 +120,7 @@ impl Engine {
             opened: tokio::sync::OnceCell::new(),
             tables_attached: std::sync::atomic::AtomicBool::new(false),
             seen_tables: Mutex::new(BTreeSet::new()),
+            rejects_folder: Mutex::new(None),
         })
     }
 
@@ -188,6 +191,11 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
+        // Until the statement is tagged, it keeps no rejects.
+        *self
+            .rejects_folder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.refresh_models().await?;
         self.refresh_tables().await?;
         self.placement.share_models(&self.ctx, &self.registry)?;
@@ -228,16 +236,16 @@ impl Engine {
                 self.tables.insert(&table, provider);
             }
         }
+        let writes = |statement: &DFStatement| match statement {
+            DFStatement::CopyTo(_) => true,
+            DFStatement::Statement(s) => matches!(s.as_ref(), SQLStatement::Insert(_)),
+            _ => false,
+        };
         match &statement {
-            DFStatement::CopyTo(_) => return self.copy_committed(statement).await,
-            DFStatement::Statement(s) => {
-                if let SQLStatement::Insert(insert) = s.as_ref() {
-                    return match self.insert_target(insert).await {
-                        Some(table) => self.insert_committed(statement, table).await,
-                        None => self.execute(statement).await,
-                    };
-                }
+            DFStatement::Explain(e) if e.options.analyze && writes(&e.statement) => {
+                return self.write_committed(statement).await;
             }
+            statement_ if writes(statement_) => return self.write_committed(statement).await,
             _ => {}
         }
         if let (Some(warehouse), DFStatement::Statement(s)) = (&self.warehouse, &statement) {

@@ -81,7 +81,8 @@ fn blank_table_passwords<V: VisitMut>(node: &mut V) {
 /// What a secret option's value reads as once the statement has used it.
 pub(super) const REDACTED: &str = "<redacted>";
 
-/// Blanks the values of the options whose name says they are secret.
+/// Blanks the values of the options whose name says they are secret, and the password of any
+/// URL in the others.
 pub(super) fn redact(options: &mut [(String, SqlValue)]) {
     for (key, value) in options {
         let key = key.to_ascii_lowercase();
@@ -90,6 +91,11 @@ pub(super) fn redact(options: &mut [(String, SqlValue)]) {
             .any(|word| key.contains(word))
         {
             *value = SqlValue::SingleQuotedString(REDACTED.to_string());
+        } else if let SqlValue::SingleQuotedString(text) | SqlValue::DoubleQuotedString(text) =
+            value
+        {
+            // A URL's password, in any option (an endpoint): blanked too.
+            *text = blank_passwords(text);
         }
     }
 }

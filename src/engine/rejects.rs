@@ -41,12 +41,36 @@ impl Engine {
             ("", None) => "rejects/".to_string(),
             (set, _) => set.to_string(),
         };
-        let mut url = crate::storage::location_url(&rejects)?;
+        let unusable = |e: Error| {
+            Error::Usage(format!(
+                "batchinfer.rejects '{rejects}' cannot be used: {e}"
+            ))
+        };
+        let mut url = crate::storage::location_url(&rejects).map_err(unusable)?;
         if !url.path().ends_with('/') {
             url.set_path(&format!("{}/", url.path()));
         }
+        if options.on_error == OnError::Reject {
+            // Its statement folders are read back as tables: named plainly, and a folder.
+            crate::storage::check_write_target(&rejects).map_err(unusable)?;
+            crate::storage::object_path(&url).map_err(unusable)?;
+            self.registry
+                .stores()
+                .check_folder(&url)
+                .map_err(unusable)?;
+        }
         options.rejects = crate::storage::display_location(&url);
+        *self.rejects_folder() = (options.on_error == OnError::Reject)
+            .then(|| statement_folder(options))
+            .transpose()?;
         Ok(())
+    }
+
+    /// The rejects folder of the statement at hand, as it was tagged (None: it keeps none).
+    fn rejects_folder(&self) -> std::sync::MutexGuard<'_, Option<url::Url>> {
+        self.rejects_folder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn options(&self) -> BatchInferOptions {
@@ -63,11 +87,9 @@ impl Engine {
     /// The rows the statement that just ran rejected, per model, and the folder they are in
     /// (nothing unless `on_error = 'reject'`): counted from the files, wherever they were written.
     pub async fn statement_rejects(&self) -> Result<(Vec<(String, u64)>, String)> {
-        let options = self.options();
-        if options.on_error != OnError::Reject || options.statement.is_empty() {
+        let Some(folder) = self.rejects_folder().clone() else {
             return Ok((Vec::new(), String::new()));
-        }
-        let folder = statement_folder(&options)?;
+        };
         let counts = self.registry.stores().count_rejects(&folder).await?;
         Ok((counts, crate::storage::display_location(&folder)))
     }

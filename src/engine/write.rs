@@ -18,7 +18,7 @@ use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingT
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::scalar::ScalarValue;
-use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::parser::{ExplainStatement, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
     CreateTable, Ident, ObjectName, Statement as SQLStatement, TableObject,
 };
@@ -29,67 +29,105 @@ use crate::storage::CommittedWrite;
 use crate::warehouse::Warehouse;
 
 impl Engine {
-    /// COPY, whose files appear all at once when it succeeds, or not at all, wherever it runs
-    /// ([`crate::cluster::Placement::write_to`]).
-    pub(super) async fn copy_committed(&self, statement: DFStatement) -> Result<DataFrame> {
-        let DFStatement::CopyTo(mut copy) = statement else {
-            return Err(Error::Usage("expected a COPY statement".into()));
+    /// COPY, or INSERT INTO a listing table, whose files appear all at once when it succeeds,
+    /// or not at all, wherever it runs ([`crate::cluster::Placement::write_to`]). An EXPLAIN
+    /// ANALYZE runs the statement it explains: a write it explains is committed the same way.
+    pub(super) async fn write_committed(&self, statement: DFStatement) -> Result<DataFrame> {
+        let (explain, statement) = match statement {
+            DFStatement::Explain(ExplainStatement { options, statement }) if options.analyze => {
+                (Some(options), *statement)
+            }
+            statement => (None, statement),
         };
-        let (write_to, output) = self
-            .placement
-            .write_to(self.registry.stores(), &copy.target)?;
-        copy.target = write_to;
-        self.run_then_commit(DFStatement::CopyTo(copy), output)
-            .await
+        let placed = self.place_write(statement).await?;
+        let rewrap = |statement: DFStatement| match &explain {
+            Some(options) => DFStatement::Explain(ExplainStatement {
+                options: options.clone(),
+                statement: Box::new(statement),
+            }),
+            None => statement,
+        };
+        match placed {
+            Placed::Write(mut placed) => {
+                placed.statement = rewrap(placed.statement);
+                self.run_then_commit(placed, explain.is_some()).await
+            }
+            Placed::NotAWrite(statement) if explain.is_some() => {
+                self.explain_analyze(rewrap(statement)).await
+            }
+            Placed::NotAWrite(statement) => self.execute(statement).await,
+        }
     }
 
-    /// INSERT INTO a listing `table`, whose new files appear together when it succeeds, or not
-    /// at all, wherever it runs. Where the placement writes elsewhere than the table's folder (a
-    /// cluster's executors: into a staging folder), the rows go into a copy of the table over
-    /// that place, and are moved into the table's folder at commit.
-    pub(super) async fn insert_committed(
-        &self,
-        mut statement: DFStatement,
-        table: Arc<dyn TableProvider>,
-    ) -> Result<DataFrame> {
+    /// Where a write goes and how it commits. A COPY is pointed at where the placement says. An
+    /// INSERT INTO a listing table writes into its folder; where the placement writes elsewhere
+    /// (a cluster's executors: into a staging folder), into a copy of the table over that
+    /// place, moved into the table's folder at commit.
+    async fn place_write(&self, statement: DFStatement) -> Result<Placed<'_>> {
+        let stores = self.registry.stores();
+        let mut statement = match statement {
+            DFStatement::CopyTo(mut copy) => {
+                let (write_to, write) = self.placement.write_to(stores, &copy.target)?;
+                copy.target = write_to;
+                let statement = DFStatement::CopyTo(copy);
+                return Ok(Placed::Write(PlacedWrite {
+                    statement,
+                    write,
+                    _staged: None,
+                }));
+            }
+            statement => statement,
+        };
+        let DFStatement::Statement(s) = &mut statement else {
+            return Ok(Placed::NotAWrite(statement));
+        };
+        let SQLStatement::Insert(insert) = s.as_mut() else {
+            return Ok(Placed::NotAWrite(statement));
+        };
+        let Some(table) = self.insert_target(insert).await else {
+            return Ok(Placed::NotAWrite(statement));
+        };
         let Some(listing) = table.downcast_ref::<ListingTable>() else {
-            return self.execute(statement).await;
+            return Ok(Placed::NotAWrite(statement));
         };
         // The folder an INSERT writes into: its table's first.
         let folder = listing.table_paths()[0].as_str().to_string();
-        let (write_to, output) = self.placement.write_to(self.registry.stores(), &folder)?;
-        if write_to == folder {
-            return self.run_then_commit(statement, output).await;
-        }
-        let staged = Registered::new(&self.ctx, staged_table(listing, table.as_ref(), &write_to)?)?;
-        if let DFStatement::Statement(s) = &mut statement
-            && let SQLStatement::Insert(insert) = s.as_mut()
-        {
+        let (write_to, write) = self.placement.write_to(stores, &folder)?;
+        let mut staged = None;
+        if write_to != folder {
+            let copy =
+                Registered::new(&self.ctx, staged_table(listing, table.as_ref(), &write_to)?)?;
             insert.table = TableObject::TableName(ObjectName::from(vec![Ident::with_quote(
                 '"',
-                staged.name.as_str(),
+                copy.name.as_str(),
             )]));
+            staged = Some(copy);
         }
-        self.run_then_commit(statement, output).await
+        Ok(Placed::Write(PlacedWrite {
+            statement,
+            write,
+            _staged: staged,
+        }))
     }
 
-    /// Runs `statement` to the end, then commits `write`; on failure (or when the future is
-    /// dropped: cancellation) it is discarded.
-    async fn run_then_commit(
-        &self,
-        statement: DFStatement,
-        write: CommittedWrite,
-    ) -> Result<DataFrame> {
-        let written = match self.execute(statement).await {
-            Ok(df) => df.collect().await.map_err(Error::from),
-            Err(e) => Err(e),
+    /// Runs a placed write to the end (with `analyze`, its EXPLAIN ANALYZE), then commits it; on
+    /// failure (or when the future is dropped: cancellation) it is discarded.
+    async fn run_then_commit(&self, placed: PlacedWrite<'_>, analyze: bool) -> Result<DataFrame> {
+        let PlacedWrite {
+            statement, write, ..
+        } = placed;
+        let run = async {
+            let df = if analyze {
+                self.explain_analyze(statement).await?
+            } else {
+                self.execute(statement).await?
+            };
+            let batches = df.collect().await?;
+            self.check_rejects_budget().await?;
+            Ok::<_, Error>(batches)
         };
-        match written {
+        match run.await {
             Ok(batches) => {
-                if let Err(e) = self.check_rejects_budget().await {
-                    write.abort().await;
-                    return Err(e);
-                }
                 write.commit().await?;
                 Ok(self.results.read_batches(batches)?)
             }
@@ -282,6 +320,19 @@ fn staged_table(
         staged = staged.with_constraints(constraints.clone());
     }
     Ok(Arc::new(staged))
+}
+
+/// A statement that writes, and where it was pointed ([`Engine::place_write`]).
+enum Placed<'a> {
+    Write(PlacedWrite<'a>),
+    NotAWrite(DFStatement),
+}
+
+struct PlacedWrite<'a> {
+    statement: DFStatement,
+    write: CommittedWrite,
+    /// The copy of an INSERT's table it writes through, registered while it runs.
+    _staged: Option<Registered<'a>>,
 }
 
 /// A table registered under a hidden name for as long as this lives.

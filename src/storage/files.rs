@@ -193,6 +193,19 @@ impl StoreRegistry {
         Ok(counts)
     }
 
+    /// Refuses a folder location that is something else where it exists (a file, a FIFO, a
+    /// device); an object store has no such things.
+    pub fn check_folder(&self, url: &Url) -> Result<()> {
+        // Without its trailing '/': "file/" does not exist as such when "file" is a file.
+        let path = file_path(url)?.map(|p| p.components().collect::<PathBuf>());
+        match path {
+            Some(path) if path.exists() && !path.is_dir() => {
+                Err(Error::Usage(format!("{} is not a folder", path.display())))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Why nothing can be read at `location` (a path or a URL): `None` when there is a file or
     /// an object there, or under it.
     pub async fn why_nothing_at(&self, location: &str) -> Result<Option<String>> {
