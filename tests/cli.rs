@@ -205,51 +205,39 @@ fn directories_are_queried_by_path() {
     assert_eq!(stdout(&out), "n,scored\n10000,10000\n");
 }
 
-#[test]
-fn statements_from_standard_input_without_a_subcommand() {
+/// Runs batchinfer (no subcommand) with `input` piped to its standard input.
+fn piped(args: &[&str], input: &[u8]) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args(["--models", "data/models", "--format", "csv"])
+        .args(args)
         .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            // A ';' ending a line inside a string literal does not end the statement.
-            b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\nSELECT 'a;\nb' AS s;\n",
-        )
-        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
     common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn statements_from_standard_input_without_a_subcommand() {
+    let out = piped(
+        &["--models", "data/models", "--format", "csv"],
+        // A ';' ending a line inside a string literal does not end the statement.
+        b"SELECT count(*) AS n\nFROM 'data/sample/iris.parquet';\nSELECT 1 + 1 AS two;\nSELECT 'a;\nb' AS s;\n",
+    );
     assert_ok(&out);
     assert_eq!(stdout(&out), "n\n150\ntwo\n2\ns\n\"a;\nb\"\n");
 }
 
 #[test]
 fn a_semicolon_alone_on_a_line_of_a_literal_does_not_end_piped_statements() {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args(["--format", "csv"])
-        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"SELECT 'x\n;\ny' AS t;\nSELECT 2 AS two;\n")
-        .unwrap();
-    common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
-    let out = child.wait_with_output().unwrap();
+    let out = piped(
+        &["--format", "csv"],
+        b"SELECT 'x\n;\ny' AS t;\nSELECT 2 AS two;\n",
+    );
     assert_ok(&out);
     assert_eq!(stdout(&out), "t\n\"x\n;\ny\"\ntwo\n2\n");
 }

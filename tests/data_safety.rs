@@ -170,19 +170,25 @@ fn a_failed_copy_leaves_what_was_there_before() {
     );
 }
 
+/// An external table `t` in `dir/t/` holding two rows; the statement that defines it, for each
+/// process to run before its own.
+fn table_of_two_rows(dir: &Path, wh: &Path) -> String {
+    let define = format!(
+        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
+        dir.join("t").display()
+    );
+    assert_ok(&query(
+        wh,
+        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
+    ));
+    define
+}
+
 #[test]
 fn a_failed_insert_adds_none_of_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
-    let table = dir.path().join("t");
-    let define = format!(
-        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
-        table.display()
-    );
-    assert_ok(&query(
-        &wh,
-        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
-    ));
+    let define = table_of_two_rows(dir.path(), &wh);
     let before = snapshot(dir.path());
     for failing in [FAILS_LATE, MODEL_FAILS_LATE] {
         let out = query(&wh, &format!("{define}; INSERT INTO t {failing}"));
@@ -1676,15 +1682,18 @@ fn models_folder_names_are_names_and_one_models_each() {
         std::fs::copy("data/models/linear.onnx", models.join(file)).unwrap();
     }
     std::fs::copy("data/models/lookup.onnx", models.join("dup/model.onnx")).unwrap();
-    let out = common::output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(dir.path().join("wh"))
-            .arg("--models")
-            .arg(&models)
-            .args(["query", "-e", "SELECT name FROM models() ORDER BY name"]),
-        common::DEADLINE,
-    );
+    let with_models = |sql: &str| {
+        common::output_within(
+            bin()
+                .arg("--warehouse")
+                .arg(dir.path().join("wh"))
+                .arg("--models")
+                .arg(&models)
+                .args(["query", "-e", sql]),
+            common::DEADLINE,
+        )
+    };
+    let out = with_models("SELECT name FROM models() ORDER BY name");
     assert_eq!(assert_ok(&out), "name\ndup\nok\n");
     let err = common::stderr(&out);
     for file in ["x.y.onnx", ".hidden.onnx", "p%20q.onnx", "dup/model.onnx"] {
@@ -1694,15 +1703,7 @@ fn models_folder_names_are_names_and_one_models_each() {
         );
     }
     // `dup` is dup.onnx (the linear model), not the folder's.
-    let out = common::output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(dir.path().join("wh"))
-            .arg("--models")
-            .arg(&models)
-            .args(["query", "-e", "DESCRIBE MODEL dup"]),
-        common::DEADLINE,
-    );
+    let out = with_models("DESCRIBE MODEL dup");
     assert!(assert_ok(&out).contains("[N, 10]"), "{}", stdout(&out));
 }
 
@@ -1726,15 +1727,7 @@ fn an_unreadable_model_definition_can_be_dropped() {
 fn a_failed_explain_analyze_of_a_write_leaves_what_was_there() {
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
-    let table = dir.path().join("t");
-    let define = format!(
-        "CREATE EXTERNAL TABLE t (id BIGINT, q BIGINT) STORED AS PARQUET LOCATION '{}/'",
-        table.display()
-    );
-    assert_ok(&query(
-        &wh,
-        &format!("{define}; INSERT INTO t VALUES (1, 1), (2, 2)"),
-    ));
+    let define = table_of_two_rows(dir.path(), &wh);
     let before = snapshot(dir.path());
     for write in [
         format!("{define}; EXPLAIN ANALYZE INSERT INTO t {FAILS_LATE}"),
