@@ -1757,3 +1757,28 @@ fn a_failed_explain_analyze_of_a_write_leaves_what_was_there() {
         "{printed}"
     );
 }
+
+#[test]
+fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&query(&wh, "CREATE TABLE t AS SELECT 1 AS a"));
+    // A process that is gone, and this one (running).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let folder = wh.join("tables/t");
+    let dead = folder.join(format!(".x_0.parquet.batchinfer-{gone_pid}-0.partial#1"));
+    let live = folder.join(format!(
+        ".y_0.parquet.batchinfer-{}-0.partial",
+        std::process::id()
+    ));
+    std::fs::write(&dead, "half a file").unwrap();
+    std::fs::write(&live, "being written").unwrap();
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(*) AS n FROM t")),
+        "n\n1\n"
+    );
+    assert!(!dead.exists(), "the killed writer's file is left");
+    assert!(live.exists(), "a running writer's file was removed");
+}

@@ -205,7 +205,8 @@ impl Tables {
     }
 
     /// Removes what interrupted writes left in a local warehouse: staging folders no running
-    /// process holds the lock of, and dropped tables not yet deleted.
+    /// process holds the lock of, dropped tables not yet deleted, and the hidden files of
+    /// INSERTs whose process is gone.
     pub fn remove_abandoned(&self) {
         let Some(tables) = self.local_dir() else {
             return;
@@ -229,9 +230,49 @@ impl Tables {
                     let _ = std::fs::remove_dir_all(&path);
                     let _ = std::fs::remove_file(&lock_path);
                 }
+            } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_abandoned_partials(&path, 4);
             }
         }
     }
+}
+
+/// Removes the hidden files of writes whose process is gone (an INSERT killed mid-way: SIGKILL
+/// or a power cut): `.NAME.batchinfer-PID-N.partial`, and its `#N` upload, in `folder` and the
+/// folders below it, `depth` levels at most (partitions). A file of a running process stays.
+fn remove_abandoned_partials(folder: &std::path::Path, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if depth > 0 {
+                remove_abandoned_partials(&path, depth - 1);
+            }
+            continue;
+        }
+        let name = entry.file_name();
+        let Some(pid) = writer_of(&name.to_string_lossy()) else {
+            continue;
+        };
+        // SAFETY: signal 0 sends nothing; it asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// The process that writes a hidden file named as [`super::commit`] names them.
+fn writer_of(name: &str) -> Option<libc::pid_t> {
+    let name = name.strip_prefix('.')?;
+    let (_, rest) = name.rsplit_once(".batchinfer-")?;
+    let (pid, rest) = rest.split_once('-')?;
+    let (_, suffix) = rest.split_once(".partial")?;
+    (suffix.is_empty() || suffix.starts_with('#')).then_some(())?;
+    pid.parse().ok()
 }
 
 impl TableWrite {
@@ -432,4 +473,24 @@ fn exchange(a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
         return Err(e);
     }
     std::fs::rename(&aside, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writer_of;
+
+    #[test]
+    fn hidden_files_name_their_writer() {
+        assert_eq!(
+            writer_of(".a_0.parquet.batchinfer-4242-7.partial"),
+            Some(4242)
+        );
+        assert_eq!(
+            writer_of(".a_0.parquet.batchinfer-4242-7.partial#1"),
+            Some(4242)
+        );
+        assert_eq!(writer_of("a_0.parquet"), None);
+        assert_eq!(writer_of(".a.batchinfer-x-1.partial"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partialx"), None);
+    }
 }
