@@ -249,9 +249,14 @@ impl Warehouse {
         self.delete(&path).await
     }
 
-    /// Names of the complete tables.
-    pub async fn tables(&self) -> Result<Vec<String>> {
-        self.tables.names().await
+    /// Names of the table folders (one listing; a table being created may be among them).
+    pub async fn table_folders(&self) -> Result<Vec<String>> {
+        self.tables.folders().await
+    }
+
+    /// Whether table `name` is complete (not still being created).
+    pub async fn table_is_complete(&self, name: &str) -> Result<bool> {
+        self.tables.is_complete(name).await
     }
 
     /// Begins writing table `name` ([`Tables::begin`]).

@@ -174,7 +174,8 @@ impl Engine {
         if let Some(listings) = self.ctx.runtime_env().cache_manager.get_list_files_cache() {
             listings.clear();
         }
-        let names: BTreeSet<String> = warehouse.tables().await?.into_iter().collect();
+        // One listing per statement; a new table's folder is looked into once it is seen.
+        let names: BTreeSet<String> = warehouse.table_folders().await?.into_iter().collect();
         let seen: Vec<String> = self.seen_tables().iter().cloned().collect();
         for name in seen.iter().filter(|n| !names.contains(*n)) {
             if self.is_warehouse_table(warehouse, name).await? {
@@ -185,7 +186,9 @@ impl Engine {
         }
         for name in names.iter().filter(|n| !seen.contains(n)) {
             // An external table of that name, registered by this process, stays.
-            if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+            if self.ctx.table_exist(TableReference::bare(name.as_str()))?
+                || !warehouse.table_is_complete(name).await?
+            {
                 continue;
             }
             let registered = self

@@ -124,32 +124,41 @@ impl Tables {
         }
     }
 
-    /// Names of the complete tables: folders with a file in them (other than a claim).
-    pub async fn names(&self) -> Result<Vec<String>> {
-        let mut names = Vec::new();
-        let mut objects = self.store.inner().list(Some(&self.prefix));
+    /// Names of the table folders: one listing of `tables/`, whatever the tables hold. A folder
+    /// may hold a table still being created ([`Tables::is_complete`]).
+    pub async fn folders(&self) -> Result<Vec<String>> {
+        let listed = match self
+            .store
+            .inner()
+            .list_with_delimiter(Some(&self.prefix))
+            .await
+        {
+            Ok(listed) => listed.common_prefixes,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut names: Vec<String> = listed
+            .iter()
+            .filter_map(|folder| folder.filename())
+            .filter(|name| check_name("table", name).is_ok())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Whether table `name` is complete: its folder holds a file other than a claim.
+    pub async fn is_complete(&self, name: &str) -> Result<bool> {
+        let prefix = object_path(&self.url(name)?)?;
+        let mut objects = self.store.inner().list(Some(&prefix));
         while let Some(object) = objects.next().await {
-            let object = match object {
-                Ok(object) => object,
-                Err(object_store::Error::NotFound { .. }) => continue,
+            match object {
+                Ok(object) if object.location.filename() != Some(TABLE_CLAIM) => return Ok(true),
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
-            };
-            let Some(mut parts) = object.location.prefix_match(&self.prefix) else {
-                continue;
-            };
-            let (Some(name), Some(file)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let name = name.as_ref().to_string();
-            if (file.as_ref() != TABLE_CLAIM || parts.next().is_some())
-                && check_name("table", &name).is_ok()
-            {
-                names.push(name);
             }
         }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        Ok(false)
     }
 
     /// Begins writing table `name` (replacing one of that name at commit with `replace`; without,
