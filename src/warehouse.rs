@@ -254,6 +254,11 @@ impl Warehouse {
         self.tables.folders().await
     }
 
+    /// What changes when table `name` is created again or replaced ([`Tables::version`]).
+    pub async fn table_version(&self, name: &str) -> Result<Option<String>> {
+        self.tables.version(name).await
+    }
+
     /// Whether table `name` is complete (not still being created).
     pub async fn table_is_complete(&self, name: &str) -> Result<bool> {
         self.tables.is_complete(name).await

@@ -1658,6 +1658,13 @@ fn a_running_process_sees_tables_other_processes_create_replace_and_drop() {
             // Created elsewhere: there.
             assert_ok(&query(&wh, "CREATE TABLE u AS SELECT 7 AS x"));
             assert!(sql("SELECT x FROM u").await.unwrap().contains("| 7 |"));
+            // Replaced elsewhere with other columns: read with its new columns.
+            assert_ok(&query(
+                &wh,
+                "CREATE OR REPLACE TABLE t AS SELECT 'x' AS gen, 9 AS w",
+            ));
+            let now = sql("SELECT gen, w FROM t").await.unwrap();
+            assert!(now.contains("| x   | 9 |"), "{now}");
             // Dropped elsewhere: gone, and its name free again.
             assert_ok(&query(&wh, "DROP TABLE t"));
             let gone = sql("SELECT * FROM t").await.unwrap_err().to_string();
@@ -1775,9 +1782,22 @@ fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
     ));
     std::fs::write(&dead, "half a file").unwrap();
     std::fs::write(&live, "being written").unwrap();
-    assert_eq!(
-        assert_ok(&query(&wh, "SELECT count(*) AS n FROM t")),
-        "n\n1\n"
+    // A folder holding only a write in progress is no table (yet).
+    std::fs::create_dir_all(wh.join("tables/u")).unwrap();
+    std::fs::write(
+        wh.join(format!(
+            "tables/u/.z_0.parquet.batchinfer-{}-0.partial",
+            std::process::id()
+        )),
+        "being written",
+    )
+    .unwrap();
+    let out = query(&wh, "SELECT count(*) AS n FROM t");
+    assert_eq!(assert_ok(&out), "n\n1\n");
+    assert!(
+        !common::stderr(&out).contains("warning"),
+        "{}",
+        common::stderr(&out)
     );
     assert!(!dead.exists(), "the killed writer's file is left");
     assert!(live.exists(), "a running writer's file was removed");

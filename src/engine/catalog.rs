@@ -176,21 +176,36 @@ impl Engine {
         }
         // One listing per statement; a new table's folder is looked into once it is seen.
         let names: BTreeSet<String> = warehouse.table_folders().await?.into_iter().collect();
-        let seen: Vec<String> = self.seen_tables().iter().cloned().collect();
-        for name in seen.iter().filter(|n| !names.contains(*n)) {
+        let seen: Vec<(String, Option<String>)> = self
+            .seen_tables()
+            .iter()
+            .map(|(name, version)| (name.clone(), version.clone()))
+            .collect();
+        for (name, version) in &seen {
+            let now = match names.contains(name) {
+                true => warehouse.table_version(name).await?,
+                false => None,
+            };
+            if now.is_some() && now == *version {
+                continue;
+            }
+            // Dropped elsewhere, or created again or replaced (perhaps with other columns):
+            // forgotten, and registered again below from what is there now.
             if self.is_warehouse_table(warehouse, name).await? {
                 self.ctx
                     .deregister_table(TableReference::bare(name.as_str()))?;
             }
             self.seen_tables().remove(name);
         }
-        for name in names.iter().filter(|n| !seen.contains(n)) {
+        let seen: BTreeSet<String> = self.seen_tables().keys().cloned().collect();
+        for name in names.iter().filter(|n| !seen.contains(*n)) {
             // An external table of that name, registered by this process, stays.
             if self.ctx.table_exist(TableReference::bare(name.as_str()))?
                 || !warehouse.table_is_complete(name).await?
             {
                 continue;
             }
+            let version = warehouse.table_version(name).await?;
             let registered = self
                 .ctx
                 .register_parquet(
@@ -201,7 +216,7 @@ impl Engine {
                 .await;
             match registered {
                 Ok(()) => {
-                    self.seen_tables().insert(name.clone());
+                    self.seen_tables().insert(name.clone(), version);
                 }
                 Err(e) => {
                     let warning = format!(
@@ -218,7 +233,9 @@ impl Engine {
         Ok(())
     }
 
-    pub(super) fn seen_tables(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+    pub(super) fn seen_tables(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
         self.seen_tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 

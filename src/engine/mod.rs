@@ -79,8 +79,9 @@ pub struct Engine {
     /// Whether the warehouse's tables are registered by name ([`Engine::open`]), and kept up
     /// to date before each statement.
     tables_attached: std::sync::atomic::AtomicBool,
-    /// The warehouse tables registered by name.
-    seen_tables: Mutex<BTreeSet<String>>,
+    /// The warehouse tables registered by name, with the version each was registered at
+    /// ([`crate::storage::Tables::version`]).
+    seen_tables: Mutex<BTreeMap<String, Option<String>>>,
     /// Where the statement at hand keeps its rejects, if it keeps them.
     rejects_folder: Mutex<Option<url::Url>>,
 }
@@ -119,7 +120,7 @@ impl Engine {
             warned: Mutex::new(BTreeSet::new()),
             opened: tokio::sync::OnceCell::new(),
             tables_attached: std::sync::atomic::AtomicBool::new(false),
-            seen_tables: Mutex::new(BTreeSet::new()),
+            seen_tables: Mutex::new(BTreeMap::new()),
             rejects_folder: Mutex::new(None),
         })
     }

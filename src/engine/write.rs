@@ -200,7 +200,8 @@ impl Engine {
         let table = listing_table(&warehouse.table_location(&name)?, schema)?;
         self.ctx
             .register_table(TableReference::bare(name.as_str()), table)?;
-        self.seen_tables().insert(name.clone());
+        let version = warehouse.table_version(&name).await?;
+        self.seen_tables().insert(name.clone(), version);
         self.rows_written(&written)
     }
 

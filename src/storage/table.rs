@@ -147,18 +147,49 @@ impl Tables {
         Ok(names)
     }
 
-    /// Whether table `name` is complete: its folder holds a file other than a claim.
+    /// Whether table `name` is complete: its folder holds a file other than a claim or a hidden
+    /// file (a write in progress).
     pub async fn is_complete(&self, name: &str) -> Result<bool> {
         let prefix = object_path(&self.url(name)?)?;
         let mut objects = self.store.inner().list(Some(&prefix));
         while let Some(object) = objects.next().await {
             match object {
-                Ok(object) if object.location.filename() != Some(TABLE_CLAIM) => return Ok(true),
+                Ok(object)
+                    if object
+                        .location
+                        .filename()
+                        .is_some_and(|f| f != TABLE_CLAIM && !f.starts_with('.')) =>
+                {
+                    return Ok(true);
+                }
                 Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         Ok(false)
+    }
+
+    /// What changes when table `name` is created again or replaced: its folder's identity locally
+    /// (a replace swaps the folder), its claim's version in S3 (each CREATE TABLE puts one).
+    /// `None` when there is no such table.
+    pub async fn version(&self, name: &str) -> Result<Option<String>> {
+        let url = self.url(name)?;
+        if let Some(tables) = self.local_dir() {
+            use std::os::unix::fs::MetadataExt;
+            return Ok(std::fs::metadata(tables.join(name))
+                .ok()
+                .map(|m| format!("{}:{}", m.dev(), m.ino())));
+        }
+        let claim = object_path(&url)?.join(TABLE_CLAIM);
+        match self.store.inner().head(&claim).await {
+            Ok(meta) => Ok(Some(format!(
+                "{}:{}",
+                meta.e_tag.unwrap_or_default(),
+                meta.last_modified
+            ))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Begins writing table `name` (replacing one of that name at commit with `replace`; without,
@@ -239,7 +270,9 @@ impl Tables {
                     let _ = std::fs::remove_dir_all(&path);
                     let _ = std::fs::remove_file(&lock_path);
                 }
-            } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            } else if entry.file_type().is_ok_and(|t| t.is_dir())
+                && check_name("table", &name).is_ok()
+            {
                 remove_abandoned_partials(&path, 4);
             }
         }
@@ -276,11 +309,16 @@ fn remove_abandoned_partials(folder: &std::path::Path, depth: usize) {
 
 /// The process that writes a hidden file named as [`super::commit`] names them.
 fn writer_of(name: &str) -> Option<libc::pid_t> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let name = name.strip_prefix('.')?;
     let (_, rest) = name.rsplit_once(".batchinfer-")?;
     let (pid, rest) = rest.split_once('-')?;
-    let (_, suffix) = rest.split_once(".partial")?;
-    (suffix.is_empty() || suffix.starts_with('#')).then_some(())?;
+    let (n, suffix) = rest.split_once(".partial")?;
+    let upload = match suffix.strip_prefix('#') {
+        Some(upload) => digits(upload),
+        None => suffix.is_empty(),
+    };
+    (digits(pid) && digits(n) && upload).then_some(())?;
     pid.parse().ok()
 }
 
@@ -501,5 +539,10 @@ mod tests {
         assert_eq!(writer_of("a_0.parquet"), None);
         assert_eq!(writer_of(".a.batchinfer-x-1.partial"), None);
         assert_eq!(writer_of(".a.batchinfer-12-1.partialx"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#foo"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#1#2"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-zz.partial"), None);
+        assert_eq!(writer_of(".a.batchinfer-+12-1.partial"), None);
     }
 }
