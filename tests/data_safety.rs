@@ -1780,8 +1780,19 @@ fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
         ".y_0.parquet.batchinfer-{}-0.partial",
         std::process::id()
     ));
-    std::fs::write(&dead, "half a file").unwrap();
-    std::fs::write(&live, "being written").unwrap();
+    // Last written two hours ago (a writer's file is left alone for an hour).
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    for (file, text) in [(&dead, "half a file"), (&live, "being written")] {
+        std::fs::write(file, text).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+    }
+    let recent = folder.join(format!(".r_0.parquet.batchinfer-{gone_pid}-1.partial"));
+    std::fs::write(&recent, "written a moment ago").unwrap();
     // A folder holding only a write in progress is no table (yet).
     std::fs::create_dir_all(wh.join("tables/u")).unwrap();
     std::fs::write(
@@ -1801,4 +1812,5 @@ fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
     );
     assert!(!dead.exists(), "the killed writer's file is left");
     assert!(live.exists(), "a running writer's file was removed");
+    assert!(recent.exists(), "a file written a moment ago was removed");
 }

@@ -281,7 +281,8 @@ impl Tables {
 
 /// Removes the hidden files of writes whose process is gone (an INSERT killed mid-way: SIGKILL
 /// or a power cut): `.NAME.batchinfer-PID-N.partial`, and its `#N` upload, in `folder` and the
-/// folders below it, `depth` levels at most (partitions). A file of a running process stays.
+/// folders below it, `depth` levels at most (partitions), once untouched for
+/// [`ABANDONED_AFTER`]. A file of a running process stays.
 fn remove_abandoned_partials(folder: &std::path::Path, depth: usize) {
     let Ok(entries) = std::fs::read_dir(folder) else {
         return;
@@ -301,11 +302,23 @@ fn remove_abandoned_partials(folder: &std::path::Path, depth: usize) {
         // SAFETY: signal 0 sends nothing; it asks whether the process exists.
         let alive = unsafe { libc::kill(pid, 0) } == 0
             || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        if !alive {
+        // A writer on another machine sharing the folder has a PID of its own: its file is
+        // left for an hour after its last write.
+        let idle = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|idle| idle >= ABANDONED_AFTER);
+        if !alive && idle {
             let _ = std::fs::remove_file(&path);
         }
     }
 }
+
+/// How long a hidden file of a write whose process is gone here stays untouched before it is
+/// taken for abandoned.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The process that writes a hidden file named as [`super::commit`] names them.
 fn writer_of(name: &str) -> Option<libc::pid_t> {
