@@ -40,7 +40,8 @@
 //! - [`storage`]: every path, local or S3, answered here: where a location points
 //!   (`location.rs`), S3 clients (`s3.rs`) and credentials from the AWS SDK's chain
 //!   (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
-//!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`), whole
+//!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`; a local
+//!   folder's staging, swap and cleanup in `folder.rs`), whole
 //!   files read for models (`files.rs`), and what an object store's error means for a person
 //!   (`hints.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix

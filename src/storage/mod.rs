@@ -27,6 +27,7 @@ pub mod commit;
 mod credentials;
 mod deferred;
 mod files;
+mod folder;
 pub mod hints;
 mod location;
 mod s3;

@@ -1,0 +1,170 @@
+//! What a table in a local warehouse folder needs beside [`super::table`]: the hidden, locked
+//! folder a CREATE TABLE is staged in, the swap of two folders in one step, and the removal of
+//! the hidden files an INSERT killed mid-way left.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use super::table::STAGING;
+use crate::error::{Error, Result};
+
+/// Removes the hidden files of writes whose process is gone (an INSERT killed mid-way: SIGKILL
+/// or a power cut): `.NAME.batchinfer-PID-N.partial`, and its `#N` upload, in `folder` and the
+/// folders below it, `depth` levels at most (partitions), once untouched for
+/// [`ABANDONED_AFTER`]. A file of a running process stays.
+pub(super) fn remove_abandoned_partials(folder: &std::path::Path, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if depth > 0 {
+                remove_abandoned_partials(&path, depth - 1);
+            }
+            continue;
+        }
+        let name = entry.file_name();
+        let Some(pid) = writer_of(&name.to_string_lossy()) else {
+            continue;
+        };
+        // SAFETY: signal 0 sends nothing; it asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        // A writer on another machine sharing the folder has a PID of its own: its file is
+        // left for an hour after its last write.
+        let idle = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|idle| idle >= ABANDONED_AFTER);
+        if !alive && idle {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// How long a hidden file of a write whose process is gone here stays untouched before it is
+/// taken for abandoned.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The process that writes a hidden file named as [`super::commit`] names them.
+fn writer_of(name: &str) -> Option<libc::pid_t> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let name = name.strip_prefix('.')?;
+    let (_, rest) = name.rsplit_once(".batchinfer-")?;
+    let (pid, rest) = rest.split_once('-')?;
+    let (n, suffix) = rest.split_once(".partial")?;
+    let upload = match suffix.strip_prefix('#') {
+        Some(upload) => digits(upload),
+        None => suffix.is_empty(),
+    };
+    (digits(pid) && digits(n) && upload).then_some(())?;
+    pid.parse().ok()
+}
+
+/// A table being written in a local warehouse: its hidden folder, and the lock that says a
+/// process is writing it. Dropped, the folder is removed.
+#[derive(Debug)]
+pub(super) struct Staging {
+    pub(super) dir: PathBuf,
+    lock_path: PathBuf,
+    _lock: File,
+}
+
+impl Staging {
+    /// A fresh hidden folder in `tables` to write table `name` into, locked for as long as the
+    /// returned value lives.
+    pub(super) fn new(tables: &std::path::Path, name: &str) -> Result<Self> {
+        let n = STAGING.fetch_add(1, Ordering::Relaxed);
+        let base = format!(".staging-{name}-{}-{n}", std::process::id());
+        std::fs::create_dir_all(tables)
+            .map_err(|e| Error::io(format!("creating {}", tables.display()), e))?;
+        let lock_path = tables.join(format!("{base}.lock"));
+        let lock = File::create(&lock_path)
+            .map_err(|e| Error::io(format!("creating {}", lock_path.display()), e))?;
+        lock.lock()
+            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
+        let staging = Staging {
+            dir: tables.join(base),
+            lock_path,
+            _lock: lock,
+        };
+        std::fs::create_dir(&staging.dir)
+            .map_err(|e| Error::io(format!("creating {}", staging.dir.display()), e))?;
+        Ok(staging)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+/// Swaps two folders in one step: `renameat2(RENAME_EXCHANGE)`.
+#[cfg(target_os = "linux")]
+pub(super) fn exchange(a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &std::path::Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths; the call reads them and nothing else.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Swaps two folders where there is no exchange: two renames, the second undone if it fails.
+#[cfg(not(target_os = "linux"))]
+pub(super) fn exchange(a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
+    let aside = a.with_extension("old");
+    std::fs::rename(b, &aside)?;
+    if let Err(e) = std::fs::rename(a, b) {
+        let _ = std::fs::rename(&aside, b);
+        return Err(e);
+    }
+    std::fs::rename(&aside, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writer_of;
+
+    #[test]
+    fn hidden_files_name_their_writer() {
+        assert_eq!(
+            writer_of(".a_0.parquet.batchinfer-4242-7.partial"),
+            Some(4242)
+        );
+        assert_eq!(
+            writer_of(".a_0.parquet.batchinfer-4242-7.partial#1"),
+            Some(4242)
+        );
+        assert_eq!(writer_of("a_0.parquet"), None);
+        assert_eq!(writer_of(".a.batchinfer-x-1.partial"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partialx"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#foo"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-1.partial#1#2"), None);
+        assert_eq!(writer_of(".a.batchinfer-12-zz.partial"), None);
+        assert_eq!(writer_of(".a.batchinfer-+12-1.partial"), None);
+    }
+}
