@@ -207,10 +207,16 @@ pub fn keep(
         .and_then(|()| writer.close().map(drop))
         .map_err(|e| Error::Usage(e.to_string()))?;
     let folder = statement_folder(options)?;
+    // A model's name is a name (CREATE MODEL, --models and the warehouse check it); one that
+    // came otherwise (a cluster client's definitions) is not put in a path.
+    let name = match crate::storage::check_name("model", &model.name) {
+        Ok(()) => model.name.as_str(),
+        Err(_) => "model",
+    };
     let file = folder
         .join(&format!(
             "{}-{}-{}.parquet",
-            model.name,
+            name,
             std::process::id(),
             FILES.fetch_add(1, Ordering::Relaxed)
         ))
@@ -220,15 +226,15 @@ pub fn keep(
 
 /// The folder of the statement at hand's rejects: `REJECTS/STATEMENT/`.
 pub fn statement_folder(options: &BatchInferOptions) -> Result<url::Url> {
-    let mut root = crate::storage::location_url(&options.rejects)?;
-    if !root.path().ends_with('/') {
-        root.set_path(&format!("{}/", root.path()));
-    }
+    let root = crate::storage::folder_location(&options.rejects)?;
     let id = if options.statement.is_empty() {
         "statement"
     } else {
         options.statement.as_str()
     };
+    // A name, never a path: the id comes with the query (a cluster's executors read the
+    // client's), and no id may reach outside the rejects folder.
+    crate::storage::check_name("statement id", id)?;
     root.join(&format!("{id}/"))
         .map_err(|e| Error::Usage(format!("{root}{id}/: {e}")))
 }
@@ -294,10 +300,7 @@ impl datafusion::catalog::TableFunctionImpl for RejectsFunction {
             .map(|o| o.rejects.clone())
             .filter(|r| !r.is_empty())
             .unwrap_or_else(|| "rejects/".to_string());
-        let mut url = crate::storage::location_url(&root)?;
-        if !url.path().ends_with('/') {
-            url.set_path(&format!("{}/", url.path()));
-        }
+        let url = crate::storage::folder_location(&root)?;
         // One folder per statement (DataFusion reads no subfolders of a table's folder).
         let files = match self.stores.list_two_levels(&url, &root) {
             Ok(files) => files,
@@ -353,6 +356,31 @@ mod tests {
         assert!(!ErrorBudget::Share(0.01).exceeded(999, 500));
         assert!(ErrorBudget::Share(0.01).exceeded(1_000, 11));
         assert!(!ErrorBudget::Share(0.01).exceeded(1_000, 10));
+    }
+
+    #[test]
+    fn a_statement_id_never_reaches_outside_the_rejects_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let rejects = format!("{}/rejects/", dir.path().display());
+        for id in ["../../escaped", "a/b", "..", "%2e%2e", "/tmp/x", "a?b"] {
+            let options = BatchInferOptions {
+                rejects: rejects.clone(),
+                statement: id.to_string(),
+                ..Default::default()
+            };
+            assert!(statement_folder(&options).is_err(), "{id}");
+        }
+        let options = BatchInferOptions {
+            rejects,
+            statement: statement_id(),
+            ..Default::default()
+        };
+        let folder = statement_folder(&options).unwrap();
+        assert!(
+            folder
+                .path()
+                .starts_with(&format!("{}/rejects/", dir.path().display()))
+        );
     }
 
     #[test]

@@ -67,10 +67,7 @@ impl Warehouse {
         let text = root.into().to_string_lossy().into_owned();
         let unusable = |e: Error| Error::Usage(format!("warehouse '{text}': {e}"));
         // Absolute, so that the executors of a cluster write where this process reads.
-        let mut root = crate::storage::location_url(&text).map_err(unusable)?;
-        if !root.path().ends_with('/') {
-            root.set_path(&format!("{}/", root.path()));
-        }
+        let root = crate::storage::folder_location(&text).map_err(unusable)?;
         let store = stores.commit_store(&root).map_err(unusable)?;
         // Its tables are written to and read from paths under it, which DataFusion would take
         // for patterns.

@@ -46,10 +46,7 @@ impl Engine {
                 "batchinfer.rejects '{rejects}' cannot be used: {e}"
             ))
         };
-        let mut url = crate::storage::location_url(&rejects).map_err(unusable)?;
-        if !url.path().ends_with('/') {
-            url.set_path(&format!("{}/", url.path()));
-        }
+        let url = crate::storage::folder_location(&rejects).map_err(unusable)?;
         if options.on_error == OnError::Reject {
             // Its statement folders are read back as tables: named plainly, and a folder.
             crate::storage::check_write_target(&rejects).map_err(unusable)?;
@@ -73,15 +70,16 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn options(&self) -> BatchInferOptions {
-        self.ctx
-            .state()
+    /// The session's `batchinfer.max_errors`.
+    fn max_errors(&self) -> Option<ErrorBudget> {
+        let state = self.ctx.state_ref();
+        let state = state.read();
+        state
             .config()
             .options()
             .extensions
             .get::<BatchInferOptions>()
-            .cloned()
-            .unwrap_or_default()
+            .and_then(|o| o.max_errors)
     }
 
     /// The rows the statement that just ran rejected, per model, and the folder they are in
@@ -98,8 +96,7 @@ impl Engine {
     /// executors of a cluster each count only their own while it runs), are within
     /// `batchinfer.max_errors`.
     pub(super) async fn check_rejects_budget(&self) -> Result<()> {
-        let options = self.options();
-        let Some(ErrorBudget::Count(most)) = options.max_errors else {
+        let Some(ErrorBudget::Count(most)) = self.max_errors() else {
             return Ok(());
         };
         let (counts, folder) = self.statement_rejects().await?;

@@ -80,10 +80,7 @@ impl ModelRegistry {
     /// The folder may be an S3 prefix (`s3://bucket/models/`).
     pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
         let folder = ModelSource::from_path(dir).map_err(Error::Usage)?;
-        let mut url = folder.url().clone();
-        if !url.path().ends_with('/') {
-            url.set_path(&format!("{}/", url.path()));
-        }
+        let url = crate::storage::folder_url(folder.url().clone());
         let mut found = Vec::new();
         let shown = format!("the models folder {}", dir.display());
         for file in self.stores.list_two_levels(&url, &shown)? {

@@ -73,12 +73,17 @@ pub fn score(
         .map(|c| filter(c.as_ref(), &mask))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let (scored, failed) = score_dense(model, binding, &dense, present, options)?;
-    // The k-th dense row is the k-th row without a NULL.
-    let rows_of: Vec<usize> = valid.valid_indices().collect();
-    let failed = failed
-        .into_iter()
-        .map(|(k, message)| (rows_of[k], message))
-        .collect();
+    // The k-th dense row is the k-th row without a NULL (failures are few: looked up only then).
+    let failed = match failed.is_empty() {
+        true => failed,
+        false => {
+            let rows_of: Vec<usize> = valid.valid_indices().collect();
+            failed
+                .into_iter()
+                .map(|(k, message)| (rows_of[k], message))
+                .collect()
+        }
+    };
     Ok(done(
         scatter(scored.as_ref(), valid.iter())?,
         present,

@@ -103,11 +103,7 @@ impl StoreRegistry {
     /// it names a folder, the file `in_folder` in it; `None` when there is nothing there.
     pub async fn file_or_folder(&self, url: &Url, in_folder: &str) -> Result<Option<Url>> {
         let in_folder_of = |url: &Url| {
-            let mut folder = url.clone();
-            if !folder.path().ends_with('/') {
-                folder.set_path(&format!("{}/", folder.path()));
-            }
-            folder
+            super::folder_url(url.clone())
                 .join(in_folder)
                 .map_err(|e| Error::Usage(format!("{url}: {e}")))
         };

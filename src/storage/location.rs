@@ -80,6 +80,19 @@ pub fn location_url(location: &str) -> Result<Url> {
     Ok(url)
 }
 
+/// `url` as a folder: its path ends with `/`, so that what is joined to it goes inside it.
+pub fn folder_url(mut url: Url) -> Url {
+    if !url.path().ends_with('/') {
+        url.set_path(&format!("{}/", url.path()));
+    }
+    url
+}
+
+/// [`location_url`] of a location that names a folder.
+pub fn folder_location(location: &str) -> Result<Url> {
+    location_url(location).map(folder_url)
+}
+
 /// Refuses a write target that is a path with glob characters (`*`, `?`, `[`): DataFusion reads
 /// such a path as a pattern and writes into the folder before it, not to the name given. (In a
 /// URL they are plain characters, `%2A` and the like.)

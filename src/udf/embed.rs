@@ -147,10 +147,6 @@ impl ScalarUDFImpl for EmbedUdf {
             }
             all
         };
-        let mut valid: Vec<bool> = (0..rows).map(|r| texts.is_valid(r)).collect();
-        for (row, _) in &failed {
-            valid[*row] = false;
-        }
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 let fields = args.arg_fields.get(1..2).unwrap_or_default();
@@ -161,8 +157,17 @@ impl ScalarUDFImpl for EmbedUdf {
             rejects::count(session, &name, present.len(), &failed)?;
         }
         let item = Arc::new(Field::new_list_field(DataType::Float32, true));
-        let nulls = (texts.null_count() > 0 || !failed.is_empty())
-            .then(|| datafusion::arrow::buffer::NullBuffer::from(valid));
+        // NULL under a NULL text and under a text the model failed on.
+        let nulls = match failed.is_empty() {
+            true => texts.nulls().cloned(),
+            false => {
+                let mut valid: Vec<bool> = (0..rows).map(|r| texts.is_valid(r)).collect();
+                for (row, _) in &failed {
+                    valid[*row] = false;
+                }
+                Some(datafusion::arrow::buffer::NullBuffer::from(valid))
+            }
+        };
         let array = FixedSizeListArray::try_new(
             item,
             dim as i32,
