@@ -131,6 +131,9 @@ pub struct BatchInferOptions {
     /// How many failed rows a statement may have before it stops: a count or a share of the rows
     /// scored (unset: no limit).
     pub max_errors: Option<crate::rejects::ErrorBudget>,
+    /// Materialized views: the most input files a refresh scores between two commits (fewer:
+    /// less work lost when a refresh is killed; more: fewer commits).
+    pub files_per_commit: usize,
     /// The statement at hand, as the engine tags it before planning: its id and its text (for
     /// the rejects it leaves).
     pub statement: String,
@@ -155,6 +158,7 @@ impl Default for BatchInferOptions {
             streaming_scan: true,
             rejects: String::new(),
             max_errors: None,
+            files_per_commit: 64,
             statement: String::new(),
             statement_text: String::new(),
         }
@@ -193,11 +197,21 @@ impl ExtensionOptions for BatchInferOptions {
                 };
                 Ok(())
             }
+            "files_per_commit" => {
+                self.files_per_commit.set(key, value)?;
+                if self.files_per_commit == 0 {
+                    self.files_per_commit = 1;
+                    return Err(DataFusionError::Configuration(
+                        "batchinfer.files_per_commit must be at least 1".into(),
+                    ));
+                }
+                Ok(())
+            }
             "statement" => self.statement.set(key, value),
             "statement_text" => self.statement_text.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget, device, streaming_scan, rejects, max_errors"
+                 token_budget, device, streaming_scan, rejects, max_errors, files_per_commit"
             ))),
         }
     }
@@ -267,6 +281,11 @@ impl ExtensionOptions for BatchInferOptions {
             Some(budget) => v.some("batchinfer.max_errors", budget, about),
             None => v.none("batchinfer.max_errors", about),
         }
+        self.files_per_commit.visit(
+            v,
+            "batchinfer.files_per_commit",
+            "Materialized views: the most input files a refresh scores between two commits.",
+        );
         self.statement.visit(
             v,
             "batchinfer.statement",

@@ -34,6 +34,8 @@
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
 //!   piped standard input and the shell; stop signals, and panics reported as errors.
+//! - [`schedule`]: `batchinfer refresh VIEW`, once, `--every` so often or `--watch`ing for new
+//!   files.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
@@ -44,6 +46,9 @@
 //!   folder's staging, swap and cleanup in `folder.rs`), whole
 //!   files read for models (`files.rs`), and what an object store's error means for a person
 //!   (`hints.rs`).
+//! - [`view`]: materialized views: the manifest of what a view holds (`mod.rs`), what a refresh
+//!   has to do (`plan.rs`), the queries a view may have (`check.rs`); the engine runs them
+//!   (`engine/views.rs`, `engine/refresh.rs`), the manifests commit in storage (`manifest.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
 //!   (a folder or an S3 prefix).
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
@@ -67,11 +72,13 @@ pub mod rejects;
 pub mod runner;
 pub mod runtime;
 pub mod scan;
+pub mod schedule;
 pub mod shell;
 pub mod statements;
 pub mod storage;
 pub mod tensor;
 pub mod udf;
+pub mod view;
 pub mod warehouse;
 
 pub use cluster::Placement;

@@ -11,6 +11,7 @@ use batchinfer::config::{Device, GraphOptimization, parse_size};
 use batchinfer::message::display_error;
 use batchinfer::output::OutputFormat;
 use batchinfer::runner::Runner;
+use batchinfer::schedule::{Schedule, parse_duration};
 use batchinfer::shell::{ShellOptions, run_shell};
 use batchinfer::{Engine, EngineConfig, Error, Result};
 use clap::{Args, Parser, Subcommand};
@@ -106,6 +107,20 @@ enum Command {
     },
     /// Read statements from the terminal (or standard input), run each as it is completed by ';'
     Shell,
+    /// Refresh a materialized view: once, every so often (--every), or as files arrive (--watch)
+    Refresh {
+        /// The view
+        view: String,
+        /// Refresh now, then every DURATION (e.g. 15m, 1h)
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "watch")]
+        every: Option<std::time::Duration>,
+        /// Refresh as soon as input files are added, changed or removed
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: how often the input files are looked at
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s", requires = "watch")]
+        poll: std::time::Duration,
+    },
     /// Run a cluster scheduler (DataFusion Ballista) until stopped
     Scheduler {
         /// Address to listen on
@@ -271,6 +286,19 @@ async fn main_inner(cli: Cli) -> Result<()> {
                 runner.run_script(&script).await?;
             }
             Ok(())
+        }
+        Some(Command::Refresh {
+            view,
+            every,
+            watch,
+            poll,
+        }) => {
+            let schedule = match (every, watch) {
+                (Some(period), _) => Schedule::Every(period),
+                (None, true) => Schedule::Watch(poll),
+                (None, false) => Schedule::Once,
+            };
+            batchinfer::schedule::refresh_view(&engine, &view, schedule).await
         }
         Some(Command::Shell | Command::Scheduler { .. } | Command::Executor { .. }) | None => {
             shell(&engine, args.format, args.timing).await

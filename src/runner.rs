@@ -159,10 +159,15 @@ static HEEDED: AtomicU64 = AtomicU64::new(0);
 static RUNNING: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a statement in [`RUNNING`] while it lives.
-struct Running;
+pub(crate) struct Running;
+
+/// Says that the stop signal that came was answered (by stopping what was running).
+pub(crate) fn heed() {
+    HEEDED.fetch_add(1, Ordering::SeqCst);
+}
 
 impl Running {
-    fn start() -> Running {
+    pub(crate) fn start() -> Running {
         RUNNING.fetch_add(1, Ordering::SeqCst);
         Running
     }

@@ -8,12 +8,22 @@
 //! DESCRIBE MODEL churn;
 //! DROP MODEL [IF EXISTS] churn;
 //! ```
+//! and materialized views ([`crate::view`]), in PostgreSQL's syntax:
+//!
+//! ```sql
+//! CREATE [OR REPLACE] MATERIALIZED VIEW [IF NOT EXISTS] scores AS SELECT ...;
+//! REFRESH MATERIALIZED VIEW scores;
+//! SHOW MATERIALIZED VIEWS;
+//! DROP MATERIALIZED VIEW [IF EXISTS] scores;
+//! ```
 //! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::{CopyToSource, DFParser, DFParserBuilder, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::{Visit, Visitor};
+use datafusion::sql::sqlparser::ast::{
+    ObjectName, ObjectType, Query, Statement as SQLStatement, Visit, Visitor,
+};
 use datafusion::sql::sqlparser::dialect::Dialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -26,6 +36,8 @@ use crate::error::{Error, Result};
 pub enum Statement {
     /// A statement about models, handled by batchinfer.
     Model(ModelStatement),
+    /// A statement about materialized views, handled by batchinfer.
+    View(ViewStatement),
     /// Anything else, as DataFusion's parser read it.
     Sql(Box<DFStatement>),
 }
@@ -48,13 +60,34 @@ pub enum ModelStatement {
     },
 }
 
+/// batchinfer's statements about materialized views.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewStatement {
+    Create {
+        name: ObjectName,
+        query: Box<Query>,
+        or_replace: bool,
+        if_not_exists: bool,
+    },
+    Refresh {
+        name: ObjectName,
+    },
+    Show,
+    Drop {
+        name: ObjectName,
+        if_exists: bool,
+    },
+}
+
 impl Statement {
     /// What the statement writes, when it writes (COPY's target, INSERT's and CREATE TABLE's
     /// table), for the summary of what it did.
     pub fn writes(&self) -> Option<String> {
         use datafusion::sql::sqlparser::ast::Statement as SQL;
-        let Statement::Sql(statement) = self else {
-            return None;
+        let statement = match self {
+            Statement::Sql(statement) => statement,
+            Statement::View(ViewStatement::Create { name, .. }) => return Some(name.to_string()),
+            _ => return None,
         };
         match statement.as_ref() {
             DFStatement::CopyTo(copy) => Some(copy.target.clone()),
@@ -83,7 +116,10 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
         }
         statements.push(match model_statement(&mut df.parser)? {
             Some(statement) => Statement::Model(statement),
-            None => Statement::Sql(Box::new(sql_statement(&mut df)?)),
+            None => match view_statement(&mut df.parser)? {
+                Some(statement) => Statement::View(statement),
+                None => view_or_sql(sql_statement(&mut df)?)?,
+            },
         });
         let next = df.parser.peek_token().token;
         if next != Token::SemiColon && next != Token::EOF {
@@ -211,6 +247,72 @@ fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
     Ok(Some(statement))
 }
 
+/// Recognizes and reads the view statements DataFusion's parser does not know (REFRESH, SHOW).
+fn view_statement(parser: &mut Parser<'_>) -> Result<Option<ViewStatement>> {
+    let peek = |parser: &Parser<'_>, n: usize| parser.peek_nth_token(n).token;
+    let views = is_word(&peek(parser, 2), "VIEW") || is_word(&peek(parser, 2), "VIEWS");
+    if !is_word(&peek(parser, 1), "MATERIALIZED") || !views {
+        return Ok(None);
+    }
+    if is_word(&peek(parser, 0), "REFRESH") && is_word(&peek(parser, 2), "VIEW") {
+        advance(parser, 3);
+        let name = parser.parse_object_name(false).map_err(|_| {
+            Error::Usage("expected a view name: REFRESH MATERIALIZED VIEW name".into())
+        })?;
+        return Ok(Some(ViewStatement::Refresh { name }));
+    }
+    if keyword(&peek(parser, 0)) == Some(Keyword::SHOW) && is_word(&peek(parser, 2), "VIEWS") {
+        advance(parser, 3);
+        return Ok(Some(ViewStatement::Show));
+    }
+    Ok(None)
+}
+
+/// CREATE and DROP MATERIALIZED VIEW, as DataFusion's parser reads them, as batchinfer's.
+fn view_or_sql(statement: DFStatement) -> Result<Statement> {
+    let DFStatement::Statement(sql) = &statement else {
+        return Ok(Statement::Sql(Box::new(statement)));
+    };
+    match sql.as_ref() {
+        SQLStatement::CreateView(view) if view.materialized => {
+            if view.or_replace && view.if_not_exists {
+                return Err(Error::Usage(
+                    "CREATE OR REPLACE MATERIALIZED VIEW replaces, IF NOT EXISTS keeps: use one"
+                        .into(),
+                ));
+            }
+            if !view.columns.is_empty() || view.to.is_some() || view.temporary {
+                return Err(Error::Usage(
+                    "CREATE MATERIALIZED VIEW name AS query: name the columns in the query \
+                     (SELECT x AS name)"
+                        .into(),
+                ));
+            }
+            Ok(Statement::View(ViewStatement::Create {
+                name: view.name.clone(),
+                query: view.query.clone(),
+                or_replace: view.or_replace,
+                if_not_exists: view.if_not_exists,
+            }))
+        }
+        SQLStatement::Drop {
+            object_type: ObjectType::MaterializedView,
+            names,
+            if_exists,
+            ..
+        } => match names.as_slice() {
+            [name] => Ok(Statement::View(ViewStatement::Drop {
+                name: name.clone(),
+                if_exists: *if_exists,
+            })),
+            _ => Err(Error::Usage(
+                "DROP MATERIALIZED VIEW drops one view at a time".into(),
+            )),
+        },
+        _ => Ok(Statement::Sql(Box::new(statement))),
+    }
+}
+
 fn advance(parser: &mut Parser<'_>, tokens: usize) {
     for _ in 0..tokens {
         parser.next_token();
@@ -280,6 +382,34 @@ mod tests {
                 }),
             ]
         );
+    }
+
+    #[test]
+    fn view_statements_are_recognized() {
+        let statements = split(
+            "CREATE MATERIALIZED VIEW s AS SELECT a FROM 'x/'; refresh materialized view S;\
+             SHOW MATERIALIZED VIEWS; DROP MATERIALIZED VIEW IF EXISTS s; CREATE VIEW v AS SELECT 1",
+        )
+        .unwrap();
+        assert!(matches!(
+            &statements[0],
+            Statement::View(ViewStatement::Create { name, or_replace: false, .. }) if name.to_string() == "s"
+        ));
+        assert!(matches!(
+            &statements[1],
+            Statement::View(ViewStatement::Refresh { name }) if name.to_string() == "S"
+        ));
+        assert_eq!(statements[2], Statement::View(ViewStatement::Show));
+        assert!(matches!(
+            &statements[3],
+            Statement::View(ViewStatement::Drop {
+                if_exists: true,
+                ..
+            })
+        ));
+        assert!(matches!(&statements[4], Statement::Sql(_)));
+        let err = split("REFRESH MATERIALIZED VIEW").unwrap_err().to_string();
+        assert!(err.contains("expected a view name"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   models/NAME.json         one file per model, from CREATE MODEL: {"name", "source"}
 //!   tables/NAME/*.parquet    one folder per table, from CREATE TABLE ... AS
 //!   tables/.staging-*/       a CREATE TABLE in progress; renamed to tables/NAME/ when complete
+//!   views/NAME/              one folder per materialized view: its manifests and data
+//!                            ([`crate::view`])
 //! ```
 //! Names are names, never paths: a table or model name is letters, digits, `_` and `-`, at most
 //! [`MAX_NAME_BYTES`] bytes ([`check_name`]), checked here, where each name becomes a path or a
@@ -29,7 +31,9 @@ use serde_json::Value;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{CommitStore, CommittedWrite, StoreRegistry, TableWrite, Tables, read_object};
+use crate::storage::{
+    CommitStore, CommittedWrite, Manifests, StoreRegistry, TableWrite, Tables, read_object,
+};
 
 pub use crate::storage::{MAX_NAME_BYTES, check_name};
 
@@ -279,6 +283,46 @@ impl Warehouse {
     /// Removes what interrupted writes left.
     pub fn remove_abandoned(&self) {
         self.tables.remove_abandoned();
+    }
+
+    /// The folder of materialized view `name`, ending in `/`.
+    pub fn view_folder(&self, name: &str) -> Result<Url> {
+        check_name("view", name)?;
+        self.root
+            .join(&format!("views/{name}/"))
+            .map_err(|e| Error::Usage(format!("{}views/{name}/: {e}", self.root)))
+    }
+
+    /// The manifests of materialized view `name`.
+    pub fn view_manifests(&self, name: &str) -> Result<Manifests> {
+        let folder = crate::storage::object_path(&self.view_folder(name)?)?;
+        Ok(Manifests::new(self.store.clone(), folder))
+    }
+
+    /// Names of the materialized views' folders (one listing of `views/`).
+    pub async fn view_names(&self) -> Result<Vec<String>> {
+        let folder = self.object("views/")?;
+        let listed = match self.store.inner().list_with_delimiter(Some(&folder)).await {
+            Ok(listed) => listed.common_prefixes,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut names: Vec<String> = listed
+            .iter()
+            .filter_map(|folder| folder.filename())
+            .filter(|name| check_name("view", name).is_ok())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Removes materialized view `name`: its manifests first (the view is then gone for
+    /// readers), then its data.
+    pub async fn remove_view(&self, name: &str) -> Result<()> {
+        let manifests = self.view_manifests(name)?;
+        manifests.remove_all().await?;
+        manifests.remove_folder().await
     }
 }
 

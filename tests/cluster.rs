@@ -546,3 +546,42 @@ fn rejected_rows_on_the_cluster_are_kept_and_bounded() {
     );
     assert!(!past.exists(), "a COPY past its budget wrote");
 }
+
+/// A materialized view created and refreshed through the cluster (executors without models:
+/// the client's definition reaches them): the executors score, the client keeps the manifest,
+/// and the view holds the rows of one process.
+#[test]
+fn a_materialized_view_refreshed_on_the_cluster_holds_the_rows_of_one_process() {
+    let data = tempfile::tempdir().unwrap();
+    let all = data.path().join("all");
+    split_into_files("data/sample/features.parquet", "true", 8, &all);
+    let input = data.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let move_in = |k: usize| {
+        let name = format!("part-{k}.parquet");
+        std::fs::copy(all.join(&name), input.join(&name)).unwrap();
+    };
+    (0..5).for_each(move_in);
+    let cluster = Cluster::start(2, None);
+    ok(&cluster.query(
+        None,
+        &format!(
+            "CREATE MODEL scorer FROM 'data/models/linear.onnx';
+             CREATE MATERIALIZED VIEW v AS SELECT id, predict('scorer', {FEATURES}) AS p
+             FROM '{}/'",
+            input.display()
+        ),
+    ));
+    (5..8).for_each(move_in);
+    let refreshed = ok(&cluster.query(None, "REFRESH MATERIALIZED VIEW v"));
+    assert!(refreshed.contains("v,3,0,0,"), "{refreshed}");
+    let view = ok(&cluster.query(None, "SELECT id, p FROM v"));
+    let want = local(
+        Path::new("data/models"),
+        &format!(
+            "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
+        ),
+    );
+    assert_eq!(common::rows(&view).len(), 10_000);
+    common::assert_same_rows(&common::rows(&view), &common::rows(&want), 1e-6);
+}

@@ -230,7 +230,7 @@ impl Engine {
                 }
             }
         }
-        Ok(())
+        self.register_views().await
     }
 
     pub(super) fn seen_tables(

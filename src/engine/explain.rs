@@ -56,6 +56,19 @@ impl Engine {
     /// unreachable, not a regular file).
     pub(super) async fn explain_missing_table(&self, err: DataFusionError) -> Error {
         let message = err.to_string();
+        let missing = message
+            .split_once("table '")
+            .and_then(|(_, rest)| rest.split_once("' not found"))
+            .map(|(name, _)| name.trim_start_matches("datafusion.public."));
+        if let Some(name) = missing
+            && crate::warehouse::check_name("view", name).is_ok()
+            && self.is_view(name).await.unwrap_or(false)
+        {
+            return Error::Usage(format!(
+                "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
+                 its manifest cannot be read): REFRESH MATERIALIZED VIEW {name}"
+            ));
+        }
         let Some(name) = message
             .split_once("table '")
             .and_then(|(_, rest)| rest.split_once("' not found"))

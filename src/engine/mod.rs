@@ -51,8 +51,12 @@ use crate::warehouse::{Definition, Warehouse, check_name};
 mod catalog;
 mod explain;
 mod options;
+mod refresh;
 mod rejects;
+mod views;
 mod write;
+
+pub use refresh::Refreshed;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows.
 pub struct Engine {
@@ -82,6 +86,8 @@ pub struct Engine {
     /// The warehouse tables registered by name, with the version each was registered at
     /// ([`crate::storage::Tables::version`]).
     seen_tables: Mutex<BTreeMap<String, Option<String>>>,
+    /// The materialized views registered by name, with the manifest version of each.
+    seen_views: Mutex<BTreeMap<String, u64>>,
     /// Where the statement at hand keeps its rejects, if it keeps them.
     rejects_folder: Mutex<Option<url::Url>>,
 }
@@ -121,6 +127,7 @@ impl Engine {
             opened: tokio::sync::OnceCell::new(),
             tables_attached: std::sync::atomic::AtomicBool::new(false),
             seen_tables: Mutex::new(BTreeMap::new()),
+            seen_views: Mutex::new(BTreeMap::new()),
             rejects_folder: Mutex::new(None),
         })
     }
@@ -202,6 +209,7 @@ impl Engine {
         self.placement.share_models(&self.ctx, &self.registry)?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
+            Statement::View(v) => self.run_view_statement(v).await,
             Statement::Sql(statement) => {
                 let result = self.run_sql(*statement).await;
                 self.follow_device_option();
@@ -262,6 +270,11 @@ impl Engine {
                     let mut owned = Vec::new();
                     for name in names {
                         let name = table_name(name)?;
+                        if self.is_view(&name).await? {
+                            return Err(Error::Usage(format!(
+                                "'{name}' is a materialized view: DROP MATERIALIZED VIEW {name}"
+                            )));
+                        }
                         if self.is_warehouse_table(warehouse, &name).await? {
                             owned.push(name);
                         }
@@ -305,6 +318,11 @@ impl Engine {
 /// A warehouse table's name: without schema, normalized as DataFusion does (lower case unless
 /// quoted), and a plain name ([`check_name`]).
 fn table_name(name: &ObjectName) -> Result<String> {
+    object_name("table", name)
+}
+
+/// A warehouse object's name (`kind`: table, view), as [`table_name`].
+fn object_name(kind: &str, name: &ObjectName) -> Result<String> {
     use datafusion::sql::sqlparser::ast::ObjectNamePart;
     match name.0.as_slice() {
         [ObjectNamePart::Identifier(ident)] => {
@@ -313,11 +331,11 @@ fn table_name(name: &ObjectName) -> Result<String> {
                 Some(_) => ident.value.clone(),
                 None => ident.value.to_ascii_lowercase(),
             };
-            check_name("table", &name)?;
+            check_name(kind, &name)?;
             Ok(name)
         }
         _ => Err(Error::Usage(format!(
-            "warehouse tables are named without a schema, not '{name}'"
+            "a warehouse {kind} is named without a schema, not '{name}'"
         ))),
     }
 }

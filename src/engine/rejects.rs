@@ -72,6 +72,11 @@ impl Engine {
 
     /// The session's `batchinfer.max_errors`.
     fn max_errors(&self) -> Option<ErrorBudget> {
+        self.batchinfer_options().max_errors
+    }
+
+    /// The session's `batchinfer.*` options.
+    pub(super) fn batchinfer_options(&self) -> BatchInferOptions {
         let state = self.ctx.state_ref();
         let state = state.read();
         state
@@ -79,7 +84,8 @@ impl Engine {
             .options()
             .extensions
             .get::<BatchInferOptions>()
-            .and_then(|o| o.max_errors)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The rows the statement that just ran rejected, per model, and the folder they are in

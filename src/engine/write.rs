@@ -147,6 +147,11 @@ impl Engine {
         ct: &CreateTable,
     ) -> Result<DataFrame> {
         let name = table_name(&ct.name)?;
+        if self.is_view(&name).await? {
+            return Err(Error::Usage(format!(
+                "'{name}' is a materialized view; a table needs a name of its own"
+            )));
+        }
         if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
             if ct.if_not_exists {
                 return self.empty();
@@ -207,13 +212,8 @@ impl Engine {
 
     /// A result of no columns whose rows are the rows a write reports in `counts` (its
     /// `count`): nothing to print, and the summary of the statement says how many.
-    fn rows_written(&self, counts: &[RecordBatch]) -> Result<DataFrame> {
-        let rows = counts
-            .first()
-            .and_then(|b| b.columns().first())
-            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-            .map_or(0, |c| c.values().iter().sum::<u64>());
-        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+    pub(super) fn rows_written(&self, counts: &[RecordBatch]) -> Result<DataFrame> {
+        let rows = usize::try_from(rows_in(counts)).unwrap_or(usize::MAX);
         let batch = RecordBatch::try_new_with_options(
             Arc::new(Schema::empty()),
             vec![],
@@ -223,9 +223,20 @@ impl Engine {
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256.
-    fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
+    pub(super) fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
+        let models: Vec<serde_json::Value> = self
+            .models_in(plan)
+            .iter()
+            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
+            .collect();
+        Ok(serde_json::Value::Array(models).to_string())
+    }
+
+    /// The models a plan calls by literal name.
+    pub(super) fn models_in(&self, plan: &LogicalPlan) -> Vec<Arc<crate::model::Model>> {
         let mut names = BTreeMap::new();
-        plan.apply(|node| {
+        // Nothing in the walk fails.
+        let _ = plan.apply(|node| {
             node.apply_expressions(|expr| {
                 expr.apply(|e| {
                     if let Expr::ScalarFunction(f) = e
@@ -240,14 +251,21 @@ impl Engine {
                     Ok(TreeNodeRecursion::Continue)
                 })
             })
-        })?;
-        let models: Vec<serde_json::Value> = names
+        });
+        names
             .keys()
             .filter_map(|n| self.registry.get(n).ok())
-            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
-            .collect();
-        Ok(serde_json::Value::Array(models).to_string())
+            .collect()
     }
+}
+
+/// The rows a write reports in `counts` (its `count` column).
+pub(super) fn rows_in(counts: &[RecordBatch]) -> u64 {
+    counts
+        .first()
+        .and_then(|b| b.columns().first())
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .map_or(0, |c| c.values().iter().sum::<u64>())
 }
 
 /// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
@@ -336,8 +354,8 @@ struct PlacedWrite<'a> {
     _staged: Option<Registered<'a>>,
 }
 
-/// A table registered under a hidden name for as long as this lives.
-struct Registered<'a> {
+/// A table registered under a hidden name (or a given one) for as long as this lives.
+pub(super) struct Registered<'a> {
     ctx: &'a SessionContext,
     name: String,
 }
@@ -350,8 +368,19 @@ impl<'a> Registered<'a> {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
-        ctx.register_table(TableReference::bare(name.as_str()), table)?;
-        Ok(Registered { ctx, name })
+        Self::named(ctx, &name, table)
+    }
+
+    pub(super) fn named(
+        ctx: &'a SessionContext,
+        name: &str,
+        table: Arc<dyn TableProvider>,
+    ) -> Result<Self> {
+        ctx.register_table(TableReference::bare(name), table)?;
+        Ok(Registered {
+            ctx,
+            name: name.to_string(),
+        })
     }
 }
 

@@ -80,6 +80,23 @@ pub fn location_url(location: &str) -> Result<Url> {
     Ok(url)
 }
 
+/// A location that names the same files from any working folder: a URL as it is, a path made
+/// absolute (a trailing `/` and glob characters kept).
+pub fn absolute_location(location: &str) -> Result<String> {
+    match parse_location(location)? {
+        Location::Url(_) => Ok(location.to_string()),
+        Location::Path(path) => {
+            let absolute = std::path::absolute(&path)
+                .map_err(|e| Error::io(format!("resolving {location}"), e))?;
+            let mut text = absolute.to_string_lossy().into_owned();
+            if location.ends_with('/') && !text.ends_with('/') {
+                text.push('/');
+            }
+            Ok(text)
+        }
+    }
+}
+
 /// `url` as a folder: its path ends with `/`, so that what is joined to it goes inside it.
 pub fn folder_url(mut url: Url) -> Url {
     if !url.path().ends_with('/') {
@@ -134,6 +151,30 @@ pub fn local_file(location: &object_store::path::Path) -> Option<std::path::Path
     object_store::local::LocalFileSystem::new()
         .path_to_filesystem(location)
         .ok()
+}
+
+/// What changes when a file is written again: for a local file its identity and its modification
+/// and change times (a rewrite that keeps the size and puts the modification time back still
+/// changes the change time, which no one can set); elsewhere its ETag, else when it was written.
+pub fn file_version(local: bool, meta: &object_store::ObjectMeta) -> String {
+    use std::os::unix::fs::MetadataExt;
+    if local
+        && let Some(path) = local_file(&meta.location)
+        && let Ok(m) = std::fs::metadata(&path)
+    {
+        return format!(
+            "{:x}-{:x}.{:x}-{:x}.{:x}-{:x}",
+            m.ino(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+            m.len()
+        );
+    }
+    meta.e_tag
+        .clone()
+        .unwrap_or_else(|| meta.last_modified.timestamp_millis().to_string())
 }
 
 /// The path of an object within its bucket.

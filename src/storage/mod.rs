@@ -30,6 +30,7 @@ mod files;
 mod folder;
 pub mod hints;
 mod location;
+mod manifest;
 mod s3;
 pub mod staging;
 mod table;
@@ -47,10 +48,11 @@ use url::Url;
 
 pub use commit::{CommitKind, CommitStore, PendingWrite, discards_done};
 pub use location::{
-    Location, blank_passwords, check_write_target, display_location, folder_location, folder_url,
-    is_local_store, is_object_store_url, local_file, local_path, location_url, object_path,
-    parse_location,
+    Location, absolute_location, blank_passwords, check_write_target, display_location,
+    file_version, folder_location, folder_url, is_local_store, is_object_store_url, local_file,
+    local_path, location_url, object_path, parse_location,
 };
+pub use manifest::Manifests;
 pub use staging::StagedOutput;
 pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, TableWrite, Tables, check_name};
 

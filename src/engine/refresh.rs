@@ -1,0 +1,385 @@
+//! REFRESH MATERIALIZED VIEW: the view's input files listed and compared with its manifest
+//! ([`crate::view::plan`]), what is new or changed scored a unit at a time, wherever statements
+//! run ([`crate::cluster::Placement::write_to`]), and each unit committed as a new manifest
+//! version ([`crate::storage::Manifests`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::config::TableParquetOptions;
+use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::logical_expr::LogicalPlan;
+use futures::{StreamExt, TryStreamExt};
+use url::Url;
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::statements::Statement;
+use crate::storage::Manifests;
+use crate::view::check::{Source, reading, row_wise_source, source_table};
+use crate::view::commit::{choose_target, commit, remove_files};
+use crate::view::plan::{CommitSize, Work, plan};
+use crate::view::{Generation, Input, Manifest, OutputFile, Unit, new_id, now_ms};
+use crate::warehouse::Warehouse;
+
+/// What one refresh did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Refreshed {
+    pub view: String,
+    /// Input files seen for the first time, changed, and gone.
+    pub new: usize,
+    pub changed: usize,
+    pub removed: usize,
+    /// Input files and rows scored.
+    pub files_scored: usize,
+    pub rows_scored: u64,
+    /// Whether it built a new generation (a model or the query changed) and made it current.
+    pub rebuilt: bool,
+    /// Units scored again because files of theirs were missing from the view's folder.
+    pub repaired: usize,
+    /// What the view holds after it: input files and rows.
+    pub view_files: u64,
+    pub view_rows: u64,
+    pub seconds: f64,
+}
+
+/// The query of a view, planned: its plan, the files it reads, its models and rows' schema.
+struct Planned {
+    plan: LogicalPlan,
+    source: Source,
+    models: BTreeMap<String, String>,
+    models_json: String,
+    schema: SchemaRef,
+}
+
+/// Units scored at once by one refresh.
+const UNITS_AT_ONCE: usize = 2;
+
+impl Engine {
+    /// Brings materialized view `name` up to date with its input files and models.
+    pub(super) async fn refresh_view(&self, name: &str) -> Result<Refreshed> {
+        let started = Instant::now();
+        let warehouse = self.view_warehouse()?;
+        let manifests = warehouse.view_manifests(name)?;
+        let Some((_, bytes)) = manifests.latest().await? else {
+            return Err(Error::Usage(format!(
+                "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
+            )));
+        };
+        let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        let planned = self.plan_view(name, &manifest).await?;
+        let mut target = choose_target(&manifest, &planned.models, &planned.schema)?;
+        let generation = match &target.new {
+            Some(new) => new.clone(),
+            None => manifest
+                .current
+                .iter()
+                .chain(manifest.pending.iter())
+                .find(|g| g.id == target.id)
+                .cloned()
+                .ok_or_else(|| Error::Internal("a view's generation vanished".into()))?,
+        };
+        let folder = warehouse.view_folder(name)?;
+        let listed = self.list_inputs(&planned.source).await?;
+        let damaged = damaged_units(&manifests, &folder, &generation).await?;
+        let changes = plan(&generation, &listed, self.commit_size(), &damaged);
+        let mut refreshed = Refreshed {
+            view: name.to_string(),
+            new: changes.new,
+            changed: changes.changed,
+            removed: changes.removed,
+            repaired: damaged.len(),
+            ..Default::default()
+        };
+        // Two units at a time: one starts while the other finishes (its last partition, its
+        // commit), so that no core waits between them; they commit in order.
+        let generation_id = target.id.clone();
+        let score = |i: usize| -> futures::future::BoxFuture<'_, Result<Option<Unit>>> {
+            Box::pin(self.score_unit(&folder, &generation_id, &planned, &changes.work[i]))
+        };
+        let mut scored = futures::stream::iter(0..changes.work.len())
+            .map(score)
+            .buffered(UNITS_AT_ONCE);
+        let mut works = changes.work.iter();
+        while let (Some(unit), Some(work)) = (scored.next().await, works.next()) {
+            let unit = unit?;
+            let rows = unit.as_ref().map_or(0, |u| u.rows);
+            let applied = commit(&manifests, &mut target, work, unit.clone(), false).await?;
+            match (applied, unit) {
+                (true, _) => {
+                    refreshed.files_scored += work.inputs.len();
+                    refreshed.rows_scored += rows;
+                }
+                // Another refresh scored these files first: this one's output is not needed.
+                (false, Some(unit)) => remove_files(&manifests, &folder, &unit).await?,
+                (false, None) => {}
+            }
+        }
+        let nothing = Work {
+            replaces: Vec::new(),
+            inputs: Vec::new(),
+        };
+        if target.pending {
+            commit(&manifests, &mut target, &nothing, None, true).await?;
+            refreshed.rebuilt = true;
+        } else if target.stale_pending.is_some() {
+            // A rebuild for models no longer defined: dropped.
+            commit(&manifests, &mut target, &nothing, None, false).await?;
+        }
+        let Some((_, bytes)) = manifests.latest().await? else {
+            return Err(Error::Usage(format!(
+                "materialized view '{name}' was dropped while it was refreshed"
+            )));
+        };
+        let now = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        (refreshed.view_files, refreshed.view_rows) = now.totals();
+        if !changes.work.is_empty() || target.pending {
+            self.remove_unlisted(&manifests, &folder, &now).await?;
+        }
+        refreshed.seconds = started.elapsed().as_secs_f64();
+        Ok(refreshed)
+    }
+
+    pub(super) fn view_warehouse(&self) -> Result<&Warehouse> {
+        self.warehouse.as_ref().ok_or_else(|| {
+            Error::Usage("materialized views are kept in a warehouse; this engine has none".into())
+        })
+    }
+
+    /// Plans a view's query (loading its models), checking that it is row-wise. Files the query
+    /// names by path are read as the view keeps them, so that planning reads none of them.
+    async fn plan_view(&self, name: &str, manifest: &Manifest) -> Result<Planned> {
+        let query = &manifest.query;
+        let mut statements = self.statements(query)?;
+        let statement = match (statements.pop(), statements.is_empty()) {
+            (Some(Statement::Sql(statement)), true) => *statement,
+            _ => {
+                return Err(Error::Usage(format!(
+                    "materialized view '{name}' has a query that is not one statement: {query}"
+                )));
+            }
+        };
+        let _source = match &manifest.source_table {
+            Some(kept) => {
+                let parquet = self.ctx.state().table_options().parquet.clone();
+                let table = source_table(kept, parquet)?;
+                Some(super::write::Registered::named(
+                    &self.ctx, &kept.name, table,
+                )?)
+            }
+            None => None,
+        };
+        let df = self.execute(statement).await?;
+        let plan = df.logical_plan().clone();
+        let source = row_wise_source(&plan, name)?;
+        let models = self
+            .models_in(&plan)
+            .into_iter()
+            .map(|m| (m.name.clone(), m.sha256.clone()))
+            .collect();
+        Ok(Planned {
+            models_json: self.models_used(&plan)?,
+            schema: df.schema().inner().clone(),
+            plan,
+            source,
+            models,
+        })
+    }
+
+    /// How much a refresh scores between commits (`batchinfer.files_per_commit`).
+    fn commit_size(&self) -> CommitSize {
+        let options = self.batchinfer_options();
+        CommitSize {
+            files: options.files_per_commit.max(1),
+            bytes: COMMIT_BYTES,
+        }
+    }
+
+    /// The input files of `source` now: each one's URL, size and version.
+    async fn list_inputs(&self, source: &Source) -> Result<Vec<Input>> {
+        let state = self.ctx.state();
+        let mut inputs = Vec::new();
+        for url in &source.paths {
+            let store = state.runtime_env().object_store(url)?;
+            let local = crate::storage::is_local_store(&url.object_store());
+            let extension = &source.options.file_extension;
+            let files: Vec<_> = url
+                .list_all_files(&state, store.as_ref(), extension)
+                .await?
+                .try_collect()
+                .await?;
+            let base = Url::parse(url.object_store().as_str())
+                .map_err(|e| Error::Internal(format!("{url}: {e}")))?;
+            for meta in files {
+                let mut file = base.clone();
+                file.path_segments_mut()
+                    .map_err(|()| Error::Internal(format!("{base} has no path")))?
+                    .clear()
+                    .extend(meta.location.parts().map(|p| p.as_ref().to_string()));
+                inputs.push(Input {
+                    path: file.to_string(),
+                    size: meta.size,
+                    version: crate::storage::file_version(local, &meta),
+                });
+            }
+        }
+        inputs.sort_by(|a, b| a.path.cmp(&b.path));
+        inputs.dedup_by(|a, b| a.path == b.path);
+        Ok(inputs)
+    }
+
+    /// Scores the inputs of `work` into a folder of their own under the view's `data/`; `None`
+    /// where it has none (its files are gone).
+    async fn score_unit(
+        &self,
+        folder: &Url,
+        generation: &str,
+        planned: &Planned,
+        work: &Work,
+    ) -> Result<Option<Unit>> {
+        if work.inputs.is_empty() {
+            return Ok(None);
+        }
+        let id = new_id("u");
+        let paths = work
+            .inputs
+            .iter()
+            .map(|i| {
+                let url = Url::parse(&i.path).map_err(|e| Error::Internal(format!("{e}")))?;
+                Ok(ListingTableUrl::try_new(url, None)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let config = ListingTableConfig::new_with_multi_paths(paths)
+            .with_listing_options(planned.source.options.clone())
+            .with_schema(planned.source.schema.clone());
+        let table = Arc::new(ListingTable::try_new(config)?);
+        let plan = reading(&planned.plan, table)?;
+        let df = DataFrame::new(self.ctx.state(), plan);
+        let mut options = TableParquetOptions::default();
+        let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
+        for (key, value) in [
+            ("batchinfer.models", planned.models_json.clone()),
+            ("batchinfer.inputs", inputs),
+        ] {
+            options
+                .key_value_metadata
+                .insert(key.to_string(), Some(value));
+        }
+        let unit_folder = folder
+            .join(&format!("data/{generation}/{id}/"))
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let location = crate::storage::display_location(&unit_folder);
+        let (write_to, write) = self.placement.write_to(self.registry.stores(), &location)?;
+        let counts = match df
+            .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
+            .await
+        {
+            Ok(counts) => counts,
+            Err(e) => {
+                write.abort().await;
+                return Err(e.into());
+            }
+        };
+        write.commit().await?;
+        let store = self.registry.stores().commit_store(&unit_folder)?;
+        let prefix = crate::storage::object_path(&unit_folder)?;
+        let view_prefix = crate::storage::object_path(folder)?;
+        let manifests = Manifests::new(store, view_prefix.clone());
+        let mut files = Vec::new();
+        for meta in manifests.files_under(&prefix).await? {
+            let Some(path) = meta.location.prefix_match(&view_prefix) else {
+                continue;
+            };
+            let path: Vec<String> = path.map(|p| p.as_ref().to_string()).collect();
+            files.push(OutputFile {
+                path: path.join("/"),
+                size: meta.size,
+            });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Some(Unit {
+            id,
+            inputs: work.inputs.clone(),
+            files,
+            rows: super::write::rows_in(&counts),
+        }))
+    }
+
+    /// Removes files under the view's `data/` that the manifest `now` does not list and that
+    /// nobody wrote for an hour: the rows of replaced units, which a reader that read an older
+    /// manifest may still be reading, and what killed refreshes left.
+    async fn remove_unlisted(
+        &self,
+        manifests: &Manifests,
+        folder: &Url,
+        now: &Manifest,
+    ) -> Result<()> {
+        let listed: BTreeSet<&str> = now
+            .current
+            .iter()
+            .chain(now.pending.iter())
+            .flat_map(Generation::files)
+            .map(|f| f.path.as_str())
+            .collect();
+        let view_prefix = crate::storage::object_path(folder)?;
+        let data = view_prefix.clone().join("data");
+        let cutoff = chrono_cutoff();
+        for meta in manifests.files_under(&data).await? {
+            let Some(path) = meta.location.prefix_match(&view_prefix) else {
+                continue;
+            };
+            let path: Vec<String> = path.map(|p| p.as_ref().to_string()).collect();
+            if !listed.contains(path.join("/").as_str()) && meta.last_modified.timestamp() < cutoff
+            {
+                manifests.delete(&meta.location).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The units of `generation` with a file missing from the view's folder (one listing).
+async fn damaged_units(
+    manifests: &Manifests,
+    folder: &Url,
+    generation: &Generation,
+) -> Result<BTreeSet<String>> {
+    if generation.units.iter().all(|u| u.files.is_empty()) {
+        return Ok(BTreeSet::new());
+    }
+    let view_prefix = crate::storage::object_path(folder)?;
+    let present: BTreeSet<String> = manifests
+        .files_under(&view_prefix.clone().join("data"))
+        .await?
+        .iter()
+        .filter_map(|meta| {
+            let path = meta.location.prefix_match(&view_prefix)?;
+            Some(
+                path.map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            )
+        })
+        .collect();
+    Ok(generation
+        .units
+        .iter()
+        .filter(|u| u.files.iter().any(|f| !present.contains(&f.path)))
+        .map(|u| u.id.clone())
+        .collect())
+}
+
+/// The time (seconds since 1970) before which a file no manifest lists may be removed.
+fn chrono_cutoff() -> i64 {
+    (now_ms() / 1000) as i64 - UNLISTED_KEPT_SECONDS
+}
+
+/// How long a file no manifest lists is kept: readers of older versions, and refreshes still
+/// writing, have that long.
+const UNLISTED_KEPT_SECONDS: i64 = 3600;
+
+/// The most input bytes scored between two commits.
+const COMMIT_BYTES: u64 = 1 << 30;

@@ -1,0 +1,415 @@
+//! The engine's materialized-view statements ([`crate::view`]): CREATE, REFRESH, SHOW and DROP
+//! MATERIALIZED VIEW, and the registration of each view, by name, as the files its newest
+//! manifest lists.
+
+use datafusion::arrow::array::{ArrayRef, StringArray, TimestampMillisecondArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::empty::EmptyTable;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::sql::sqlparser::ast::Query;
+
+use super::refresh::Refreshed;
+use super::*;
+use crate::statements::ViewStatement;
+use crate::view::{Generation, Manifest, now_ms};
+
+impl Engine {
+    pub(super) async fn run_view_statement(&self, statement: ViewStatement) -> Result<DataFrame> {
+        match statement {
+            ViewStatement::Create {
+                name,
+                query,
+                or_replace,
+                if_not_exists,
+            } => {
+                let name = object_name("view", &name)?;
+                self.create_view(&name, &query, or_replace, if_not_exists)
+                    .await
+            }
+            ViewStatement::Refresh { name } => {
+                let refreshed = self.refresh_view(&object_name("view", &name)?).await?;
+                self.register_views().await?;
+                Ok(self.results.read_batch(refreshed_batch(&refreshed)?)?)
+            }
+            ViewStatement::Show => self.show_views().await,
+            ViewStatement::Drop { name, if_exists } => {
+                let name = object_name("view", &name)?;
+                let warehouse = self.view_warehouse()?;
+                if warehouse.view_manifests(&name)?.latest().await?.is_none() {
+                    if if_exists {
+                        return self.empty();
+                    }
+                    return Err(Error::Usage(format!(
+                        "there is no materialized view '{name}'"
+                    )));
+                }
+                warehouse.remove_view(&name).await?;
+                self.forget_view(&name)?;
+                self.empty()
+            }
+        }
+    }
+
+    /// Runs REFRESH MATERIALIZED VIEW `name` as a statement of its own (as [`Engine::run`]
+    /// does): for `batchinfer refresh`.
+    pub async fn refresh(&self, name: &str) -> Result<Refreshed> {
+        crate::warehouse::check_name("view", name)?;
+        self.refresh_models().await?;
+        self.refresh_tables().await?;
+        self.placement.share_models(&self.ctx, &self.registry)?;
+        let refreshed = self.refresh_view(name).await?;
+        self.register_views().await?;
+        Ok(refreshed)
+    }
+
+    /// CREATE MATERIALIZED VIEW: the definition kept, then the first refresh. When that fails,
+    /// the view is as it was before the statement (none, or the former definition).
+    async fn create_view(
+        &self,
+        name: &str,
+        query: &Query,
+        or_replace: bool,
+        if_not_exists: bool,
+    ) -> Result<DataFrame> {
+        let warehouse = self.view_warehouse()?;
+        let manifests = warehouse.view_manifests(name)?;
+        let latest = manifests.latest().await?;
+        if latest.is_some() && if_not_exists {
+            return self.empty();
+        }
+        if latest.is_some() && !or_replace {
+            return Err(Error::Usage(format!(
+                "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
+                 VIEW, or REFRESH MATERIALIZED VIEW {name})"
+            )));
+        }
+        if latest.is_none() && self.ctx.table_exist(TableReference::bare(name))? {
+            return Err(Error::Usage(format!(
+                "a table named '{name}' exists; a materialized view needs a name of its own"
+            )));
+        }
+        // The files it reads are the same ones whatever the working folder of a later refresh.
+        let mut query = query.clone();
+        let mut unusable = None;
+        let mut literals = Vec::new();
+        let _ = datafusion::sql::sqlparser::ast::visit_relations_mut(&mut query, |relation| {
+            use datafusion::sql::sqlparser::ast::ObjectNamePart;
+            if let [ObjectNamePart::Identifier(ident)] = relation.0.as_mut_slice()
+                && ident.quote_style == Some('\'')
+            {
+                match crate::storage::absolute_location(&ident.value) {
+                    Ok(absolute) => {
+                        literals.push(absolute.clone());
+                        ident.value = absolute;
+                    }
+                    Err(e) => unusable = Some(e),
+                }
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        if let Some(e) = unusable {
+            return Err(e);
+        }
+        let query = &query;
+        // Refused now, before anything is kept, if it cannot be a view.
+        let df = self
+            .execute(DFStatement::Statement(Box::new(SQLStatement::Query(
+                Box::new(query.clone()),
+            ))))
+            .await?;
+        let source = crate::view::check::row_wise_source(df.logical_plan(), name)?;
+        let text = query.to_string();
+        let source_table = source.as_table(&literals)?;
+        // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
+        let mut latest = latest;
+        let before = loop {
+            let before = match &latest {
+                Some((_, bytes)) => Some(Manifest::from_bytes(bytes, "the view's manifest")?),
+                None => None,
+            };
+            let manifest = Manifest {
+                format: crate::view::FORMAT,
+                name: name.to_string(),
+                source: source.shown(),
+                source_table: source_table.clone(),
+                created_ms: before.as_ref().map_or_else(now_ms, |b| b.created_ms),
+                refreshed_ms: before.as_ref().and_then(|b| b.refreshed_ms),
+                current: before.as_ref().and_then(|b| b.current.clone()),
+                // A rebuild for the former query is abandoned; one for this query goes on.
+                pending: before
+                    .as_ref()
+                    .and_then(|b| b.pending.clone())
+                    .filter(|p| p.query == text),
+                query: text.clone(),
+            };
+            let version = latest.as_ref().map_or(1, |(v, _)| v + 1);
+            if manifests.create(version, manifest.to_bytes()?).await? {
+                break before;
+            }
+            latest = manifests.latest().await?;
+            if latest.is_none() || !or_replace {
+                return Err(Error::Usage(format!(
+                    "materialized view '{name}' was created or dropped by another statement \
+                     meanwhile"
+                )));
+            }
+        };
+        match self.refresh_view(name).await {
+            Ok(refreshed) => {
+                self.register_views().await?;
+                let rows = usize::try_from(refreshed.rows_scored).unwrap_or(usize::MAX);
+                self.rows_written(&[RecordBatch::try_new(
+                    Arc::new(Schema::new(vec![Field::new(
+                        "count",
+                        DataType::UInt64,
+                        false,
+                    )])),
+                    vec![Arc::new(UInt64Array::from(vec![rows as u64]))],
+                )?])
+            }
+            Err(e) => {
+                self.undo_create(name, &text, before).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a CREATE of `query` whose first refresh failed: no view, or the one there was (its
+    /// definition put back; what it held was never taken away). Unless another statement
+    /// redefined the view meanwhile: then it is left as that one made it.
+    async fn undo_create(&self, name: &str, query: &str, before: Option<Manifest>) {
+        let Ok(warehouse) = self.view_warehouse() else {
+            return;
+        };
+        let undone = async {
+            let manifests = warehouse.view_manifests(name)?;
+            let Some((version, bytes)) = manifests.latest().await? else {
+                return Ok(());
+            };
+            let mut now = Manifest::from_bytes(&bytes, "the view's manifest")?;
+            if now.query != query {
+                return Ok(());
+            }
+            let Some(before) = before else {
+                return warehouse.remove_view(name).await;
+            };
+            now.query = before.query;
+            now.source = before.source;
+            now.source_table = before.source_table;
+            now.pending = before.pending;
+            manifests
+                .create(version + 1, now.to_bytes()?)
+                .await
+                .map(|_| ())
+        }
+        .await;
+        if let Err(e) = undone {
+            eprintln!(
+                "warning: materialized view '{name}' could not be put back as it was: {}",
+                display_error(&e)
+            );
+        }
+    }
+
+    /// SHOW MATERIALIZED VIEWS: each view's source, last refresh, input files and rows.
+    async fn show_views(&self) -> Result<DataFrame> {
+        let warehouse = self.view_warehouse()?;
+        let mut views = Vec::new();
+        for name in warehouse.view_names().await? {
+            if let Some((_, bytes)) = warehouse.view_manifests(&name)?.latest().await? {
+                views.push(Manifest::from_bytes(
+                    &bytes,
+                    &format!("view '{name}''s manifest"),
+                )?);
+            }
+        }
+        let column = |values: Vec<Option<String>>| Arc::new(StringArray::from(values)) as ArrayRef;
+        let totals: Vec<(u64, u64)> = views.iter().map(Manifest::totals).collect();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("name", DataType::Utf8, false),
+                Field::new("source", DataType::Utf8, false),
+                Field::new(
+                    "last_refresh",
+                    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                    true,
+                ),
+                Field::new("input_files", DataType::UInt64, false),
+                Field::new("rows", DataType::UInt64, false),
+                Field::new("state", DataType::Utf8, false),
+                Field::new("query", DataType::Utf8, false),
+            ])),
+            vec![
+                column(views.iter().map(|v| Some(v.name.clone())).collect()),
+                column(views.iter().map(|v| Some(v.source.clone())).collect()),
+                Arc::new(
+                    TimestampMillisecondArray::from(
+                        views
+                            .iter()
+                            .map(|v| v.refreshed_ms.map(|ms| ms as i64))
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(UInt64Array::from(
+                    totals.iter().map(|t| t.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(UInt64Array::from(
+                    totals.iter().map(|t| t.1).collect::<Vec<_>>(),
+                )),
+                column(views.iter().map(|v| Some(view_state(v))).collect()),
+                column(views.iter().map(|v| Some(v.query.clone())).collect()),
+            ],
+        )?;
+        Ok(self.results.read_batch(batch)?)
+    }
+
+    /// Registers each materialized view of the warehouse by name, as its newest manifest has
+    /// it: one listing of `views/`, and one of each view's folder, per statement.
+    pub(super) async fn register_views(&self) -> Result<()> {
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(());
+        };
+        let names: BTreeSet<String> = warehouse.view_names().await?.into_iter().collect();
+        let seen: Vec<String> = self.seen_views().keys().cloned().collect();
+        for name in seen.iter().filter(|n| !names.contains(*n)) {
+            self.forget_view(name)?;
+        }
+        for name in &names {
+            if let Err(e) = self.register_view(warehouse, name).await {
+                // One view that cannot be read does not take the others, or the warehouse,
+                // with it: DROP MATERIALIZED VIEW still removes it.
+                self.forget_view(name)?;
+                let warning = format!(
+                    "materialized view '{name}' cannot be read and is left out: {}",
+                    display_error(&e)
+                );
+                let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+                if warned.insert(warning.clone()) {
+                    eprintln!("warning: {warning}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers view `name` as its newest manifest has it, unless it already is.
+    async fn register_view(
+        &self,
+        warehouse: &crate::warehouse::Warehouse,
+        name: &str,
+    ) -> Result<()> {
+        let manifests = warehouse.view_manifests(name)?;
+        let version = manifests.versions().await?.last().copied();
+        if version.is_some() && self.seen_views().get(name) == version.as_ref() {
+            return Ok(());
+        }
+        let registered_here = self.seen_views().contains_key(name);
+        if !registered_here && self.ctx.table_exist(TableReference::bare(name))? {
+            // A table of that name, registered by this process, stays.
+            return Ok(());
+        }
+        let Some((version, bytes)) = manifests.latest().await? else {
+            return self.forget_view(name);
+        };
+        let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        let Some(current) = &manifest.current else {
+            // Not yet refreshed to the end once: nothing to read.
+            return self.forget_view(name);
+        };
+        let table = view_table(&warehouse.view_folder(name)?, current)?;
+        self.forget_view(name)?;
+        self.ctx.register_table(TableReference::bare(name), table)?;
+        self.seen_views().insert(name.to_string(), version);
+        Ok(())
+    }
+
+    /// Whether the warehouse has a materialized view `name` (registered or not).
+    pub(super) async fn is_view(&self, name: &str) -> Result<bool> {
+        match &self.warehouse {
+            Some(warehouse) => Ok(!warehouse.view_manifests(name)?.versions().await?.is_empty()),
+            None => Ok(false),
+        }
+    }
+
+    fn forget_view(&self, name: &str) -> Result<()> {
+        if self.seen_views().remove(name).is_some() {
+            self.ctx.deregister_table(TableReference::bare(name))?;
+        }
+        Ok(())
+    }
+
+    /// The views registered by name, with the manifest version each was registered at.
+    pub(super) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.seen_views.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The rows of `generation`: the files it lists under the view's folder, with its schema.
+fn view_table(folder: &url::Url, generation: &Generation) -> Result<Arc<dyn TableProvider>> {
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::ListingOptions;
+    let schema = generation.schema()?;
+    let paths = generation
+        .files()
+        .map(|f| {
+            let url = folder
+                .join(&f.path)
+                .map_err(|e| Error::Internal(format!("{}: {e}", f.path)))?;
+            Ok(ListingTableUrl::try_new(url, None)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if paths.is_empty() {
+        return Ok(Arc::new(EmptyTable::new(schema)));
+    }
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(paths)
+        .with_listing_options(options)
+        .with_schema(schema);
+    Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+/// Whether a view is current, being rebuilt, or not yet refreshed.
+fn view_state(view: &Manifest) -> String {
+    match (&view.current, &view.pending) {
+        (_, Some(pending)) => {
+            let files: usize = pending.units.iter().map(|u| u.inputs.len()).sum();
+            format!("rebuilding ({files} input files so far)")
+        }
+        (None, None) => "not refreshed".into(),
+        (Some(current), None) if current.query != view.query => {
+            "query changed: REFRESH to rebuild".into()
+        }
+        (Some(_), None) => "current".into(),
+    }
+}
+
+/// What REFRESH MATERIALIZED VIEW returns: one row of what it found and did.
+fn refreshed_batch(r: &Refreshed) -> Result<RecordBatch> {
+    let count = |name: &str, n: u64| {
+        (
+            Field::new(name, DataType::UInt64, false),
+            Arc::new(UInt64Array::from(vec![n])) as ArrayRef,
+        )
+    };
+    let (fields, columns): (Vec<Field>, Vec<ArrayRef>) = [
+        (
+            Field::new("view", DataType::Utf8, false),
+            Arc::new(StringArray::from(vec![r.view.clone()])) as ArrayRef,
+        ),
+        count("new_files", r.new as u64),
+        count("changed_files", r.changed as u64),
+        count("removed_files", r.removed as u64),
+        count("rows_scored", r.rows_scored),
+        count("input_files", r.view_files),
+        count("rows", r.view_rows),
+    ]
+    .into_iter()
+    .unzip();
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}

@@ -1,0 +1,207 @@
+//! `batchinfer refresh VIEW`: a materialized view refreshed once, every so often (`--every`), or
+//! as soon as its input files change (`--watch`, looking every `--poll`).
+//!
+//! One refresh runs at a time: a tick that comes while one is running is skipped, and said so.
+//! SIGINT and SIGTERM stop the loop; a refresh in flight is abandoned, which loses nothing: each
+//! commit it made is whole, and what it had not committed was never seen
+//! ([`crate::storage::Manifests`]). A failed refresh (a storage error, a server down) is
+//! reported and tried again with backoff; the loop goes on.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::engine::{Engine, Refreshed};
+use crate::error::{Error, Result};
+use crate::message::display_error;
+use crate::runner::{Running, heed, stop_signal};
+
+/// When a view is refreshed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    Once,
+    /// A refresh at start, then one each period.
+    Every(Duration),
+    /// A refresh each poll that finds something new; quiet when nothing changed.
+    Watch(Duration),
+}
+
+/// The longest wait before a failed refresh is tried again.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Refreshes view `name` as `schedule` says, printing one summary line per refresh, until it is
+/// done (once) or stopped.
+pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Result<()> {
+    let _running = Running::start();
+    // One listener for the whole loop: a signal that comes between two waits is not missed.
+    let stop = std::pin::pin!(stop_signal());
+    let mut stop = Stop(stop);
+    let period = match schedule {
+        Schedule::Once => {
+            let refreshed = stop
+                .until(engine.refresh(name))
+                .await
+                .map_err(Error::Cancelled)??;
+            println!("{}", summary(&refreshed, None));
+            return Ok(());
+        }
+        Schedule::Every(period) | Schedule::Watch(period) => period,
+    };
+    let mut failures = 0u32;
+    let mut next = Instant::now();
+    let mut first = true;
+    loop {
+        let started = Instant::now();
+        let Ok(result) = stop.until(engine.refresh(name)).await else {
+            eprintln!("stopped: the refresh in flight was abandoned; every commit it made stays");
+            return Ok(());
+        };
+        let wait = match result {
+            Ok(refreshed) => {
+                failures = 0;
+                let mut skipped = 0;
+                next += period;
+                while next <= Instant::now() {
+                    next += period;
+                    skipped += 1;
+                }
+                let found = refreshed.new + refreshed.changed + refreshed.removed > 0;
+                if first || found || matches!(schedule, Schedule::Every(_)) {
+                    println!("{}", summary(&refreshed, Some(next)));
+                }
+                if skipped > 0 {
+                    eprintln!(
+                        "skipped {skipped} tick(s): the refresh took {:.1} s, longer than the \
+                         {} between ticks",
+                        started.elapsed().as_secs_f64(),
+                        show_duration(period)
+                    );
+                }
+                next.saturating_duration_since(Instant::now())
+            }
+            Err(e) if first && matches!(e, Error::Usage(_)) => return Err(e),
+            Err(e) => {
+                failures += 1;
+                let backoff = Duration::from_secs(1u64 << failures.min(16))
+                    .min(period.max(Duration::from_secs(1)))
+                    .min(MAX_BACKOFF);
+                eprintln!(
+                    "refresh of '{name}' failed ({failures} in a row): {}; trying again in {}",
+                    display_error(&e),
+                    show_duration(backoff)
+                );
+                next = Instant::now() + backoff;
+                backoff
+            }
+        };
+        first = false;
+        if stop.until(tokio::time::sleep(wait)).await.is_err() {
+            eprintln!("stopped");
+            return Ok(());
+        }
+    }
+}
+
+/// The first SIGINT or SIGTERM, listened for from when the loop starts.
+struct Stop<F>(std::pin::Pin<F>);
+
+impl<F: std::ops::DerefMut<Target: Future<Output = &'static str>>> Stop<F> {
+    /// `work`, unless a stop signal comes first (then it is dropped: abandoned).
+    async fn until<T>(
+        &mut self,
+        work: impl Future<Output = T>,
+    ) -> std::result::Result<T, &'static str> {
+        tokio::select! {
+            done = work => Ok(done),
+            signal = self.0.as_mut() => {
+                heed();
+                crate::storage::discards_done().await;
+                Err(signal)
+            }
+        }
+    }
+}
+
+/// One line of what a refresh did.
+pub fn summary(r: &Refreshed, next: Option<Instant>) -> String {
+    let mut line = format!(
+        "refresh {}: {} new, {} changed, {} removed input file(s); {} row(s) scored in {:.3} s; \
+         the view has {} row(s) from {} file(s)",
+        r.view, r.new, r.changed, r.removed, r.rows_scored, r.seconds, r.view_rows, r.view_files
+    );
+    if r.rebuilt {
+        line.push_str("; rebuilt (its query or a model changed)");
+    }
+    if let Some(next) = next {
+        let at = SystemTime::now() + next.saturating_duration_since(Instant::now());
+        line.push_str(&format!("; next at {}", clock(at)));
+    }
+    line
+}
+
+/// `at` as HH:MM:SS UTC.
+fn clock(at: SystemTime) -> String {
+    let seconds = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let day = seconds % 86_400;
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        day / 3600,
+        day % 3600 / 60,
+        day % 60
+    )
+}
+
+/// A duration as it was written: `90s`, `15m`, `2h`, `500ms`.
+fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        ms if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 && ms > 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// Parses `500ms`, `30s`, `15m`, `2h`, `1d` (a bare number: seconds); from 100 ms to 366 days.
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration such as 30s, 15m or 2h"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "" | "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        _ => return Err(format!("'{text}': the units are ms, s, m, h and d")),
+    };
+    match ms {
+        Some(ms) if (100..=366 * 86_400_000).contains(&ms) => Ok(Duration::from_millis(ms)),
+        _ => Err(format!("'{text}' must be from 100ms to 366d")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_written() {
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert_eq!(show_duration(Duration::from_secs(900)), "15m");
+        assert_eq!(
+            clock(SystemTime::UNIX_EPOCH + Duration::from_secs(3_723)),
+            "01:02:03 UTC"
+        );
+    }
+}

@@ -1,0 +1,186 @@
+//! What a materialized view's query may be: row-wise over one set of files, so that each input
+//! file's rows can be computed, kept and replaced apart from the others.
+
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableUrl};
+use datafusion::logical_expr::{Expr, LogicalPlan};
+
+use crate::error::{Error, Result};
+
+/// The files a view reads: a listing table's paths and format.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The table the query names.
+    pub table: datafusion::common::TableReference,
+    pub paths: Vec<ListingTableUrl>,
+    pub options: ListingOptions,
+    pub schema: datafusion::arrow::datatypes::SchemaRef,
+}
+
+impl Source {
+    /// The files, as a person reads them.
+    pub fn shown(&self) -> String {
+        let paths: Vec<String> = self
+            .paths
+            .iter()
+            .map(|p| {
+                let folder = crate::storage::display_location(p.get_url());
+                match p.get_glob() {
+                    Some(glob) => format!("{folder}{}", glob.as_str()),
+                    None => folder,
+                }
+            })
+            .collect();
+        paths.join(", ")
+    }
+}
+
+/// Why `plan` cannot be a materialized view, if it cannot; else the files it reads.
+pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
+    let refuse = |what: &str| {
+        Error::Usage(format!(
+            "materialized view '{view}' must be computed row by row from one set of files, so \
+             that new files can be scored alone; its query has {what}. Use CREATE TABLE {view} \
+             AS ... for such a query (it is computed whole each time)"
+        ))
+    };
+    let mut scans = Vec::new();
+    let mut refused = None;
+    plan.apply(|node| {
+        let what = match node {
+            LogicalPlan::Projection(_)
+            | LogicalPlan::Filter(_)
+            | LogicalPlan::SubqueryAlias(_)
+            | LogicalPlan::Unnest(_) => None,
+            LogicalPlan::TableScan(scan) => {
+                scans.push(scan.clone());
+                None
+            }
+            LogicalPlan::Aggregate(_) => Some("an aggregation (GROUP BY, count, sum, ...)"),
+            LogicalPlan::Window(_) => Some("a window function"),
+            LogicalPlan::Sort(_) => Some("ORDER BY"),
+            LogicalPlan::Limit(_) => Some("LIMIT or OFFSET"),
+            LogicalPlan::Join(_) => Some("a join"),
+            LogicalPlan::Distinct(_) => Some("DISTINCT"),
+            LogicalPlan::Union(_) => Some("UNION"),
+            LogicalPlan::Values(_) | LogicalPlan::EmptyRelation(_) => {
+                Some("no files to read (a view is over a folder, glob, prefix or table of files)")
+            }
+            _ => Some("a step that is not row by row"),
+        };
+        let what = what.or_else(|| {
+            let mut subquery = false;
+            let _ = node.apply_expressions(|e| {
+                e.apply(|e| {
+                    subquery |= matches!(
+                        e,
+                        Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_)
+                    );
+                    Ok(TreeNodeRecursion::Continue)
+                })
+            });
+            subquery.then_some("a subquery")
+        });
+        if let Some(what) = what {
+            refused = Some(what);
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if let Some(what) = refused {
+        return Err(refuse(what));
+    }
+    let [scan] = scans.as_slice() else {
+        return Err(refuse("more than one table"));
+    };
+    let provider = source_as_provider(&scan.source)?;
+    let Some(listing) = provider.downcast_ref::<ListingTable>() else {
+        return Err(refuse(&format!(
+            "'{}', which is not a table of files",
+            scan.table_name
+        )));
+    };
+    if !listing.options().table_partition_cols.is_empty() {
+        return Err(Error::Usage(format!(
+            "materialized view '{view}': '{}' is partitioned by folder names, which a view's \
+             source cannot be yet; name its files by a glob instead",
+            scan.table_name
+        )));
+    }
+    Ok(Source {
+        table: scan.table_name.clone(),
+        paths: listing.table_paths().clone(),
+        options: listing.options().clone(),
+        schema: listing.schema(),
+    })
+}
+
+impl Source {
+    /// What a view keeps of these files when the query names them by the path `literal`
+    /// (Parquet only): `None` for any other source.
+    pub fn as_table(&self, literals: &[String]) -> Result<Option<super::SourceTable>> {
+        let named_by_path = matches!(&self.table,
+            datafusion::common::TableReference::Bare { table } if literals.iter().any(|l| **l == **table));
+        if !named_by_path || self.options.format.get_ext() != "parquet" {
+            return Ok(None);
+        }
+        Ok(Some(super::SourceTable {
+            name: self.table.table().to_string(),
+            paths: self
+                .paths
+                .iter()
+                .map(|p| {
+                    let glob = p.get_glob().as_ref().map(|g| g.as_str().to_string());
+                    (p.get_url().to_string(), glob)
+                })
+                .collect(),
+            extension: self.options.file_extension.clone(),
+            schema: super::encode_schema(&self.schema)?,
+        }))
+    }
+}
+
+/// The table of files a view keeps ([`Source::as_table`]), read with `parquet` options.
+pub fn source_table(
+    kept: &super::SourceTable,
+    parquet: datafusion::config::TableParquetOptions,
+) -> Result<Arc<ListingTable>> {
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::ListingTableConfig;
+    let paths = kept
+        .paths
+        .iter()
+        .map(|(url, glob)| {
+            let parsed = url::Url::parse(url)
+                .map_err(|e| Error::Usage(format!("a view's source {url}: {e}")))?;
+            let path = ListingTableUrl::try_new(parsed, None)?;
+            Ok(match glob {
+                Some(glob) => path.with_glob(glob)?,
+                None => path,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default().with_options(parquet)))
+        .with_file_extension(&kept.extension);
+    let config = ListingTableConfig::new_with_multi_paths(paths)
+        .with_listing_options(options)
+        .with_schema(super::decode_schema(&kept.schema)?);
+    Ok(Arc::new(ListingTable::try_new(config)?))
+}
+
+/// `plan` with its one table scan reading `table` instead.
+pub fn reading(plan: &LogicalPlan, table: Arc<dyn TableProvider>) -> Result<LogicalPlan> {
+    let source = provider_as_source(table);
+    let plan = plan.clone().transform_up(|node| match node {
+        LogicalPlan::TableScan(mut scan) => {
+            scan.source = source.clone();
+            Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
+        }
+        node => Ok(Transformed::no(node)),
+    })?;
+    Ok(plan.data)
+}

@@ -1,0 +1,169 @@
+//! A refresh's commits: which generation it adds to, and each unit committed as a new manifest
+//! version on top of whatever other statements committed meanwhile.
+//!
+//! The rules that keep two statements from undoing each other: a refresh adds only to the
+//! generation it began with; it installs a new (pending) generation only for the view's query
+//! as it is now, and not over one being built for the same query and models; it makes a pending
+//! generation current only if that generation is still the pending one. A CREATE OR REPLACE of
+//! the view drops a pending generation of the former query, so a refresh of that query stops.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use object_store::path::Path;
+use url::Url;
+
+use super::plan::{Work, apply, done_elsewhere};
+use super::{Generation, Manifest, Unit, new_id, now_ms};
+use crate::error::{Error, Result};
+use crate::storage::Manifests;
+
+/// Which generation a refresh adds to.
+#[derive(Debug)]
+pub struct Target {
+    pub id: String,
+    /// Not yet in any manifest: installed as the pending generation by the first commit.
+    pub new: Option<Generation>,
+    /// Pending when the refresh began: made current when complete.
+    pub pending: bool,
+    /// The units it had when the refresh began, and those this refresh committed since.
+    pub known: BTreeSet<String>,
+    /// A pending generation this refresh found that is not for its query and models (a model
+    /// changed back): dropped by its first commit.
+    pub stale_pending: Option<String>,
+}
+
+/// How many times a commit tries again when another statement committed first.
+const COMMIT_TRIES: usize = 64;
+
+/// The generation a refresh of `manifest` adds to: the current one while the query and the
+/// models' bytes (`models`) are the same, else a pending one (continued if a killed refresh
+/// began it, else new, with rows of `schema`).
+pub fn choose_target(
+    manifest: &Manifest,
+    models: &BTreeMap<String, String>,
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Result<Target> {
+    let same = |g: &&Generation| g.query == manifest.query && g.models == *models;
+    let known = |g: &Generation| g.units.iter().map(|u| u.id.clone()).collect();
+    if let Some(current) = manifest.current.as_ref().filter(same) {
+        return Ok(Target {
+            id: current.id.clone(),
+            new: None,
+            pending: false,
+            known: known(current),
+            stale_pending: manifest.pending.as_ref().map(|p| p.id.clone()),
+        });
+    }
+    if let Some(pending) = manifest.pending.as_ref().filter(same) {
+        return Ok(Target {
+            id: pending.id.clone(),
+            new: None,
+            pending: true,
+            known: known(pending),
+            stale_pending: None,
+        });
+    }
+    let generation = Generation {
+        id: new_id("g"),
+        query: manifest.query.clone(),
+        models: models.clone(),
+        schema: Generation::encode_schema(schema)?,
+        units: Vec::new(),
+    };
+    Ok(Target {
+        id: generation.id.clone(),
+        new: Some(generation),
+        pending: true,
+        known: BTreeSet::new(),
+        stale_pending: None,
+    })
+}
+
+/// Commits one unit (`unit`, replacing the units `work` replaces) as a new manifest version; with
+/// `promote`, makes the target generation current. `false` where another refresh had scored
+/// these inputs first.
+pub async fn commit(
+    manifests: &Manifests,
+    target: &mut Target,
+    work: &Work,
+    unit: Option<Unit>,
+    promote: bool,
+) -> Result<bool> {
+    for _ in 0..COMMIT_TRIES {
+        let Some((version, bytes)) = manifests.latest().await? else {
+            return Err(Error::Usage(
+                "the materialized view was dropped while it was refreshed".into(),
+            ));
+        };
+        let mut manifest = Manifest::from_bytes(&bytes, "a view's manifest")?;
+        let view = manifest.name.clone();
+        let redefined = || {
+            Error::Usage(format!(
+                "materialized view '{view}' was redefined or rebuilt by another statement while \
+                 this refresh ran; what it committed before stays, the rest was not kept: run \
+                 REFRESH again"
+            ))
+        };
+        if let Some(new) = &target.new
+            && manifest.generation_mut(&target.id).is_none()
+        {
+            if new.query != manifest.query {
+                return Err(redefined());
+            }
+            if let Some(p) = &manifest.pending
+                && p.query == new.query
+                && p.models == new.models
+            {
+                return Err(Error::Usage(format!(
+                    "materialized view '{}' is being rebuilt by another refresh; run REFRESH \
+                     again when it is done",
+                    manifest.name
+                )));
+            }
+            manifest.pending = Some(new.clone());
+        }
+        let is_current = manifest.current.as_ref().is_some_and(|g| g.id == target.id);
+        let Some(generation) = manifest.generation_mut(&target.id) else {
+            return Err(redefined());
+        };
+        if done_elsewhere(generation, &target.known, work) {
+            return Ok(false);
+        }
+        apply(generation, &work.replaces, unit.clone());
+        if promote && !is_current {
+            manifest.current = manifest.pending.take();
+        }
+        let stale = |p: &Generation| {
+            p.query != manifest.query || target.stale_pending.as_deref() == Some(p.id.as_str())
+        };
+        if manifest.pending.as_ref().is_some_and(stale) {
+            manifest.pending = None;
+        }
+        manifest.refreshed_ms = Some(now_ms());
+        if manifests.create(version + 1, manifest.to_bytes()?).await? {
+            target.new = None;
+            target.stale_pending = None;
+            if let Some(unit) = unit {
+                target.known.insert(unit.id);
+            }
+            target.known.retain(|id| !work.replaces.contains(id));
+            return Ok(true);
+        }
+    }
+    Err(Error::Usage(
+        "the materialized view's manifest kept changing (other statements committed meanwhile); \
+         run REFRESH again"
+            .into(),
+    ))
+}
+
+/// Deletes the files of a unit that was not committed.
+pub async fn remove_files(manifests: &Manifests, folder: &Url, unit: &Unit) -> Result<()> {
+    let prefix = crate::storage::object_path(folder)?;
+    for file in &unit.files {
+        let path = Path::parse(format!("{prefix}/{}", file.path))
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        manifests.delete(&path).await?;
+    }
+    Ok(())
+}

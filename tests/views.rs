@@ -1,0 +1,791 @@
+//! Materialized views through the real binary: input files written here with Arrow, refreshed
+//! as they are added, changed and removed, and the view compared with the same query computed
+//! over all the files at once (a full recompute). Refreshes are killed with SIGKILL, run two at a
+//! time, run on a schedule and stopped with SIGTERM, and kept in the tests' S3 server.
+
+mod common;
+mod s3_server;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
+use datafusion::parquet::arrow::ArrowWriter;
+
+use common::{assert_failure, assert_ok, bin, query, stdout};
+
+const PREDICT: &str = "predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)";
+const PREDICT_M: &str = "predict('m', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9)";
+
+/// A file of the features `linear` takes, for ids `from..to` (values that differ with `seed`).
+fn write_features(path: &Path, from: i64, to: i64, seed: f32) {
+    let ids: Vec<i64> = (from..to).collect();
+    let mut columns: Vec<(String, ArrayRef)> =
+        vec![("id".into(), Arc::new(Int64Array::from(ids.clone())))];
+    for f in 0..10 {
+        let values: Vec<f32> = ids
+            .iter()
+            .map(|id| ((*id as f32 * 0.37 + f as f32 * 1.3 + seed) % 7.0) - 3.0)
+            .collect();
+        columns.push((format!("f{f}"), Arc::new(Float32Array::from(values))));
+    }
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+/// `id,value` rows of a CSV result, sorted by id.
+fn id_values(csv: &str) -> Vec<(i64, f64)> {
+    common::rows(csv)
+        .into_iter()
+        .map(|(id, values)| (id, values[0]))
+        .collect()
+}
+
+/// The view's rows, and the same query over every input file now (a full recompute): equal.
+fn assert_view_is_recompute(wh: &Path, view: &str, input: &str) -> Vec<(i64, f64)> {
+    let got = id_values(&assert_ok(&query(
+        wh,
+        &format!("SELECT id, p FROM {view} ORDER BY id"),
+    )));
+    let want = id_values(&assert_ok(&query(
+        wh,
+        &format!("SELECT id, {PREDICT} AS p FROM '{input}' ORDER BY id"),
+    )));
+    assert_eq!(got.len(), want.len(), "rows in the view and in a recompute");
+    for ((id, p), (want_id, want_p)) in got.iter().zip(&want) {
+        assert_eq!(id, want_id);
+        assert!((p - want_p).abs() <= 1e-5, "id {id}: {p} vs {want_p}");
+    }
+    got
+}
+
+/// The line `batchinfer refresh` printed for one refresh: its new, changed and removed counts.
+fn counts(line: &str) -> (usize, usize, usize) {
+    let number = |word: &str| -> usize {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no '{word}' in {line}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (number(" new"), number(" changed"), number(" removed"))
+}
+
+fn refresh(wh: &Path, view: &str) -> String {
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(wh)
+            .args(["--models", "data/models", "refresh", view]),
+        common::DEADLINE,
+    );
+    assert_ok(&out)
+}
+
+fn create_view(wh: &Path, input: &str) {
+    assert_ok(&query(
+        wh,
+        &format!("CREATE MATERIALIZED VIEW scores AS SELECT id, {PREDICT} AS p FROM '{input}'"),
+    ));
+}
+
+#[test]
+fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    for i in 0..3 {
+        write_features(
+            &input.join(format!("f{i}.parquet")),
+            i * 100,
+            i * 100 + 100,
+            0.0,
+        );
+    }
+    create_view(&wh, &input_text);
+    assert_eq!(
+        assert_view_is_recompute(&wh, "scores", &input_text).len(),
+        300
+    );
+
+    // Nothing new: nothing scored.
+    assert_eq!(counts(&refresh(&wh, "scores")), (0, 0, 0));
+    // Two new files.
+    write_features(&input.join("f3.parquet"), 300, 400, 0.0);
+    write_features(&input.join("f4.parquet"), 400, 450, 0.0);
+    let line = refresh(&wh, "scores");
+    assert_eq!(counts(&line), (2, 0, 0));
+    assert!(line.contains("150 row(s) scored"), "{line}");
+    assert_eq!(
+        assert_view_is_recompute(&wh, "scores", &input_text).len(),
+        450
+    );
+    // One file rewritten with other values and fewer rows, one removed.
+    let before = id_values(&assert_ok(&query(
+        &wh,
+        "SELECT id, p FROM scores WHERE id = 100",
+    )));
+    write_features(&input.join("f1.parquet"), 100, 150, 2.5);
+    std::fs::remove_file(input.join("f2.parquet")).unwrap();
+    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 1));
+    let rows = assert_view_is_recompute(&wh, "scores", &input_text);
+    assert_eq!(rows.len(), 100 + 50 + 100 + 50);
+    let after = id_values(&assert_ok(&query(
+        &wh,
+        "SELECT id, p FROM scores WHERE id = 100",
+    )));
+    assert_ne!(before, after, "the changed file's rows are scored again");
+
+    // Each output file records its input files and the model's sha256.
+    let files = parquet_files(&wh.join("views/scores/data"));
+    assert!(!files.is_empty());
+    for file in files {
+        let reader = datafusion::parquet::file::reader::SerializedFileReader::new(
+            std::fs::File::open(&file).unwrap(),
+        )
+        .unwrap();
+        use datafusion::parquet::file::reader::FileReader;
+        let meta = reader
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .unwrap();
+        let value = |key: &str| {
+            meta.iter()
+                .find(|kv| kv.key == key)
+                .and_then(|kv| kv.value.clone())
+                .unwrap_or_else(|| panic!("no {key} in {}", file.display()))
+        };
+        assert!(value("batchinfer.inputs").contains("\"size\""));
+        assert!(value("batchinfer.models").contains("\"sha256\""));
+    }
+
+    // The view lists its state, survives the process, and is dropped whole.
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(shown.contains(&format!("scores,{input_text}")), "{shown}");
+    assert!(shown.contains(",4,300,current,"), "{shown}");
+    assert_failure(
+        &query(&wh, "DROP TABLE scores"),
+        &["DROP MATERIALIZED VIEW scores"],
+    );
+    assert_ok(&query(&wh, "DROP MATERIALIZED VIEW scores"));
+    assert!(!wh.join("views/scores").exists());
+    assert_failure(&query(&wh, "SELECT * FROM scores"), &["scores"]);
+    assert_ok(&query(&wh, "DROP MATERIALIZED VIEW IF EXISTS scores"));
+}
+
+fn parquet_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            if entry.path().is_dir() {
+                stack.push(entry.path());
+            } else if entry.path().extension().is_some_and(|e| e == "parquet") {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
+/// A model replaced with other bytes: the next refresh scores everything again, as a new
+/// generation; one that fails leaves the old rows readable.
+#[test]
+fn a_replaced_model_rescores_everything_and_a_failed_rebuild_keeps_the_old_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let model = dir.path().join("m.onnx");
+    std::fs::copy("data/models/linear.onnx", &model).unwrap();
+    for i in 0..4 {
+        write_features(
+            &input.join(format!("f{i}.parquet")),
+            i * 50,
+            i * 50 + 50,
+            0.0,
+        );
+    }
+    let sql = |sql: &str| {
+        common::output_within(
+            bin().arg("--warehouse").arg(&wh).args(["query", "-e", sql]),
+            common::DEADLINE,
+        )
+    };
+    assert_ok(&sql(&format!("CREATE MODEL m FROM '{}'", model.display())));
+    assert_ok(&sql(&format!(
+        "CREATE MATERIALIZED VIEW v AS SELECT id, {PREDICT_M} AS p FROM '{}/'",
+        input.display()
+    )));
+    let old = id_values(&assert_ok(&sql("SELECT id, p FROM v")));
+    assert_eq!(old.len(), 200);
+
+    // Replaced, while a file whose pages are damaged (its footer is whole) arrives: the rebuild
+    // fails at that file, and the view still holds the old model's rows.
+    std::fs::copy("data/fixtures/linear_doubled.onnx", &model).unwrap();
+    assert_ok(&sql(&format!(
+        "CREATE OR REPLACE MODEL m FROM '{}'",
+        model.display()
+    )));
+    let bad = input.join("zz.parquet");
+    write_features(&bad, 1000, 1050, 0.0);
+    let mut bytes = std::fs::read(&bad).unwrap();
+    bytes[4..64].fill(0xff);
+    std::fs::write(&bad, bytes).unwrap();
+    // A commit per file: the good files are committed to the new generation before the bad one
+    // fails it, and readers still read the old one.
+    let out = sql("SET batchinfer.files_per_commit = 1; REFRESH MATERIALIZED VIEW v");
+    assert!(!out.status.success());
+    assert_eq!(id_values(&assert_ok(&sql("SELECT id, p FROM v"))), old);
+    let shown = assert_ok(&sql("SHOW MATERIALIZED VIEWS"));
+    assert!(
+        shown.contains("rebuilding (4 input files so far)"),
+        "{shown}"
+    );
+
+    // Fixed: everything is scored again by the new model (twice the old scores).
+    std::fs::remove_file(&bad).unwrap();
+    let out = sql("REFRESH MATERIALIZED VIEW v");
+    assert_ok(&out);
+    let new = id_values(&assert_ok(&sql("SELECT id, p FROM v")));
+    assert_eq!(new.len(), old.len());
+    for ((id, p), (_, was)) in new.iter().zip(&old) {
+        assert!(
+            (p - 2.0 * was).abs() <= 1e-4 * was.abs().max(1.0),
+            "id {id}: {p} vs 2 x {was}"
+        );
+    }
+    assert!(assert_ok(&sql("SHOW MATERIALIZED VIEWS")).contains(",current,"));
+}
+
+#[test]
+fn a_view_must_be_row_wise_over_one_set_of_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = "data/sample/features.parquet";
+    for (query_text, what) in [
+        (format!("SELECT count(*) FROM '{input}'"), "an aggregation"),
+        (format!("SELECT id FROM '{input}' ORDER BY id"), "ORDER BY"),
+        (format!("SELECT id FROM '{input}' LIMIT 3"), "LIMIT"),
+        (
+            format!("SELECT id, row_number() OVER (ORDER BY id) FROM '{input}'"),
+            "a window function",
+        ),
+        (
+            format!("SELECT a.id FROM '{input}' a JOIN '{input}' b ON a.id = b.id"),
+            "a join",
+        ),
+        (format!("SELECT DISTINCT f0 FROM '{input}'"), "DISTINCT"),
+        ("SELECT 1 AS x".to_string(), "no files to read"),
+    ] {
+        let out = query(&wh, &format!("CREATE MATERIALIZED VIEW v AS {query_text}"));
+        assert_failure(&out, &[what, "CREATE TABLE v AS"]);
+    }
+    assert!(!wh.join("views/v").exists());
+}
+
+fn manifests(wh: &Path, view: &str) -> usize {
+    std::fs::read_dir(wh.join("views").join(view))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("manifest-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A refresh killed with SIGKILL halfway keeps what it committed; the next one scores only the
+/// rest, and the view then holds every input row exactly once.
+#[test]
+fn a_refresh_killed_halfway_is_finished_by_the_next_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("f000.parquet"), 0, 100, 0.0);
+    create_view(&wh, &input_text);
+    for i in 1..100 {
+        write_features(
+            &input.join(format!("f{i:03}.parquet")),
+            i * 100,
+            i * 100 + 100,
+            0.0,
+        );
+    }
+    let before = manifests(&wh, "scores");
+    let mut child = bin()
+        .arg("--warehouse")
+        .arg(&wh)
+        .args(["--models", "data/models", "query", "-e"])
+        .arg("SET batchinfer.files_per_commit = 2; REFRESH MATERIALIZED VIEW scores")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once a few commits are made.
+    let started = Instant::now();
+    while manifests(&wh, "scores") < before + 4 {
+        assert!(started.elapsed() < common::DEADLINE, "no commit came");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the refresh ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let (new, _, _) = counts(&refresh(&wh, "scores"));
+    assert!(
+        new > 0 && new < 99,
+        "the second refresh scored {new} of the 99 files"
+    );
+    let rows = assert_view_is_recompute(&wh, "scores", &input_text);
+    assert_eq!(rows.len(), 10_000);
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(DISTINCT id) AS n FROM scores")),
+        "n\n10000\n"
+    );
+}
+
+/// Two refreshes of one view at once: each ends (in success, or an error saying to refresh
+/// again), and no row is in the view twice.
+#[test]
+fn two_refreshes_at_once_never_duplicate_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("f000.parquet"), 0, 100, 0.0);
+    create_view(&wh, &input_text);
+    for i in 1..40 {
+        write_features(
+            &input.join(format!("f{i:03}.parquet")),
+            i * 100,
+            i * 100 + 100,
+            0.0,
+        );
+    }
+    let spawn = || {
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["--models", "data/models", "query", "-e"])
+            .arg("SET batchinfer.files_per_commit = 3; REFRESH MATERIALIZED VIEW scores")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        if !out.status.success() {
+            assert_failure(&out, &["REFRESH again"]);
+        }
+    }
+    refresh(&wh, "scores");
+    assert_eq!(
+        assert_view_is_recompute(&wh, "scores", &input_text).len(),
+        4_000
+    );
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(DISTINCT id) AS n FROM scores")),
+        "n\n4000\n"
+    );
+}
+
+/// Lines of a child's standard output, as they come.
+fn lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let stream = child.stdout.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            if sender.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+fn scheduled(wh: &Path, args: &[&str]) -> std::process::Child {
+    let mut command: Command = bin();
+    command
+        .arg("--warehouse")
+        .arg(wh)
+        .args(["--models", "data/models", "refresh", "scores"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.spawn().unwrap()
+}
+
+fn stop(child: std::process::Child) -> std::process::Output {
+    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(
+        common::stderr(&out).contains("stopped"),
+        "{}",
+        common::stderr(&out)
+    );
+    out
+}
+
+/// `refresh --every` and `refresh --watch`, driven for a few ticks and stopped with SIGTERM.
+#[test]
+fn scheduled_and_watching_refreshes_pick_up_new_files_and_stop_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("a.parquet"), 0, 10, 0.0);
+    create_view(&wh, &input_text);
+    let wait = Duration::from_secs(30);
+
+    let mut every = scheduled(&wh, &["--every", "1s"]);
+    let out = lines(&mut every);
+    let first = out.recv_timeout(wait).unwrap();
+    assert_eq!(counts(&first), (0, 0, 0), "{first}");
+    assert!(first.contains("next at"), "{first}");
+    write_features(&input.join("b.parquet"), 10, 20, 0.0);
+    loop {
+        let line = out.recv_timeout(wait).unwrap();
+        if counts(&line) == (1, 0, 0) {
+            break;
+        }
+    }
+    stop(every);
+
+    let mut watch = scheduled(&wh, &["--watch", "--poll", "200ms"]);
+    let out = lines(&mut watch);
+    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    write_features(&input.join("c.parquet"), 20, 30, 0.0);
+    let line = out.recv_timeout(wait).unwrap();
+    assert_eq!(counts(&line), (1, 0, 0), "{line}");
+    std::fs::remove_file(input.join("a.parquet")).unwrap();
+    let line = out.recv_timeout(wait).unwrap();
+    assert_eq!(counts(&line), (0, 0, 1), "{line}");
+    stop(watch);
+    assert_eq!(
+        assert_view_is_recompute(&wh, "scores", &input_text).len(),
+        20
+    );
+
+    // A view that is not there is an error at once, not a loop.
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["refresh", "nothing", "--every", "1s"]),
+        common::DEADLINE,
+    );
+    assert_failure(&out, &["no materialized view 'nothing'"]);
+}
+
+/// A view whose input files and warehouse are in S3 (the tests' server).
+#[test]
+fn a_view_over_s3_in_an_s3_warehouse() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    let local = dir.path().join("local");
+    for i in 0..3 {
+        write_features(
+            &local.join(format!("f{i}.parquet")),
+            i * 100,
+            i * 100 + 100,
+            0.0,
+        );
+        server.put_file(
+            "bkt",
+            &format!("in/f{i}.parquet"),
+            &local.join(format!("f{i}.parquet")),
+        );
+    }
+    let run = |sql: &str| {
+        let mut command = bin();
+        command
+            .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .args([
+                "--warehouse",
+                "s3://bkt/wh/",
+                "--models",
+                "data/models",
+                "query",
+                "-e",
+                sql,
+            ]);
+        common::output_within(&mut command, common::DEADLINE)
+    };
+    assert_ok(&run(&format!(
+        "CREATE MATERIALIZED VIEW scores AS SELECT id, {PREDICT} AS p FROM 's3://bkt/in/'"
+    )));
+    write_features(&local.join("f3.parquet"), 300, 350, 0.0);
+    server.put_file("bkt", "in/f3.parquet", &local.join("f3.parquet"));
+    server.put_file("bkt", "in/f0.parquet", &local.join("f1.parquet"));
+    let out = stdout(&run("REFRESH MATERIALIZED VIEW scores"));
+    // f0 was committed with f1 and f2: the three are scored again, with f3.
+    assert!(out.contains("scores,1,1,0,350,4,350"), "{out}");
+    let got = id_values(&assert_ok(&run("SELECT id, p FROM scores")));
+    let want = id_values(&assert_ok(&run(&format!(
+        "SELECT id, {PREDICT} AS p FROM 's3://bkt/in/'"
+    ))));
+    assert_eq!(got.len(), 350);
+    assert_eq!(got.len(), want.len());
+    for ((id, p), (_, w)) in got.iter().zip(&want) {
+        assert!((p - w).abs() <= 1e-5, "id {id}");
+    }
+    assert!(
+        server
+            .keys("bkt", "wh/views/scores/")
+            .iter()
+            .any(|k| k.contains("manifest-"))
+    );
+    assert_ok(&run("DROP MATERIALIZED VIEW scores"));
+    assert!(server.keys("bkt", "wh/views/scores/").is_empty());
+}
+
+/// `refresh --every` over S3 while the server goes away and comes back: the failed refreshes
+/// are reported and tried again, and the loop goes on to score what arrived meanwhile.
+#[test]
+fn a_scheduled_refresh_survives_the_storage_going_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = s3_server::S3Server::start(&dir.path().join("s3"));
+    let local = dir.path().join("local");
+    write_features(&local.join("a.parquet"), 0, 10, 0.0);
+    write_features(&local.join("b.parquet"), 10, 30, 0.0);
+    server.put_file("bkt", "in/a.parquet", &local.join("a.parquet"));
+    let command = |args: &[&str]| {
+        let mut command = bin();
+        command
+            .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .args(["--warehouse", "s3://bkt/wh/", "--models", "data/models"])
+            .args(args);
+        command
+    };
+    assert_ok(&common::output_within(
+        &mut command(&[
+            "query",
+            "-e",
+            &format!(
+                "CREATE MATERIALIZED VIEW scores AS SELECT id, {PREDICT} AS p FROM 's3://bkt/in/'"
+            ),
+        ]),
+        common::DEADLINE,
+    ));
+    let mut child = command(&["refresh", "scores", "--every", "1s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines(&mut child);
+    let err = {
+        let stream = child.stderr.take().unwrap();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                if sender.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        receiver
+    };
+    let wait = Duration::from_secs(60);
+    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    server.stop();
+    let failed = err.recv_timeout(wait).unwrap();
+    assert!(
+        failed.contains("refresh of 'scores' failed (1 in a row)"),
+        "{failed}"
+    );
+    assert!(failed.contains("trying again in"), "{failed}");
+    server.restart();
+    server.put_file("bkt", "in/b.parquet", &local.join("b.parquet"));
+    loop {
+        let line = out.recv_timeout(wait).unwrap();
+        if counts(&line).0 == 1 {
+            assert!(line.contains("the view has 30 row(s)"), "{line}");
+            break;
+        }
+    }
+    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let rest: Vec<String> = err.iter().collect();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert!(rest.iter().any(|l| l.starts_with("stopped")), "{rest:?}");
+}
+
+/// What an independent pass broke: a view's folder emptied, a damaged manifest, a view's data
+/// file deleted, a rewrite that keeps size and modification time, a table named like a view.
+#[test]
+fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("a.parquet"), 0, 100, 0.0);
+    write_features(&input.join("b.parquet"), 100, 200, 0.0);
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "SET batchinfer.files_per_commit = 1; CREATE MATERIALIZED VIEW scores AS \
+             SELECT id, {PREDICT} AS p FROM '{input_text}'"
+        ),
+    ));
+    assert_ok(&query(
+        &wh,
+        &format!("CREATE MATERIALIZED VIEW other AS SELECT id FROM '{input_text}'"),
+    ));
+
+    // Rewritten in place with other values, same size, its modification time put back.
+    let a = input.join("a.parquet");
+    let modified = std::fs::metadata(&a).unwrap().modified().unwrap();
+    write_features(&a, 0, 100, 1.5);
+    std::fs::File::options()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_modified(modified)
+        .unwrap();
+    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 0));
+    assert_view_is_recompute(&wh, "scores", &input_text);
+
+    // A data file of the view deleted: the next refresh scores its unit again.
+    let files = parquet_files(&wh.join("views/scores/data"));
+    std::fs::remove_file(&files[0]).unwrap();
+    let line = refresh(&wh, "scores");
+    assert!(line.contains("200 row(s) from 2 file(s)"), "{line}");
+    assert_view_is_recompute(&wh, "scores", &input_text);
+
+    // A name taken by a view is not a table's, replaced or not.
+    assert_failure(
+        &query(&wh, "CREATE OR REPLACE TABLE scores AS SELECT 1 AS one"),
+        &["'scores' is a materialized view"],
+    );
+    assert!(!wh.join("tables/scores").exists());
+
+    // Every input file removed: the view is empty.
+    std::fs::remove_file(input.join("a.parquet")).unwrap();
+    std::fs::remove_file(input.join("b.parquet")).unwrap();
+    assert_eq!(counts(&refresh(&wh, "scores")), (0, 0, 2));
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(*) AS n FROM scores")),
+        "n\n0\n"
+    );
+
+    // One view's newest manifest damaged: that view is left out with a warning, the others and
+    // every other statement work, and DROP removes it.
+    let folder = wh.join("views/other");
+    let newest = std::fs::read_dir(&folder)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("manifest-"))
+        .max()
+        .unwrap();
+    std::fs::write(&newest, "{\"format\":1").unwrap();
+    let out = query(&wh, "SELECT count(*) AS n FROM scores");
+    assert_eq!(assert_ok(&out), "n\n0\n");
+    assert!(
+        common::stderr(&out).contains("'other' cannot be read"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = query(&wh, "SELECT * FROM other");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(common::stderr(&out).contains("Error: materialized view 'other' has no complete"));
+    assert_ok(&query(&wh, "DROP MATERIALIZED VIEW other"));
+    assert!(!folder.exists());
+}
+
+/// CREATE OR REPLACE MATERIALIZED VIEW while a refresh commits file after file: the new
+/// definition is what the view has after both (never the old one written back, never no rows).
+#[test]
+fn a_view_redefined_while_a_refresh_commits_keeps_the_new_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    for i in 0..40 {
+        write_features(
+            &input.join(format!("f{i:02}.parquet")),
+            i * 50,
+            i * 50 + 50,
+            0.0,
+        );
+    }
+    create_view(&wh, &input_text);
+    // Replaced by the doubled model: the next refresh rebuilds, committing a file at a time.
+    let model = dir.path().join("m.onnx");
+    std::fs::copy("data/fixtures/linear_doubled.onnx", &model).unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::copy(&model, models.join("linear.onnx")).unwrap();
+    let with = |sql: &str| {
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .arg("--models")
+            .arg(&models)
+            .args(["query", "-e", sql])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let before = manifests(&wh, "scores");
+    let refresh = with("SET batchinfer.files_per_commit = 1; REFRESH MATERIALIZED VIEW scores");
+    let started = Instant::now();
+    while manifests(&wh, "scores") == before && started.elapsed() < common::DEADLINE {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let redefine = with(&format!(
+        "CREATE OR REPLACE MATERIALIZED VIEW scores AS SELECT id, {PREDICT} * 10 AS p \
+         FROM '{input_text}'"
+    ));
+    assert_ok(&redefine.wait_with_output().unwrap());
+    let refreshed = refresh.wait_with_output().unwrap();
+    if !refreshed.status.success() {
+        assert_failure(&refreshed, &["redefined", "REFRESH again"]);
+    }
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .arg("--models")
+            .arg(&models)
+            .args([
+                "query",
+                "-e",
+                &format!(
+                    "REFRESH MATERIALIZED VIEW scores; SELECT count(*) AS n FROM scores; \
+                 SELECT (SELECT sum(p) FROM scores) - (SELECT sum({PREDICT} * 10) \
+                 FROM '{input_text}') AS d"
+                ),
+            ]),
+        common::DEADLINE,
+    );
+    let text = assert_ok(&out);
+    assert!(text.contains("n\n2000\n"), "{text}");
+    let d: f64 = text.lines().last().unwrap().parse().unwrap();
+    assert!(d.abs() < 1e-3, "{text}");
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(shown.contains("* 10 AS p"), "{shown}");
+}
