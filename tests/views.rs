@@ -712,8 +712,97 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
     let out = query(&wh, "SELECT * FROM other");
     assert_eq!(out.status.code(), Some(1));
     assert!(common::stderr(&out).contains("Error: materialized view 'other' has no complete"));
+    // CREATE OR REPLACE over it makes it whole again; DROP removes it.
+    write_features(&input.join("c.parquet"), 0, 10, 0.0);
+    assert_ok(&query(
+        &wh,
+        &format!("CREATE OR REPLACE MATERIALIZED VIEW other AS SELECT id FROM '{input_text}'"),
+    ));
+    assert_ok(&query(&wh, "SELECT count(*) FROM other"));
     assert_ok(&query(&wh, "DROP MATERIALIZED VIEW other"));
     assert!(!folder.exists());
+}
+
+/// The input folder moved away (or a mount gone) is not an emptied folder: the refresh fails
+/// and the view keeps its rows. A view file rewritten by hand with other rows is scored again.
+#[test]
+fn a_missing_input_folder_fails_the_refresh_and_a_tampered_view_file_is_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("a.parquet"), 0, 100, 0.0);
+    create_view(&wh, &input_text);
+    let moved = dir.path().join("moved");
+    std::fs::rename(&input, &moved).unwrap();
+    let out = query(&wh, "REFRESH MATERIALIZED VIEW scores");
+    assert_failure(&out, &["is not there", "left as it was"]);
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(*) AS n FROM scores")),
+        "n\n100\n"
+    );
+    std::fs::rename(&moved, &input).unwrap();
+
+    let file = &parquet_files(&wh.join("views/scores/data"))[0];
+    write_features(file, 0, 10, 0.0);
+    let line = refresh(&wh, "scores");
+    assert!(line.contains("100 row(s) scored"), "{line}");
+    assert_view_is_recompute(&wh, "scores", &input_text);
+}
+
+/// `refresh --watch` with `--models`: a model file replaced in that folder is seen by the next
+/// poll, which rebuilds the view with it.
+#[test]
+fn a_watching_refresh_rebuilds_when_a_models_folder_file_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::copy("data/models/linear.onnx", models.join("linear.onnx")).unwrap();
+    let input_text = format!("{}/", input.display());
+    write_features(&input.join("a.parquet"), 0, 100, 0.0);
+    let run = |sql: &str| {
+        let out = common::output_within(
+            bin()
+                .arg("--warehouse")
+                .arg(&wh)
+                .arg("--models")
+                .arg(&models)
+                .args(["query", "-e", sql]),
+            common::DEADLINE,
+        );
+        assert_ok(&out)
+    };
+    run(&format!(
+        "CREATE MATERIALIZED VIEW scores AS SELECT id, {PREDICT} AS p FROM '{input_text}'"
+    ));
+    let old = id_values(&run("SELECT id, p FROM scores"));
+    let mut watch = bin()
+        .arg("--warehouse")
+        .arg(&wh)
+        .arg("--models")
+        .arg(&models)
+        .args(["refresh", "scores", "--watch", "--poll", "200ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines(&mut watch);
+    let wait = Duration::from_secs(30);
+    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    let staged = dir.path().join("new.onnx");
+    std::fs::copy("data/fixtures/linear_doubled.onnx", &staged).unwrap();
+    std::fs::rename(&staged, models.join("linear.onnx")).unwrap();
+    let line = out.recv_timeout(wait).unwrap();
+    assert!(line.contains("rebuilt"), "{line}");
+    stop(watch);
+    let new = id_values(&run("SELECT id, p FROM scores"));
+    assert_eq!(new.len(), old.len());
+    for ((id, p), (_, was)) in new.iter().zip(&old) {
+        assert!(
+            (p - 2.0 * was).abs() <= 1e-4 * was.abs().max(1.0),
+            "id {id}"
+        );
+    }
 }
 
 /// CREATE OR REPLACE MATERIALIZED VIEW while a refresh commits file after file: the new

@@ -98,6 +98,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Models of `--models` among `names` whose file was written again since this process
+    /// loaded them are loaded again from it: a refresh that runs for days (`batchinfer refresh
+    /// --every`) scores with the file there is, as a new process would. (A statement in a
+    /// shell keeps the model it loaded, as said in the README.)
+    pub(super) async fn reload_changed_folder_models<'a>(
+        &self,
+        names: impl Iterator<Item = &'a String>,
+    ) -> Result<()> {
+        for name in names.filter(|n| self.folder_models.contains(*n)) {
+            let Some(source) = self.registry.source(name) else {
+                continue;
+            };
+            let version = self.registry.stores().file_version(source.url()).await?;
+            let mut seen = self
+                .folder_versions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match seen.insert(name.clone(), version.clone()) {
+                Some(before) if before != version => self.registry.register(name, source),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Brings the models up to the warehouse's definitions, which other processes may have
     /// changed since this one last read them: a model defined or redefined there (another file,
     /// or the same file with other bytes) is registered anew and loaded on first use, one dropped

@@ -88,6 +88,8 @@ pub struct Engine {
     seen_tables: Mutex<BTreeMap<String, Option<String>>>,
     /// The materialized views registered by name, with the manifest version of each.
     seen_views: Mutex<BTreeMap<String, u64>>,
+    /// The file version of each `--models` model a refresh used, as first seen.
+    folder_versions: Mutex<BTreeMap<String, Option<String>>>,
     /// Where the statement at hand keeps its rejects, if it keeps them.
     rejects_folder: Mutex<Option<url::Url>>,
 }
@@ -128,6 +130,7 @@ impl Engine {
             tables_attached: std::sync::atomic::AtomicBool::new(false),
             seen_tables: Mutex::new(BTreeMap::new()),
             seen_views: Mutex::new(BTreeMap::new()),
+            folder_versions: Mutex::new(BTreeMap::new()),
             rejects_folder: Mutex::new(None),
         })
     }

@@ -70,6 +70,9 @@ impl Engine {
             )));
         };
         let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        let used = manifest.current.iter().chain(manifest.pending.iter());
+        self.reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
+            .await?;
         let planned = self.plan_view(name, &manifest).await?;
         let mut target = choose_target(&manifest, &planned.models, &planned.schema)?;
         let generation = match &target.new {
@@ -205,6 +208,17 @@ impl Engine {
         for url in &source.paths {
             let store = state.runtime_env().object_store(url)?;
             let local = crate::storage::is_local_store(&url.object_store());
+            // A folder that is gone is not a folder emptied: the view is left as it was.
+            if local
+                && let Some(path) = crate::storage::local_file(url.prefix())
+                && !path.exists()
+            {
+                return Err(Error::Usage(format!(
+                    "the view's input {} is not there (moved, or not mounted?); the view is left \
+                     as it was",
+                    crate::storage::display_location(url.get_url())
+                )));
+            }
             let extension = &source.options.file_extension;
             let files: Vec<_> = url
                 .list_all_files(&state, store.as_ref(), extension)
@@ -341,7 +355,8 @@ impl Engine {
     }
 }
 
-/// The units of `generation` with a file missing from the view's folder (one listing).
+/// The units of `generation` with a file missing from the view's folder, or of another size
+/// (one listing).
 async fn damaged_units(
     manifests: &Manifests,
     folder: &Url,
@@ -351,23 +366,24 @@ async fn damaged_units(
         return Ok(BTreeSet::new());
     }
     let view_prefix = crate::storage::object_path(folder)?;
-    let present: BTreeSet<String> = manifests
+    let present: BTreeMap<String, u64> = manifests
         .files_under(&view_prefix.clone().join("data"))
         .await?
         .iter()
         .filter_map(|meta| {
             let path = meta.location.prefix_match(&view_prefix)?;
-            Some(
-                path.map(|p| p.as_ref().to_string())
-                    .collect::<Vec<_>>()
-                    .join("/"),
-            )
+            let path = path.map(|p| p.as_ref().to_string()).collect::<Vec<_>>();
+            Some((path.join("/"), meta.size))
         })
         .collect();
     Ok(generation
         .units
         .iter()
-        .filter(|u| u.files.iter().any(|f| !present.contains(&f.path)))
+        .filter(|u| {
+            u.files
+                .iter()
+                .any(|f| present.get(&f.path) != Some(&f.size))
+        })
         .map(|u| u.id.clone())
         .collect())
 }

@@ -84,7 +84,10 @@ impl Engine {
                  VIEW, or REFRESH MATERIALIZED VIEW {name})"
             )));
         }
-        if latest.is_none() && self.ctx.table_exist(TableReference::bare(name))? {
+        if latest.is_none()
+            && !self.seen_views().contains_key(name)
+            && self.ctx.table_exist(TableReference::bare(name))?
+        {
             return Err(Error::Usage(format!(
                 "a table named '{name}' exists; a materialized view needs a name of its own"
             )));
@@ -124,10 +127,10 @@ impl Engine {
         // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
         let mut latest = latest;
         let before = loop {
-            let before = match &latest {
-                Some((_, bytes)) => Some(Manifest::from_bytes(bytes, "the view's manifest")?),
-                None => None,
-            };
+            // A manifest that cannot be read is replaced as if there were none.
+            let before = latest
+                .as_ref()
+                .and_then(|(_, bytes)| Manifest::from_bytes(bytes, "the view's manifest").ok());
             let manifest = Manifest {
                 format: crate::view::FORMAT,
                 name: name.to_string(),

@@ -9,6 +9,17 @@ use super::{StoreRegistry, block_on_io, no_store_for, read_body, read_capped};
 use crate::error::{Error, Result};
 
 impl StoreRegistry {
+    /// What changes when the file at `url` is written again ([`super::file_version`]); `None`
+    /// where there is no such file.
+    pub async fn file_version(&self, url: &Url) -> Result<Option<String>> {
+        let store = self.store_for(url)?;
+        match object_store::ObjectStoreExt::head(&store, &super::object_path(url)?).await {
+            Ok(meta) => Ok(Some(super::file_version(url.scheme() == "file", &meta))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Reads the whole file `url` (at most `cap` bytes) into memory. A local file is read only if
     /// it is a regular file ([`read_capped`]); an object is read on a thread and runtime of its
     /// own, with a client of its own (connections pooled by a runtime do not outlive it).
@@ -218,6 +229,7 @@ impl StoreRegistry {
             return Ok(None);
         }
         Ok(Some(match file_path(&url)? {
+            Some(path) if path.is_dir() => format!("the folder {location} holds no files"),
             Some(_) => format!("no file or folder at {location}"),
             None => format!("no object at {location}: nothing is stored under that key"),
         }))
