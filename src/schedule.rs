@@ -31,6 +31,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// done (once) or stopped.
 pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Result<()> {
     let _running = Running::start();
+    if !engine.view_exists(name).await? {
+        return Err(Error::Usage(format!(
+            "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
+        )));
+    }
     // One listener for the whole loop: a signal that comes between two waits is not missed.
     let stop = std::pin::pin!(stop_signal());
     let mut stop = Stop(stop);
@@ -77,7 +82,6 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
                 }
                 next.saturating_duration_since(Instant::now())
             }
-            Err(e) if first && matches!(e, Error::Usage(_)) => return Err(e),
             Err(e) => {
                 failures += 1;
                 let backoff = Duration::from_secs(1u64 << failures.min(16))

@@ -87,7 +87,7 @@ pub struct Engine {
     /// ([`crate::storage::Tables::version`]).
     seen_tables: Mutex<BTreeMap<String, Option<String>>>,
     /// The materialized views registered by name, with the manifest version of each.
-    seen_views: Mutex<BTreeMap<String, u64>>,
+    seen_views: Mutex<BTreeMap<String, String>>,
     /// The file version of each `--models` model a refresh used, as first seen.
     folder_versions: Mutex<BTreeMap<String, Option<String>>>,
     /// Where the statement at hand keeps its rejects, if it keeps them.

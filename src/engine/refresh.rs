@@ -20,9 +20,9 @@ use crate::error::{Error, Result};
 use crate::statements::Statement;
 use crate::storage::Manifests;
 use crate::view::check::{Source, reading, row_wise_source, source_table};
-use crate::view::commit::{choose_target, commit, remove_files};
+use crate::view::commit::{RETIRED_KEPT_MS, Target, choose_target, commit, remove_files};
 use crate::view::plan::{CommitSize, Work, plan};
-use crate::view::{Generation, Input, Manifest, OutputFile, Unit, new_id, now_ms};
+use crate::view::{Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, now_ms};
 use crate::warehouse::Warehouse;
 
 /// What one refresh did.
@@ -54,6 +54,9 @@ struct Planned {
     models_json: String,
     schema: SchemaRef,
 }
+
+/// Rounds of scoring a refresh makes before it gives up on a view other refreshes keep changing.
+const ROUNDS: usize = 8;
 
 /// Units scored at once by one refresh.
 const UNITS_AT_ONCE: usize = 2;
@@ -97,29 +100,34 @@ impl Engine {
             repaired: damaged.len(),
             ..Default::default()
         };
-        // Two units at a time: one starts while the other finishes (its last partition, its
-        // commit), so that no core waits between them; they commit in order.
-        let generation_id = target.id.clone();
-        let score = |i: usize| -> futures::future::BoxFuture<'_, Result<Option<Unit>>> {
-            Box::pin(self.score_unit(&folder, &generation_id, &planned, &changes.work[i]))
-        };
-        let mut scored = futures::stream::iter(0..changes.work.len())
-            .map(score)
-            .buffered(UNITS_AT_ONCE);
-        let mut works = changes.work.iter();
-        while let (Some(unit), Some(work)) = (scored.next().await, works.next()) {
-            let unit = unit?;
-            let rows = unit.as_ref().map_or(0, |u| u.rows);
-            let applied = commit(&manifests, &mut target, work, unit.clone(), false).await?;
-            match (applied, unit) {
-                (true, _) => {
-                    refreshed.files_scored += work.inputs.len();
-                    refreshed.rows_scored += rows;
-                }
-                // Another refresh scored these files first: this one's output is not needed.
-                (false, Some(unit)) => remove_files(&manifests, &folder, &unit).await?,
-                (false, None) => {}
+        let mut work = changes.work;
+        let mut worked = false;
+        // Until the generation holds every file listed: a unit skipped because another refresh
+        // had scored some of its files leaves the others to the next round.
+        for _ in 0..ROUNDS {
+            if work.is_empty() {
+                break;
             }
+            worked = true;
+            self.score_and_commit(
+                &manifests,
+                &folder,
+                &planned,
+                &mut target,
+                &work,
+                &mut refreshed,
+            )
+            .await?;
+            let Some(now) = target_now(&manifests, &target.id).await? else {
+                break;
+            };
+            work = plan(&now, &listed, self.commit_size(), &BTreeSet::new()).work;
+        }
+        if !work.is_empty() {
+            return Err(Error::Usage(format!(
+                "materialized view '{name}' kept changing under this refresh (other refreshes \
+                 committed meanwhile); run REFRESH again"
+            )));
         }
         let nothing = Work {
             replaces: Vec::new(),
@@ -139,11 +147,47 @@ impl Engine {
         };
         let now = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
         (refreshed.view_files, refreshed.view_rows) = now.totals();
-        if !changes.work.is_empty() || target.pending {
+        if worked || target.pending {
             self.remove_unlisted(&manifests, &folder, &now).await?;
         }
         refreshed.seconds = started.elapsed().as_secs_f64();
         Ok(refreshed)
+    }
+
+    /// Scores the units of `work`, two at a time (one starts while the other finishes: its last
+    /// partition, its commit, so that no core waits between them), and commits them in order.
+    async fn score_and_commit(
+        &self,
+        manifests: &Manifests,
+        folder: &Url,
+        planned: &Planned,
+        target: &mut Target,
+        work: &[Work],
+        refreshed: &mut Refreshed,
+    ) -> Result<()> {
+        let generation_id = target.id.clone();
+        let score = |i: usize| -> futures::future::BoxFuture<'_, Result<Option<Unit>>> {
+            Box::pin(self.score_unit(folder, &generation_id, planned, &work[i]))
+        };
+        let mut scored = futures::stream::iter(0..work.len())
+            .map(score)
+            .buffered(UNITS_AT_ONCE);
+        let mut works = work.iter();
+        while let (Some(unit), Some(work)) = (scored.next().await, works.next()) {
+            let unit = unit?;
+            let rows = unit.as_ref().map_or(0, |u| u.rows);
+            let applied = commit(manifests, target, work, unit.clone(), false).await?;
+            match (applied, unit) {
+                (true, _) => {
+                    refreshed.files_scored += work.inputs.len();
+                    refreshed.rows_scored += rows;
+                }
+                // Another refresh scored these files first: this one's output is not needed.
+                (false, Some(unit)) => remove_files(manifests, folder, &unit).await?,
+                (false, None) => {}
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn view_warehouse(&self) -> Result<&Warehouse> {
@@ -322,9 +366,10 @@ impl Engine {
         }))
     }
 
-    /// Removes files under the view's `data/` that the manifest `now` does not list and that
-    /// nobody wrote for an hour: the rows of replaced units, which a reader that read an older
-    /// manifest may still be reading, and what killed refreshes left.
+    /// Removes files under the view's `data/` that the manifest `now` does not list: those it
+    /// retired an hour ago or more (a reader of an older manifest has had that long), and those
+    /// of units never committed (a refresh killed, or beaten to them) begun a day ago or more.
+    /// A file of a unit still being scored, or of a unit just replaced, is never removed.
     async fn remove_unlisted(
         &self,
         manifests: &Manifests,
@@ -338,21 +383,56 @@ impl Engine {
             .flat_map(Generation::files)
             .map(|f| f.path.as_str())
             .collect();
+        let retired: BTreeMap<&str, u64> = now
+            .retired
+            .iter()
+            .map(|r| (r.path.as_str(), r.at_ms))
+            .collect();
         let view_prefix = crate::storage::object_path(folder)?;
         let data = view_prefix.clone().join("data");
-        let cutoff = chrono_cutoff();
+        let now_ms = now_ms();
         for meta in manifests.files_under(&data).await? {
             let Some(path) = meta.location.prefix_match(&view_prefix) else {
                 continue;
             };
-            let path: Vec<String> = path.map(|p| p.as_ref().to_string()).collect();
-            if !listed.contains(path.join("/").as_str()) && meta.last_modified.timestamp() < cutoff
-            {
+            let parts: Vec<String> = path.map(|p| p.as_ref().to_string()).collect();
+            let path = parts.join("/");
+            if listed.contains(path.as_str()) {
+                continue;
+            }
+            let removable = match retired.get(path.as_str()) {
+                Some(at) => at + RETIRED_KEPT_MS <= now_ms,
+                None => parts
+                    .get(2)
+                    .and_then(|unit| id_time(unit))
+                    .is_some_and(|began| {
+                        began + ABANDONED_AFTER_MS <= now_ms
+                            && meta.last_modified.timestamp_millis() as u64 + RETIRED_KEPT_MS
+                                <= now_ms
+                    }),
+            };
+            if removable {
                 manifests.delete(&meta.location).await?;
             }
         }
         Ok(())
     }
+}
+
+/// How long after it began a unit no manifest lists is taken for abandoned.
+const ABANDONED_AFTER_MS: u64 = 24 * 3_600_000;
+
+/// The generation `id` as the newest manifest has it.
+async fn target_now(manifests: &Manifests, id: &str) -> Result<Option<Generation>> {
+    let Some((_, bytes)) = manifests.latest().await? else {
+        return Ok(None);
+    };
+    let manifest = Manifest::from_bytes(&bytes, "a view's manifest")?;
+    Ok(manifest
+        .current
+        .into_iter()
+        .chain(manifest.pending)
+        .find(|g| g.id == id))
 }
 
 /// The units of `generation` with a file missing from the view's folder, or of another size
@@ -387,15 +467,6 @@ async fn damaged_units(
         .map(|u| u.id.clone())
         .collect())
 }
-
-/// The time (seconds since 1970) before which a file no manifest lists may be removed.
-fn chrono_cutoff() -> i64 {
-    (now_ms() / 1000) as i64 - UNLISTED_KEPT_SECONDS
-}
-
-/// How long a file no manifest lists is kept: readers of older versions, and refreshes still
-/// writing, have that long.
-const UNLISTED_KEPT_SECONDS: i64 = 3600;
 
 /// The most input bytes scored between two commits.
 const COMMIT_BYTES: u64 = 1 << 30;

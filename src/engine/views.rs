@@ -145,6 +145,10 @@ impl Engine {
                     .and_then(|b| b.pending.clone())
                     .filter(|p| p.query == text),
                 query: text.clone(),
+                retired: before
+                    .as_ref()
+                    .map(|b| retire_abandoned(b, &text))
+                    .unwrap_or_default(),
             };
             let version = latest.as_ref().map_or(1, |(v, _)| v + 1);
             if manifests.create(version, manifest.to_bytes()?).await? {
@@ -187,24 +191,27 @@ impl Engine {
         };
         let undone = async {
             let manifests = warehouse.view_manifests(name)?;
-            let Some((version, bytes)) = manifests.latest().await? else {
-                return Ok(());
-            };
-            let mut now = Manifest::from_bytes(&bytes, "the view's manifest")?;
-            if now.query != query {
-                return Ok(());
+            // Tried again over what other statements commit meanwhile, as a refresh's commits.
+            for _ in 0..64 {
+                let Some((version, bytes)) = manifests.latest().await? else {
+                    return Ok(());
+                };
+                let mut now = Manifest::from_bytes(&bytes, "the view's manifest")?;
+                if now.query != query {
+                    return Ok(());
+                }
+                let Some(before) = &before else {
+                    return warehouse.remove_view(name).await;
+                };
+                now.query = before.query.clone();
+                now.source = before.source.clone();
+                now.source_table = before.source_table.clone();
+                now.pending = before.pending.clone();
+                if manifests.create(version + 1, now.to_bytes()?).await? {
+                    return Ok(());
+                }
             }
-            let Some(before) = before else {
-                return warehouse.remove_view(name).await;
-            };
-            now.query = before.query;
-            now.source = before.source;
-            now.source_table = before.source_table;
-            now.pending = before.pending;
-            manifests
-                .create(version + 1, now.to_bytes()?)
-                .await
-                .map(|_| ())
+            Err(Error::Usage("its manifest kept changing".into()))
         }
         .await;
         if let Err(e) = undone {
@@ -304,8 +311,8 @@ impl Engine {
         name: &str,
     ) -> Result<()> {
         let manifests = warehouse.view_manifests(name)?;
-        let version = manifests.versions().await?.last().copied();
-        if version.is_some() && self.seen_views().get(name) == version.as_ref() {
+        let newest = manifests.newest().await?;
+        if newest.is_some() && self.seen_views().get(name) == newest.as_ref() {
             return Ok(());
         }
         let registered_here = self.seen_views().contains_key(name);
@@ -313,7 +320,7 @@ impl Engine {
             // A table of that name, registered by this process, stays.
             return Ok(());
         }
-        let Some((version, bytes)) = manifests.latest().await? else {
+        let (Some(newest), Some((_, bytes))) = (newest, manifests.latest().await?) else {
             return self.forget_view(name);
         };
         let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
@@ -324,8 +331,14 @@ impl Engine {
         let table = view_table(&warehouse.view_folder(name)?, current)?;
         self.forget_view(name)?;
         self.ctx.register_table(TableReference::bare(name), table)?;
-        self.seen_views().insert(name.to_string(), version);
+        self.seen_views().insert(name.to_string(), newest);
         Ok(())
+    }
+
+    /// Whether the warehouse has a materialized view `name`, for `batchinfer refresh`.
+    pub async fn view_exists(&self, name: &str) -> Result<bool> {
+        crate::warehouse::check_name("view", name)?;
+        self.is_view(name).await
     }
 
     /// Whether the warehouse has a materialized view `name` (registered or not).
@@ -344,9 +357,23 @@ impl Engine {
     }
 
     /// The views registered by name, with the manifest version each was registered at.
-    pub(super) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+    pub(super) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.seen_views.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The files `before` retired, and those of its pending generation when a new query abandons it.
+fn retire_abandoned(before: &Manifest, query: &str) -> Vec<crate::view::Retired> {
+    let mut retired = before.retired.clone();
+    let at_ms = now_ms();
+    let abandoned = before.pending.iter().filter(|p| p.query != query);
+    retired.extend(abandoned.flat_map(|p| {
+        p.files().map(move |f| crate::view::Retired {
+            path: f.path.clone(),
+            at_ms,
+        })
+    }));
+    retired
 }
 
 /// The rows of `generation`: the files it lists under the view's folder, with its schema.

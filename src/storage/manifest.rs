@@ -49,8 +49,31 @@ impl Manifests {
         Ok(self.listed().await?.into_iter().map(|(v, _)| v).collect())
     }
 
+    /// The newest version, named so that it differs from any other object that had that number
+    /// (a view dropped and created again counts from 1 again): its number and its ETag or time.
+    pub async fn newest(&self) -> Result<Option<String>> {
+        let listed = self.objects().await?;
+        Ok(listed.last().map(|(version, meta)| {
+            let tag = meta.e_tag.clone().unwrap_or_default();
+            format!(
+                "{version}:{tag}:{}",
+                meta.last_modified.timestamp_nanos_opt().unwrap_or(0)
+            )
+        }))
+    }
+
     /// The versions there are, oldest first, with when each was written (seconds since 1970).
     async fn listed(&self) -> Result<Vec<(u64, i64)>> {
+        Ok(self
+            .objects()
+            .await?
+            .into_iter()
+            .map(|(v, meta)| (v, meta.last_modified.timestamp()))
+            .collect())
+    }
+
+    /// The versions there are, oldest first, each with its object.
+    async fn objects(&self) -> Result<Vec<(u64, object_store::ObjectMeta)>> {
         let listed = match self.inner().list_with_delimiter(Some(&self.folder)).await {
             Ok(listed) => listed.objects,
             Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
@@ -65,10 +88,10 @@ impl Manifests {
                     .strip_prefix("manifest-")?
                     .strip_suffix(".json")?;
                 let version = digits.parse().ok().filter(|_| digits.len() == 20)?;
-                Some((version, o.last_modified.timestamp()))
+                Some((version, o.clone()))
             })
             .collect();
-        versions.sort_unstable();
+        versions.sort_unstable_by_key(|(v, _)| *v);
         Ok(versions)
     }
 
@@ -109,22 +132,25 @@ impl Manifests {
             Err(object_store::Error::AlreadyExists { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         }
-        // Readers read the newest; the old ones only take room.
+        // Readers read the newest; the old ones only take room. The version is committed: a
+        // failure to tidy up is not this commit's.
+        let _ = self.prune(version).await;
+        Ok(true)
+    }
+
+    /// Removes versions older than `newest` by more than [`KEPT_VERSIONS`] and written more than
+    /// [`KEPT_SECONDS`] ago.
+    async fn prune(&self, newest: u64) -> Result<()> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         let cutoff = now - KEPT_SECONDS;
-        let old: Vec<Path> = self
-            .listed()
-            .await?
-            .into_iter()
-            .filter(|(v, written)| *v + KEPT_VERSIONS < version && *written < cutoff)
-            .map(|(v, _)| self.path(v))
-            .collect();
-        for path in old {
-            self.delete(&path).await?;
+        for (version, written) in self.listed().await? {
+            if version + KEPT_VERSIONS < newest && written < cutoff {
+                self.delete(&self.path(version)).await?;
+            }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Removes every version, oldest first, so that the newest is readable until the last.

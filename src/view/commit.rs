@@ -13,7 +13,7 @@ use object_store::path::Path;
 use url::Url;
 
 use super::plan::{Work, apply, done_elsewhere};
-use super::{Generation, Manifest, Unit, new_id, now_ms};
+use super::{Generation, Manifest, Retired, Unit, new_id, now_ms};
 use crate::error::{Error, Result};
 use crate::storage::Manifests;
 
@@ -31,6 +31,10 @@ pub struct Target {
     /// changed back): dropped by its first commit.
     pub stale_pending: Option<String>,
 }
+
+/// How long a retired file is remembered (and kept): longer than any read of the manifest that
+/// still listed it.
+pub const RETIRED_KEPT_MS: u64 = 3_600_000;
 
 /// How many times a commit tries again when another statement committed first.
 const COMMIT_TRIES: usize = 64;
@@ -123,23 +127,57 @@ pub async fn commit(
             manifest.pending = Some(new.clone());
         }
         let is_current = manifest.current.as_ref().is_some_and(|g| g.id == target.id);
+        let query = manifest.query.clone();
         let Some(generation) = manifest.generation_mut(&target.id) else {
             return Err(redefined());
         };
+        if generation.query != query {
+            return Err(redefined());
+        }
+        if let Some(unit) = &unit
+            && generation.units.iter().any(|u| u.id == unit.id)
+        {
+            // This very commit landed (the store answered its retry as a conflict).
+            target.known.insert(unit.id.clone());
+            return Ok(true);
+        }
         if done_elsewhere(generation, &target.known, work) {
             return Ok(false);
         }
+        let now = now_ms();
+        let mut retired: Vec<String> = generation
+            .units
+            .iter()
+            .filter(|u| work.replaces.contains(&u.id))
+            .flat_map(|u| u.files.iter().map(|f| f.path.clone()))
+            .collect();
         apply(generation, &work.replaces, unit.clone());
         if promote && !is_current {
+            retired.extend(
+                manifest
+                    .current
+                    .iter()
+                    .flat_map(|g| g.files().map(|f| f.path.clone())),
+            );
             manifest.current = manifest.pending.take();
         }
         let stale = |p: &Generation| {
             p.query != manifest.query || target.stale_pending.as_deref() == Some(p.id.as_str())
         };
         if manifest.pending.as_ref().is_some_and(stale) {
+            retired.extend(
+                manifest
+                    .pending
+                    .iter()
+                    .flat_map(|g| g.files().map(|f| f.path.clone())),
+            );
             manifest.pending = None;
         }
-        manifest.refreshed_ms = Some(now_ms());
+        manifest.retired.retain(|r| r.at_ms + RETIRED_KEPT_MS > now);
+        manifest
+            .retired
+            .extend(retired.into_iter().map(|path| Retired { path, at_ms: now }));
+        manifest.refreshed_ms = Some(now);
         if manifests.create(version + 1, manifest.to_bytes()?).await? {
             target.new = None;
             target.stale_pending = None;
@@ -166,4 +204,142 @@ pub async fn remove_files(manifests: &Manifests, folder: &Url, unit: &Unit) -> R
         manifests.delete(&path).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::storage::CommitStore;
+    use crate::view::{FORMAT, Input};
+
+    fn manifests(dir: &std::path::Path) -> Manifests {
+        let folder = Path::from_filesystem_path(dir).unwrap();
+        Manifests::new(Arc::new(CommitStore::local()), folder)
+    }
+
+    fn manifest(query: &str, current: Option<Generation>) -> Manifest {
+        Manifest {
+            format: FORMAT,
+            name: "v".into(),
+            query: query.into(),
+            source: String::new(),
+            source_table: None,
+            created_ms: 0,
+            refreshed_ms: None,
+            current,
+            pending: None,
+            retired: Vec::new(),
+        }
+    }
+
+    fn unit(id: &str, path: &str) -> Unit {
+        Unit {
+            id: id.into(),
+            inputs: vec![Input {
+                path: path.into(),
+                size: 1,
+                version: "1".into(),
+            }],
+            files: vec![super::super::OutputFile {
+                path: format!("data/{id}.parquet"),
+                size: 1,
+            }],
+            rows: 1,
+        }
+    }
+
+    async fn latest(m: &Manifests) -> Manifest {
+        let (_, bytes) = m.latest().await.unwrap().unwrap();
+        Manifest::from_bytes(&bytes, "test").unwrap()
+    }
+
+    fn work(path: &str, replaces: &[&str]) -> Work {
+        Work {
+            replaces: replaces.iter().map(|r| r.to_string()).collect(),
+            inputs: vec![Input {
+                path: path.into(),
+                size: 1,
+                version: "1".into(),
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rebuild_is_made_current_once_and_a_redefinition_stops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifests(dir.path());
+        let schema = datafusion::arrow::datatypes::Schema::empty();
+        assert!(
+            m.create(1, manifest("q", None).to_bytes().unwrap())
+                .await
+                .unwrap()
+        );
+        let start = latest(&m).await;
+        // Two refreshes of the same new generation: the first installs it, the second is told.
+        let mut a = choose_target(&start, &BTreeMap::new(), &schema).unwrap();
+        let mut b = choose_target(&start, &BTreeMap::new(), &schema).unwrap();
+        assert!(
+            commit(&m, &mut a, &work("x", &[]), Some(unit("u1", "x")), false)
+                .await
+                .unwrap()
+        );
+        let err = commit(&m, &mut b, &work("y", &[]), Some(unit("u2", "y")), false).await;
+        assert!(err.unwrap_err().to_string().contains("being rebuilt"));
+        // Its own unit, committed but answered as a conflict, is not taken for another's.
+        assert!(
+            commit(&m, &mut a, &work("x", &[]), Some(unit("u1", "x")), false)
+                .await
+                .unwrap()
+        );
+        assert_eq!(latest(&m).await.pending.unwrap().units.len(), 1);
+        // Made current; promoting again (another refresh of it) leaves it current.
+        let nothing = Work {
+            replaces: vec![],
+            inputs: vec![],
+        };
+        commit(&m, &mut a, &nothing, None, true).await.unwrap();
+        let now = latest(&m).await;
+        assert_eq!(now.current.as_ref().unwrap().units.len(), 1);
+        let mut again = Target {
+            id: a.id.clone(),
+            new: None,
+            pending: true,
+            known: Default::default(),
+            stale_pending: None,
+        };
+        commit(&m, &mut again, &nothing, None, true).await.unwrap();
+        assert!(
+            latest(&m).await.current.is_some(),
+            "a second promote keeps the current rows"
+        );
+        // A unit replaced: its files are retired, not forgotten.
+        let mut c = choose_target(&latest(&m).await, &BTreeMap::new(), &schema).unwrap();
+        commit(
+            &m,
+            &mut c,
+            &work("x", &["u1"]),
+            Some(unit("u3", "x")),
+            false,
+        )
+        .await
+        .unwrap();
+        let now = latest(&m).await;
+        assert_eq!(now.retired.len(), 1);
+        assert_eq!(now.retired[0].path, "data/u1.parquet");
+        // Redefined: a refresh of the former query stops at its next commit.
+        let mut redefined = latest(&m).await;
+        redefined.query = "q2".into();
+        let (v, _) = m.latest().await.unwrap().unwrap();
+        assert!(
+            m.create(v + 1, redefined.to_bytes().unwrap())
+                .await
+                .unwrap()
+        );
+        let err = commit(&m, &mut c, &work("z", &[]), Some(unit("u4", "z")), false).await;
+        assert!(err.unwrap_err().to_string().contains("redefined"));
+        // A version behind the newest is never created.
+        assert!(!m.create(2, b"{}".to_vec()).await.unwrap());
+    }
 }

@@ -52,6 +52,17 @@ pub struct Manifest {
     pub current: Option<Generation>,
     /// A generation being built (the query or a model changed), until it is complete.
     pub pending: Option<Generation>,
+    /// Files that left the view (their unit replaced, their generation superseded), and when:
+    /// readers of an older manifest may still read them for a while.
+    #[serde(default)]
+    pub retired: Vec<Retired>,
+}
+
+/// A file of the view's folder that a commit took out of the view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    pub path: String,
+    pub at_ms: u64,
 }
 
 /// The Parquet files a view's query names by path, as the query was planned when it was created.
@@ -171,6 +182,12 @@ pub fn decode_schema(hex_text: &str) -> Result<SchemaRef> {
         .map_err(|e| Error::Usage(format!("a view's schema is not hex: {e}")))?;
     let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     Ok(reader.schema())
+}
+
+/// When the unit or generation named `id` ([`new_id`]) began (milliseconds since 1970).
+pub fn id_time(id: &str) -> Option<u64> {
+    let hex = id.get(1..)?.split('-').next()?;
+    u64::from_str_radix(hex, 16).ok()
 }
 
 /// An id unique to this process and moment: generations and units are named with one.
