@@ -302,19 +302,7 @@ impl Warehouse {
     /// Names of the materialized views' folders (one listing of `views/`).
     pub async fn view_names(&self) -> Result<Vec<String>> {
         let folder = self.object("views/")?;
-        let listed = match self.store.inner().list_with_delimiter(Some(&folder)).await {
-            Ok(listed) => listed.common_prefixes,
-            Err(object_store::Error::NotFound { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        let mut names: Vec<String> = listed
-            .iter()
-            .filter_map(|folder| folder.filename())
-            .filter(|name| check_name("view", name).is_ok())
-            .map(str::to_string)
-            .collect();
-        names.sort();
-        Ok(names)
+        crate::storage::named_folders(self.store.inner().as_ref(), &folder, "view").await
     }
 
     /// Removes materialized view `name`: its manifests first (the view is then gone for

@@ -62,6 +62,28 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
     }
 }
 
+/// The folders directly under `prefix` whose names are usable names of a `kind` ([`check_name`]),
+/// sorted: one listing, whatever the folders hold.
+pub async fn named_folders(
+    store: &dyn object_store::ObjectStore,
+    prefix: &Path,
+    kind: &str,
+) -> Result<Vec<String>> {
+    let listed = match store.list_with_delimiter(Some(prefix)).await {
+        Ok(listed) => listed.common_prefixes,
+        Err(object_store::Error::NotFound { .. }) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let mut names: Vec<String> = listed
+        .iter()
+        .filter_map(|folder| folder.filename())
+        .filter(|name| check_name(kind, name).is_ok())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 pub(super) static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// The `tables/` folder of a warehouse.
@@ -128,24 +150,7 @@ impl Tables {
     /// Names of the table folders: one listing of `tables/`, whatever the tables hold. A folder
     /// may hold a table still being created ([`Tables::is_complete`]).
     pub async fn folders(&self) -> Result<Vec<String>> {
-        let listed = match self
-            .store
-            .inner()
-            .list_with_delimiter(Some(&self.prefix))
-            .await
-        {
-            Ok(listed) => listed.common_prefixes,
-            Err(object_store::Error::NotFound { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        let mut names: Vec<String> = listed
-            .iter()
-            .filter_map(|folder| folder.filename())
-            .filter(|name| check_name("table", name).is_ok())
-            .map(str::to_string)
-            .collect();
-        names.sort();
-        Ok(names)
+        named_folders(self.store.inner().as_ref(), &self.prefix, "table").await
     }
 
     /// Whether table `name` is complete: its folder holds a file other than a claim or a hidden
