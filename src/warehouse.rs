@@ -305,12 +305,28 @@ impl Warehouse {
         crate::storage::named_folders(self.store.inner().as_ref(), &folder, "view").await
     }
 
-    /// Removes materialized view `name`: its manifests first (the view is then gone for
-    /// readers), then its data.
-    pub async fn remove_view(&self, name: &str) -> Result<()> {
+    /// After a DROP of view `name`, whose tombstone is now version `version`: the versions
+    /// before it, and the generation folders the dropped view's manifest names (all of `data/`
+    /// where it could not be read).
+    pub async fn remove_view_data(
+        &self,
+        name: &str,
+        version: u64,
+        dropped: Option<&crate::view::Manifest>,
+    ) -> Result<()> {
         let manifests = self.view_manifests(name)?;
-        manifests.remove_all().await?;
-        manifests.remove_folder().await
+        manifests.remove_before(version).await?;
+        match dropped {
+            Some(dropped) => {
+                for generation in dropped.data_folders() {
+                    let folder = format!("data/{generation}");
+                    manifests.remove_folder(Some(&folder)).await?;
+                }
+                manifests.remove_if_empty("data");
+                Ok(())
+            }
+            None => manifests.remove_folder(Some("data")).await,
+        }
     }
 }
 

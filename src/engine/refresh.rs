@@ -73,6 +73,11 @@ impl Engine {
             )));
         };
         let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        if manifest.dropped {
+            return Err(Error::Usage(format!(
+                "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
+            )));
+        }
         let used = manifest.current.iter().chain(manifest.pending.iter());
         self.reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
             .await?;
@@ -146,6 +151,11 @@ impl Engine {
             )));
         };
         let now = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
+        if now.dropped {
+            return Err(Error::Usage(format!(
+                "materialized view '{name}' was dropped while it was refreshed"
+            )));
+        }
         (refreshed.view_files, refreshed.view_rows) = now.totals();
         if worked || target.pending {
             self.remove_unlisted(&manifests, &folder, &now).await?;
@@ -167,7 +177,7 @@ impl Engine {
     ) -> Result<()> {
         let generation_id = target.id.clone();
         let score = |i: usize| -> futures::future::BoxFuture<'_, Result<Option<Unit>>> {
-            Box::pin(self.score_unit(folder, &generation_id, planned, &work[i]))
+            Box::pin(self.score_unit_or_say_why(folder, &generation_id, planned, &work[i]))
         };
         let mut scored = futures::stream::iter(0..work.len())
             .map(score)
@@ -287,6 +297,39 @@ impl Engine {
         inputs.sort_by(|a, b| a.path.cmp(&b.path));
         inputs.dedup_by(|a, b| a.path == b.path);
         Ok(inputs)
+    }
+
+    /// [`Engine::score_unit`]; when it fails (a panic in a reader included) because an input
+    /// file was replaced while it was read, an error that says so.
+    async fn score_unit_or_say_why(
+        &self,
+        folder: &Url,
+        generation: &str,
+        planned: &Planned,
+        work: &Work,
+    ) -> Result<Option<Unit>> {
+        use futures::FutureExt;
+        let scored =
+            std::panic::AssertUnwindSafe(self.score_unit(folder, generation, planned, work))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(Error::Internal(crate::runner::panic_message(&panic))));
+        let Err(e) = scored else {
+            return scored;
+        };
+        for input in &work.inputs {
+            let url = Url::parse(&input.path).map_err(|e| Error::Internal(e.to_string()))?;
+            let now = self.registry.stores().file_version(&url).await;
+            if now.ok().flatten().as_ref() != Some(&input.version) {
+                return Err(Error::Usage(format!(
+                    "the input file {} changed while this refresh read it; nothing of it was \
+                     kept: run REFRESH again ({})",
+                    crate::storage::display_location(&url),
+                    crate::message::display_error(&e)
+                )));
+            }
+        }
+        Err(e)
     }
 
     /// Scores the inputs of `work` into a folder of their own under the view's `data/`; `None`

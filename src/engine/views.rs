@@ -35,20 +35,40 @@ impl Engine {
             ViewStatement::Show => self.show_views().await,
             ViewStatement::Drop { name, if_exists } => {
                 let name = object_name("view", &name)?;
-                let warehouse = self.view_warehouse()?;
-                if warehouse.view_manifests(&name)?.latest().await?.is_none() {
-                    if if_exists {
-                        return self.empty();
-                    }
-                    return Err(Error::Usage(format!(
-                        "there is no materialized view '{name}'"
-                    )));
-                }
-                warehouse.remove_view(&name).await?;
-                self.forget_view(&name)?;
-                self.empty()
+                self.drop_view(&name, if_exists).await
             }
         }
+    }
+
+    /// DROP MATERIALIZED VIEW: a version saying so is created on top of the newest (so no
+    /// statement that read an older one can commit after it), then the files the dropped view's
+    /// last manifest names are removed, generation folder by generation folder: a view created
+    /// again meanwhile writes into folders of its own.
+    async fn drop_view(&self, name: &str, if_exists: bool) -> Result<DataFrame> {
+        let warehouse = self.view_warehouse()?;
+        let manifests = warehouse.view_manifests(name)?;
+        let (version, dropped) = loop {
+            let Some((version, bytes)) = live(manifests.latest().await?) else {
+                if if_exists {
+                    return self.empty();
+                }
+                return Err(Error::Usage(format!(
+                    "there is no materialized view '{name}'"
+                )));
+            };
+            let tombstone = Manifest::dropped(name).to_bytes()?;
+            if manifests.create(version + 1, tombstone).await? {
+                break (
+                    version + 1,
+                    Manifest::from_bytes(&bytes, "the view's manifest").ok(),
+                );
+            }
+        };
+        self.forget_view(name)?;
+        warehouse
+            .remove_view_data(name, version, dropped.as_ref())
+            .await?;
+        self.empty()
     }
 
     /// Runs REFRESH MATERIALIZED VIEW `name` as a statement of its own (as [`Engine::run`]
@@ -75,16 +95,17 @@ impl Engine {
         let warehouse = self.view_warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
         let latest = manifests.latest().await?;
-        if latest.is_some() && if_not_exists {
+        let exists = live(latest.clone()).is_some();
+        if exists && if_not_exists {
             return self.empty();
         }
-        if latest.is_some() && !or_replace {
+        if exists && !or_replace {
             return Err(Error::Usage(format!(
                 "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
                  VIEW, or REFRESH MATERIALIZED VIEW {name})"
             )));
         }
-        if latest.is_none()
+        if !exists
             && !self.seen_views().contains_key(name)
             && self.ctx.table_exist(TableReference::bare(name))?
         {
@@ -127,11 +148,13 @@ impl Engine {
         // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
         let mut latest = latest;
         let before = loop {
-            // A manifest that cannot be read is replaced as if there were none.
+            // A manifest that cannot be read is replaced as if there were none, as is a drop.
             let before = latest
                 .as_ref()
-                .and_then(|(_, bytes)| Manifest::from_bytes(bytes, "the view's manifest").ok());
+                .and_then(|(_, bytes)| Manifest::from_bytes(bytes, "the view's manifest").ok())
+                .filter(|m| !m.dropped);
             let manifest = Manifest {
+                dropped: false,
                 format: crate::view::FORMAT,
                 name: name.to_string(),
                 source: source.shown(),
@@ -145,17 +168,28 @@ impl Engine {
                     .and_then(|b| b.pending.clone())
                     .filter(|p| p.query == text),
                 query: text.clone(),
-                retired: before
-                    .as_ref()
-                    .map(|b| retire_abandoned(b, &text))
-                    .unwrap_or_default(),
+                retired: match &before {
+                    Some(b) => retire_abandoned(b, &text),
+                    // What an unreadable manifest held is unknown: every generation folder
+                    // there is now is the old view's, retired (a DROP removes them).
+                    None if exists => manifests
+                        .folders_under("data")
+                        .await?
+                        .into_iter()
+                        .map(|g| crate::view::Retired {
+                            path: format!("data/{g}"),
+                            at_ms: now_ms(),
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                },
             };
             let version = latest.as_ref().map_or(1, |(v, _)| v + 1);
             if manifests.create(version, manifest.to_bytes()?).await? {
                 break before;
             }
             latest = manifests.latest().await?;
-            if latest.is_none() || !or_replace {
+            if live(latest.clone()).is_none() || !or_replace {
                 return Err(Error::Usage(format!(
                     "materialized view '{name}' was created or dropped by another statement \
                      meanwhile"
@@ -197,11 +231,11 @@ impl Engine {
                     return Ok(());
                 };
                 let mut now = Manifest::from_bytes(&bytes, "the view's manifest")?;
-                if now.query != query {
+                if now.query != query || now.dropped {
                     return Ok(());
                 }
                 let Some(before) = &before else {
-                    return warehouse.remove_view(name).await;
+                    return self.drop_view(name, true).await.map(|_| ());
                 };
                 now.query = before.query.clone();
                 now.source = before.source.clone();
@@ -227,7 +261,7 @@ impl Engine {
         let warehouse = self.view_warehouse()?;
         let mut views = Vec::new();
         for name in warehouse.view_names().await? {
-            if let Some((_, bytes)) = warehouse.view_manifests(&name)?.latest().await? {
+            if let Some((_, bytes)) = live(warehouse.view_manifests(&name)?.latest().await?) {
                 views.push(Manifest::from_bytes(
                     &bytes,
                     &format!("view '{name}''s manifest"),
@@ -324,7 +358,7 @@ impl Engine {
             return self.forget_view(name);
         };
         let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
-        let Some(current) = &manifest.current else {
+        let Some(current) = manifest.current.as_ref().filter(|_| !manifest.dropped) else {
             // Not yet refreshed to the end once: nothing to read.
             return self.forget_view(name);
         };
@@ -341,12 +375,14 @@ impl Engine {
         self.is_view(name).await
     }
 
-    /// Whether the warehouse has a materialized view `name` (registered or not).
+    /// Whether the warehouse has a materialized view `name` (registered or not; one whose
+    /// manifest cannot be read counts).
     pub(super) async fn is_view(&self, name: &str) -> Result<bool> {
-        match &self.warehouse {
-            Some(warehouse) => Ok(!warehouse.view_manifests(name)?.versions().await?.is_empty()),
-            None => Ok(false),
-        }
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(false);
+        };
+        let latest = warehouse.view_manifests(name)?.latest().await?;
+        Ok(live(latest).is_some())
     }
 
     fn forget_view(&self, name: &str) -> Result<()> {
@@ -360,6 +396,14 @@ impl Engine {
     pub(super) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.seen_views.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The newest manifest, unless it says the view was dropped (one that cannot be read counts as
+/// a view).
+fn live(latest: Option<(u64, Vec<u8>)>) -> Option<(u64, Vec<u8>)> {
+    latest.filter(|(_, bytes)| {
+        Manifest::from_bytes(bytes, "the view's manifest").map_or(true, |m| !m.dropped)
+    })
 }
 
 /// The files `before` retired, and those of its pending generation when a new query abandons it.

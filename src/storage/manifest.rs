@@ -153,27 +153,52 @@ impl Manifests {
         Ok(())
     }
 
-    /// Removes every version, oldest first, so that the newest is readable until the last.
-    pub async fn remove_all(&self) -> Result<()> {
-        for version in self.versions().await? {
-            match self.inner().delete(&self.path(version)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+    /// Removes the folder (or its sub-folder `under`) and everything in it, locally the folders
+    /// too.
+    pub async fn remove_folder(&self, under: Option<&str>) -> Result<()> {
+        let mut folder = self.folder.clone();
+        for part in under.into_iter().flat_map(|u| u.split('/')) {
+            folder = folder.join(part);
         }
-        Ok(())
-    }
-
-    /// Removes the folder and everything in it (locally the folders too).
-    pub async fn remove_folder(&self) -> Result<()> {
-        super::delete_prefix(self.inner().as_ref(), &self.folder).await?;
+        super::delete_prefix(self.inner().as_ref(), &folder).await?;
         if let super::CommitKind::StageAndRename(local) = &self.store.kind {
-            let dir = local.path_to_filesystem(&self.folder)?;
+            let dir = local.path_to_filesystem(&folder)?;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io(format!("removing {}", dir.display()), e)),
             }
+        }
+        Ok(())
+    }
+
+    /// The names of the folders in the sub-folder `under` (one listing).
+    pub async fn folders_under(&self, under: &str) -> Result<Vec<String>> {
+        let folder = self.folder.clone().join(under);
+        match self.inner().list_with_delimiter(Some(&folder)).await {
+            Ok(listed) => Ok(listed
+                .common_prefixes
+                .iter()
+                .filter_map(|p| p.filename().map(str::to_string))
+                .collect()),
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes the sub-folder `under` where it is an empty local folder (S3 has no folders).
+    pub fn remove_if_empty(&self, under: &str) {
+        if let super::CommitKind::StageAndRename(local) = &self.store.kind
+            && let Ok(dir) = local.path_to_filesystem(&self.folder.clone().join(under))
+        {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+
+    /// Removes every version before `version`.
+    pub async fn remove_before(&self, version: u64) -> Result<()> {
+        for old in self.versions().await?.into_iter().filter(|v| *v < version) {
+            self.delete(&self.path(old)).await?;
         }
         Ok(())
     }

@@ -100,6 +100,11 @@ pub async fn commit(
             ));
         };
         let mut manifest = Manifest::from_bytes(&bytes, "a view's manifest")?;
+        if manifest.dropped {
+            return Err(Error::Usage(
+                "the materialized view was dropped while it was refreshed".into(),
+            ));
+        }
         let view = manifest.name.clone();
         let redefined = || {
             Error::Usage(format!(
@@ -231,6 +236,7 @@ mod tests {
             current,
             pending: None,
             retired: Vec::new(),
+            dropped: false,
         }
     }
 
@@ -341,5 +347,20 @@ mod tests {
         assert!(err.unwrap_err().to_string().contains("redefined"));
         // A version behind the newest is never created.
         assert!(!m.create(2, b"{}".to_vec()).await.unwrap());
+        // Dropped: the drop is the newest version, and a refresh that read the view before it
+        // cannot commit after it.
+        let (v, _) = m.latest().await.unwrap().unwrap();
+        let mut before_drop = choose_target(&latest(&m).await, &BTreeMap::new(), &schema).unwrap();
+        let dropped = Manifest::dropped("v").to_bytes().unwrap();
+        assert!(m.create(v + 1, dropped).await.unwrap());
+        let err = commit(
+            &m,
+            &mut before_drop,
+            &work("w", &[]),
+            Some(unit("u5", "w")),
+            false,
+        )
+        .await;
+        assert!(err.unwrap_err().to_string().contains("dropped"));
     }
 }

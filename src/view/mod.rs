@@ -56,6 +56,10 @@ pub struct Manifest {
     /// readers of an older manifest may still read them for a while.
     #[serde(default)]
     pub retired: Vec<Retired>,
+    /// The view was dropped: this version stays as the newest, so that no statement that read
+    /// an older one can commit after the drop (it would have to create this version).
+    #[serde(default)]
+    pub dropped: bool,
 }
 
 /// A file of the view's folder that a commit took out of the view.
@@ -116,6 +120,34 @@ pub struct OutputFile {
 }
 
 impl Manifest {
+    /// The version that says view `name` was dropped.
+    pub fn dropped(name: &str) -> Self {
+        Manifest {
+            format: FORMAT,
+            name: name.to_string(),
+            query: String::new(),
+            source: String::new(),
+            source_table: None,
+            created_ms: now_ms(),
+            refreshed_ms: None,
+            current: None,
+            pending: None,
+            retired: Vec::new(),
+            dropped: true,
+        }
+    }
+
+    /// The generation folders under `data/` whose files this manifest names (current, pending,
+    /// retired): what a DROP of the view removes.
+    pub fn data_folders(&self) -> std::collections::BTreeSet<String> {
+        let generations = self.current.iter().chain(self.pending.iter());
+        let retired = self
+            .retired
+            .iter()
+            .filter_map(|r| r.path.split('/').nth(1).map(str::to_string));
+        generations.map(|g| g.id.clone()).chain(retired).collect()
+    }
+
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         serde_json::to_vec(self).map_err(|e| Error::Internal(format!("writing a manifest: {e}")))
     }
