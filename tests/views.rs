@@ -628,7 +628,7 @@ fn a_scheduled_refresh_survives_the_storage_going_away() {
     assert!(rest.iter().any(|l| l.starts_with("stopped")), "{rest:?}");
 }
 
-/// What an independent pass broke: a view's folder emptied, a damaged manifest, a view's data
+/// Views through damage around them: a view's folder emptied, a damaged manifest, a view's data
 /// file deleted, a rewrite that keeps size and modification time, a table named like a view.
 #[test]
 fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
