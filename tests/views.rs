@@ -861,3 +861,49 @@ fn a_view_redefined_while_a_refresh_commits_keeps_the_new_definition() {
     let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
     assert!(shown.contains("* 10 AS p"), "{shown}");
 }
+
+/// View names are names, never paths: every statement and `batchinfer refresh` refuse names
+/// that would reach outside `views/NAME/`, and nothing anywhere around changes.
+#[test]
+fn hostile_view_names_are_refused_and_touch_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let victim = dir.path().join("victim");
+    write_features(&victim.join("keep.parquet"), 0, 10, 0.0);
+    write_features(&wh.join("views/keep.parquet"), 0, 10, 0.0);
+    let before = common::snapshot(dir.path());
+    let long = "v".repeat(201);
+    for name in [
+        "\"../victim\"",
+        "\"..\"",
+        "\"a/b\"",
+        "\".hidden\"",
+        "\"%2e%2e\"",
+        &long,
+    ] {
+        for sql in [
+            format!(
+                "CREATE MATERIALIZED VIEW {name} AS SELECT id FROM 'data/sample/features.parquet'"
+            ),
+            format!(
+                "CREATE OR REPLACE MATERIALIZED VIEW {name} AS SELECT id FROM 'data/sample/features.parquet'"
+            ),
+            format!("REFRESH MATERIALIZED VIEW {name}"),
+            format!("DROP MATERIALIZED VIEW IF EXISTS {name}"),
+        ] {
+            assert_failure(&query(&wh, &sql), &["view name"]);
+        }
+        let out = common::output_within(
+            bin().arg("--warehouse").arg(&wh).args([
+                "refresh",
+                name.trim_matches('"'),
+                "--every",
+                "1s",
+            ]),
+            common::DEADLINE,
+        );
+        assert_failure(&out, &["view name"]);
+    }
+    let changed = common::changes(&before, &common::snapshot(dir.path()));
+    assert!(changed.is_empty(), "changed: {changed:?}");
+}

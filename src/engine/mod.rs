@@ -202,14 +202,7 @@ impl Engine {
 
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
-        // Until the statement is tagged, it keeps no rejects.
-        *self
-            .rejects_folder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        self.refresh_models().await?;
-        self.refresh_tables().await?;
-        self.placement.share_models(&self.ctx, &self.registry)?;
+        self.before_statement().await?;
         match statement {
             Statement::Model(m) => self.run_model_statement(m).await,
             Statement::View(v) => self.run_view_statement(v).await,
@@ -219,6 +212,19 @@ impl Engine {
                 result
             }
         }
+    }
+
+    /// What each statement begins with: the warehouse's models and tables (and views) as they
+    /// are now, and the models shared with a cluster.
+    async fn before_statement(&self) -> Result<()> {
+        // Until the statement is tagged, it keeps no rejects.
+        *self
+            .rejects_folder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.refresh_models().await?;
+        self.refresh_tables().await?;
+        self.placement.share_models(&self.ctx, &self.registry)
     }
 
     /// After `SET batchinfer.device = '...'`, models of later statements (their planning too)

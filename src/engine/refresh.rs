@@ -22,7 +22,9 @@ use crate::storage::Manifests;
 use crate::view::check::{Source, reading, row_wise_source, source_table};
 use crate::view::commit::{RETIRED_KEPT_MS, Target, choose_target, commit, remove_files};
 use crate::view::plan::{CommitSize, Work, plan};
-use crate::view::{Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, now_ms};
+use crate::view::{
+    Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, newest_view, now_ms,
+};
 use crate::warehouse::Warehouse;
 
 /// What one refresh did.
@@ -67,17 +69,12 @@ impl Engine {
         let started = Instant::now();
         let warehouse = self.view_warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
-        let Some((_, bytes)) = manifests.latest().await? else {
+        let shown = format!("view '{name}''s manifest");
+        let Some((_, manifest)) = newest_view(&manifests, &shown).await? else {
             return Err(Error::Usage(format!(
                 "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
             )));
         };
-        let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
-        if manifest.dropped {
-            return Err(Error::Usage(format!(
-                "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
-            )));
-        }
         let used = manifest.current.iter().chain(manifest.pending.iter());
         self.reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
             .await?;
@@ -145,17 +142,11 @@ impl Engine {
             // A rebuild for models no longer defined: dropped.
             commit(&manifests, &mut target, &nothing, None, false).await?;
         }
-        let Some((_, bytes)) = manifests.latest().await? else {
+        let Some((_, now)) = newest_view(&manifests, &shown).await? else {
             return Err(Error::Usage(format!(
                 "materialized view '{name}' was dropped while it was refreshed"
             )));
         };
-        let now = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
-        if now.dropped {
-            return Err(Error::Usage(format!(
-                "materialized view '{name}' was dropped while it was refreshed"
-            )));
-        }
         (refreshed.view_files, refreshed.view_rows) = now.totals();
         if worked || target.pending {
             self.remove_unlisted(&manifests, &folder, &now).await?;
@@ -467,10 +458,9 @@ const ABANDONED_AFTER_MS: u64 = 24 * 3_600_000;
 
 /// The generation `id` as the newest manifest has it.
 async fn target_now(manifests: &Manifests, id: &str) -> Result<Option<Generation>> {
-    let Some((_, bytes)) = manifests.latest().await? else {
+    let Some((_, manifest)) = newest_view(manifests, "a view's manifest").await? else {
         return Ok(None);
     };
-    let manifest = Manifest::from_bytes(&bytes, "a view's manifest")?;
     Ok(manifest
         .current
         .into_iter()

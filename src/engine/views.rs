@@ -12,7 +12,7 @@ use datafusion::sql::sqlparser::ast::Query;
 use super::refresh::Refreshed;
 use super::*;
 use crate::statements::ViewStatement;
-use crate::view::{Generation, Manifest, now_ms};
+use crate::view::{Generation, Manifest, newest_view, now_ms};
 
 impl Engine {
     pub(super) async fn run_view_statement(&self, statement: ViewStatement) -> Result<DataFrame> {
@@ -75,9 +75,7 @@ impl Engine {
     /// does): for `batchinfer refresh`.
     pub async fn refresh(&self, name: &str) -> Result<Refreshed> {
         crate::warehouse::check_name("view", name)?;
-        self.refresh_models().await?;
-        self.refresh_tables().await?;
-        self.placement.share_models(&self.ctx, &self.registry)?;
+        self.before_statement().await?;
         let refreshed = self.refresh_view(name).await?;
         self.register_views().await?;
         Ok(refreshed)
@@ -199,15 +197,7 @@ impl Engine {
         match self.refresh_view(name).await {
             Ok(refreshed) => {
                 self.register_views().await?;
-                let rows = usize::try_from(refreshed.rows_scored).unwrap_or(usize::MAX);
-                self.rows_written(&[RecordBatch::try_new(
-                    Arc::new(Schema::new(vec![Field::new(
-                        "count",
-                        DataType::UInt64,
-                        false,
-                    )])),
-                    vec![Arc::new(UInt64Array::from(vec![rows as u64]))],
-                )?])
+                self.rows_result(refreshed.rows_scored)
             }
             Err(e) => {
                 self.undo_create(name, &text, before).await;
@@ -261,11 +251,9 @@ impl Engine {
         let warehouse = self.view_warehouse()?;
         let mut views = Vec::new();
         for name in warehouse.view_names().await? {
-            if let Some((_, bytes)) = live(warehouse.view_manifests(&name)?.latest().await?) {
-                views.push(Manifest::from_bytes(
-                    &bytes,
-                    &format!("view '{name}''s manifest"),
-                )?);
+            let shown = format!("view '{name}''s manifest");
+            if let Some((_, view)) = newest_view(&warehouse.view_manifests(&name)?, &shown).await? {
+                views.push(view);
             }
         }
         let column = |values: Vec<Option<String>>| Arc::new(StringArray::from(values)) as ArrayRef;

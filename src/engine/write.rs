@@ -213,7 +213,12 @@ impl Engine {
     /// A result of no columns whose rows are the rows a write reports in `counts` (its
     /// `count`): nothing to print, and the summary of the statement says how many.
     pub(super) fn rows_written(&self, counts: &[RecordBatch]) -> Result<DataFrame> {
-        let rows = usize::try_from(rows_in(counts)).unwrap_or(usize::MAX);
+        self.rows_result(rows_in(counts))
+    }
+
+    /// A result of no columns and `rows` rows: what a write that wrote `rows` returns.
+    pub(super) fn rows_result(&self, rows: u64) -> Result<DataFrame> {
+        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
         let batch = RecordBatch::try_new_with_options(
             Arc::new(Schema::empty()),
             vec![],

@@ -71,7 +71,7 @@ pub fn choose_target(
         id: new_id("g"),
         query: manifest.query.clone(),
         models: models.clone(),
-        schema: Generation::encode_schema(schema)?,
+        schema: super::encode_schema(schema)?,
         units: Vec::new(),
     };
     Ok(Target {

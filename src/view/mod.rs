@@ -188,15 +188,22 @@ impl Generation {
         decode_schema(&self.schema)
     }
 
-    /// `schema`, encoded as a generation keeps it.
-    pub fn encode_schema(schema: &Schema) -> Result<String> {
-        encode_schema(schema)
-    }
-
     /// The files readers read, in unit order.
     pub fn files(&self) -> impl Iterator<Item = &OutputFile> {
         self.units.iter().flat_map(|u| u.files.iter())
     }
+}
+
+/// The newest manifest of a view, unless there is none or it says the view was dropped.
+pub async fn newest_view(
+    manifests: &crate::storage::Manifests,
+    shown: &str,
+) -> Result<Option<(u64, Manifest)>> {
+    let Some((version, bytes)) = manifests.latest().await? else {
+        return Ok(None);
+    };
+    let manifest = Manifest::from_bytes(&bytes, shown)?;
+    Ok((!manifest.dropped).then_some((version, manifest)))
 }
 
 /// An Arrow schema as a manifest keeps it: hex of its IPC encoding.
