@@ -205,7 +205,11 @@ fn predict_overhead(c: &mut Criterion) {
     group.bench_function("model_call_alone", |b| {
         b.iter(|| {
             let input = TensorRef::from_array_view(([ROWS, K], packed.as_slice())).unwrap();
-            std::hint::black_box(model.run(vec![input.into()], ROWS).unwrap());
+            std::hint::black_box(
+                model
+                    .run(vec![input.into()], ROWS, &Default::default())
+                    .unwrap(),
+            );
         })
     });
     group.finish();

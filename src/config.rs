@@ -19,9 +19,9 @@ pub struct EngineConfig {
     pub models_dir: Option<PathBuf>,
     /// DataFusion partitions, which is how many record batches are scored at once (0: cores).
     pub target_partitions: usize,
-    /// ONNX Runtime sessions per model (0: one per partition).
+    /// Model calls that run at once per model, on its one session (0: one per partition).
     pub sessions_per_model: usize,
-    /// ONNX Runtime intra-op threads per session (0: cores / sessions, at least 1).
+    /// ONNX Runtime intra-op threads inside each call (0: cores / sessions, at least 1).
     pub intra_threads: usize,
     /// Rows per record batch that DataFusion reads and hands to `predict`.
     pub batch_size: usize,
@@ -83,7 +83,8 @@ impl EngineConfig {
         }
     }
 
-    /// Sessions per model: one per partition, so partitions never wait on each other's model call.
+    /// Calls at once per model: one per partition, so partitions never wait on each other's
+    /// model call.
     pub fn sessions(&self) -> usize {
         if self.sessions_per_model == 0 {
             self.partitions()
@@ -92,8 +93,8 @@ impl EngineConfig {
         }
     }
 
-    /// Intra-op threads per session. Partitions x sessions' threads never exceed the cores: each
-    /// partition already runs on its own core, so by default a session runs on the calling thread.
+    /// Intra-op threads inside each call. Calls x threads never exceed the cores: each partition
+    /// already runs on its own core, so by default a call runs on the calling thread.
     pub fn threads_per_session(&self) -> usize {
         if self.intra_threads == 0 {
             (Self::cores() / self.sessions()).max(1)
@@ -138,6 +139,16 @@ pub struct BatchInferOptions {
     /// the rejects it leaves).
     pub statement: String,
     pub statement_text: String,
+    /// Stop signals received when the statement was tagged ([`crate::stop`]): its scoring
+    /// loops stop at any later one. Not a setting: each process counts its own.
+    pub stop_signals_before: u64,
+}
+
+impl BatchInferOptions {
+    /// The statement's view of stop signals.
+    pub fn stop(&self) -> crate::stop::StopToken {
+        crate::stop::StopToken::after(self.stop_signals_before)
+    }
 }
 
 impl BatchInferOptions {
@@ -161,6 +172,7 @@ impl Default for BatchInferOptions {
             files_per_commit: 64,
             statement: String::new(),
             statement_text: String::new(),
+            stop_signals_before: 0,
         }
     }
 }

@@ -105,9 +105,13 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         // row groups big enough to scan well.
         .set_usize(
             "datafusion.execution.parquet.max_row_group_size",
-            256 * 1024,
+            ROW_GROUP_ROWS,
         )
 }
+
+/// Rows per Parquet row group written, unless set otherwise (DataFusion: 1Mi); fewer for wide
+/// rows (see `engine/write.rs`).
+pub const ROW_GROUP_ROWS: usize = 256 * 1024;
 
 /// The configuration every process of a cluster starts from (the scheduler's and executors'
 /// sessions, before the client's settings are applied).

@@ -135,9 +135,8 @@ impl Target {
         }
     }
 
-    /// Sessions a model gets, `wanted` being one per partition. A GPU gets one: the partitions
-    /// share it (each call fills the GPU; a second session would only split it and hold a second
-    /// copy of the weights in its memory).
+    /// Calls a model runs at once, `wanted` being one per partition. A GPU runs one at a time:
+    /// each call fills it, a second would only split it.
     pub fn sessions(self, wanted: usize) -> usize {
         match self {
             Target::Cuda(_) => 1,

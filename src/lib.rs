@@ -22,11 +22,12 @@
 //!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
-//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, session pools,
+//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
 //!   text models' tokenizers, and the scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`) and a model's inputs and outputs (`signature.rs`).
-//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`).
+//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`), and
+//!   the buffer that gathers `embed`'s input across record batches and files (`buffer.rs`).
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
 //! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
 //!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.
@@ -39,6 +40,7 @@
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
+//! - [`stop`]: a stop signal recorded for the scoring loops, which look between micro-batches.
 //! - [`storage`]: every path, local or S3, answered here: where a location points
 //!   (`location.rs`), S3 clients (`s3.rs`) and credentials from the AWS SDK's chain
 //!   (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
@@ -75,6 +77,7 @@ pub mod scan;
 pub mod schedule;
 pub mod shell;
 pub mod statements;
+pub mod stop;
 pub mod storage;
 pub mod tensor;
 pub mod udf;

@@ -43,11 +43,11 @@ struct EngineArgs {
     #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     partitions: Option<usize>,
 
-    /// ONNX Runtime sessions per model [default: one per partition]
+    /// Model calls that run at once, per model, on its one ONNX Runtime session [default: one per partition]
     #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     sessions: Option<usize>,
 
-    /// ONNX Runtime threads per session [default: cores / sessions, at least 1]
+    /// ONNX Runtime threads inside each call [default: cores / sessions, at least 1]
     #[arg(long, global = true, value_name = "N", value_parser = count(MAX_PARALLEL))]
     threads: Option<usize>,
 

@@ -38,17 +38,21 @@ impl Runner<'_> {
     /// [`Error::Cancelled`].
     pub async fn run(&self, statement: Statement) -> Result<()> {
         let started = Instant::now();
+        let stop = crate::stop::StopToken::now();
         let _running = Running::start();
         // A panic in the engine or a library (a malformed file can cause one) ends the statement
         // with an error, not the process or the shell.
         let work = AssertUnwindSafe(run_with_progress(self.engine, statement)).catch_unwind();
         let report = tokio::select! {
-            report = work => report.map_err(|panic| Error::Internal(panic_message(&panic)))??,
-            signal = stop_signal() => {
-                HEEDED.fetch_add(1, Ordering::SeqCst);
-                crate::storage::discards_done().await;
-                return Err(Error::Cancelled(signal));
-            }
+            report = work => match report.map_err(|panic| Error::Internal(panic_message(&panic)))? {
+                Ok(report) => report,
+                // A model stopped between micro-batches: the statement ends as cancelled.
+                Err(e) => match stop.requested() {
+                    Some(signal) => return cancelled(signal).await,
+                    None => return Err(e),
+                },
+            },
+            signal = stop_signal() => return cancelled(signal).await,
         };
         let mut stdout = std::io::stdout().lock();
         print_batches(&mut stdout, self.format, &report.schema, &report.batches)?;
@@ -129,6 +133,13 @@ impl Runner<'_> {
     }
 }
 
+/// Answers a stop signal: waits until what the statement wrote is discarded.
+async fn cancelled(signal: &'static str) -> Result<()> {
+    HEEDED.fetch_add(1, Ordering::SeqCst);
+    crate::storage::discards_done().await;
+    Err(Error::Cancelled(signal))
+}
+
 /// What a panic said: its message, with where it happened when the panic hook recorded it.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let said = payload
@@ -183,8 +194,8 @@ impl Drop for Running {
 const HEED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Ends the process when a stop signal goes unanswered. A statement stops at SIGINT or SIGTERM
-/// wherever it waits (reading, writing, calling a model), but planning one is work on a thread
-/// that checks for nothing, and a signal that comes between two statements finds none to stop.
+/// wherever it waits (reading, writing) and between a model's micro-batches ([`crate::stop`]),
+/// but planning one is work on a thread that checks for nothing, and a signal that comes between two statements finds none to stop.
 /// A signal with no statement running, a second signal before the first is answered, or none
 /// answered [`HEED_WITHIN`] after it, exits at once with status 1. Nothing a statement staged
 /// has been committed then, so nothing is lost: its hidden files stay hidden, and an S3 upload
@@ -194,6 +205,8 @@ pub fn exit_on_unheeded_signals() {
         loop {
             let heeded = HEEDED.load(Ordering::SeqCst);
             let signal = stop_signal().await;
+            // The running statement's scoring loops look for it between micro-batches.
+            crate::stop::request(signal);
             // Read before HEEDED: a statement counts the signal it answers before it stops
             // running, so a statement that already answered this one is seen to have.
             let running = RUNNING.load(Ordering::SeqCst);

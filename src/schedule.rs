@@ -97,7 +97,14 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
             }
         };
         first = false;
-        if stop.until(tokio::time::sleep(wait)).await.is_err() {
+        if stop
+            .until(async {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            })
+            .await
+            .is_err()
+        {
             eprintln!("stopped");
             return Ok(());
         }
@@ -108,19 +115,22 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
 struct Stop<F>(std::pin::Pin<F>);
 
 impl<F: std::ops::DerefMut<Target: Future<Output = &'static str>>> Stop<F> {
-    /// `work`, unless a stop signal comes first (then it is dropped: abandoned).
+    /// `work`, unless a stop signal comes first (then it is dropped: abandoned) or stops it
+    /// (a model's calls stop between micro-batches at a signal: [`crate::stop`]).
     async fn until<T>(
         &mut self,
-        work: impl Future<Output = T>,
-    ) -> std::result::Result<T, &'static str> {
-        tokio::select! {
-            done = work => Ok(done),
-            signal = self.0.as_mut() => {
-                heed();
-                crate::storage::discards_done().await;
-                Err(signal)
-            }
-        }
+        work: impl Future<Output = Result<T>>,
+    ) -> std::result::Result<Result<T>, &'static str> {
+        let signal = tokio::select! {
+            done = work => match done {
+                Err(Error::Cancelled(signal)) => signal,
+                done => return Ok(done),
+            },
+            signal = self.0.as_mut() => signal,
+        };
+        heed();
+        crate::storage::discards_done().await;
+        Err(signal)
     }
 }
 

@@ -118,6 +118,7 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
         color: options.color,
         instrumented_registry: Default::default(),
     };
+    let mut ended = Ok(());
     loop {
         match editor.readline("batchinfer> ") {
             Ok(line) if line.trim_start().starts_with('\\') => {
@@ -136,6 +137,11 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
                 };
                 match runner.run_script(&line).await {
                     Ok(()) => {}
+                    // SIGTERM asks the process to end, not only the statement.
+                    Err(e @ Error::Cancelled("SIGTERM")) => {
+                        ended = Err(e);
+                        break;
+                    }
                     Err(Error::Cancelled(_)) => println!("^C (cancelled)"),
                     Err(e) => eprintln!("Error: {}", display_error(&e)),
                 }
@@ -154,7 +160,7 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
     if let Some(h) = &history {
         let _ = editor.save_history(h);
     }
-    Ok(())
+    ended
 }
 
 /// Carries out a backslash command; false for `\q`. `\timing` and `\pset format` are the

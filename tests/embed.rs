@@ -322,3 +322,141 @@ async fn pooling_normalization_and_truncation_match_the_python_stack() {
         .value(0);
     assert_eq!(n, 5);
 }
+
+/// Ctrl-C inside one long `embed` call (2,000 texts in one record batch: one call of the UDF,
+/// about 5 s) stops it between two micro-batches: the shell prompts again within 1.5 s and the
+/// next statement runs. While it runs, the progress line counts the rows of each micro-batch.
+#[test]
+fn ctrl_c_stops_a_long_embed_call_in_the_shell_within_a_micro_batch() {
+    // One file of 2,000 texts: one partition, so the whole statement is one record batch.
+    let dir = tempfile::tempdir().unwrap();
+    let texts = dir.path().join("text2k.parquet");
+    let copied = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(["query", "-e"])
+        .arg(format!(
+            "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id < 2000 ORDER BY id) TO '{}' STORED AS PARQUET",
+            texts.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{copied:?}");
+    let command = format!(
+        "{} shell --models {}",
+        env!("CARGO_BIN_EXE_batchinfer"),
+        models_dir().display()
+    );
+    let mut session =
+        rexpect::spawn(&command, Some(30_000)).expect("the shell starts in a pseudo-terminal");
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line(&format!(
+            "SELECT count(embed('minilm', body)) AS n FROM '{}';",
+            texts.display()
+        ))
+        .unwrap();
+    // Rows counted inside the one call, before it ends.
+    let (_, shown) = session.exp_regex(r"[1-9][0-9]* rows scored, ").unwrap();
+    assert!(!shown.starts_with("2000 "), "{shown}");
+    let sent = std::time::Instant::now();
+    session.send_control('c').unwrap();
+    session.exp_string("^C (cancelled)").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    let took = sent.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(1500),
+        "the prompt came back {took:?} after Ctrl-C"
+    );
+    session.send_line("SELECT 40 + 2 AS answer;").unwrap();
+    session.exp_string("42").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("\\q").unwrap();
+    session.exp_eof().unwrap();
+}
+
+/// Texts in many small files are embedded as one stream: the files' batches are gathered before
+/// `embed` (so its length sort works across them), and each vector is the Python stack's, at
+/// its own row, in the files' order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn texts_in_many_small_files_are_gathered_and_embedded_in_row_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    for i in 0..12 {
+        let sql = format!(
+            "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id >= {} AND id < {} ORDER BY id) TO '{}/part-{i:02}.parquet' STORED AS PARQUET",
+            i * 25,
+            (i + 1) * 25,
+            dir.path().display()
+        );
+        run(&engine, &sql).await;
+    }
+    // One partition: the rows come out in the order of the files.
+    run(&engine, "SET datafusion.execution.target_partitions = 1").await;
+    let sql = format!(
+        "SELECT id, embed('minilm', body) AS v FROM '{}/'",
+        dir.path().display()
+    );
+    let batches = run(&engine, &sql).await;
+    assert!(
+        batches.len() < 12,
+        "each of the 12 files was embedded on its own ({} batches)",
+        batches.len()
+    );
+    let ids: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(ids, (0..300).collect::<Vec<i64>>(), "rows out of order");
+    let ours = vectors(&batches);
+    let reference =
+        vectors(&run(&engine, "SELECT id, v FROM 'data/reference/minilm.parquet'").await);
+    let diff = max_abs_diff(&ours, &reference);
+    assert!(diff <= 1e-5, "max abs difference {diff} > 1e-5");
+}
+
+/// A stop signal ends a model call in flight: with a token budget that makes the 2,000 texts one
+/// call of several seconds, SIGINT one second in ends the statement within 1.5 s, as cancelled,
+/// and the COPY it was running leaves no file.
+#[test]
+fn sigint_ends_a_model_call_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("vectors.parquet");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(["query", "--models"])
+        .arg(models_dir())
+        .args(["--partitions", "1", "-e"])
+        .arg(format!(
+            "SET batchinfer.token_budget = 100000000; COPY (SELECT id, embed('minilm', body) AS v \
+             FROM 'data/sample/sentences.parquet' WHERE id < 2000) TO '{}' STORED AS PARQUET",
+            target.display()
+        ))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the statement ended before the signal: the test tests nothing"
+    );
+    let sent = std::time::Instant::now();
+    // SAFETY: kill(2) on the child's pid, which is still running (checked above).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let took = sent.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cancelled by SIGINT"), "{stderr}");
+    assert!(
+        took < std::time::Duration::from_millis(1500),
+        "stopped {took:?} after SIGINT"
+    );
+    assert!(
+        !target.exists(),
+        "a cancelled COPY left {}",
+        target.display()
+    );
+}

@@ -135,9 +135,13 @@ async fn eight_concurrent_queries_agree_with_sequential_runs_and_load_the_model_
         "the model is loaded once for all queries"
     );
     let model = engine.registry().get("linear").unwrap();
+    // Time inside the model over the time it ran: how many calls ran at once, on average.
+    let inside = model.stats.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    let at_once = inside / model.occupied_nanos() as f64;
+    let most = EngineConfig::default().sessions() as f64;
     assert!(
-        model.sessions() <= EngineConfig::default().sessions(),
-        "sessions stay within the pool size"
+        at_once > 0.0 && at_once <= most + 0.01,
+        "{at_once:.2} calls ran at once; at most {most} may"
     );
 }
 
@@ -490,4 +494,72 @@ async fn results_after_a_failed_query_are_unaffected() {
     .await
     .unwrap();
     assert_eq!(values[0].column(0).null_count(), 0);
+}
+
+/// One session of a model, called from 16 threads at once (16 partitions of 7-row batches), gives
+/// the results of calls made one at a time, bit for bit: the tree ensemble's label and
+/// probabilities, the linear model, and the rows `lookup` fails on with `on_error = 'null'`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_calls_at_once_on_one_session_give_the_results_of_one_at_a_time() {
+    let engine_with = |calls: usize| {
+        Engine::new(EngineConfig {
+            models_dir: Some("data/models".into()),
+            target_partitions: calls,
+            sessions_per_model: calls,
+            // ONNX Runtime's own threads change a tree ensemble's sums in the last bit.
+            intra_threads: 1,
+            batch_size: 7,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let columns = "mean_radius, mean_texture, mean_perimeter, mean_area, mean_smoothness, \
+        mean_compactness, mean_concavity, mean_concave_points, mean_symmetry, \
+        mean_fractal_dimension, radius_error, texture_error, perimeter_error, area_error, \
+        smoothness_error, compactness_error, concavity_error, concave_points_error, \
+        symmetry_error, fractal_dimension_error, worst_radius, worst_texture, worst_perimeter, \
+        worst_area, worst_smoothness, worst_compactness, worst_concavity, worst_concave_points, \
+        worst_symmetry, worst_fractal_dimension";
+    let queries = [
+        format!(
+            "SELECT b.id * 10 + r.value AS id, predict('breast_cancer', {columns}) AS p \
+             FROM 'data/sample/breast_cancer.parquet' b CROSS JOIN range(10) r ORDER BY id"
+        ),
+        "SELECT id, predict('linear', features) AS p FROM 'data/sample/vectors.parquet' ORDER BY id"
+            .to_string(),
+        "SELECT value AS id, predict('lookup', CAST(value % 40 AS BIGINT)) AS p FROM range(20000) ORDER BY id"
+            .to_string(),
+    ];
+    let (one, many) = (engine_with(1), engine_with(16));
+    for engine in [&one, &many] {
+        run(engine, "SET batchinfer.on_error = 'null'")
+            .await
+            .unwrap();
+    }
+    for sql in &queries {
+        let alone = run(&one, sql).await.unwrap();
+        let together = run(&many, sql).await.unwrap();
+        let concat = |batches: &[RecordBatch]| {
+            datafusion::arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
+        };
+        let (alone, together) = (concat(&alone), concat(&together));
+        assert!(alone.num_rows() > 0, "{sql}");
+        assert_eq!(alone, together, "{sql}");
+    }
+    let lookup = run(
+        &many,
+        "SELECT count(*) FILTER (WHERE p IS NULL) AS failed FROM \
+         (SELECT predict('lookup', CAST(value % 40 AS BIGINT)) AS p FROM range(20000))",
+    )
+    .await
+    .unwrap();
+    let failed = lookup[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+    assert!(
+        failed.value(0) > 0,
+        "lookup failed on no row: the test tests nothing"
+    );
+    let model = many.registry().get("breast_cancer").unwrap();
+    assert_eq!(model.max_sessions(), 16);
 }

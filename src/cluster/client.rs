@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::scan::StreamingParquetRule;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
+use crate::udf::buffer::EmbedBufferRule;
 
 /// A cluster's scheduler: `df://host:port` (or `host:port`; the port defaults to 50050).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +89,7 @@ impl Placement {
     pub fn finish(&self, state: SessionStateBuilder) -> Result<SessionState> {
         Ok(match self {
             Placement::InProcess => state
+                .with_physical_optimizer_rules(EmbedBufferRule::among_default_rules())
                 .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
                 .build(),
             Placement::Cluster(remote) => state.build().upgrade_for_ballista(remote.grpc_url())?,

@@ -222,6 +222,18 @@ impl Engine {
             .rejects_folder
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = None;
+        // Its scoring stops at a signal that comes from now on, not at one that came before.
+        if let Some(options) = self
+            .ctx
+            .state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<BatchInferOptions>()
+        {
+            options.stop_signals_before = crate::stop::signals();
+        }
         self.refresh_models().await?;
         self.refresh_tables().await?;
         self.placement.share_models(&self.ctx, &self.registry)

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::logical_expr::LogicalPlan;
@@ -350,7 +349,7 @@ impl Engine {
         let table = Arc::new(ListingTable::try_new(config)?);
         let plan = reading(&planned.plan, table)?;
         let df = DataFrame::new(self.ctx.state(), plan);
-        let mut options = TableParquetOptions::default();
+        let mut options = self.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
         for (key, value) in [
             ("batchinfer.models", planned.models_json.clone()),

@@ -120,7 +120,7 @@ impl Engine {
             let df = if analyze {
                 self.explain_analyze(statement).await?
             } else {
-                self.execute(statement).await?
+                self.with_row_groups_sized(self.execute(statement).await?)
             };
             let batches = df.collect().await?;
             self.check_rejects_budget().await?;
@@ -136,6 +136,32 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// The Parquet options of a write of rows of `schema`: the session's, with row groups of
+    /// fewer rows where rows are wide ([`row_group_rows`]).
+    pub(super) fn parquet_options(&self, schema: &Schema) -> TableParquetOptions {
+        let mut options = self.ctx.state().default_table_options().parquet;
+        options.global.max_row_group_size =
+            row_group_rows(schema, options.global.max_row_group_size);
+        options
+    }
+
+    /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]); what its
+    /// statement's `OPTIONS` set still wins. Any other statement as it is.
+    fn with_row_groups_sized(&self, df: DataFrame) -> DataFrame {
+        let LogicalPlan::Copy(copy) = df.logical_plan() else {
+            return df;
+        };
+        let mut state = self.ctx.state();
+        let parquet = &mut state.config_mut().options_mut().execution.parquet;
+        let rows = row_group_rows(copy.input.schema().as_arrow(), parquet.max_row_group_size);
+        if rows == parquet.max_row_group_size {
+            return df;
+        }
+        parquet.max_row_group_size = rows;
+        let plan = df.logical_plan().clone();
+        DataFrame::new(state, plan)
     }
 
     /// CREATE TABLE name AS query, into the warehouse, with the models and model hashes that
@@ -170,11 +196,11 @@ impl Engine {
             .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
             .await?;
         let models = self.models_used(df.logical_plan())?;
-        let mut options = TableParquetOptions::default();
+        let schema = df.schema().inner().clone();
+        let mut options = self.parquet_options(&schema);
         options
             .key_value_metadata
             .insert("batchinfer.models".to_string(), Some(models.clone()));
-        let schema = df.schema().inner().clone();
         let empty_file = empty_table_file(schema.clone(), &models)?;
         let stores = self.registry.stores();
         let table = warehouse.begin_table(&name, ct.or_replace, |target| {
@@ -394,5 +420,40 @@ impl Drop for Registered<'_> {
         let _ = self
             .ctx
             .deregister_table(TableReference::bare(self.name.as_str()));
+    }
+}
+
+/// What a row group the Parquet writer holds in memory may take: a write holds a few (the one it
+/// encodes, the ones it writes out), so memory stays flat whatever the number of rows.
+const ROW_GROUP_BYTES: usize = 16 << 20;
+
+/// Rows per row group for rows of `schema`: `configured` (256Ki by default), fewer when the rows
+/// are wide, such as vectors (384 float32 are 1.5 KiB: 256Ki rows would be 384 MiB held), but
+/// never under 4,096. A row group size set by the session (`SET
+/// datafusion.execution.parquet.max_row_group_size`) is kept as it is.
+pub(crate) fn row_group_rows(schema: &Schema, configured: usize) -> usize {
+    let width: usize = schema
+        .fields()
+        .iter()
+        .map(|f| estimated_width(f.data_type()))
+        .sum();
+    if configured != crate::context::ROW_GROUP_ROWS {
+        return configured;
+    }
+    (ROW_GROUP_BYTES / width.max(1)).clamp(4_096, configured)
+}
+
+/// Bytes a value of type `t` takes, about: exact for fixed widths, a guess for the rest.
+fn estimated_width(t: &datafusion::arrow::datatypes::DataType) -> usize {
+    use datafusion::arrow::datatypes::DataType;
+    match t {
+        DataType::FixedSizeList(item, n) => {
+            (*n).max(0) as usize * estimated_width(item.data_type())
+        }
+        DataType::Struct(fields) => fields.iter().map(|f| estimated_width(f.data_type())).sum(),
+        DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item) => {
+            8 * estimated_width(item.data_type())
+        }
+        other => other.primitive_width().unwrap_or(32),
     }
 }

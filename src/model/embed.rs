@@ -1,6 +1,7 @@
-//! Embedding texts with a text model: tokenize, sort by token count, cut micro-batches by a token
-//! budget, run them on the model's sessions in parallel, pool and normalize, and put the vectors
-//! back in the order of the texts.
+//! Embedding texts with a text model: tokenize (without character offsets, which nothing here
+//! reads), sort by token count, cut micro-batches by a token budget, run them on the model's
+//! session in parallel, longest first, pool and normalize, and put the vectors back in the order
+//! of the texts.
 //!
 //! Sorting keeps padding small (a micro-batch's rows have similar lengths, so little of each call
 //! is spent on padding); the token budget (rows x padded length) keeps calls of long texts from
@@ -15,6 +16,7 @@ use tokenizers::Encoding;
 
 use super::Model;
 use super::text::{Pooling, TextConfig};
+use crate::stop::StopToken;
 
 /// How texts are cut into model calls.
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +28,8 @@ pub struct EmbedOptions {
     pub token_budget: usize,
     /// Rows per call when `token_budget` is 0.
     pub rows_per_call: usize,
+    /// Stop signals: looked at before each call.
+    pub stop: StopToken,
 }
 
 impl Default for EmbedOptions {
@@ -33,6 +37,7 @@ impl Default for EmbedOptions {
         EmbedOptions {
             token_budget: 256,
             rows_per_call: 32,
+            stop: StopToken::default(),
         }
     }
 }
@@ -94,21 +99,23 @@ pub fn embed_texts(
     if texts.is_empty() {
         return Ok(Vec::new());
     }
-    let encodings = config
-        .tokenizer
-        .encode_batch(texts.to_vec(), true)
-        .map_err(|e| format!("tokenizing: {e}"))?;
+    let encodings = tokenize(config, texts, &options.stop)?;
     let calls = plan_calls(&encodings, options);
     let out = Mutex::new(vec![0f32; texts.len() * dim]);
     let next = AtomicUsize::new(0);
     let workers = model.max_sessions().min(calls.len()).max(1);
     let worker = || -> Result<(), String> {
         loop {
+            // The longest texts first: the calls that end the work are the shortest, so the
+            // workers finish together.
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(rows) = calls.get(i) else {
+            let Some(rows) = calls.len().checked_sub(i + 1).map(|last| &calls[last]) else {
                 return Ok(());
             };
-            let vectors = run_call(model, config, &inputs, &encodings, rows, dim)?;
+            if options.stop.requested().is_some() {
+                return Err("cancelled".to_string());
+            }
+            let vectors = run_call(model, config, &inputs, &encodings, rows, dim, &options.stop)?;
             let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
             for (row, vector) in rows.iter().zip(vectors.chunks_exact(dim)) {
                 out[row * dim..(row + 1) * dim].copy_from_slice(vector);
@@ -130,6 +137,43 @@ pub fn embed_texts(
         })?;
     }
     Ok(out.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Most bytes of text tokenized at once: a stop signal is looked for between two such parts,
+/// so that long texts (tokenized whole before being cut at the model's length) do not delay it.
+const TOKENIZE_BYTES: usize = 1 << 20;
+
+/// The texts' tokens, in parts of at most [`TOKENIZE_BYTES`] (or one text).
+fn tokenize(
+    config: &TextConfig,
+    texts: &[&str],
+    stop: &StopToken,
+) -> Result<Vec<Encoding>, String> {
+    let mut encodings = Vec::with_capacity(texts.len());
+    let mut rest = texts;
+    while !rest.is_empty() {
+        if stop.requested().is_some() {
+            return Err("cancelled".to_string());
+        }
+        let mut bytes = 0;
+        let part = rest
+            .iter()
+            .take_while(|t| {
+                bytes += t.len();
+                bytes <= TOKENIZE_BYTES
+            })
+            .count()
+            .max(1);
+        let (now, later) = rest.split_at(part);
+        encodings.extend(
+            config
+                .tokenizer
+                .encode_batch_fast(now.to_vec(), true)
+                .map_err(|e| format!("tokenizing: {e}"))?,
+        );
+        rest = later;
+    }
+    Ok(encodings)
 }
 
 /// The rows of each model call. Sorted by token count and cut by the token budget, or in order.
@@ -168,6 +212,7 @@ fn run_call(
     encodings: &[Encoding],
     rows: &[usize],
     dim: usize,
+    stop: &StopToken,
 ) -> Result<Vec<f32>, String> {
     let n = rows.len();
     let len = rows
@@ -218,7 +263,7 @@ fn run_call(
         .into_iter()
         .map(|v| v.expect("every input is set"))
         .collect();
-    let outputs = model.run(values, n)?;
+    let outputs = model.run(values, n, stop)?;
     let (out_shape, hidden) = outputs[0].try_extract_tensor::<f32>().map_err(err)?;
     let mut vectors = match **out_shape {
         [b, t, d] if b as usize == n && d as usize == dim => {

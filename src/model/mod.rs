@@ -1,7 +1,7 @@
 //! Models by name: the registry that maps `predict('name', ...)` to a loaded model.
 //!
 //! A model is registered from a path and loaded on first use, once per process; the loaded model
-//! (its signature and its session pool) is shared by every partition of every query.
+//! (its signature and its session) is shared by every partition of every query.
 
 pub mod embed;
 pub mod external;
@@ -22,9 +22,10 @@ use ort::value::DynValue;
 pub use pool::SessionOptions;
 
 use crate::device::Target;
+use crate::stop::StopToken;
 pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 use pool::SessionPool;
-pub use registry::ModelRegistry;
+pub use registry::{ModelRegistry, Totals};
 pub use shared::SharedModels;
 pub use source::ModelSource;
 
@@ -128,8 +129,8 @@ impl Model {
         }
         let sha256 = external::sha256(&bytes, &files);
         let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
-        let (pool, first) = SessionPool::new(bytes, files, options).map_err(load_error)?;
-        let signature = ModelSignature::from_session(&first).map_err(load_error)?;
+        let pool = SessionPool::new(&bytes, files, options).map_err(load_error)?;
+        let signature = ModelSignature::from_session(pool.session()).map_err(load_error)?;
         if let Some(fixed) = signature.fixed_batch()
             && fixed > MAX_FIXED_BATCH
         {
@@ -139,7 +140,6 @@ impl Model {
                  {MAX_FIXED_BATCH} (export the model with a dynamic batch dimension)"
             )));
         }
-        pool.give(first);
         Ok(Model {
             name: name.to_string(),
             source,
@@ -159,25 +159,12 @@ impl Model {
         &self,
         inputs: Vec<SessionInputValue<'_>>,
         rows: usize,
+        stop: &StopToken,
     ) -> std::result::Result<Vec<DynValue>, String> {
-        let mut session = self.pool.acquire()?;
-        let started = std::time::Instant::now();
-        let result = session.run(inputs.as_slice());
+        let outputs = self.pool.run(&inputs, &self.stats.nanos, stop)?;
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
-        self.stats
-            .nanos
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let mut outputs = result.map_err(|e| e.to_string())?;
-        self.signature
-            .outputs
-            .iter()
-            .map(|o| {
-                outputs
-                    .remove(o.name.as_str())
-                    .ok_or_else(|| format!("ONNX Runtime returned no output '{}'", o.name))
-            })
-            .collect()
+        Ok(outputs)
     }
 
     /// Where this model's sessions run.
@@ -185,13 +172,13 @@ impl Model {
         self.pool.device()
     }
 
-    /// Most sessions this model's pool will build: how many calls can run at once.
+    /// The most calls this model runs at once.
     pub fn max_sessions(&self) -> usize {
         self.pool.max_sessions()
     }
 
-    /// ONNX Runtime sessions built for this model so far.
-    pub fn sessions(&self) -> usize {
-        self.pool.sessions()
+    /// Nanoseconds during which at least one of this model's calls was running.
+    pub fn occupied_nanos(&self) -> u64 {
+        self.pool.occupied_nanos()
     }
 }

@@ -1,161 +1,255 @@
-//! A pool of ONNX Runtime sessions for one model.
+//! One ONNX Runtime session per model, run by several calls at once.
 //!
-//! `Session::run` takes `&mut self`, so a session serves one call at a time. Partitions scoring
-//! in parallel each take a session from the pool; sessions are created on demand up to the
-//! configured number, all from the same model bytes held in memory (the file is read once).
+//! All partitions of all queries share the model's one session: ONNX Runtime's `Run` may be
+//! called from several threads at once on one session, each call running on its caller's
+//! thread when the session has one intra-op thread. So the model's weights (and the copies
+//! ONNX Runtime makes of them for its kernels, several times the file's size for a
+//! transformer) are held once, however many calls run in parallel. At most `max_sessions`
+//! calls run at a time; a call beyond waits for one to finish.
+//!
+//! The `ort` crate's `Session::run` takes `&mut self`, a choice of the binding, not of ONNX
+//! Runtime, whose C API documents `Run` as safe to call concurrently; [`SessionPool::run`]
+//! calls it through that C API with the session shared.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::ffi::CString;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use ort::session::Session;
+use ort::AsPointer;
 use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{Session, SessionInputValue};
+use ort::value::DynValue;
 
 use super::external::ExternalFiles;
 use crate::config::GraphOptimization;
 use crate::device::Target;
+use crate::stop::StopToken;
 
-/// How sessions of a model are built.
+/// How the session of a model is built and run.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionOptions {
+    /// The most calls that run at once.
     pub max_sessions: usize,
+    /// ONNX Runtime's threads inside one call.
     pub intra_threads: usize,
     pub optimization: GraphOptimization,
     /// Inputs change shape from call to call (texts): no memory patterns, which ONNX Runtime
     /// plans for one shape.
     pub varying_shapes: bool,
-    /// Where the sessions run.
+    /// Where the session runs.
     pub device: Target,
 }
 
-#[derive(Debug)]
-struct PoolState {
-    idle: Vec<Session>,
-    created: usize,
-}
-
-/// Sessions of one model, shared by every partition of every query.
+/// A model's session and the calls running on it.
 #[derive(Debug)]
 pub struct SessionPool {
-    bytes: Arc<[u8]>,
-    /// External data files, given to each session in memory.
-    files: ExternalFiles,
+    session: Session,
+    /// External data files, handed to ONNX Runtime in memory: kept as long as the session.
+    _files: ExternalFiles,
+    input_names: Vec<CString>,
+    output_names: Vec<CString>,
     options: SessionOptions,
-    state: Mutex<PoolState>,
-    returned: Condvar,
+    running: Mutex<Running>,
+    finished: Condvar,
+    /// Nanoseconds during which at least one call ran.
+    occupied: AtomicU64,
 }
 
-/// A session taken from the pool; it goes back when dropped.
-pub struct PooledSession<'p> {
-    pool: &'p SessionPool,
-    session: Option<Session>,
+/// The calls running now, and since when one has been.
+#[derive(Debug, Default)]
+struct Running {
+    calls: usize,
+    since: Option<Instant>,
 }
+
+/// How often a call waiting for a free slot looks for a stop signal.
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 impl SessionPool {
-    /// Builds the first session (which also proves the bytes are a model ONNX Runtime accepts).
+    /// Builds the session from the model's bytes and the external data files it names.
     pub fn new(
-        bytes: Arc<[u8]>,
+        bytes: &[u8],
         files: ExternalFiles,
         options: SessionOptions,
-    ) -> Result<(Self, Session), String> {
-        let first = build_session(&bytes, &files, options)?;
+    ) -> Result<Self, String> {
+        let max_sessions = options.device.sessions(options.max_sessions).max(1);
         let options = SessionOptions {
-            max_sessions: options.device.sessions(options.max_sessions),
+            max_sessions,
             ..options
         };
-        let pool = SessionPool {
-            bytes,
-            files,
-            options,
-            state: Mutex::new(PoolState {
-                idle: Vec::new(),
-                created: 1,
-            }),
-            returned: Condvar::new(),
+        // Parallel calls share the session's intra-op threads: as many as they would have had
+        // each, up to the cores (one thread each: none, every call runs on its caller's).
+        let threads = match options.intra_threads {
+            0 | 1 => 1,
+            n => (n * max_sessions).min(crate::config::EngineConfig::cores().max(n)),
         };
-        Ok((pool, first))
+        let session = build_session(
+            bytes,
+            &files,
+            SessionOptions {
+                intra_threads: threads,
+                ..options
+            },
+        )?;
+        let names = |outlets: &[ort::value::Outlet]| {
+            outlets
+                .iter()
+                .map(|o| {
+                    CString::new(o.name())
+                        .map_err(|_| format!("the model names a tensor '{}' with a NUL", o.name()))
+                })
+                .collect::<Result<Vec<_>, String>>()
+        };
+        Ok(SessionPool {
+            input_names: names(session.inputs())?,
+            output_names: names(session.outputs())?,
+            session,
+            _files: files,
+            options,
+            running: Mutex::new(Running::default()),
+            finished: Condvar::new(),
+            occupied: AtomicU64::new(0),
+        })
     }
 
-    /// Puts a session built elsewhere (the first one) into the pool.
-    pub fn give(&self, session: Session) {
-        self.lock().idle.push(session);
-        self.returned.notify_one();
+    /// The session, to read its inputs and outputs.
+    pub fn session(&self) -> &Session {
+        &self.session
     }
 
-    /// Takes an idle session, builds one if fewer than the maximum exist, or waits for one.
-    pub fn acquire(&self) -> Result<PooledSession<'_>, String> {
-        let mut state = self.lock();
-        loop {
-            if let Some(session) = state.idle.pop() {
-                return Ok(PooledSession {
-                    pool: self,
-                    session: Some(session),
-                });
-            }
-            if state.created < self.options.max_sessions.max(1) {
-                state.created += 1;
-                drop(state);
-                return match build_session(&self.bytes, &self.files, self.options) {
-                    Ok(session) => Ok(PooledSession {
-                        pool: self,
-                        session: Some(session),
-                    }),
-                    Err(e) => {
-                        self.lock().created -= 1;
-                        Err(e)
-                    }
-                };
-            }
-            state = self
-                .returned
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Runs the model on `inputs` (one per model input, in the model's order) and returns its
+    /// outputs in the model's order. Waits while `max_sessions` calls are running, and gives up
+    /// waiting at a stop signal; the time inside ONNX Runtime (not the wait) is added to `nanos`.
+    pub fn run(
+        &self,
+        inputs: &[SessionInputValue<'_>],
+        nanos: &AtomicU64,
+        stop: &StopToken,
+    ) -> Result<Vec<DynValue>, String> {
+        if inputs.len() != self.input_names.len() {
+            return Err(format!(
+                "{} inputs given to a model that takes {}",
+                inputs.len(),
+                self.input_names.len()
+            ));
         }
+        let _slot = self.slot(stop)?;
+        let call = crate::stop::InFlight::start()?;
+        // A signal that came while the call was registered: it was not there to be told.
+        if stop.requested().is_some() {
+            return Err("cancelled".to_string());
+        }
+        let started = std::time::Instant::now();
+        let input_names: Vec<*const std::ffi::c_char> =
+            self.input_names.iter().map(|n| n.as_ptr()).collect();
+        let output_names: Vec<*const std::ffi::c_char> =
+            self.output_names.iter().map(|n| n.as_ptr()).collect();
+        let values: Vec<*const ort::sys::OrtValue> = inputs.iter().map(|v| v.ptr()).collect();
+        let mut outputs: Vec<*mut ort::sys::OrtValue> = vec![ptr::null_mut(); output_names.len()];
+        // SAFETY: the session, run options, names and input values outlive the call; the names and values
+        // arrays hold `len` valid pointers each; `outputs` has room for one value per output
+        // name, each set by ONNX Runtime to a value the caller owns (taken below). ONNX
+        // Runtime's `Run` is safe to call on one session from several threads at once.
+        let status = unsafe {
+            (ort::api().Run)(
+                self.session.ptr().cast_mut(),
+                call.options().ptr(),
+                input_names.as_ptr(),
+                values.as_ptr(),
+                values.len(),
+                output_names.as_ptr(),
+                output_names.len(),
+                outputs.as_mut_ptr(),
+            )
+        };
+        nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // SAFETY: each non-null pointer is a value ONNX Runtime returned to this caller, owned
+        // from here on by the `DynValue` (released when it is dropped), allocated by the
+        // session's allocator.
+        let taken: Vec<Option<DynValue>> = outputs
+            .into_iter()
+            .map(|p| {
+                NonNull::new(p)
+                    .map(|p| unsafe { DynValue::from_ptr(p, Some(self.session.allocator())) })
+            })
+            .collect();
+        // SAFETY: `status` was returned by ONNX Runtime's `Run` just above.
+        unsafe { ort::Error::result_from_status(status) }.map_err(|e| e.to_string())?;
+        taken
+            .into_iter()
+            .zip(&self.output_names)
+            .map(|(value, name)| {
+                value.ok_or_else(|| format!("ONNX Runtime returned no output {name:?}"))
+            })
+            .collect()
     }
 
-    /// The most sessions this pool builds.
+    /// Waits for a free slot and takes it until the returned guard is dropped; a stop signal
+    /// ends the wait.
+    fn slot(&self, stop: &StopToken) -> Result<Slot<'_>, String> {
+        let mut running = self.lock();
+        loop {
+            if stop.requested().is_some() {
+                return Err("cancelled".to_string());
+            }
+            if running.calls < self.options.max_sessions {
+                break;
+            }
+            running = self
+                .finished
+                .wait_timeout(running, STOP_POLL)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+        running.calls += 1;
+        running.since.get_or_insert_with(Instant::now);
+        Ok(Slot(self))
+    }
+
+    /// The most calls this model runs at once.
     pub fn max_sessions(&self) -> usize {
-        self.options.max_sessions.max(1)
+        self.options.max_sessions
     }
 
-    /// The device the sessions run on.
+    /// The device the session runs on.
     pub fn device(&self) -> Target {
         self.options.device
     }
 
-    /// Sessions built so far.
-    pub fn sessions(&self) -> usize {
-        self.lock().created
+    /// Nanoseconds during which at least one call was running, so far (with the time inside
+    /// the calls, summed, it tells how many ran at once).
+    pub fn occupied_nanos(&self) -> u64 {
+        let running = self.lock();
+        let now = running.since.map_or(0, |s| s.elapsed().as_nanos() as u64);
+        self.occupied.load(Ordering::Relaxed) + now
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
-        // A panic while holding the lock leaves the session list intact: keep using it.
-        self.state
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+        // A count is never left half-updated: a panic elsewhere leaves it usable.
+        self.running
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-impl std::ops::Deref for PooledSession<'_> {
-    type Target = Session;
-    fn deref(&self) -> &Session {
-        self.session
-            .as_ref()
-            .expect("a pooled session is present until dropped")
-    }
-}
+/// A running call's slot, given back when dropped.
+struct Slot<'p>(&'p SessionPool);
 
-impl std::ops::DerefMut for PooledSession<'_> {
-    fn deref_mut(&mut self) -> &mut Session {
-        self.session
-            .as_mut()
-            .expect("a pooled session is present until dropped")
-    }
-}
-
-impl Drop for PooledSession<'_> {
+impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            self.pool.give(session);
+        let mut running = self.0.lock();
+        running.calls -= 1;
+        if running.calls == 0
+            && let Some(since) = running.since.take()
+        {
+            self.0
+                .occupied
+                .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
+        drop(running);
+        self.0.finished.notify_one();
     }
 }
 

@@ -18,7 +18,7 @@ struct ModelEntry {
     source: ModelSource,
     /// The sha256 the model's bytes must have (a definition a cluster client sent).
     sha256: Option<String>,
-    /// The model once loaded, per device asked for (one pool of sessions per model per device).
+    /// The model once loaded, per device asked for (one session per model per device).
     loaded: Mutex<Vec<(Target, Arc<Model>)>>,
 }
 
@@ -334,18 +334,17 @@ impl ModelRegistry {
             .collect()
     }
 
-    /// Rows scored, nanoseconds inside ONNX Runtime and calls, summed over the loaded models.
-    pub fn totals(&self) -> (u64, u64, u64) {
-        self.read()
-            .values()
-            .flat_map(|e| e.models())
-            .fold((0, 0, 0), |(r, n, c), m| {
-                (
-                    r + m.stats.rows.load(Ordering::Relaxed),
-                    n + m.stats.nanos.load(Ordering::Relaxed),
-                    c + m.stats.calls.load(Ordering::Relaxed),
-                )
-            })
+    /// Rows scored, nanoseconds inside ONNX Runtime, calls, and nanoseconds during which a
+    /// model was running, summed over the loaded models.
+    pub fn totals(&self) -> Totals {
+        let mut totals = Totals::default();
+        for model in self.read().values().flat_map(|e| e.models()) {
+            totals.rows += model.stats.rows.load(Ordering::Relaxed);
+            totals.nanos += model.stats.nanos.load(Ordering::Relaxed);
+            totals.calls += model.stats.calls.load(Ordering::Relaxed);
+            totals.occupied_nanos += model.occupied_nanos();
+        }
+        totals
     }
 
     /// How many times a model file was loaded (each model once, unless re-registered).
@@ -378,5 +377,30 @@ impl ModelRegistry {
         self.entries
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What the loaded models have done, summed: see [`ModelRegistry::totals`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Totals {
+    pub rows: u64,
+    /// Time inside ONNX Runtime, summed over calls running at once.
+    pub nanos: u64,
+    pub calls: u64,
+    /// Time during which at least one call of a model ran (`nanos / occupied_nanos`: how many
+    /// ran at once, on average).
+    pub occupied_nanos: u64,
+}
+
+impl Totals {
+    /// The work done since `before`. A model dropped or replaced meanwhile takes its counts
+    /// with it.
+    pub fn since(&self, before: &Totals) -> Totals {
+        Totals {
+            rows: self.rows.saturating_sub(before.rows),
+            nanos: self.nanos.saturating_sub(before.nanos),
+            calls: self.calls.saturating_sub(before.calls),
+            occupied_nanos: self.occupied_nanos.saturating_sub(before.occupied_nanos),
+        }
     }
 }

@@ -14,6 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Fields};
 use super::Model;
 use crate::config::OnError;
 use crate::error::{Error, Result};
+use crate::stop::StopToken;
 use crate::tensor::input::{InputBinding, InputTensor, prepare};
 use crate::tensor::output::to_array;
 
@@ -24,6 +25,8 @@ pub struct ScoreOptions {
     pub max_rows: usize,
     /// Fail the batch, or give NULL to the rows the model fails on (and keep them).
     pub on_error: OnError,
+    /// Stop signals: looked at before each call.
+    pub stop: StopToken,
 }
 
 /// A batch scored: the results, how many rows went to the model, and the rows it failed on (by
@@ -126,15 +129,7 @@ fn score_dense(
     let mut start = 0;
     while start < rows {
         let len = chunk.min(rows - start);
-        score_range(
-            model,
-            binding,
-            columns,
-            start,
-            len,
-            options.on_error,
-            &mut scored,
-        )?;
+        score_range(model, binding, columns, start, len, options, &mut scored)?;
         start += len;
     }
     let joined = scored
@@ -180,18 +175,14 @@ fn score_range(
     columns: &[ArrayRef],
     start: usize,
     len: usize,
-    on_error: OnError,
+    options: ScoreOptions,
     scored: &mut Scored,
 ) -> Result<()> {
+    options.stop.check()?;
     let fixed = model.signature.fixed_batch();
     let arrays = call_columns(columns, start, len, fixed)?;
-    match call(
-        model,
-        binding,
-        &arrays,
-        fixed.unwrap_or(len).max(len),
-        start,
-    ) {
+    let rows = fixed.unwrap_or(len).max(len);
+    let error = match call(model, binding, &arrays, rows, start, &options.stop) {
         Ok(results) => {
             for (all, result) in scored.per_output.iter_mut().zip(results) {
                 all.push(if result.len() > len {
@@ -200,38 +191,41 @@ fn score_range(
                     result
                 });
             }
-            Ok(())
+            return Ok(());
         }
-        Err(e) if on_error != OnError::Fail && len == 1 => {
-            for (all, ty) in scored
-                .per_output
-                .iter_mut()
-                .zip(&model.signature.output_types)
-            {
-                all.push(new_null_array(ty, 1));
-            }
-            let message = match e {
-                Error::Inference { message, .. } => message,
-                e => crate::message::display_error(&e),
-            };
-            scored.failed.push((start, message));
-            Ok(())
-        }
-        Err(_) if on_error != OnError::Fail => {
-            let half = len / 2;
-            score_range(model, binding, columns, start, half, on_error, scored)?;
-            score_range(
-                model,
-                binding,
-                columns,
-                start + half,
-                len - half,
-                on_error,
-                scored,
-            )
-        }
-        Err(e) => Err(e),
+        Err(e) => e,
+    };
+    // A call cut short by a stop signal failed no row of its own.
+    options.stop.check()?;
+    if options.on_error == OnError::Fail {
+        return Err(error);
     }
+    if len == 1 {
+        for (all, ty) in scored
+            .per_output
+            .iter_mut()
+            .zip(&model.signature.output_types)
+        {
+            all.push(new_null_array(ty, 1));
+        }
+        let message = match error {
+            Error::Inference { message, .. } => message,
+            e => crate::message::display_error(&e),
+        };
+        scored.failed.push((start, message));
+        return Ok(());
+    }
+    let half = len / 2;
+    score_range(model, binding, columns, start, half, options, scored)?;
+    score_range(
+        model,
+        binding,
+        columns,
+        start + half,
+        len - half,
+        options,
+        scored,
+    )
 }
 
 /// The columns for one call: a zero-copy slice, padded by repeating the last row when the model
@@ -266,6 +260,7 @@ fn call(
     columns: &[ArrayRef],
     rows: usize,
     first_row: usize,
+    stop: &StopToken,
 ) -> Result<Vec<ArrayRef>> {
     let failed = |message: String| Error::Inference {
         model: model.name.clone(),
@@ -286,7 +281,7 @@ fn call(
         .map(InputTensor::to_value)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(failed)?;
-    let outputs = model.run(values, rows).map_err(failed)?;
+    let outputs = model.run(values, rows, stop).map_err(failed)?;
     let signature = &model.signature;
     outputs
         .iter()
@@ -427,7 +422,7 @@ mod tests {
                 })
                 .collect();
             let binding = InputBinding::plan(&model.signature, &vec![DataType::Float32; 10]).unwrap();
-            let options = ScoreOptions { max_rows, on_error: OnError::Fail };
+            let options = ScoreOptions { max_rows, on_error: OnError::Fail, ..Default::default() };
             let scored = score(&model, &binding, &inputs, rows.len(), options).unwrap().result;
             let scored = scored.as_primitive::<Float32Type>();
             let mut nulls = 0;

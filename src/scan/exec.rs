@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -72,6 +74,19 @@ impl DisplayAs for StreamingParquetExec {
 impl ExecutionPlan for StreamingParquetExec {
     fn name(&self) -> &str {
         "StreamingParquetExec"
+    }
+
+    /// The rows it reads (known from the files' footers), for the progress line's estimate;
+    /// said inexact, as it is only ever used for that.
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        let units: Vec<&Unit> = match partition {
+            Some(p) => self.partitions.get(p).into_iter().flatten().collect(),
+            None => self.partitions.iter().flatten().collect(),
+        };
+        let rows = units.iter().map(|u| u.rows.len()).sum();
+        let mut statistics = Statistics::new_unknown(&self.schema);
+        statistics.num_rows = Precision::Inexact(rows);
+        Ok(Arc::new(statistics))
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {

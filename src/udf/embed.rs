@@ -55,10 +55,15 @@ impl EmbedUdf {
             message,
         };
         let dim = embedding_dim(&model).map_err(binding)?;
-        if !matches!(
-            text_type,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
-        ) {
+        let text = |t: &DataType| {
+            matches!(
+                t,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+            )
+        };
+        let dictionary_of_text =
+            matches!(text_type, DataType::Dictionary(_, values) if text(values));
+        if !text(text_type) && !dictionary_of_text {
             return Err(binding(format!("embed takes a text column, got {text_type}")).into());
         }
         Ok((model, dim))
@@ -115,21 +120,25 @@ impl ScalarUDFImpl for EmbedUdf {
             token_budget: session
                 .and_then(|o| o.token_budget)
                 .unwrap_or_else(|| model.device().token_budget()),
+            stop: session.map(|o| o.stop()).unwrap_or_default(),
             ..EmbedOptions::default()
         };
         let on_error = session.map_or(OnError::Fail, |o| o.on_error);
         let (vectors, failed) = if on_error == OnError::Fail {
-            let vectors =
-                embed_texts(&model, &present, options).map_err(|message| Error::Inference {
+            let vectors = embed_texts(&model, &present, options).map_err(|message| {
+                options.stop.check().err().unwrap_or(Error::Inference {
                     model: name.clone(),
                     first_row: 0,
                     end_row: rows,
                     message,
-                })?;
+                })
+            })?;
             (vectors, Vec::new())
         } else {
             let mut isolated = Isolated::default();
             isolated.embed(&model, &present, 0, options, dim);
+            // Calls stopped by a stop signal failed no text of their own.
+            options.stop.check()?;
             (isolated.vectors, isolated.failed)
         };
         // NULL texts were skipped: spread the vectors back over the rows, zeros under NULLs.
@@ -197,7 +206,7 @@ impl Isolated {
         options: EmbedOptions,
         dim: usize,
     ) {
-        if texts.is_empty() {
+        if texts.is_empty() || options.stop.requested().is_some() {
             return;
         }
         match embed_texts(model, texts, options) {

@@ -1,5 +1,6 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
+pub mod buffer;
 pub mod embed;
 pub mod predict;
 pub mod predict_table;

@@ -115,6 +115,7 @@ impl ScalarUDFImpl for PredictUdf {
         let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
             max_rows: o.batch_size,
             on_error: o.on_error,
+            stop: o.stop(),
         });
         let scoring = score(&model, &binding, &columns, rows, options)?;
         if let Some(session) = session {
