@@ -40,7 +40,8 @@
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
 //!   commands around the runner).
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
-//! - [`stop`]: a stop signal recorded for the scoring loops, which look between micro-batches.
+//! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
+//!   one between micro-batches.
 //! - [`storage`]: every path, local or S3, answered here: where a location points
 //!   (`location.rs`), S3 clients (`s3.rs`) and credentials from the AWS SDK's chain
 //!   (`credentials.rs`), the commit of writes per store kind (`commit.rs`,

@@ -702,3 +702,33 @@ fn stop_signals_end_the_process_where_no_statement_can_answer() {
     );
     assert!(signalled.elapsed() < Duration::from_secs(5));
 }
+
+/// SIGTERM to the shell while a statement runs cancels the statement and ends the shell, status 1:
+/// a service manager stopping it needs one signal. (Ctrl-C cancels only the statement.)
+#[test]
+fn sigterm_cancels_the_running_statement_and_ends_the_shell() {
+    let command = format!(
+        "{} shell --models data/models",
+        env!("CARGO_BIN_EXE_batchinfer")
+    );
+    let mut session =
+        rexpect::spawn(&command, Some(30_000)).expect("the shell starts in a pseudo-terminal");
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line(
+            "SELECT count(predict('linear', value, value, value, value, value, value, value, value, value, value)) \
+             FROM range(1000000000);",
+        )
+        .unwrap();
+    session.exp_string("rows scored, ").unwrap();
+    let pid = session.process.child_pid.as_raw();
+    // SAFETY: kill(2) on the shell's pid, which is running (it prints progress).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    session.exp_string("cancelled by SIGTERM").unwrap();
+    session.exp_eof().unwrap();
+    let status = format!("{:?}", session.process.wait().unwrap());
+    assert!(
+        status.starts_with("Exited(") && status.ends_with(", 1)"),
+        "{status}"
+    );
+}

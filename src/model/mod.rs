@@ -89,7 +89,7 @@ impl Model {
             files.push((location, data.into()));
         }
         let text = if source.file_name() == Some("model.onnx") {
-            text::TextConfig::from_files(source, stores).map_err(load_error)?
+            text::TextConfig::read(source, stores).map_err(load_error)?
         } else {
             None
         };
@@ -99,8 +99,19 @@ impl Model {
             varying_shapes: text.is_some(),
             ..options
         };
-        let mut model = Self::from_bytes(name, source.clone(), bytes, files, options)?;
-        model.text = text;
+        // The tokenizer is parsed while ONNX Runtime builds the session.
+        let (model, text) = std::thread::scope(|scope| {
+            let text = text.map(|files| scope.spawn(|| files.parse()));
+            let model = Self::from_bytes(name, source.clone(), bytes, files, options);
+            let text = text.map(|parsing| {
+                parsing
+                    .join()
+                    .unwrap_or_else(|_| Err("parsing its tokenizer panicked".to_string()))
+            });
+            (model, text)
+        });
+        let mut model = model?;
+        model.text = text.transpose().map_err(load_error)?;
         Ok(model)
     }
 

@@ -75,21 +75,26 @@ fn read_json(file: &ModelSource, stores: &StoreRegistry) -> Result<Option<Value>
     }
 }
 
+/// What a text model's folder holds besides the model, read but not yet parsed: the tokenizer
+/// is parsed apart ([`TextFiles::parse`]), while ONNX Runtime builds the model's session.
+pub struct TextFiles {
+    tokenizer_file: String,
+    tokenizer_bytes: Vec<u8>,
+    max_tokens: usize,
+    pooling: Pooling,
+    normalize: bool,
+}
+
 impl TextConfig {
-    /// The text configuration of the folder of `model` (its `model.onnx`), or `None` when the
-    /// folder has no tokenizer.
-    pub fn from_files(
-        model: &ModelSource,
-        stores: &StoreRegistry,
-    ) -> Result<Option<TextConfig>, String> {
+    /// The text files of the folder of `model` (its `model.onnx`), or `None` when the folder
+    /// has no tokenizer.
+    pub fn read(model: &ModelSource, stores: &StoreRegistry) -> Result<Option<TextFiles>, String> {
         let tokenizer_file = model.beside("tokenizer.json");
         let Some(tokenizer_bytes) =
             tokenizer_file.read_if_exists(stores, super::source::TOKENIZER_CAP)?
         else {
             return Ok(None);
         };
-        let mut tokenizer = Tokenizer::from_bytes(&tokenizer_bytes)
-            .map_err(|e| format!("{tokenizer_file} is not a usable tokenizer: {e}"))?;
         let read_json = |name: &str| read_json(&model.beside(name), stores);
 
         let mut pooling = Pooling::Mean;
@@ -101,7 +106,7 @@ impl TextConfig {
                 pooling = Pooling::Max;
             }
         }
-        let normalize = match read_json("modules.json")? {
+        let mut normalize = match read_json("modules.json")? {
             Some(Value::Array(modules)) => modules.iter().any(|m| {
                 m.get("type")
                     .and_then(Value::as_str)
@@ -109,7 +114,7 @@ impl TextConfig {
             }),
             _ => true,
         };
-        let max_tokens = read_json("sentence_bert_config.json")?
+        let mut max_tokens = read_json("sentence_bert_config.json")?
             .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64))
             .or_else(|| {
                 read_json("tokenizer_config.json")
@@ -119,8 +124,6 @@ impl TextConfig {
                     .filter(|&n| n <= 1 << 20)
             })
             .unwrap_or(512) as usize;
-
-        let (mut pooling, mut normalize, mut max_tokens) = (pooling, normalize, max_tokens);
         if let Some(overrides) = read_json("batchinfer.json")? {
             if let Some(p) = overrides.get("pooling").and_then(Value::as_str) {
                 pooling = Pooling::parse(p)?;
@@ -132,19 +135,33 @@ impl TextConfig {
                 max_tokens = m as usize;
             }
         }
+        Ok(Some(TextFiles {
+            tokenizer_file: tokenizer_file.to_string(),
+            tokenizer_bytes,
+            max_tokens,
+            pooling,
+            normalize,
+        }))
+    }
+}
+
+impl TextFiles {
+    /// The tokenizer parsed, truncating at the model's length, without padding.
+    pub fn parse(self) -> Result<TextConfig, String> {
+        let mut tokenizer = Tokenizer::from_bytes(&self.tokenizer_bytes)
+            .map_err(|e| format!("{} is not a usable tokenizer: {e}", self.tokenizer_file))?;
         tokenizer
             .with_truncation(Some(TruncationParams {
-                max_length: max_tokens,
+                max_length: self.max_tokens,
                 ..Default::default()
             }))
             .map_err(|e| e.to_string())?;
         tokenizer.with_padding(None);
-        let config = TextConfig {
+        Ok(TextConfig {
             tokenizer,
-            max_tokens,
-            pooling,
-            normalize,
-        };
-        Ok(Some(config))
+            max_tokens: self.max_tokens,
+            pooling: self.pooling,
+            normalize: self.normalize,
+        })
     }
 }
