@@ -224,6 +224,9 @@ fn progress(rows: u64, total: u64, elapsed: Duration) -> String {
     if total > 0 && rows > 0 && rows <= total {
         let left = (total - rows) as f64 / rate.max(1e-9);
         line.push_str(&format!(", about {left:.0} s left of {total} rows"));
+    } else if total > 0 && rows == 0 {
+        // The first call is still running: what there is to do, before any rate.
+        line.push_str(&format!(", {total} rows to score"));
     }
     line
 }

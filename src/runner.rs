@@ -214,7 +214,7 @@ pub fn exit_on_unheeded_signals() {
                 continue;
             }
             if running == 0 {
-                eprintln!("Error: {}", Error::Cancelled(signal));
+                eprintln!("stopped by {signal}: no statement was running");
                 std::process::exit(1);
             }
             // Answered, or not: the statement ended without answering it (the signal came as it

@@ -418,9 +418,11 @@ async fn texts_in_many_small_files_are_gathered_and_embedded_in_row_order() {
     assert!(diff <= 1e-5, "max abs difference {diff} > 1e-5");
 }
 
-/// A stop signal ends a model call in flight: with a token budget that makes the 2,000 texts one
-/// call of several seconds, SIGINT one second in ends the statement within 1.5 s, as cancelled,
-/// and the COPY it was running leaves no file.
+/// A stop signal ends a model call in flight: with a token budget that makes 1,000 texts one call
+/// (all padded to the longest: about 13 s), SIGINT two seconds in ends the statement within 1.5 s,
+/// as cancelled, and the COPY it was running leaves no file. ONNX Runtime stops between two of
+/// its operators, so the operators must be shorter than that: with 2,000 texts in one call, one
+/// of them (over a 2,000 x 12 x L x L attention) ran for seconds.
 #[test]
 fn sigint_ends_a_model_call_in_flight() {
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +433,7 @@ fn sigint_ends_a_model_call_in_flight() {
         .args(["--partitions", "1", "-e"])
         .arg(format!(
             "SET batchinfer.token_budget = 100000000; COPY (SELECT id, embed('minilm', body) AS v \
-             FROM 'data/sample/sentences.parquet' WHERE id < 2000) TO '{}' STORED AS PARQUET",
+             FROM 'data/sample/sentences.parquet' WHERE id < 1000) TO '{}' STORED AS PARQUET",
             target.display()
         ))
         .stderr(std::process::Stdio::piped())
