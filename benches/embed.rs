@@ -427,13 +427,22 @@ fn embed_command(
 /// The breast_cancer tree ensemble over 1,000,302 rows: the default against `--sessions 1`.
 fn heavy_predict(dir: &Path) {
     let input = dir.join("breast_cancer_1m.parquet");
-    let columns = "mean_radius, mean_texture, mean_perimeter, mean_area, mean_smoothness, \
-        mean_compactness, mean_concavity, mean_concave_points, mean_symmetry, \
-        mean_fractal_dimension, radius_error, texture_error, perimeter_error, area_error, \
-        smoothness_error, compactness_error, concavity_error, concave_points_error, \
-        symmetry_error, fractal_dimension_error, worst_radius, worst_texture, worst_perimeter, \
-        worst_area, worst_smoothness, worst_compactness, worst_concavity, worst_concave_points, \
-        worst_symmetry, worst_fractal_dimension";
+    // The model's 30 inputs: every column of its table but the id.
+    let columns = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let engine = Engine::new(EngineConfig::default()).unwrap();
+        let table = engine
+            .sql("SELECT * FROM 'data/sample/breast_cancer.parquet'")
+            .await
+            .unwrap();
+        let names: Vec<String> = table
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| name != "id")
+            .collect();
+        names.join(", ")
+    });
     if !input.is_file() {
         sql(&[format!(
             "COPY (SELECT b.id + r.value * 1000 AS id, {columns} FROM 'data/sample/breast_cancer.parquet' b \

@@ -646,12 +646,6 @@ fn on_error_null_reports_how_many_rows_got_null() {
     }
 }
 
-/// Sends `signal` to `child` (a child of this process, which handles it).
-fn send(child: &std::process::Child, signal: i32) {
-    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
-}
-
 /// A stop signal ends the process where no statement can answer it: between statements, and
 /// while a statement is being planned (work that checks for nothing), at a second signal.
 #[test]
@@ -677,7 +671,7 @@ fn stop_signals_end_the_process_where_no_statement_can_answer() {
     writeln!(stdin, "SELECT 41 + 1 AS x;").unwrap();
     let mut lines = BufReader::new(shell.stdout.take().unwrap()).lines();
     while !lines.next().unwrap().unwrap().contains("42") {}
-    send(&shell, libc::SIGTERM);
+    common::send(shell.id(), libc::SIGTERM);
     let status = common::wait_with_deadline(&mut shell, Duration::from_secs(5), "the shell");
     assert_eq!(status.code(), Some(1));
     drop(stdin);
@@ -688,10 +682,10 @@ fn stop_signals_end_the_process_where_no_statement_can_answer() {
     std::fs::write(&script, sql).unwrap();
     let mut slow = spawn(&["query", "-f", script.to_str().unwrap()]);
     std::thread::sleep(Duration::from_secs(1));
-    send(&slow, libc::SIGINT);
+    common::send(slow.id(), libc::SIGINT);
     std::thread::sleep(Duration::from_millis(300));
     let signalled = Instant::now();
-    send(&slow, libc::SIGINT);
+    common::send(slow.id(), libc::SIGINT);
     let status = common::wait_with_deadline(&mut slow, Duration::from_secs(5), "the statement");
     let out = slow.wait_with_output().unwrap();
     assert_eq!(status.code(), Some(1), "{}", stderr(&out));
@@ -721,9 +715,7 @@ fn sigterm_cancels_the_running_statement_and_ends_the_shell() {
         )
         .unwrap();
     session.exp_string("rows scored, ").unwrap();
-    let pid = session.process.child_pid.as_raw();
-    // SAFETY: kill(2) on the shell's pid, which is running (it prints progress).
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    common::send(session.process.child_pid.as_raw() as u32, libc::SIGTERM);
     session.exp_string("cancelled by SIGTERM").unwrap();
     session.exp_eof().unwrap();
     let status = format!("{:?}", session.process.wait().unwrap());

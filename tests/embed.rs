@@ -445,8 +445,7 @@ fn sigint_ends_a_model_call_in_flight() {
         "the statement ended before the signal: the test tests nothing"
     );
     let sent = std::time::Instant::now();
-    // SAFETY: kill(2) on the child's pid, which is still running (checked above).
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    common::send(child.id(), libc::SIGINT);
     let out = child.wait_with_output().unwrap();
     let took = sent.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -513,13 +513,20 @@ async fn sixteen_calls_at_once_on_one_session_give_the_results_of_one_at_a_time(
         })
         .unwrap()
     };
-    let columns = "mean_radius, mean_texture, mean_perimeter, mean_area, mean_smoothness, \
-        mean_compactness, mean_concavity, mean_concave_points, mean_symmetry, \
-        mean_fractal_dimension, radius_error, texture_error, perimeter_error, area_error, \
-        smoothness_error, compactness_error, concavity_error, concave_points_error, \
-        symmetry_error, fractal_dimension_error, worst_radius, worst_texture, worst_perimeter, \
-        worst_area, worst_smoothness, worst_compactness, worst_concavity, worst_concave_points, \
-        worst_symmetry, worst_fractal_dimension";
+    let (one, many) = (engine_with(1), engine_with(16));
+    // The model's 30 inputs: every column of its table but the id.
+    let table = one
+        .sql("SELECT * FROM 'data/sample/breast_cancer.parquet'")
+        .await
+        .unwrap();
+    let columns: Vec<&str> = table
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|name| *name != "id")
+        .collect();
+    let columns = columns.join(", ");
     let queries = [
         format!(
             "SELECT b.id * 10 + r.value AS id, predict('breast_cancer', {columns}) AS p \
@@ -530,7 +537,6 @@ async fn sixteen_calls_at_once_on_one_session_give_the_results_of_one_at_a_time(
         "SELECT value AS id, predict('lookup', CAST(value % 40 AS BIGINT)) AS p FROM range(20000) ORDER BY id"
             .to_string(),
     ];
-    let (one, many) = (engine_with(1), engine_with(16));
     for engine in [&one, &many] {
         run(engine, "SET batchinfer.on_error = 'null'")
             .await

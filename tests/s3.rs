@@ -512,8 +512,7 @@ fn s3_writes_cancelled_mid_way_leave_no_object_and_no_upload() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: a signal to a child of this process, which it handles.
-        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        common::send(child.id(), signal);
         let deadline = Instant::now() + Duration::from_secs(60);
         while child.try_wait().unwrap().is_none() {
             assert!(Instant::now() < deadline, "the statement did not stop");

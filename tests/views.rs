@@ -423,8 +423,7 @@ fn scheduled(wh: &Path, args: &[&str]) -> std::process::Child {
 }
 
 fn stop(child: std::process::Child) -> std::process::Output {
-    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    common::send(child.id(), libc::SIGTERM);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(
@@ -620,8 +619,7 @@ fn a_scheduled_refresh_survives_the_storage_going_away() {
             break;
         }
     }
-    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    common::send(child.id(), libc::SIGTERM);
     let status = child.wait().unwrap();
     let rest: Vec<String> = err.iter().collect();
     assert!(status.success(), "{status}: {rest:?}");
@@ -721,11 +719,7 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
 /// and the view keeps its rows. A view file rewritten by hand with other rows is scored again.
 #[test]
 fn a_missing_input_folder_fails_the_refresh_and_a_tampered_view_file_is_repaired() {
-    let dir = tempfile::tempdir().unwrap();
-    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
-    let input_text = format!("{}/", input.display());
-    write_features(&input.join("a.parquet"), 0, 100, 0.0);
-    create_view(&wh, &input_text);
+    let (dir, wh, input, input_text) = view_then_files(1, 0, 100);
     let moved = dir.path().join("moved");
     std::fs::rename(&input, &moved).unwrap();
     let out = query(&wh, "REFRESH MATERIALIZED VIEW scores");

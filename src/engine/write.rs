@@ -153,13 +153,26 @@ impl Engine {
         let LogicalPlan::Copy(copy) = df.logical_plan() else {
             return df;
         };
-        let mut state = self.ctx.state();
-        let parquet = &mut state.config_mut().options_mut().execution.parquet;
-        let rows = row_group_rows(copy.input.schema().as_arrow(), parquet.max_row_group_size);
-        if rows == parquet.max_row_group_size {
+        let configured = self
+            .ctx
+            .state_ref()
+            .read()
+            .config()
+            .options()
+            .execution
+            .parquet
+            .max_row_group_size;
+        let rows = row_group_rows(copy.input.schema().as_arrow(), configured);
+        if rows == configured {
             return df;
         }
-        parquet.max_row_group_size = rows;
+        let mut state = self.ctx.state();
+        state
+            .config_mut()
+            .options_mut()
+            .execution
+            .parquet
+            .max_row_group_size = rows;
         let plan = df.logical_plan().clone();
         DataFrame::new(state, plan)
     }

@@ -117,6 +117,13 @@ pub fn changes(
     changed
 }
 
+/// Sends `signal` to process `pid`, a child of this test (or the pty's), not yet waited for.
+pub fn send(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid).expect("a process id");
+    // SAFETY: kill(2) on a process id this test spawned and has not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
 /// Waits for `child` at most `limit`; kills it past that and fails the test.
 pub fn wait_with_deadline(
     child: &mut Child,
