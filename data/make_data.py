@@ -24,6 +24,7 @@ from sklearn.compose import ColumnTransformer
 from sklearn.datasets import load_breast_cancer, load_iris
 from sklearn.ensemble import GradientBoostingClassifier
 from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
@@ -185,6 +186,58 @@ def make_churn(rng: np.random.Generator) -> None:
     }), REFERENCE / "churn.parquet")
 
 
+def make_churn_mlp(rng: np.random.Generator) -> None:
+    """A scikit-learn MLP (two hidden layers of 64) over the churn features, for int8
+    quantization: trained on 15,000 rows, its test set the 5,000 others. The references are its
+    outputs in float and those of the model quantized by onnxruntime's own quantize_dynamic
+    (weights int8 per channel), which batchinfer's quantization is compared with."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    n, train = 20_000, 15_000
+    cities = np.array(["berlin", "istanbul", "lagos", "lima", "osaka"])
+    city = rng.choice(cities, n)
+    age = rng.integers(18, 80, n).astype(np.float32)
+    spend = rng.gamma(2.0, 50.0, n).astype(np.float32)
+    logit = 0.04 * (age - 45) - 0.01 * (spend - 100) + np.where(city == "lagos", 1.0, -0.3) \
+        + 0.8 * np.sin(age / 7.0) * (spend > 80)
+    churned = (rng.random(n) < 1 / (1 + np.exp(-3 * logit))).astype(np.int64)
+
+    pipe = Pipeline([
+        ("prep", ColumnTransformer([
+            ("city", OneHotEncoder(handle_unknown="ignore"), [0]),
+            ("num", StandardScaler(), [1, 2]),
+        ])),
+        ("clf", MLPClassifier(hidden_layer_sizes=(64, 64), max_iter=300, random_state=7)),
+    ])
+    table = np.empty((n, 3), dtype=object)
+    table[:, 0], table[:, 1], table[:, 2] = city, age, spend
+    pipe.fit(table[:train], churned[:train])
+    model = convert_sklearn(
+        pipe, "churn_mlp",
+        [("city", StringTensorType([None, 1])), ("age", FloatTensorType([None, 1])),
+         ("spend", FloatTensorType([None, 1]))],
+        options={id(pipe.steps[-1][1]): {"zipmap": False}}, target_opset={"": OPSET, "ai.onnx.ml": 3},
+    )
+    path = save_model(model, "churn_mlp")
+    test = slice(train, n)
+    ids = np.arange(n - train, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "city": city[test], "age": age[test], "spend": spend[test],
+                            "churned": churned[test]}),
+                  SAMPLE / "churn_test.parquet", row_group_size=1024)
+
+    feeds = {"city": city[test].reshape(-1, 1), "age": age[test].reshape(-1, 1),
+             "spend": spend[test].reshape(-1, 1)}
+    quantized = REFERENCE / "churn_mlp.int8.onnx"
+    quantize_dynamic(str(path), str(quantized), per_channel=True, weight_type=QuantType.QInt8)
+    for name, model_path in (("churn_mlp", path), ("churn_mlp_int8", quantized)):
+        ref = run_reference(model_path, feeds)
+        write_parquet(pa.table({
+            "id": ids, "label": pa.array(ref["label"]),
+            "probabilities": fixed_list(ref["probabilities"]),
+        }), REFERENCE / f"{name}.parquet")
+    quantized.unlink()
+
+
 def make_two_inputs(rng: np.random.Generator) -> None:
     """Two named inputs bound by position: a vector `x` [N,3] and a per-row weight `w` [N]."""
     graph = helper.make_graph(
@@ -309,6 +362,7 @@ def main() -> None:
     make_lookup()
     make_half()
     make_small_vocabulary_text_model()
+    make_churn_mlp(np.random.default_rng(20261201))
     for d in (MODELS, SAMPLE, REFERENCE):
         for f in sorted(d.iterdir()):
             print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")

@@ -71,6 +71,7 @@ pub mod message;
 pub mod model;
 pub mod output;
 pub mod progress;
+pub mod quantize;
 pub mod rejects;
 pub mod runner;
 pub mod runtime;

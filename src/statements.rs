@@ -4,6 +4,7 @@
 //! ```sql
 //! CREATE [OR REPLACE] MODEL churn FROM 'models/churn.onnx';
 //! CREATE MODEL minilm FROM 'models/all-MiniLM-L6-v2/';   -- a folder: model.onnx + tokenizer.json
+//! CREATE MODEL churn8 FROM 'models/churn.onnx' OPTIONS ('quantize' 'int8');
 //! SHOW MODELS;
 //! DESCRIBE MODEL churn;
 //! DROP MODEL [IF EXISTS] churn;
@@ -49,6 +50,8 @@ pub enum ModelStatement {
         name: String,
         source: String,
         or_replace: bool,
+        /// `OPTIONS ('quantize' 'int8')`: the model quantized ([`crate::quantize`]).
+        quantize: Option<String>,
     },
     Show,
     Describe {
@@ -101,7 +104,7 @@ impl Statement {
     }
 }
 
-const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path'";
+const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quantize' 'int8')]";
 
 /// The statements of a script, separated by `;` (empty ones dropped). A statement whose
 /// expressions nest too deep is refused here ([`crate::limits::check_depth`]).
@@ -221,10 +224,12 @@ fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
                     "expected the model's path as a quoted string: {CREATE}"
                 )));
             };
+            let quantize = model_options(parser)?;
             ModelStatement::Create {
                 name,
                 source,
                 or_replace,
+                quantize,
             }
         }
         Some(Keyword::SHOW) if is_word(&peek(parser, 1), "MODELS") => {
@@ -245,6 +250,49 @@ fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
         _ => return Ok(None),
     };
     Ok(Some(statement))
+}
+
+/// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for.
+fn model_options(parser: &mut Parser<'_>) -> Result<Option<String>> {
+    if !parser.parse_keyword(Keyword::OPTIONS) {
+        return Ok(None);
+    }
+    let expected = || Error::Usage(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
+    if !parser.consume_token(&Token::LParen) {
+        return Err(expected());
+    }
+    let mut quantize;
+    loop {
+        let text = |token: Token| match token {
+            Token::SingleQuotedString(s) => Some(s),
+            Token::Word(w) => Some(w.value),
+            _ => None,
+        };
+        let key = text(parser.next_token().token).ok_or_else(expected)?;
+        let value = text(parser.next_token().token).ok_or_else(expected)?;
+        match key.to_ascii_lowercase().as_str() {
+            "quantize" if value.eq_ignore_ascii_case(crate::quantize::INT8) => {
+                quantize = Some(crate::quantize::INT8.to_string());
+            }
+            "quantize" => {
+                return Err(Error::Usage(format!(
+                    "quantize '{value}' is not supported: 'int8' (dynamic int8, weights per \
+                     channel) is"
+                )));
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "unknown model option '{key}': CREATE MODEL takes OPTIONS ('quantize' 'int8')"
+                )));
+            }
+        }
+        if parser.consume_token(&Token::RParen) {
+            return Ok(quantize);
+        }
+        if !parser.consume_token(&Token::Comma) {
+            return Err(expected());
+        }
+    }
 }
 
 /// Recognizes and reads the view statements DataFusion's parser does not know (REFRESH, SHOW).
@@ -351,7 +399,7 @@ mod tests {
     #[test]
     fn model_statements_are_recognized() {
         let statements = split(
-            "create model Churn from 'models/churn.onnx'; CREATE OR REPLACE MODEL \"MiniLM\" FROM 'm/';\
+            "create model Churn from 'models/churn.onnx'; CREATE OR REPLACE MODEL \"MiniLM\" FROM 'm/' OPTIONS ('quantize' 'INT8');\
              SHOW MODELS; describe model churn; DROP MODEL IF EXISTS churn; DROP MODEL x",
         )
         .unwrap();
@@ -361,12 +409,14 @@ mod tests {
                 Statement::Model(ModelStatement::Create {
                     name: "churn".into(),
                     source: "models/churn.onnx".into(),
-                    or_replace: false
+                    or_replace: false,
+                    quantize: None,
                 }),
                 Statement::Model(ModelStatement::Create {
                     name: "MiniLM".into(),
                     source: "m/".into(),
-                    or_replace: true
+                    or_replace: true,
+                    quantize: Some("int8".into()),
                 }),
                 Statement::Model(ModelStatement::Show),
                 Statement::Model(ModelStatement::Describe {
@@ -423,6 +473,18 @@ mod tests {
             err.contains("expected the model's path as a quoted string"),
             "{err}"
         );
+        let err = split("CREATE MODEL m FROM 'x' OPTIONS ('quantize' 'int4')")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("quantize 'int4' is not supported"), "{err}");
+        let err = split("CREATE MODEL m FROM 'x' OPTIONS ('speed' 'fast')")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown model option 'speed'"), "{err}");
+        let err = split("CREATE MODEL m FROM 'x' OPTIONS 'quantize'")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected OPTIONS ('key' 'value'"), "{err}");
         let err = split("SHOW MODELS now").unwrap_err().to_string();
         assert!(err.contains("expected the end of the statement"), "{err}");
         // Other CREATE statements are DataFusion's.

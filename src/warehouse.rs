@@ -7,6 +7,9 @@
 //!   tables/.staging-*/       a CREATE TABLE in progress; renamed to tables/NAME/ when complete
 //!   views/NAME/              one folder per materialized view: its manifests and data
 //!                            ([`crate::view`])
+//!   quantized/KEY/           a model quantized by CREATE MODEL ... OPTIONS ('quantize' ...):
+//!                            model.onnx with a text model's files, KEY the sha256 of what it
+//!                            was made from ([`crate::quantize`])
 //! ```
 //! Names are names, never paths: a table or model name is letters, digits, `_` and `-`, at most
 //! [`MAX_NAME_BYTES`] bytes ([`check_name`]), checked here, where each name becomes a path or a
@@ -283,6 +286,32 @@ impl Warehouse {
     /// Removes what interrupted writes left.
     pub fn remove_abandoned(&self) {
         self.tables.remove_abandoned();
+    }
+
+    /// The folder of the quantized model `key` (a hex digest), ending in `/`.
+    pub fn quantized_folder(&self, key: &str) -> Result<Url> {
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(Error::Usage(format!(
+                "'{key}' is not a quantized model's key"
+            )));
+        }
+        self.root
+            .join(&format!("quantized/{key}/"))
+            .map_err(|e| Error::Usage(format!("{}quantized/{key}/: {e}", self.root)))
+    }
+
+    /// Writes one file under the warehouse whole (by rename locally, by one PUT in S3).
+    pub async fn put_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
+        if !url.as_str().starts_with(self.root.as_str()) {
+            return Err(Error::Usage(format!(
+                "{} is not in the warehouse {}",
+                crate::storage::display_location(url),
+                crate::storage::display_location(&self.root)
+            )));
+        }
+        let path = crate::storage::object_path(url)?;
+        self.store.inner().put(&path, bytes.into()).await?;
+        Ok(())
     }
 
     /// The folder of materialized view `name`, ending in `/`.

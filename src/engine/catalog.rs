@@ -10,6 +10,7 @@ impl Engine {
                 name,
                 source,
                 or_replace,
+                quantize,
             } => {
                 check_name("model", &name)?;
                 self.check_not_a_folder_model(&name)?;
@@ -18,7 +19,10 @@ impl Engine {
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
                     )));
                 }
-                let source = model_source(&name, &source, self.registry.stores()).await?;
+                let mut source = model_source(&name, &source, self.registry.stores()).await?;
+                if quantize.is_some() {
+                    source = self.quantized_source(&name, &source).await?;
+                }
                 let model = Model::load(
                     &name,
                     &source,

@@ -51,6 +51,7 @@ use crate::warehouse::{Definition, Warehouse, check_name};
 mod catalog;
 mod explain;
 mod options;
+mod quantize;
 mod refresh;
 mod rejects;
 mod views;

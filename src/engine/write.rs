@@ -266,12 +266,25 @@ impl Engine {
         Ok(self.results.read_batch(batch)?)
     }
 
-    /// JSON naming each model a plan calls (by literal name) with its file's sha256.
+    /// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
+    /// quantized model the quantization and the sha256 and place of the model it was made from.
     pub(super) fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
         let models: Vec<serde_json::Value> = self
             .models_in(plan)
             .iter()
-            .map(|m| serde_json::json!({"name": m.name, "sha256": m.sha256, "source": m.source.to_string()}))
+            .map(|m| {
+                let mut model = serde_json::json!({
+                    "name": m.name,
+                    "sha256": m.sha256,
+                    "source": m.source.to_string(),
+                });
+                if let Some(q) = &m.quantized {
+                    model["quantization"] = q.method.clone().into();
+                    model["quantized_from_sha256"] = q.from_sha256.clone().into();
+                    model["quantized_from"] = q.source.clone().into();
+                }
+                model
+            })
             .collect();
         Ok(serde_json::Value::Array(models).to_string())
     }

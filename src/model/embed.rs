@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ort::value::TensorRef;
+use ort::value::{TensorElementType, TensorRef};
 use tokenizers::Encoding;
 
 use super::Model;
@@ -42,6 +42,14 @@ impl Default for EmbedOptions {
     }
 }
 
+/// What each call of a text model takes and gives: where its inputs go, which output holds the
+/// vectors, and their size.
+struct Call<'a> {
+    inputs: &'a TextInputs,
+    output: usize,
+    dim: usize,
+}
+
 /// The names of a text model's inputs, found by name.
 struct TextInputs {
     ids: usize,
@@ -68,23 +76,67 @@ fn text_inputs(model: &Model) -> Result<TextInputs, String> {
     Ok(TextInputs { ids, mask, types })
 }
 
-/// The vector size a text model produces: the last dimension of its first output.
-pub fn embedding_dim(model: &Model) -> Result<usize, String> {
-    if model.text.is_none() {
+/// The output of a text model that holds its vectors, and their size: the output
+/// `batchinfer.json` names, else the first float output shaped `[N, tokens, dim]` or `[N, dim]`
+/// (an export may also return its inputs, or a pooled vector after the token vectors).
+pub fn text_output(model: &Model) -> Result<(usize, usize), String> {
+    let Some(config) = &model.text else {
         return Err(format!(
             "model '{}' is not a text model: its folder needs a tokenizer.json beside model.onnx",
             model.name
         ));
-    }
+    };
     text_inputs(model)?;
-    let output = &model.signature.outputs[0];
-    match output.shape.as_slice() {
-        [_, _, d] | [_, d] if *d > 0 => Ok(*d as usize),
-        _ => Err(format!(
-            "output '{}' has shape {:?}; a text model returns [N, tokens, dim] or [N, dim] with a fixed dim",
-            output.name, output.shape
-        )),
+    let outputs = &model.signature.outputs;
+    let dim = |spec: &super::TensorSpec| match spec.shape.as_slice() {
+        [_, _, d] | [_, d] if *d > 0 && spec.element == Some(TensorElementType::Float32) => {
+            Some(*d as usize)
+        }
+        _ => None,
+    };
+    let shapes = || {
+        outputs
+            .iter()
+            .map(|o| format!("'{}' {} {}", o.name, o.description, o.shape_text()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(name) = &config.output {
+        let Some(index) = outputs.iter().position(|o| &o.name == name) else {
+            return Err(format!(
+                "batchinfer.json names the output '{name}', which model '{}' does not have; its \
+                 outputs are: {}",
+                model.name,
+                shapes()
+            ));
+        };
+        return dim(&outputs[index]).map(|d| (index, d)).ok_or_else(|| {
+            format!(
+                "output '{name}' of model '{}' is {} {}; a text model's vectors are float \
+                 [N, tokens, dim] or [N, dim] with a fixed dim",
+                model.name,
+                outputs[index].description,
+                outputs[index].shape_text()
+            )
+        });
     }
+    outputs
+        .iter()
+        .enumerate()
+        .find_map(|(i, o)| dim(o).map(|d| (i, d)))
+        .ok_or_else(|| {
+            format!(
+                "model '{}' has no float output shaped [N, tokens, dim] or [N, dim] with a fixed \
+                 dim; its outputs are: {}",
+                model.name,
+                shapes()
+            )
+        })
+}
+
+/// The vector size a text model produces.
+pub fn embedding_dim(model: &Model) -> Result<usize, String> {
+    text_output(model).map(|(_, dim)| dim)
 }
 
 /// Embeds `texts`; returns `texts.len() * dim` values, row-major, in the order of `texts`.
@@ -95,7 +147,7 @@ pub fn embed_texts(
 ) -> Result<Vec<f32>, String> {
     let config = model.text.as_ref().ok_or("not a text model")?;
     let inputs = text_inputs(model)?;
-    let dim = embedding_dim(model)?;
+    let (output, dim) = text_output(model)?;
     if texts.is_empty() {
         return Ok(Vec::new());
     }
@@ -115,7 +167,12 @@ pub fn embed_texts(
             if options.stop.requested().is_some() {
                 return Err("cancelled".to_string());
             }
-            let vectors = run_call(model, config, &inputs, &encodings, rows, dim, &options.stop)?;
+            let call = Call {
+                inputs: &inputs,
+                output,
+                dim,
+            };
+            let vectors = run_call(model, config, &call, &encodings, rows, &options.stop)?;
             let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
             for (row, vector) in rows.iter().zip(vectors.chunks_exact(dim)) {
                 out[row * dim..(row + 1) * dim].copy_from_slice(vector);
@@ -210,12 +267,16 @@ fn plan_calls(encodings: &[Encoding], options: EmbedOptions) -> Vec<Vec<usize>> 
 fn run_call(
     model: &Model,
     config: &TextConfig,
-    inputs: &TextInputs,
+    call: &Call<'_>,
     encodings: &[Encoding],
     rows: &[usize],
-    dim: usize,
     stop: &StopToken,
 ) -> Result<Vec<f32>, String> {
+    let Call {
+        inputs,
+        output,
+        dim,
+    } = *call;
     let n = rows.len();
     let len = rows
         .iter()
@@ -266,7 +327,7 @@ fn run_call(
         .map(|v| v.expect("every input is set"))
         .collect();
     let outputs = model.run(values, n, stop)?;
-    let (out_shape, hidden) = outputs[0].try_extract_tensor::<f32>().map_err(err)?;
+    let (out_shape, hidden) = outputs[output].try_extract_tensor::<f32>().map_err(err)?;
     let mut vectors = match **out_shape {
         [b, t, d] if b as usize == n && d as usize == dim => {
             pool(hidden, &mask, n, t as usize, dim, config.pooling)

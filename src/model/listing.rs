@@ -18,11 +18,20 @@ fn join(specs: &[super::TensorSpec]) -> String {
         .join("; ")
 }
 
-/// One row of SHOW MODELS: name, source, inputs, outputs, size, sha256.
-type ModelRow = (String, String, String, String, Option<u64>, Option<String>);
+/// One row of SHOW MODELS: name, source, inputs, outputs, size, sha256, quantization.
+type ModelRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<u64>,
+    Option<String>,
+    Option<String>,
+);
 
-/// One row per registered model: name, source, inputs, outputs, size, sha256. Loads each model
-/// (its signature is read from the file).
+/// One row per registered model: name, source, inputs, outputs, size, sha256, and for a
+/// quantized model what it was quantized from. Loads each model (its signature is read from the
+/// file).
 pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     let names = registry.names();
     let mut rows: Vec<ModelRow> = Vec::new();
@@ -39,12 +48,17 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
                 join(&model.signature.outputs),
                 Some(model.size_bytes as u64),
                 Some(model.sha256.clone()),
+                model
+                    .quantized
+                    .as_ref()
+                    .map(|q| format!("{q} ({})", q.source)),
             )),
             Err(e) => rows.push((
                 name,
                 source,
                 format!("(not loadable: {e})"),
                 String::new(),
+                None,
                 None,
                 None,
             )),
@@ -57,6 +71,7 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
         Field::new("outputs", DataType::Utf8, false),
         Field::new("size_bytes", DataType::UInt64, true),
         Field::new("sha256", DataType::Utf8, true),
+        Field::new("quantized", DataType::Utf8, true),
     ]));
     let column = |f: &dyn Fn(&ModelRow) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
@@ -68,6 +83,7 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
         column(&|r| r.3.clone()),
         Arc::new(rows.iter().map(|r| r.4).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.5.clone()).collect::<StringArray>()),
+        Arc::new(rows.iter().map(|r| r.6.clone()).collect::<StringArray>()),
     ];
     Ok(RecordBatch::try_new(schema, columns)?)
 }
@@ -93,10 +109,35 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
         model.signature.output_type.to_string(),
         String::new(),
     ]);
+    if let Some(q) = &model.quantized {
+        for (name, value) in [
+            ("method", &q.method),
+            ("from sha256", &q.from_sha256),
+            ("from", &q.source),
+            ("nodes", &q.nodes),
+        ] {
+            rows.push([
+                "quantized".into(),
+                name.into(),
+                value.clone(),
+                String::new(),
+            ]);
+        }
+    }
     if let Some(text) = &model.text {
-        let dim = super::embed::embedding_dim(model)
-            .map(|d| d.to_string())
-            .unwrap_or_else(|e| e);
+        let output = super::embed::text_output(model);
+        let dim = match &output {
+            Ok((_, dim)) => dim.to_string(),
+            Err(e) => e.clone(),
+        };
+        if let Ok((index, _)) = output {
+            rows.push([
+                "text".into(),
+                "output".into(),
+                model.signature.outputs[index].name.clone(),
+                String::new(),
+            ]);
+        }
         rows.push([
             "text".into(),
             "tokenizer".into(),

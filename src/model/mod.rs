@@ -10,7 +10,7 @@ mod pool;
 mod registry;
 pub mod score;
 pub mod shared;
-mod source;
+pub(crate) mod source;
 pub mod text;
 
 use std::sync::Arc;
@@ -50,7 +50,40 @@ pub struct Model {
     pub stats: ModelStats,
     /// Tokenizer and pooling, for a model folder with `tokenizer.json` (`embed` needs one).
     pub text: Option<text::TextConfig>,
+    /// What the model was quantized from, for a model batchinfer quantized.
+    pub quantized: Option<crate::quantize::Provenance>,
     pool: SessionPool,
+}
+
+/// A model file's bytes with the external data files it names, read from its folder.
+pub struct ModelFiles {
+    pub bytes: Arc<[u8]>,
+    pub external: external::ExternalFiles,
+}
+
+impl ModelFiles {
+    /// Reads the model at `source` and its external data; errors are the reason alone.
+    pub fn read(source: &ModelSource, stores: &StoreRegistry) -> std::result::Result<Self, String> {
+        let bytes: Arc<[u8]> = source.read(stores, source::MODEL_CAP)?.into();
+        let mut files = external::ExternalFiles::new();
+        for location in external::locations(&bytes)? {
+            external::check_location(&location)?;
+            let file = source.beside(&location);
+            let data = file
+                .read(stores, external::EXTERNAL_CAP)
+                .map_err(|e| format!("its external data: {e}"))?;
+            files.push((location, data.into()));
+        }
+        Ok(ModelFiles {
+            bytes,
+            external: files,
+        })
+    }
+
+    /// The model's sha256 (with its external data), as [`Model::sha256`].
+    pub fn sha256(&self) -> String {
+        external::sha256(&self.bytes, &self.external)
+    }
 }
 
 /// Counters of a model's work since it was loaded.
@@ -75,19 +108,10 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let bytes: Arc<[u8]> = source
-            .read(stores, source::MODEL_CAP)
-            .map_err(load_error)?
-            .into();
-        let mut files = external::ExternalFiles::new();
-        for location in external::locations(&bytes).map_err(load_error)? {
-            external::check_location(&location).map_err(load_error)?;
-            let file = source.beside(&location);
-            let data = file
-                .read(stores, external::EXTERNAL_CAP)
-                .map_err(|e| load_error(format!("its external data: {e}")))?;
-            files.push((location, data.into()));
-        }
+        let ModelFiles {
+            bytes,
+            external: files,
+        } = ModelFiles::read(source, stores).map_err(load_error)?;
         let text = if source.file_name() == Some("model.onnx") {
             text::TextConfig::read(source, stores).map_err(load_error)?
         } else {
@@ -142,6 +166,9 @@ impl Model {
         let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
         let pool = SessionPool::new(&bytes, files, options).map_err(load_error)?;
         let signature = ModelSignature::from_session(pool.session()).map_err(load_error)?;
+        let quantized = pool.session().metadata().ok().and_then(|metadata| {
+            crate::quantize::Provenance::from_metadata(|key| metadata.custom(key))
+        });
         if let Some(fixed) = signature.fixed_batch()
             && fixed > MAX_FIXED_BATCH
         {
@@ -160,6 +187,7 @@ impl Model {
             failed_rows: AtomicU64::new(0),
             stats: ModelStats::default(),
             text: None,
+            quantized,
             pool,
         })
     }

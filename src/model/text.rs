@@ -10,7 +10,9 @@
 //! - `sentence_bert_config.json`: `max_seq_length`, where texts are truncated (else
 //!   `tokenizer_config.json`'s `model_max_length`, else 512);
 //! - `batchinfer.json` (optional, batchinfer's own): `{"pooling": "mean" | "cls" | "max",
-//!   "normalize": true | false, "max_tokens": N}` overrides any of the above.
+//!   "normalize": true | false, "max_tokens": N}` overrides any of the above, and `"output":
+//!   "name"` names the model output that holds the token vectors (by default the first float
+//!   output shaped `[N, tokens, dim]` or `[N, dim]`).
 
 use serde_json::Value;
 use tokenizers::{Tokenizer, TruncationParams};
@@ -54,6 +56,8 @@ pub struct TextConfig {
     pub max_tokens: usize,
     pub pooling: Pooling,
     pub normalize: bool,
+    /// The output `batchinfer.json` names, if it names one.
+    pub output: Option<String>,
 }
 
 impl std::fmt::Debug for TextConfig {
@@ -62,6 +66,7 @@ impl std::fmt::Debug for TextConfig {
             .field("max_tokens", &self.max_tokens)
             .field("pooling", &self.pooling)
             .field("normalize", &self.normalize)
+            .field("output", &self.output)
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +88,19 @@ pub struct TextFiles {
     max_tokens: usize,
     pooling: Pooling,
     normalize: bool,
+    output: Option<String>,
 }
+
+/// The files beside a text model's `model.onnx` that make it one, copied with a model that is
+/// derived from it (a quantized model).
+pub const TEXT_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "1_Pooling/config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "batchinfer.json",
+];
 
 impl TextConfig {
     /// The text files of the folder of `model` (its `model.onnx`), or `None` when the folder
@@ -124,7 +141,17 @@ impl TextConfig {
                     .filter(|&n| n <= 1 << 20)
             })
             .unwrap_or(512) as usize;
+        let mut output = None;
         if let Some(overrides) = read_json("batchinfer.json")? {
+            if let Some(name) = overrides.get("output") {
+                let name = name.as_str().ok_or_else(|| {
+                    format!(
+                        "{}: \"output\" is not a string",
+                        model.beside("batchinfer.json")
+                    )
+                })?;
+                output = Some(name.to_string());
+            }
             if let Some(p) = overrides.get("pooling").and_then(Value::as_str) {
                 pooling = Pooling::parse(p)?;
             }
@@ -141,6 +168,7 @@ impl TextConfig {
             max_tokens,
             pooling,
             normalize,
+            output,
         }))
     }
 }
@@ -162,6 +190,7 @@ impl TextFiles {
             max_tokens: self.max_tokens,
             pooling: self.pooling,
             normalize: self.normalize,
+            output: self.output,
         })
     }
 }
