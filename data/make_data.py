@@ -190,7 +190,8 @@ def make_churn_mlp(rng: np.random.Generator) -> None:
     """A scikit-learn MLP (two hidden layers of 64) over the churn features, for int8
     quantization: trained on 15,000 rows, its test set the 5,000 others. The references are its
     outputs in float and those of the model quantized by onnxruntime's own quantize_dynamic
-    (weights int8 per channel), which batchinfer's quantization is compared with."""
+    (weights int8 per channel, kept as reference/churn_mlp.int8.onnx), which batchinfer's
+    quantization is compared with."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     n, train = 20_000, 15_000
@@ -235,7 +236,36 @@ def make_churn_mlp(rng: np.random.Generator) -> None:
             "id": ids, "label": pa.array(ref["label"]),
             "probabilities": fixed_list(ref["probabilities"]),
         }), REFERENCE / f"{name}.parquet")
-    quantized.unlink()
+
+
+def make_dense(rng: np.random.Generator) -> None:
+    """Gemm in its forms, for int8 quantization: transB with alpha and beta and a constant C,
+    alpha without C, and C computed by the graph (a MatMul) scaled by beta. x [N, 32] -> [N, 4]."""
+    f = np.float32
+    w1, c1 = rng.normal(0, 0.3, (48, 32)).astype(f), rng.normal(0, 0.1, 48).astype(f)
+    w2, w3, w4 = (rng.normal(0, 0.3, s).astype(f) for s in ((48, 16), (16, 4), (32, 4)))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["x", "w1", "c1"], ["g1"], transB=1, alpha=0.5, beta=2.0),
+            helper.make_node("Relu", ["g1"], ["h1"]),
+            helper.make_node("Gemm", ["h1", "w2"], ["h2"], alpha=3.0),
+            helper.make_node("MatMul", ["x", "w4"], ["side"]),
+            helper.make_node("Gemm", ["h2", "w3", "side"], ["y"], beta=0.5),
+        ],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(c1, "c1"),
+         numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(w3, "w3"),
+         numpy_helper.from_array(w4, "w4")],
+    )
+    path = save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), "dense")
+    n = 2_000
+    x = rng.standard_normal((n, 32)).astype(f)
+    ids = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "x": fixed_list(x)}), SAMPLE / "dense.parquet")
+    y = run_reference(path, {"x": x})["y"]
+    write_parquet(pa.table({"id": ids, "y": fixed_list(y)}), REFERENCE / "dense.parquet")
 
 
 def make_two_inputs(rng: np.random.Generator) -> None:
@@ -363,6 +393,7 @@ def main() -> None:
     make_half()
     make_small_vocabulary_text_model()
     make_churn_mlp(np.random.default_rng(20261201))
+    make_dense(np.random.default_rng(20261202))
     for d in (MODELS, SAMPLE, REFERENCE):
         for f in sorted(d.iterdir()):
             print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")

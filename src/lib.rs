@@ -11,8 +11,9 @@
 //! - [`engine`]: [`Engine`], the library entry point: a SessionContext, the model registry, the
 //!   warehouse and where statements run; `write.rs` holds the writes that appear whole (COPY,
 //!   INSERT, CREATE TABLE), `catalog.rs` the model statements and what DROP TABLE and INSERT
-//!   need of tables, `options.rs` the stores a statement's `OPTIONS` connect, `explain.rs`
-//!   EXPLAIN ANALYZE and the message for a missing table.
+//!   need of tables, `quantize.rs` the quantized models kept in the warehouse, `options.rs` the
+//!   stores a statement's `OPTIONS` connect, `explain.rs` EXPLAIN ANALYZE and the message for a
+//!   missing table.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
 //!   what each holds of stores and models (`node.rs`).
@@ -28,6 +29,9 @@
 //!   (`element.rs`) and a model's inputs and outputs (`signature.rs`).
 //! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`), and
 //!   the buffer that gathers `embed`'s input across record batches and files (`buffer.rs`).
+//! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
+//!   Runtime's own quantizer does it (`onnx.rs`: ONNX's protobuf messages), and the provenance a
+//!   quantized model carries.
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
 //! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
 //!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.

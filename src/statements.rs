@@ -262,6 +262,7 @@ fn model_options(parser: &mut Parser<'_>) -> Result<Option<String>> {
         return Err(expected());
     }
     let mut quantize;
+    let mut seen = std::collections::HashSet::new();
     loop {
         let text = |token: Token| match token {
             Token::SingleQuotedString(s) => Some(s),
@@ -270,6 +271,9 @@ fn model_options(parser: &mut Parser<'_>) -> Result<Option<String>> {
         };
         let key = text(parser.next_token().token).ok_or_else(expected)?;
         let value = text(parser.next_token().token).ok_or_else(expected)?;
+        if !seen.insert(key.to_ascii_lowercase()) {
+            return Err(Error::Usage(format!("the option '{key}' is given twice")));
+        }
         match key.to_ascii_lowercase().as_str() {
             "quantize" if value.eq_ignore_ascii_case(crate::quantize::INT8) => {
                 quantize = Some(crate::quantize::INT8.to_string());
@@ -481,6 +485,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown model option 'speed'"), "{err}");
+        let err = split("CREATE MODEL m FROM 'x' OPTIONS ('quantize' 'int8', 'QUANTIZE' 'int8')")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the option 'QUANTIZE' is given twice"),
+            "{err}"
+        );
         let err = split("CREATE MODEL m FROM 'x' OPTIONS 'quantize'")
             .unwrap_err()
             .to_string();

@@ -160,7 +160,14 @@ impl Engine {
                 continue;
             }
             let source = ModelSource::parse(&definition.source).map_err(Error::Usage)?;
-            self.registry.register(name, source);
+            // A model the warehouse itself holds (a quantized one) is checked to be the file
+            // that was written.
+            match &definition.sha256 {
+                Some(sha256) if warehouse.holds_quantized(source.url()) => {
+                    self.registry.register_pinned(name, source, sha256)
+                }
+                _ => self.registry.register(name, source),
+            }
             seen.insert(name.clone(), definition.clone());
         }
         // A definition that cannot be read now (being rewritten by hand) leaves its model as

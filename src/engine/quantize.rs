@@ -1,6 +1,6 @@
-//! `CREATE MODEL ... OPTIONS ('quantize' 'int8')`: the model quantized once ([`crate::quantize`])
+//! `CREATE MODEL ... OPTIONS ('quantize' 'int8')`: the model quantized ([`crate::quantize`])
 //! and kept in the warehouse by content, so that every process (and every executor of a
-//! cluster) loads the same quantized file, and none quantizes it again.
+//! cluster) loads the same quantized file from its definition, without quantizing again.
 
 use std::time::Instant;
 
@@ -8,13 +8,16 @@ use sha2::{Digest, Sha256};
 
 use super::*;
 use crate::model::ModelFiles;
-use crate::model::text::TEXT_FILES;
-use crate::quantize::{self, METHOD};
+use crate::model::text::read_text_files;
+use crate::quantize;
 
 impl Engine {
-    /// The quantized model of `source` in the warehouse's `quantized/KEY/`, made there unless
-    /// it is there already. KEY is the sha256 of the model and of the files beside it that make
-    /// a text model (its tokenizer, pooling, ...), which are copied with it.
+    /// The quantized model of `source` in the warehouse's `quantized/int8-VERSION-KEY/`, KEY the
+    /// sha256 of the model and of the files beside it that make a text model (its tokenizer,
+    /// pooling, ...), which are copied with it. The model is quantized each time (a second or
+    /// so for a transformer of 70 MB) and the files there are rewritten only where they differ
+    /// from what it makes: files damaged since are repaired, and a folder made by another
+    /// process at the same time gets the same bytes. The model file is written last.
     pub(super) async fn quantized_source(
         &self,
         name: &str,
@@ -34,29 +37,18 @@ impl Engine {
         };
         let files = ModelFiles::read(source, stores).map_err(load_error)?;
         let sha256 = files.sha256();
-        let mut text_files = Vec::new();
-        if source.file_name() == Some("model.onnx") {
-            for file in TEXT_FILES {
-                let cap = crate::model::source::TOKENIZER_CAP;
-                if let Some(bytes) = source
-                    .beside(file)
-                    .read_if_exists(stores, cap)
-                    .map_err(load_error)?
-                {
-                    text_files.push((*file, bytes));
-                }
-            }
-        }
+        let text_files = match source.file_name() {
+            Some("model.onnx") => read_text_files(source, stores).map_err(load_error)?,
+            _ => Vec::new(),
+        };
+        let text_sha256 = quantize::text_digest(&text_files);
         let mut key = Sha256::new();
         key.update(sha256.as_bytes());
-        for (file, bytes) in &text_files {
-            key.update(file.as_bytes());
-            key.update((bytes.len() as u64).to_le_bytes());
-            key.update(bytes);
-        }
+        key.update(text_sha256.as_deref().unwrap_or("").as_bytes());
         let folder = warehouse.quantized_folder(&format!(
-            "{}-{}",
+            "{}-{}-{}",
             quantize::INT8,
+            quantize::VERSION,
             hex::encode(key.finalize())
         ))?;
         let file = |name: &str| {
@@ -64,34 +56,47 @@ impl Engine {
                 .join(name)
                 .map_err(|e| Error::Usage(format!("{folder}{name}: {e}")))
         };
-        let target = ModelSource::from_url(file("model.onnx")?);
-        // Made before (by this process or another): the model file is written last, so a
-        // folder with one is complete; one whose metadata does not match is made again.
-        let made = target
-            .read_if_exists(stores, crate::model::source::MODEL_CAP)
-            .ok()
-            .flatten()
-            .and_then(|bytes| quantize::provenance_of(&bytes))
-            .is_some_and(|p| p.from_sha256 == sha256 && p.method == METHOD);
-        if made {
-            return Ok(target);
-        }
+
         let started = Instant::now();
-        let quantized =
-            quantize::quantize(&files.bytes, &files.external, &sha256, &source.to_string())
-                .map_err(|e| load_error(format!("it cannot be quantized to int8: {e}")))?;
-        for (name, bytes) in text_files {
-            warehouse.put_file(&file(name)?, bytes).await?;
-        }
+        let quantized = tokio::task::spawn_blocking(move || {
+            quantize::quantize(
+                &files.bytes,
+                &files.external,
+                &sha256,
+                text_sha256.as_deref(),
+            )
+            .map(|q| (q, files))
+        })
+        .await
+        .map_err(|e| load_error(format!("quantizing it failed: {e}")))?;
+        let (quantized, files) =
+            quantized.map_err(|e| load_error(format!("it cannot be quantized to int8: {e}")))?;
+
         let size = quantized.bytes.len();
-        warehouse.put_file(target.url(), quantized.bytes).await?;
-        eprintln!(
-            "model '{name}' quantized to int8 in {:.1} s: {}; {} -> {} bytes, kept in {target}",
-            started.elapsed().as_secs_f64(),
-            quantized.provenance.nodes,
-            files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
-            size,
-        );
+        let mut written = false;
+        for (file_name, bytes) in text_files
+            .into_iter()
+            .chain([("model.onnx", quantized.bytes)])
+        {
+            let url = file(file_name)?;
+            let there = ModelSource::from_url(url.clone())
+                .read_if_exists(stores, crate::model::source::MODEL_CAP)
+                .map_err(|e| Error::Usage(format!("model '{name}': {e}")))?;
+            if there.as_ref() != Some(&bytes) {
+                warehouse.put_file(&url, bytes).await?;
+                written = true;
+            }
+        }
+        let target = ModelSource::from_url(file("model.onnx")?);
+        if written {
+            eprintln!(
+                "model '{name}' quantized to int8 in {:.1} s: {}; {} -> {} bytes, kept in {target}",
+                started.elapsed().as_secs_f64(),
+                quantized.provenance.nodes,
+                files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
+                size,
+            );
+        }
         Ok(target)
     }
 }

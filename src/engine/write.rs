@@ -267,7 +267,7 @@ impl Engine {
     }
 
     /// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
-    /// quantized model the quantization and the sha256 and place of the model it was made from.
+    /// quantized model the quantization and the sha256 of the model it was made from.
     pub(super) fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
         let models: Vec<serde_json::Value> = self
             .models_in(plan)
@@ -281,7 +281,6 @@ impl Engine {
                 if let Some(q) = &m.quantized {
                     model["quantization"] = q.method.clone().into();
                     model["quantized_from_sha256"] = q.from_sha256.clone().into();
-                    model["quantized_from"] = q.source.clone().into();
                 }
                 model
             })

@@ -48,10 +48,7 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
                 join(&model.signature.outputs),
                 Some(model.size_bytes as u64),
                 Some(model.sha256.clone()),
-                model
-                    .quantized
-                    .as_ref()
-                    .map(|q| format!("{q} ({})", q.source)),
+                model.quantized.as_ref().map(|q| q.to_string()),
             )),
             Err(e) => rows.push((
                 name,
@@ -113,7 +110,6 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
         for (name, value) in [
             ("method", &q.method),
             ("from sha256", &q.from_sha256),
-            ("from", &q.source),
             ("nodes", &q.nodes),
         ] {
             rows.push([

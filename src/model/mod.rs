@@ -136,6 +136,21 @@ impl Model {
         });
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
+        // A quantized text model's files are those it was made with.
+        if let Some(expected) = model
+            .quantized
+            .as_ref()
+            .and_then(|q| q.text_sha256.as_ref())
+        {
+            let files = text::read_text_files(source, stores).map_err(load_error)?;
+            if crate::quantize::text_digest(&files).as_ref() != Some(expected) {
+                return Err(load_error(format!(
+                    "the files beside it ({}) are not those it was quantized with: they changed \
+                     since; run CREATE OR REPLACE MODEL ... OPTIONS ('quantize' 'int8') again",
+                    text::TEXT_FILES.join(", ")
+                )));
+            }
+        }
         Ok(model)
     }
 

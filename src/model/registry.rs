@@ -199,6 +199,13 @@ impl ModelRegistry {
         self.write().insert(name.to_string(), entry);
     }
 
+    /// Registers one model file under `name` that must have the sha256 `sha256` when it is
+    /// loaded (a file batchinfer wrote, such as a quantized model: a change is damage).
+    pub fn register_pinned(&self, name: &str, source: ModelSource, sha256: &str) {
+        let entry = Arc::new(ModelEntry::new(source, Some(sha256.to_string())));
+        self.write().insert(name.to_string(), entry);
+    }
+
     /// Registers a model that is already loaded (CREATE MODEL loads to check before it registers).
     pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
         let entry = Arc::new(ModelEntry {
@@ -302,9 +309,9 @@ impl ModelRegistry {
                 model: name.to_string(),
                 path: entry.source.to_string(),
                 message: format!(
-                    "the file now has sha256 {}, but the query was planned with a model of \
-                     sha256 {expected}: it changed since the client loaded it (run CREATE OR \
-                     REPLACE MODEL again to use the new file)",
+                    "the file now has sha256 {}, but the model was defined with sha256 \
+                     {expected}: it changed since (run CREATE OR REPLACE MODEL again to use the \
+                     new file)",
                     model.sha256
                 ),
             });

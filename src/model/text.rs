@@ -102,6 +102,23 @@ pub const TEXT_FILES: &[&str] = &[
     "batchinfer.json",
 ];
 
+/// The [`TEXT_FILES`] beside `model` that are there, with their bytes.
+pub fn read_text_files(
+    model: &ModelSource,
+    stores: &StoreRegistry,
+) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+    let mut files = Vec::new();
+    for name in TEXT_FILES {
+        if let Some(bytes) = model
+            .beside(name)
+            .read_if_exists(stores, super::source::TOKENIZER_CAP)?
+        {
+            files.push((*name, bytes));
+        }
+    }
+    Ok(files)
+}
+
 impl TextConfig {
     /// The text files of the folder of `model` (its `model.onnx`), or `None` when the folder
     /// has no tokenizer.
