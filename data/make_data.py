@@ -268,6 +268,51 @@ def make_dense(rng: np.random.Generator) -> None:
     write_parquet(pa.table({"id": ids, "y": fixed_list(y)}), REFERENCE / "dense.parquet")
 
 
+def make_attention(rng: np.random.Generator) -> None:
+    """ONNX Runtime's fused self-attention (com.microsoft Attention, as its transformer optimizer
+    writes it), for int8 quantization (to QAttention): x [N, 8, 64] with a mask [N, 8], 4 heads,
+    averaged over the 8 positions -> [N, 64]. The references: float outputs, and those of the
+    model quantized by onnxruntime's quantize_dynamic."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tokens, hidden = 8, 64
+    w = rng.normal(0, 0.2, (hidden, 3 * hidden)).astype(np.float32)
+    b = rng.normal(0, 0.1, 3 * hidden).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Attention", ["x", "w", "b", "mask"], ["attended"], domain="com.microsoft",
+                             num_heads=4),
+            helper.make_node("ReduceMean", ["attended"], ["y"], axes=[1], keepdims=0),
+        ],
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", tokens, hidden]),
+         helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", tokens])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    path = MODELS / "attention.onnx"
+    model.producer_version = ""
+    path.write_bytes(model.SerializeToString())
+    n = 500
+    x = rng.standard_normal((n, tokens, hidden)).astype(np.float32)
+    lengths = rng.integers(1, tokens + 1, n)
+    mask = (np.arange(tokens)[None, :] < lengths[:, None]).astype(np.int32)
+    ids = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": ids, "x": fixed_list(x.reshape(n, -1)), "mask": fixed_list(mask)}),
+                  SAMPLE / "attention.parquet")
+    quantized = REFERENCE / "attention.int8.onnx"
+    quantize_dynamic(str(path), str(quantized), per_channel=True, weight_type=QuantType.QInt8)
+    feeds = {"x": x, "mask": mask}
+    write_parquet(pa.table({
+        "id": ids, "y": fixed_list(run_reference(path, feeds)["y"]),
+        "y_int8": fixed_list(run_reference(quantized, feeds)["y"]),
+    }), REFERENCE / "attention.parquet")
+    quantized.unlink()
+
+
 def make_two_inputs(rng: np.random.Generator) -> None:
     """Two named inputs bound by position: a vector `x` [N,3] and a per-row weight `w` [N]."""
     graph = helper.make_graph(
@@ -394,6 +439,7 @@ def main() -> None:
     make_small_vocabulary_text_model()
     make_churn_mlp(np.random.default_rng(20261201))
     make_dense(np.random.default_rng(20261202))
+    make_attention(np.random.default_rng(20261203))
     for d in (MODELS, SAMPLE, REFERENCE):
         for f in sorted(d.iterdir()):
             print(f"{os.path.relpath(f, HERE.parent)}  {f.stat().st_size} bytes")

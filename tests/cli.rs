@@ -253,7 +253,7 @@ fn unknown_model_fails_cleanly_and_lists_the_models() {
     ]);
     assert_clean_failure(
         &out,
-        "unknown model 'nope'; the models are: breast_cancer, churn, churn_mlp, dense, half, iris",
+        "unknown model 'nope'; the models are: attention, breast_cancer, churn, churn_mlp, dense, half, iris",
     );
 }
 

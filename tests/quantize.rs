@@ -469,3 +469,37 @@ async fn gemm_in_all_its_forms_stays_close_to_float() {
         errors[0]
     );
 }
+
+/// ONNX Runtime's fused self-attention (`com.microsoft` `Attention`, `data/models/attention.onnx`)
+/// becomes `QAttention`, as onnxruntime's own quantizer writes it: close to the float outputs,
+/// and to those of onnxruntime's quantized model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_attention_becomes_qattention() {
+    let warehouse = tempfile::tempdir().unwrap();
+    let engine = engine(warehouse.path());
+    run(
+        &engine,
+        "CREATE MODEL attention8 FROM 'data/models/attention.onnx' OPTIONS ('quantize' 'int8')",
+    )
+    .await;
+    let describe = run(&engine, "DESCRIBE MODEL attention8").await;
+    let rows = datafusion::arrow::util::pretty::pretty_format_batches(&describe)
+        .unwrap()
+        .to_string();
+    assert!(rows.contains("| 1 of 1 Attention "), "{rows}");
+    let errors = numbers(
+        &engine,
+        "SELECT max(abs(a - f)) / max(abs(f)), max(abs(a - p)) / max(abs(f)), count(*) FROM (\
+           SELECT unnest(predict('attention8', s.x, s.mask)) AS a, unnest(r.y) AS f, \
+                  unnest(r.y_int8) AS p \
+           FROM 'data/sample/attention.parquet' s \
+           JOIN 'data/reference/attention.parquet' r ON s.id = r.id)",
+    )
+    .await;
+    assert_eq!(errors[2], 500.0 * 64.0);
+    assert!(
+        errors[0] > 0.0 && errors[0] < 0.05,
+        "against float: {errors:?}"
+    );
+    assert!(errors[1] < 0.02, "against onnxruntime's int8: {errors:?}");
+}

@@ -12,6 +12,8 @@
 //!   too few products to average out the rounding of the activations (the first layer of a
 //!   small tabular model, which sees a handful of features), and there is too little work in it
 //!   for int8 to gain anything.
+//! - ONNX Runtime's fused self-attention (`com.microsoft` `Attention`) becomes its `QAttention`,
+//!   the packed weight quantized as a MatMul's.
 //! - `Gather` from a constant float table (an embedding): the table becomes uint8 (one scale and
 //!   zero point), followed by `DequantizeLinear`: a quarter of the size, the same speed.
 //!
@@ -20,7 +22,7 @@
 //! `quantize_dynamic(per_channel=True, weight_type=QInt8)` makes. Two differences: `Gemm`, which
 //! `quantize_dynamic` leaves in float, is quantized the same way; a weight of fewer than
 //! [`MIN_INNER`] rows, which it quantizes, is left in float. Only operators of ONNX's standard
-//! domain are written.
+//! domain are written (and `QAttention`, where a model has ONNX Runtime's `Attention`).
 //!
 //! The quantized model names what it came from in its metadata ([`Provenance`]): the source
 //! model's sha256, and that of a text model's files, which are copied beside it and checked
@@ -166,7 +168,8 @@ pub fn quantize(
     for node in std::mem::take(&mut graph.node) {
         rewrite.node(node, graph);
     }
-    if rewrite.counts.matmul_done + rewrite.counts.gemm_done == 0 {
+    let counts = &rewrite.counts;
+    if counts.matmul_done + counts.gemm_done + counts.attention_done == 0 {
         return Err(format!(
             "nothing in it can be quantized: {}",
             rewrite.counts.why_none()

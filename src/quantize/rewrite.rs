@@ -4,6 +4,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::MIN_INNER;
+
+/// ONNX Runtime's operator domain.
+const MICROSOFT: &str = "com.microsoft";
 use super::arith::{quantize_columns, quantize_table};
 use super::onnx::attribute_proto::AttributeType;
 use super::onnx::tensor_proto::DataType;
@@ -43,15 +46,26 @@ pub struct Counts {
     pub gemm: usize,
     pub gemm_done: usize,
     pub gather_done: usize,
+    pub attention: usize,
+    pub attention_done: usize,
     pub left: BTreeMap<Left, usize>,
 }
 
 impl Counts {
     /// `18 of 24 MatMul, 3 Gather`.
     pub fn text(&self) -> String {
-        let mut parts = vec![format!("{} of {} MatMul", self.matmul_done, self.matmul)];
+        let mut parts = Vec::new();
+        if self.matmul > 0 {
+            parts.push(format!("{} of {} MatMul", self.matmul_done, self.matmul));
+        }
         if self.gemm > 0 {
             parts.push(format!("{} of {} Gemm", self.gemm_done, self.gemm));
+        }
+        if self.attention > 0 {
+            parts.push(format!(
+                "{} of {} Attention",
+                self.attention_done, self.attention
+            ));
         }
         if self.gather_done > 0 {
             parts.push(format!("{} Gather", self.gather_done));
@@ -61,14 +75,14 @@ impl Counts {
 
     /// Why nothing was quantized.
     pub fn why_none(&self) -> String {
-        if self.matmul + self.gemm == 0 {
+        if self.matmul + self.gemm + self.attention == 0 {
             let tables = if self.gather_done > 0 {
                 "; its embedding tables alone would make it smaller, not faster"
             } else {
                 ""
             };
             return format!(
-                "it has no MatMul or Gemm node (int8 quantization speeds up those){tables}"
+                "it has no MatMul, Gemm or Attention node (int8 quantization speeds up those){tables}"
             );
         }
         let reasons: Vec<String> = self
@@ -77,9 +91,10 @@ impl Counts {
             .map(|(why, n)| format!("{n} read {}", why.text()))
             .collect();
         format!(
-            "of its {} MatMul and {} Gemm node(s), {}",
+            "of its {} MatMul, {} Gemm and {} Attention node(s), {}",
             self.matmul,
             self.gemm,
+            self.attention,
             reasons.join(", ")
         )
     }
@@ -263,6 +278,11 @@ impl Rewrite {
                 self.counts.gemm += 1;
                 let done = self.gemm(&node, graph);
                 self.count(done, |c| &mut c.gemm_done)
+            }
+            (false, "Attention") if node.domain.as_deref() == Some(MICROSOFT) => {
+                self.counts.attention += 1;
+                let done = self.attention(&node, graph);
+                self.count(done, |c| &mut c.attention_done)
             }
             (true, "Gather") => {
                 let done = self.gather(&node, graph);
@@ -491,6 +511,44 @@ impl Rewrite {
                     .push(node("Add", &add, &[&product, &bias], &[output]));
             }
         }
+        Ok(())
+    }
+
+    /// ONNX Runtime's fused self-attention (`com.microsoft` `Attention`: input, the packed Q, K, V
+    /// weight [hidden, 3 x hidden], bias, mask, past) as its int8 form `QAttention`, as the Python
+    /// quantizer writes it. Inputs beyond the past state (attention biases, lengths) have no
+    /// place in `QAttention`: such a node stays float.
+    fn attention(&mut self, attention: &NodeProto, graph: &GraphProto) -> Result<(), Left> {
+        let (Some(input), Some(w), Some(bias)) = (
+            attention.input.first(),
+            attention.input.get(1),
+            attention.input.get(2),
+        ) else {
+            return Err(Left::Unusual);
+        };
+        if attention.input.len() > 5 || self.constants.contains_key(input) {
+            return Err(Left::Unusual);
+        }
+        let weight = self.weight(graph, w, false, 1.0)?;
+        let (a, a_scale, a_zero) = self.activation(input);
+        let optional = |i: usize| attention.input.get(i).cloned().unwrap_or_default();
+        let (mask, past) = (optional(3), optional(4));
+        let mut quantized = attention.clone();
+        quantized.op_type = Some("QAttention".to_string());
+        let base = attention.name.clone().unwrap_or_else(|| "Attention".into());
+        quantized.name = Some(self.name(&format!("{base}_quant")));
+        quantized.input = vec![
+            a,
+            weight.values,
+            bias.clone(),
+            a_scale,
+            weight.scales,
+            mask,
+            a_zero,
+            weight.zeros,
+            past,
+        ];
+        self.nodes.push(quantized);
         Ok(())
     }
 
