@@ -309,6 +309,18 @@ impl Warehouse {
 
     /// Writes one file under the warehouse whole (by rename locally, by one PUT in S3).
     pub async fn put_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
+        let path = self.file(url)?;
+        self.store.inner().put(&path, bytes.into()).await?;
+        Ok(())
+    }
+
+    /// Removes one file under the warehouse, if it is there.
+    pub async fn delete_file(&self, url: &Url) -> Result<()> {
+        self.delete(&self.file(url)?).await
+    }
+
+    /// The object of `url`, which must be under the warehouse's root.
+    fn file(&self, url: &Url) -> Result<Path> {
         if !url.as_str().starts_with(self.root.as_str()) {
             return Err(Error::Usage(format!(
                 "{} is not in the warehouse {}",
@@ -316,9 +328,7 @@ impl Warehouse {
                 crate::storage::display_location(&self.root)
             )));
         }
-        let path = crate::storage::object_path(url)?;
-        self.store.inner().put(&path, bytes.into()).await?;
-        Ok(())
+        crate::storage::object_path(url)
     }
 
     /// The folder of materialized view `name`, ending in `/`.

@@ -382,6 +382,25 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
         stderr(&out)
     );
     assert!(assert_ok(&cli(warehouse.path(), select)).contains("5000"));
+
+    // Files added beside it (a tokenizer and settings: it would become a text model) are
+    // refused too, and CREATE OR REPLACE removes them.
+    let folder = files[0].parent().unwrap();
+    std::fs::copy(
+        fixtures::fetch_model("paraphrase-MiniLM-L3-v2").join("tokenizer.json"),
+        folder.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(folder.join("batchinfer.json"), "{}").unwrap();
+    let out = cli(warehouse.path(), select);
+    assert_failure(&out, &["model 'churn8'", "not those it was quantized with"]);
+    let out = cli(
+        warehouse.path(),
+        &create.replace("CREATE MODEL", "CREATE OR REPLACE MODEL"),
+    );
+    assert_ok(&out);
+    assert_eq!(quantized_files(warehouse.path()), files);
+    assert!(assert_ok(&cli(warehouse.path(), select)).contains("5000"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,16 +20,34 @@ impl Engine {
                     )));
                 }
                 let mut source = model_source(&name, &source, self.registry.stores()).await?;
-                if quantize.is_some() {
-                    source = self.quantized_source(&name, &source).await?;
+                let quantized = match quantize {
+                    Some(_) => Some(self.quantized_source(&name, &source).await?),
+                    None => None,
+                };
+                if let Some(quantized) = &quantized {
+                    source = quantized.target.clone();
                 }
                 let model = Model::load(
                     &name,
                     &source,
                     self.registry.session_options(),
                     self.registry.stores(),
-                )?;
-                let model = Arc::new(model);
+                );
+                let model = match (model, &quantized) {
+                    (Ok(model), _) => Arc::new(model),
+                    // A quantized model ONNX Runtime refuses is not left to be found.
+                    (Err(e), Some(quantized)) => {
+                        self.remove_quantized(quantized).await;
+                        return Err(e);
+                    }
+                    (Err(e), None) => return Err(e),
+                };
+                if let Some(quantized) = quantized.filter(|q| !q.written.is_empty()) {
+                    eprintln!(
+                        "model '{name}' {}, kept in {}",
+                        quantized.message, quantized.target
+                    );
+                }
                 self.registry.insert_loaded(&name, model.clone());
                 self.persist_models(&name, Some(&model)).await?;
                 self.empty()

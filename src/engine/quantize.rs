@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use super::*;
 use crate::model::ModelFiles;
-use crate::model::text::read_text_files;
+use crate::model::text::{TEXT_FILES, read_text_files};
 use crate::quantize;
 
 impl Engine {
@@ -22,7 +22,7 @@ impl Engine {
         &self,
         name: &str,
         source: &ModelSource,
-    ) -> Result<ModelSource> {
+    ) -> Result<QuantizedSource> {
         let Some(warehouse) = &self.warehouse else {
             return Err(Error::Usage(format!(
                 "model '{name}': OPTIONS ('quantize' ...) keeps the quantized model in the \
@@ -73,7 +73,13 @@ impl Engine {
             quantized.map_err(|e| load_error(format!("it cannot be quantized to int8: {e}")))?;
 
         let size = quantized.bytes.len();
-        let mut written = false;
+        let mut written = Vec::new();
+        // A text file the source has no such file for (added there since) is removed; the
+        // model file is written last.
+        let wanted: Vec<&str> = text_files.iter().map(|(f, _)| *f).collect();
+        for stray in TEXT_FILES.iter().filter(|f| !wanted.contains(f)) {
+            warehouse.delete_file(&file(stray)?).await?;
+        }
         for (file_name, bytes) in text_files
             .into_iter()
             .chain([("model.onnx", quantized.bytes)])
@@ -84,19 +90,37 @@ impl Engine {
                 .map_err(|e| Error::Usage(format!("model '{name}': {e}")))?;
             if there.as_ref() != Some(&bytes) {
                 warehouse.put_file(&url, bytes).await?;
-                written = true;
+                written.push(url);
             }
         }
-        let target = ModelSource::from_url(file("model.onnx")?);
-        if written {
-            eprintln!(
-                "model '{name}' quantized to int8 in {:.1} s: {}; {} -> {} bytes, kept in {target}",
+        Ok(QuantizedSource {
+            target: ModelSource::from_url(file("model.onnx")?),
+            written,
+            message: format!(
+                "quantized to int8 in {:.1} s: {}; {} -> {size} bytes",
                 started.elapsed().as_secs_f64(),
                 quantized.provenance.nodes,
                 files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
-                size,
-            );
-        }
-        Ok(target)
+            ),
+        })
     }
+
+    /// After a quantized model failed to load: the files this statement wrote go, the model file
+    /// first (a folder without it is not a model).
+    pub(super) async fn remove_quantized(&self, quantized: &QuantizedSource) {
+        let Some(warehouse) = &self.warehouse else {
+            return;
+        };
+        for url in quantized.written.iter().rev() {
+            let _ = warehouse.delete_file(url).await;
+        }
+    }
+}
+
+/// Where [`Engine::quantized_source`] put a quantized model, what it wrote, and what it did.
+pub(super) struct QuantizedSource {
+    pub target: ModelSource,
+    /// The files written by this statement (none when the folder held them already).
+    pub written: Vec<url::Url>,
+    pub message: String,
 }

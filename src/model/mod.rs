@@ -112,11 +112,11 @@ impl Model {
             bytes,
             external: files,
         } = ModelFiles::read(source, stores).map_err(load_error)?;
-        let text = if source.file_name() == Some("model.onnx") {
-            text::TextConfig::read(source, stores).map_err(load_error)?
-        } else {
-            None
+        let beside = match source.file_name() {
+            Some("model.onnx") => text::read_text_files(source, stores).map_err(load_error)?,
+            _ => Vec::new(),
         };
+        let text = text::TextConfig::from_files(source, &beside).map_err(load_error)?;
         // A text model sees a new shape (rows x padded length) at nearly every call, for which
         // ONNX Runtime's memory patterns (planned for one shape) are no use.
         let options = SessionOptions {
@@ -136,20 +136,15 @@ impl Model {
         });
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
-        // A quantized text model's files are those it was made with.
-        if let Some(expected) = model
-            .quantized
-            .as_ref()
-            .and_then(|q| q.text_sha256.as_ref())
+        // A quantized model's folder holds the files it was made with, and no others.
+        if let Some(quantized) = &model.quantized
+            && crate::quantize::text_digest(&beside) != quantized.text_sha256
         {
-            let files = text::read_text_files(source, stores).map_err(load_error)?;
-            if crate::quantize::text_digest(&files).as_ref() != Some(expected) {
-                return Err(load_error(format!(
-                    "the files beside it ({}) are not those it was quantized with: they changed \
-                     since; run CREATE OR REPLACE MODEL ... OPTIONS ('quantize' 'int8') again",
-                    text::TEXT_FILES.join(", ")
-                )));
-            }
+            return Err(load_error(format!(
+                "the files beside it ({}) are not those it was quantized with: changed, added or \
+                 removed since; run CREATE OR REPLACE MODEL ... OPTIONS ('quantize' 'int8') again",
+                text::TEXT_FILES.join(", ")
+            )));
         }
         Ok(model)
     }

@@ -71,11 +71,16 @@ impl std::fmt::Debug for TextConfig {
     }
 }
 
-fn read_json(file: &ModelSource, stores: &StoreRegistry) -> Result<Option<Value>, String> {
-    match file.read_if_exists(stores, super::source::CONFIG_CAP)? {
-        Some(bytes) => serde_json::from_slice(&bytes)
+/// The JSON of `name` among `files` (read beside `model`), if it is there.
+fn json_of(
+    model: &ModelSource,
+    files: &[(&str, Vec<u8>)],
+    name: &str,
+) -> Result<Option<Value>, String> {
+    match files.iter().find(|(file, _)| *file == name) {
+        Some((_, bytes)) => serde_json::from_slice(bytes)
             .map(Some)
-            .map_err(|e| format!("{file} is not valid JSON: {e}")),
+            .map_err(|e| format!("{} is not valid JSON: {e}", model.beside(name))),
         None => Ok(None),
     }
 }
@@ -102,17 +107,19 @@ pub const TEXT_FILES: &[&str] = &[
     "batchinfer.json",
 ];
 
-/// The [`TEXT_FILES`] beside `model` that are there, with their bytes.
+/// The [`TEXT_FILES`] beside `model` that are there, with their bytes: each read once, so that
+/// what is parsed and what is checked (a quantized model's digest of them) are the same bytes.
 pub fn read_text_files(
     model: &ModelSource,
     stores: &StoreRegistry,
 ) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let mut files = Vec::new();
     for name in TEXT_FILES {
-        if let Some(bytes) = model
-            .beside(name)
-            .read_if_exists(stores, super::source::TOKENIZER_CAP)?
-        {
+        let cap = match *name {
+            "tokenizer.json" => super::source::TOKENIZER_CAP,
+            _ => super::source::CONFIG_CAP,
+        };
+        if let Some(bytes) = model.beside(name).read_if_exists(stores, cap)? {
             files.push((*name, bytes));
         }
     }
@@ -120,16 +127,18 @@ pub fn read_text_files(
 }
 
 impl TextConfig {
-    /// The text files of the folder of `model` (its `model.onnx`), or `None` when the folder
-    /// has no tokenizer.
-    pub fn read(model: &ModelSource, stores: &StoreRegistry) -> Result<Option<TextFiles>, String> {
+    /// The text settings of the folder of `model` (its `model.onnx`) from its `files`
+    /// ([`read_text_files`]), or `None` when the folder has no tokenizer.
+    pub fn from_files(
+        model: &ModelSource,
+        files: &[(&str, Vec<u8>)],
+    ) -> Result<Option<TextFiles>, String> {
         let tokenizer_file = model.beside("tokenizer.json");
-        let Some(tokenizer_bytes) =
-            tokenizer_file.read_if_exists(stores, super::source::TOKENIZER_CAP)?
-        else {
+        let Some((_, tokenizer_bytes)) = files.iter().find(|(f, _)| *f == "tokenizer.json") else {
             return Ok(None);
         };
-        let read_json = |name: &str| read_json(&model.beside(name), stores);
+        let tokenizer_bytes = tokenizer_bytes.clone();
+        let read_json = |name: &str| json_of(model, files, name);
 
         let mut pooling = Pooling::Mean;
         if let Some(config) = read_json("1_Pooling/config.json")? {

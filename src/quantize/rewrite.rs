@@ -474,6 +474,7 @@ impl Rewrite {
             Some(c) if beta == 1.0 => Some(c.clone()),
             Some(c) => match self.constant(graph, c).map(|t| (t.dims.clone(), floats(t))) {
                 Some((dims, Ok(values))) => {
+                    self.replaced.insert(c.clone());
                     let scaled: Vec<f32> = values.iter().map(|v| v * beta).collect();
                     let name = self.name(&format!("{c}_beta"));
                     self.initializers.push(tensor(
@@ -526,7 +527,13 @@ impl Rewrite {
         ) else {
             return Err(Left::Unusual);
         };
-        if attention.input.len() > 5 || self.constants.contains_key(input) {
+        // The attributes QAttention has (not qkv_hidden_sizes, rotary embeddings, ...).
+        let known = ["num_heads", "unidirectional", "mask_filter_value", "scale"];
+        let unknown = attention
+            .attribute
+            .iter()
+            .any(|a| !known.contains(&a.name.as_deref().unwrap_or("")));
+        if attention.input.len() > 5 || unknown || self.constants.contains_key(input) {
             return Err(Left::Unusual);
         }
         let weight = self.weight(graph, w, false, 1.0)?;
