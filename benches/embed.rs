@@ -26,18 +26,10 @@ use std::time::Instant;
 mod common;
 
 use batchinfer::{Engine, EngineConfig};
-use common::run_measured;
+use common::{arg, run_measured};
 use ort::session::Session;
 use ort::value::TensorRef;
 use tokenizers::Tokenizer;
-
-fn arg(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
 
 fn measure(name: &str, command: Command) -> (f64, f64) {
     run_measured(name, command)

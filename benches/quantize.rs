@@ -22,19 +22,11 @@ use std::time::Instant;
 mod common;
 
 use batchinfer::{Engine, EngineConfig};
-use common::run_measured;
+use common::{arg, run_measured};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float32Type, Int64Type};
 
 const ROWS: usize = 2_000;
-
-fn arg(flag: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
 
 fn batchinfer(warehouse: &Path, sql: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));

@@ -269,26 +269,39 @@ def make_dense(rng: np.random.Generator) -> None:
 
 
 def make_attention(rng: np.random.Generator) -> None:
-    """ONNX Runtime's fused self-attention (com.microsoft Attention, as its transformer optimizer
-    writes it), for int8 quantization (to QAttention): x [N, 8, 64] with a mask [N, 8], 4 heads,
-    averaged over the 8 positions -> [N, 64]. The references: float outputs, and those of the
-    model quantized by onnxruntime's quantize_dynamic."""
+    """ONNX Runtime's fused transformer nodes, as its transformer optimizer writes them, for int8
+    quantization (to QEmbedLayerNormalization and QAttention): token ids [N, 8] (and segment ids,
+    a mask) -> com.microsoft EmbedLayerNormalization (tables of 200 tokens, 8 positions and 2
+    segments, 64 wide) -> com.microsoft Attention (4 heads) -> the mean over the 8 positions
+    [N, 64]. The references: float outputs, and those of the model quantized by onnxruntime's
+    quantize_dynamic."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    tokens, hidden = 8, 64
-    w = rng.normal(0, 0.2, (hidden, 3 * hidden)).astype(np.float32)
-    b = rng.normal(0, 0.1, 3 * hidden).astype(np.float32)
+    tokens, hidden, vocabulary = 8, 64, 200
+    f = np.float32
+    tables = {
+        "word": rng.normal(0, 0.5, (vocabulary, hidden)).astype(f),
+        "position": rng.normal(0, 0.5, (tokens, hidden)).astype(f),
+        "segment": rng.normal(0, 0.5, (2, hidden)).astype(f),
+        "gamma": rng.normal(1, 0.1, hidden).astype(f),
+        "beta": rng.normal(0, 0.1, hidden).astype(f),
+        "w": rng.normal(0, 0.2, (hidden, 3 * hidden)).astype(f),
+        "b": rng.normal(0, 0.1, 3 * hidden).astype(f),
+    }
     graph = helper.make_graph(
         [
-            helper.make_node("Attention", ["x", "w", "b", "mask"], ["attended"], domain="com.microsoft",
-                             num_heads=4),
+            helper.make_node("EmbedLayerNormalization",
+                             ["ids", "segments", "word", "position", "segment", "gamma", "beta", "mask"],
+                             ["embedded", "mask_index"], domain="com.microsoft", epsilon=1e-12),
+            helper.make_node("Attention", ["embedded", "w", "b", "mask_index"], ["attended"],
+                             domain="com.microsoft", num_heads=4),
             helper.make_node("ReduceMean", ["attended"], ["y"], axes=[1], keepdims=0),
         ],
         "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", tokens, hidden]),
-         helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", tokens])],
+        [helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", tokens])
+         for name in ("ids", "segments", "mask")],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", hidden])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+        [numpy_helper.from_array(value, name) for name, value in tables.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("com.microsoft", 1)])
@@ -297,17 +310,18 @@ def make_attention(rng: np.random.Generator) -> None:
     model.producer_version = ""
     path.write_bytes(model.SerializeToString())
     n = 500
-    x = rng.standard_normal((n, tokens, hidden)).astype(np.float32)
+    ids = rng.integers(0, vocabulary, (n, tokens)).astype(np.int32)
     lengths = rng.integers(1, tokens + 1, n)
     mask = (np.arange(tokens)[None, :] < lengths[:, None]).astype(np.int32)
-    ids = np.arange(n, dtype=np.int64)
-    write_parquet(pa.table({"id": ids, "x": fixed_list(x.reshape(n, -1)), "mask": fixed_list(mask)}),
-                  SAMPLE / "attention.parquet")
+    segments = (np.arange(tokens)[None, :] >= lengths[:, None] // 2).astype(np.int32) * mask
+    rows = np.arange(n, dtype=np.int64)
+    write_parquet(pa.table({"id": rows, "ids": fixed_list(ids), "segments": fixed_list(segments),
+                            "mask": fixed_list(mask)}), SAMPLE / "attention.parquet")
     quantized = REFERENCE / "attention.int8.onnx"
     quantize_dynamic(str(path), str(quantized), per_channel=True, weight_type=QuantType.QInt8)
-    feeds = {"x": x, "mask": mask}
+    feeds = {"ids": ids, "segments": segments, "mask": mask}
     write_parquet(pa.table({
-        "id": ids, "y": fixed_list(run_reference(path, feeds)["y"]),
+        "id": rows, "y": fixed_list(run_reference(path, feeds)["y"]),
         "y_int8": fixed_list(run_reference(quantized, feeds)["y"]),
     }), REFERENCE / "attention.parquet")
     quantized.unlink()

@@ -66,6 +66,19 @@ async fn numbers(engine: &Engine, sql: &str) -> Vec<f64> {
         .collect()
 }
 
+/// Creates `name` as `data/models/FILE` quantized; what `DESCRIBE MODEL` says of it.
+async fn quantized(engine: &Engine, name: &str, file: &str) -> String {
+    run(
+        engine,
+        &format!("CREATE MODEL {name} FROM 'data/models/{file}' OPTIONS ('quantize' 'int8')"),
+    )
+    .await;
+    let describe = run(engine, &format!("DESCRIBE MODEL {name}")).await;
+    datafusion::arrow::util::pretty::pretty_format_batches(&describe)
+        .unwrap()
+        .to_string()
+}
+
 fn sha256_of(path: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
 }
@@ -106,11 +119,7 @@ async fn an_mlp_quantized_in_sql_agrees_with_its_float_labels_at_least_as_well_a
         "CREATE MODEL churn FROM 'data/models/churn_mlp.onnx'",
     )
     .await;
-    run(
-        &engine,
-        "CREATE MODEL churn8 FROM 'data/models/churn_mlp.onnx' OPTIONS ('quantize' 'int8')",
-    )
-    .await;
+    let rows = quantized(&engine, "churn8", "churn_mlp.onnx").await;
     // The float model reproduces its reference exactly, so that the agreement below measures
     // the quantization alone.
     let float = numbers(&engine, &AGREEMENT.replace("{model}", "churn")).await;
@@ -134,10 +143,6 @@ async fn an_mlp_quantized_in_sql_agrees_with_its_float_labels_at_least_as_well_a
         "max |p - p_float| = {max_diff}"
     );
 
-    let describe = run(&engine, "DESCRIBE MODEL churn8").await;
-    let rows = datafusion::arrow::util::pretty::pretty_format_batches(&describe)
-        .unwrap()
-        .to_string();
     let source_sha = sha256_of(Path::new("data/models/churn_mlp.onnx"));
     assert!(rows.contains(&source_sha), "{rows}");
     // The first layer sees 7 features (fewer than 16 inputs per output): left in float.
@@ -463,15 +468,7 @@ async fn models_that_cannot_be_quantized_are_refused_with_the_reason() {
 async fn gemm_in_all_its_forms_stays_close_to_float() {
     let warehouse = tempfile::tempdir().unwrap();
     let engine = engine(warehouse.path());
-    run(
-        &engine,
-        "CREATE MODEL dense8 FROM 'data/models/dense.onnx' OPTIONS ('quantize' 'int8')",
-    )
-    .await;
-    let describe = run(&engine, "DESCRIBE MODEL dense8").await;
-    let rows = datafusion::arrow::util::pretty::pretty_format_batches(&describe)
-        .unwrap()
-        .to_string();
+    let rows = quantized(&engine, "dense8", "dense.onnx").await;
     assert!(rows.contains("1 of 1 MatMul, 3 of 3 Gemm"), "{rows}");
     // Relative to the largest output: int8 rounding is about 1% per layer.
     let errors = numbers(
@@ -489,27 +486,23 @@ async fn gemm_in_all_its_forms_stays_close_to_float() {
     );
 }
 
-/// ONNX Runtime's fused self-attention (`com.microsoft` `Attention`, `data/models/attention.onnx`)
-/// becomes `QAttention`, as onnxruntime's own quantizer writes it: close to the float outputs,
-/// and to those of onnxruntime's quantized model.
+/// ONNX Runtime's fused transformer nodes (`com.microsoft` `EmbedLayerNormalization` and
+/// `Attention`, `data/models/attention.onnx`) become `QEmbedLayerNormalization` and `QAttention`,
+/// as onnxruntime's own quantizer writes them: close to the float outputs, and to those of
+/// onnxruntime's quantized model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fused_attention_becomes_qattention() {
     let warehouse = tempfile::tempdir().unwrap();
     let engine = engine(warehouse.path());
-    run(
-        &engine,
-        "CREATE MODEL attention8 FROM 'data/models/attention.onnx' OPTIONS ('quantize' 'int8')",
-    )
-    .await;
-    let describe = run(&engine, "DESCRIBE MODEL attention8").await;
-    let rows = datafusion::arrow::util::pretty::pretty_format_batches(&describe)
-        .unwrap()
-        .to_string();
-    assert!(rows.contains("| 1 of 1 Attention "), "{rows}");
+    let rows = quantized(&engine, "attention8", "attention.onnx").await;
+    assert!(
+        rows.contains("| 1 of 1 Attention, 1 EmbedLayerNormalization "),
+        "{rows}"
+    );
     let errors = numbers(
         &engine,
         "SELECT max(abs(a - f)) / max(abs(f)), max(abs(a - p)) / max(abs(f)), count(*) FROM (\
-           SELECT unnest(predict('attention8', s.x, s.mask)) AS a, unnest(r.y) AS f, \
+           SELECT unnest(predict('attention8', s.ids, s.segments, s.mask)) AS a, unnest(r.y) AS f, \
                   unnest(r.y_int8) AS p \
            FROM 'data/sample/attention.parquet' s \
            JOIN 'data/reference/attention.parquet' r ON s.id = r.id)",

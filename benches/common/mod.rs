@@ -3,6 +3,17 @@
 use std::process::Command;
 use std::time::Instant;
 
+/// The value after `flag` on the command line (`--python /usr/bin/python3`).
+// Not every bench takes arguments.
+#[allow(dead_code)]
+pub fn arg(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
 /// Runs one command; its wall time and peak resident memory in MiB. The peak comes from GNU
 /// time, which starts the command from its own small process: a child forked straight from this
 /// (large) benchmark process would count this process's memory in its peak, since Linux keeps

@@ -13,7 +13,8 @@
 //!   small tabular model, which sees a handful of features), and there is too little work in it
 //!   for int8 to gain anything.
 //! - ONNX Runtime's fused self-attention (`com.microsoft` `Attention`) becomes its `QAttention`,
-//!   the packed weight quantized as a MatMul's.
+//!   the packed weight quantized as a MatMul's; its fused embedding layer
+//!   (`EmbedLayerNormalization`) becomes `QEmbedLayerNormalization`, its tables as a Gather's.
 //! - `Gather` from a constant float table (an embedding): the table becomes uint8 (one scale and
 //!   zero point), followed by `DequantizeLinear`: a quarter of the size, the same speed.
 //!
@@ -22,7 +23,8 @@
 //! `quantize_dynamic(per_channel=True, weight_type=QInt8)` makes. Two differences: `Gemm`, which
 //! `quantize_dynamic` leaves in float, is quantized the same way; a weight of fewer than
 //! [`MIN_INNER`] rows, which it quantizes, is left in float. Only operators of ONNX's standard
-//! domain are written (and `QAttention`, where a model has ONNX Runtime's `Attention`).
+//! domain are written (and ONNX Runtime's `QAttention` and `QEmbedLayerNormalization`, where a model
+//! has their float forms).
 //!
 //! The quantized model names what it came from in its metadata ([`Provenance`]): the source
 //! model's sha256, and that of a text model's files, which are copied beside it and checked

@@ -46,6 +46,7 @@ pub struct Counts {
     pub gemm: usize,
     pub gemm_done: usize,
     pub gather_done: usize,
+    pub embed_done: usize,
     pub attention: usize,
     pub attention_done: usize,
     pub left: BTreeMap<Left, usize>,
@@ -70,13 +71,16 @@ impl Counts {
         if self.gather_done > 0 {
             parts.push(format!("{} Gather", self.gather_done));
         }
+        if self.embed_done > 0 {
+            parts.push(format!("{} EmbedLayerNormalization", self.embed_done));
+        }
         parts.join(", ")
     }
 
     /// Why nothing was quantized.
     pub fn why_none(&self) -> String {
         if self.matmul + self.gemm + self.attention == 0 {
-            let tables = if self.gather_done > 0 {
+            let tables = if self.gather_done + self.embed_done > 0 {
                 "; its embedding tables alone would make it smaller, not faster"
             } else {
                 ""
@@ -287,6 +291,11 @@ impl Rewrite {
             (true, "Gather") => {
                 let done = self.gather(&node, graph);
                 self.counts.gather_done += usize::from(done);
+                done
+            }
+            (false, "EmbedLayerNormalization") if node.domain.as_deref() == Some(MICROSOFT) => {
+                let done = self.embed_layer_norm(&node, graph);
+                self.counts.embed_done += usize::from(done);
                 done
             }
             _ => false,
@@ -559,41 +568,42 @@ impl Rewrite {
         Ok(())
     }
 
+    /// The constant float tensor `name` as uint8 (a table: one scale and zero point), once.
+    fn table(&mut self, graph: &GraphProto, name: &str) -> Option<Weight> {
+        let key = Key::Table(name.to_string());
+        if let Some(found) = self.weights.get(&key) {
+            return Some(found.clone());
+        }
+        let float = self.constant(graph, name)?;
+        let dims = float.dims.clone();
+        let values = floats(float).ok()?;
+        let (q, scale, zero) = quantize_table(&values);
+        let weight = Weight {
+            values: self.name(&format!("{name}_quantized")),
+            scales: self.name(&format!("{name}_scale")),
+            zeros: self.name(&format!("{name}_zero_point")),
+        };
+        self.initializers
+            .push(tensor(&weight.values, DataType::Uint8, &dims, q));
+        self.initializers.push(tensor(
+            &weight.scales,
+            DataType::Float,
+            &[],
+            f32_bytes(&[scale]),
+        ));
+        self.initializers
+            .push(tensor(&weight.zeros, DataType::Uint8, &[], vec![zero]));
+        self.weights.insert(key, weight.clone());
+        self.replaced.insert(name.to_string());
+        Some(weight)
+    }
+
     fn gather(&mut self, gather: &NodeProto, graph: &GraphProto) -> bool {
         let ([table, indices], Some(output)) = (&gather.input[..], gather.output.first()) else {
             return false;
         };
-        let Some(float) = self.constant(graph, table) else {
+        let Some(weight) = self.table(graph, table) else {
             return false;
-        };
-        let dims = float.dims.clone();
-        let key = Key::Table(table.clone());
-        let weight = match self.weights.get(&key) {
-            Some(found) => found.clone(),
-            None => {
-                let Ok(values) = floats(float) else {
-                    return false;
-                };
-                let (q, scale, zero) = quantize_table(&values);
-                let weight = Weight {
-                    values: self.name(&format!("{table}_quantized")),
-                    scales: self.name(&format!("{table}_scale")),
-                    zeros: self.name(&format!("{table}_zero_point")),
-                };
-                self.initializers
-                    .push(tensor(&weight.values, DataType::Uint8, &dims, q));
-                self.initializers.push(tensor(
-                    &weight.scales,
-                    DataType::Float,
-                    &[],
-                    f32_bytes(&[scale]),
-                ));
-                self.initializers
-                    .push(tensor(&weight.zeros, DataType::Uint8, &[], vec![zero]));
-                self.weights.insert(key, weight.clone());
-                self.replaced.insert(table.clone());
-                weight
-            }
         };
         let quantized = self.name(&format!("{output}_quantized"));
         let mut new = gather.clone();
@@ -607,6 +617,61 @@ impl Rewrite {
             &[&quantized, &weight.scales, &weight.zeros],
             &[output],
         ));
+        true
+    }
+
+    /// ONNX Runtime's fused embedding layer (`com.microsoft` `EmbedLayerNormalization`: token,
+    /// segment and position tables, then LayerNormalization) as its `QEmbedLayerNormalization`,
+    /// every table and the normalization's gamma and beta in uint8, as the Python quantizer
+    /// writes it. One with position ids or a mask index type given stays float.
+    fn embed_layer_norm(&mut self, embed: &NodeProto, graph: &GraphProto) -> bool {
+        let input = |i: usize| embed.input.get(i).cloned().unwrap_or_default();
+        let known = embed
+            .attribute
+            .iter()
+            .all(|a| a.name.as_deref() == Some("epsilon"));
+        if embed.input.len() < 7 || embed.input.len() > 8 || !known {
+            return false;
+        }
+        let segments = !input(4).is_empty();
+        // Word, position, gamma and beta must be constants; the segment table when given.
+        let names = [input(2), input(3), input(5), input(6)];
+        let usable = |n: &String| self.constant(graph, n).is_some_and(|t| floats(t).is_ok());
+        if !names.iter().all(usable) || (segments && !usable(&input(4))) {
+            return false;
+        }
+        let mut tables = Vec::new();
+        for (i, name) in [2, 3, 4, 5, 6].into_iter().map(|i| (i, input(i))) {
+            if i == 4 && !segments {
+                tables.push(None);
+                continue;
+            }
+            match self.table(graph, &name) {
+                Some(table) => tables.push(Some(table)),
+                None => return false,
+            }
+        }
+        let part = |f: fn(&Weight) -> &String| -> Vec<String> {
+            tables
+                .iter()
+                .map(|t| t.as_ref().map(|t| f(t).clone()).unwrap_or_default())
+                .collect()
+        };
+        let mut quantized = embed.clone();
+        quantized.op_type = Some("QEmbedLayerNormalization".to_string());
+        let base = embed
+            .name
+            .clone()
+            .unwrap_or_else(|| "EmbedLayerNormalization".into());
+        quantized.name = Some(self.name(&format!("{base}_quant")));
+        quantized.input = [input(0), input(1)]
+            .into_iter()
+            .chain(part(|t| &t.values))
+            .chain([input(7)])
+            .chain(part(|t| &t.scales))
+            .chain(part(|t| &t.zeros))
+            .collect();
+        self.nodes.push(quantized);
         true
     }
 }
