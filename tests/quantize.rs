@@ -312,7 +312,8 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
     let out = cli(warehouse.path(), &create);
     assert_ok(&out);
     assert!(
-        stderr(&out).contains("model 'churn8' quantized to int8"),
+        stderr(&out).contains("model 'churn8' quantized to int8")
+            && stderr(&out).contains("bytes, kept in "),
         "{}",
         stderr(&out)
     );
@@ -355,7 +356,7 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
     );
     assert_ok(&out);
     assert!(
-        !stderr(&out).contains("quantized to int8"),
+        stderr(&out).contains("bytes, already in "),
         "{}",
         stderr(&out)
     );

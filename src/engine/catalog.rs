@@ -27,29 +27,19 @@ impl Engine {
                 if let Some(quantized) = &quantized {
                     source = quantized.target.clone();
                 }
-                let model = Model::load(
+                let model = Arc::new(Model::load(
                     &name,
                     &source,
                     self.registry.session_options(),
                     self.registry.stores(),
-                );
-                let model = match (model, &quantized) {
-                    (Ok(model), _) => Arc::new(model),
-                    // A quantized model ONNX Runtime refuses is not left to be found.
-                    (Err(e), Some(quantized)) => {
-                        self.remove_quantized(quantized).await;
-                        return Err(e);
-                    }
-                    (Err(e), None) => return Err(e),
-                };
-                if let Some(quantized) = quantized.filter(|q| !q.written.is_empty()) {
-                    eprintln!(
-                        "model '{name}' {}, kept in {}",
-                        quantized.message, quantized.target
-                    );
-                }
-                self.registry.insert_loaded(&name, model.clone());
+                )?);
+                // Defined in the warehouse first: a model this process scores with is one the
+                // warehouse names.
                 self.persist_models(&name, Some(&model)).await?;
+                self.registry.insert_loaded(&name, model);
+                if let Some(quantized) = quantized {
+                    eprintln!("model '{name}' {}", quantized.message);
+                }
                 self.empty()
             }
             ModelStatement::Drop { name, if_exists } => {

@@ -73,7 +73,26 @@ impl Engine {
             quantized.map_err(|e| load_error(format!("it cannot be quantized to int8: {e}")))?;
 
         let size = quantized.bytes.len();
-        let mut written = Vec::new();
+        let target = ModelSource::from_url(file("model.onnx")?);
+        // ONNX Runtime takes it before anything is written: a folder other processes may read
+        // (the same key, the same bytes) only ever gets a model that loads.
+        let check = (quantized.bytes.clone(), self.registry.session_options());
+        let checked = tokio::task::spawn_blocking({
+            let (name, target) = (name.to_string(), target.clone());
+            move || {
+                crate::model::Model::from_bytes(&name, target, check.0.into(), Vec::new(), check.1)
+                    .map(drop)
+            }
+        })
+        .await
+        .map_err(|e| load_error(format!("loading its quantized form failed: {e}")))?;
+        checked.map_err(|e| {
+            load_error(format!(
+                "ONNX Runtime refuses its quantized form: {}",
+                crate::message::display_error(&e)
+            ))
+        })?;
+        let mut written = false;
         // A text file the source has no such file for (added there since) is removed; the
         // model file is written last.
         let wanted: Vec<&str> = text_files.iter().map(|(f, _)| *f).collect();
@@ -90,37 +109,24 @@ impl Engine {
                 .map_err(|e| Error::Usage(format!("model '{name}': {e}")))?;
             if there.as_ref() != Some(&bytes) {
                 warehouse.put_file(&url, bytes).await?;
-                written.push(url);
+                written = true;
             }
         }
+        let kept = if written { "kept in" } else { "already in" };
         Ok(QuantizedSource {
-            target: ModelSource::from_url(file("model.onnx")?),
-            written,
             message: format!(
-                "quantized to int8 in {:.1} s: {}; {} -> {size} bytes",
+                "quantized to int8 in {:.1} s: {}; {} -> {size} bytes, {kept} {target}",
                 started.elapsed().as_secs_f64(),
                 quantized.provenance.nodes,
                 files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
             ),
+            target,
         })
-    }
-
-    /// After a quantized model failed to load: the files this statement wrote go, the model file
-    /// first (a folder without it is not a model).
-    pub(super) async fn remove_quantized(&self, quantized: &QuantizedSource) {
-        let Some(warehouse) = &self.warehouse else {
-            return;
-        };
-        for url in quantized.written.iter().rev() {
-            let _ = warehouse.delete_file(url).await;
-        }
     }
 }
 
-/// Where [`Engine::quantized_source`] put a quantized model, what it wrote, and what it did.
+/// Where [`Engine::quantized_source`] put a quantized model, and what it did.
 pub(super) struct QuantizedSource {
     pub target: ModelSource,
-    /// The files written by this statement (none when the folder held them already).
-    pub written: Vec<url::Url>,
     pub message: String,
 }

@@ -142,7 +142,8 @@ impl Model {
         {
             return Err(load_error(format!(
                 "the files beside it ({}) are not those it was quantized with: changed, added or \
-                 removed since; run CREATE OR REPLACE MODEL ... OPTIONS ('quantize' 'int8') again",
+                 removed since (in a warehouse, CREATE OR REPLACE MODEL ... OPTIONS ('quantize' \
+                 'int8') from its source repairs them; a copy needs the files it was made with)",
                 text::TEXT_FILES.join(", ")
             )));
         }

@@ -55,7 +55,7 @@ pub const INT8: &str = "int8";
 pub const METHOD: &str = "dynamic int8 (weights per channel, activations at run time)";
 /// The version of the rewrite, in the warehouse's key of a quantized model: a change in what it
 /// writes makes a new key, never a reuse of the former rewrite's files.
-pub const VERSION: &str = "v1";
+pub const VERSION: &str = "v2";
 
 /// The fewest rows (inputs summed per output) a weight needs to be quantized.
 pub const MIN_INNER: usize = 16;
@@ -534,6 +534,40 @@ mod tests {
         );
         let err = quantize(&m.encode_to_vec(), &Vec::new(), "x", None).unwrap_err();
         assert!(err.contains("smaller, not faster"), "{err}");
+    }
+
+    #[test]
+    fn fused_nodes_onnx_runtime_has_no_int8_form_for_stay_float() {
+        let microsoft = |mut n: onnx::NodeProto| {
+            n.domain = Some("com.microsoft".into());
+            n
+        };
+        // An Attention without a bias; an EmbedLayerNormalization with its third output.
+        let nodes = vec![
+            microsoft(node("Attention", "a", &["x", "w", ""], &["y"])),
+            microsoft(node(
+                "EmbedLayerNormalization",
+                "e",
+                &["ids", "", "t", "p", "", "g", "b"],
+                &["out", "mask_index", "sum"],
+            )),
+            node("MatMul", "m", &["out", "w"], &["z"]),
+        ];
+        let mut m = model(nodes, &[("w", 16, 48), ("t", 16, 16), ("p", 16, 16)]);
+        let graph = m.graph.as_mut().unwrap();
+        for name in ["g", "b"] {
+            graph
+                .initializer
+                .push(tensor(name, DataType::Float, &[16], f32_bytes(&[1.0; 16])));
+        }
+        let quantized = quantize(&m.encode_to_vec(), &Vec::new(), "x", None).unwrap();
+        assert_eq!(
+            quantized.provenance.nodes,
+            "1 of 1 MatMul, 0 of 1 Attention"
+        );
+        let ops = ops(&quantized.bytes);
+        assert_eq!(count(&ops, "Attention"), 1, "{ops:?}");
+        assert_eq!(count(&ops, "EmbedLayerNormalization"), 1, "{ops:?}");
     }
 
     /// The weights of the churn MLP's layers of 64 rows are those onnxruntime's own

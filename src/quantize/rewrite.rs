@@ -542,7 +542,12 @@ impl Rewrite {
             .attribute
             .iter()
             .any(|a| !known.contains(&a.name.as_deref().unwrap_or("")));
-        if attention.input.len() > 5 || unknown || self.constants.contains_key(input) {
+        if attention.input.len() > 5
+            || attention.output.len() > 2
+            || bias.is_empty()
+            || unknown
+            || self.constants.contains_key(input)
+        {
             return Err(Left::Unusual);
         }
         let weight = self.weight(graph, w, false, 1.0)?;
@@ -630,7 +635,8 @@ impl Rewrite {
             .attribute
             .iter()
             .all(|a| a.name.as_deref() == Some("epsilon"));
-        if embed.input.len() < 7 || embed.input.len() > 8 || !known {
+        // QEmbedLayerNormalization has no `embedding_sum` output.
+        if embed.input.len() < 7 || embed.input.len() > 8 || embed.output.len() > 2 || !known {
             return false;
         }
         let segments = !input(4).is_empty();
