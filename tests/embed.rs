@@ -15,6 +15,8 @@ use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Float32Type, Float64Type};
 
+use common::run;
+
 fn models_dir() -> PathBuf {
     fixtures::models_with_minilm()
 }
@@ -25,13 +27,6 @@ fn engine() -> Engine {
         ..Default::default()
     })
     .unwrap()
-}
-
-async fn run(engine: &Engine, sql: &str) -> Vec<RecordBatch> {
-    match engine.sql(sql).await {
-        Ok(df) => df.collect().await.unwrap(),
-        Err(e) => panic!("{sql}: {}", display_error(&e)),
-    }
 }
 
 /// Rows of `(id, vector)` from a query returning `id, v`.

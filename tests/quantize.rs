@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 
 use batchinfer::message::display_error;
 use batchinfer::{Engine, EngineConfig};
-use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{Float64Type, Int64Type};
 use sha2::{Digest, Sha256};
 
-use common::{assert_failure, assert_ok, bin, output_within, stderr};
+use common::{assert_failure, assert_ok, bin, output_within, run, stderr};
 
 fn engine(warehouse: &Path) -> Engine {
     Engine::new(EngineConfig {
@@ -24,13 +24,6 @@ fn engine(warehouse: &Path) -> Engine {
         ..Default::default()
     })
     .unwrap()
-}
-
-async fn run(engine: &Engine, sql: &str) -> Vec<RecordBatch> {
-    match engine.sql(sql).await {
-        Ok(df) => df.collect().await.unwrap(),
-        Err(e) => panic!("{sql}: {}", display_error(&e)),
-    }
 }
 
 async fn error(engine: &Engine, sql: &str) -> String {
@@ -366,6 +359,7 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
         written
     );
 
+    let replace = create.replace("CREATE MODEL", "CREATE OR REPLACE MODEL");
     // The stored model replaced by another valid one (onnxruntime's own quantization of the
     // same model, which answers the same queries): refused, not used.
     std::fs::copy("data/reference/churn_mlp.int8.onnx", &files[0]).unwrap();
@@ -377,10 +371,7 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
         &["model 'churn8'", "the file now has sha256", "defined with"],
     );
     // CREATE OR REPLACE repairs it.
-    let out = cli(
-        warehouse.path(),
-        &create.replace("CREATE MODEL", "CREATE OR REPLACE MODEL"),
-    );
+    let out = cli(warehouse.path(), &replace);
     assert_ok(&out);
     assert!(
         stderr(&out).contains("quantized to int8"),
@@ -400,10 +391,7 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
     std::fs::write(folder.join("batchinfer.json"), "{}").unwrap();
     let out = cli(warehouse.path(), select);
     assert_failure(&out, &["model 'churn8'", "not those it was quantized with"]);
-    let out = cli(
-        warehouse.path(),
-        &create.replace("CREATE MODEL", "CREATE OR REPLACE MODEL"),
-    );
+    let out = cli(warehouse.path(), &replace);
     assert_ok(&out);
     assert_eq!(quantized_files(warehouse.path()), files);
     assert!(assert_ok(&cli(warehouse.path(), select)).contains("5000"));
@@ -515,4 +503,38 @@ async fn fused_attention_becomes_qattention() {
         "against float: {errors:?}"
     );
     assert!(errors[1] < 0.02, "against onnxruntime's int8: {errors:?}");
+}
+
+/// A name is a name, never a path: hostile model names with `OPTIONS ('quantize' 'int8')` are
+/// refused before anything is quantized or written, in the warehouse or beside it.
+#[test]
+fn hostile_names_with_quantize_write_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let warehouse = root.path().join("warehouse");
+    for name in ["\"../x\"", "\"a/b\"", "\".hidden\"", "\"..\"", "\"x%2f..\""] {
+        let out = cli(
+            &warehouse,
+            &format!(
+                "CREATE MODEL {name} FROM 'data/models/churn_mlp.onnx' OPTIONS ('quantize' 'int8')"
+            ),
+        );
+        assert_failure(&out, &["model name"]);
+        assert!(!stderr(&out).contains("quantized to int8"), "{name}");
+    }
+    let left: Vec<_> = walk(root.path());
+    assert!(left.is_empty(), "written: {left:?}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }

@@ -19,26 +19,25 @@ impl Engine {
                         "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
                     )));
                 }
-                let mut source = model_source(&name, &source, self.registry.stores()).await?;
-                let quantized = match quantize {
-                    Some(_) => Some(self.quantized_source(&name, &source).await?),
-                    None => None,
+                let source = model_source(&name, &source, self.registry.stores()).await?;
+                let (model, quantized) = match quantize {
+                    Some(_) => {
+                        let (model, message) = self.quantized_model(&name, &source).await?;
+                        (model, Some(message))
+                    }
+                    None => {
+                        let options = self.registry.session_options();
+                        let stores = self.registry.stores();
+                        (Model::load(&name, &source, options, stores)?, None)
+                    }
                 };
-                if let Some(quantized) = &quantized {
-                    source = quantized.target.clone();
-                }
-                let model = Arc::new(Model::load(
-                    &name,
-                    &source,
-                    self.registry.session_options(),
-                    self.registry.stores(),
-                )?);
+                let model = Arc::new(model);
                 // Defined in the warehouse first: a model this process scores with is one the
                 // warehouse names.
                 self.persist_models(&name, Some(&model)).await?;
                 self.registry.insert_loaded(&name, model);
-                if let Some(quantized) = quantized {
-                    eprintln!("model '{name}' {}", quantized.message);
+                if let Some(message) = quantized {
+                    eprintln!("model '{name}' {message}");
                 }
                 self.empty()
             }

@@ -12,17 +12,18 @@ use crate::model::text::{TEXT_FILES, read_text_files};
 use crate::quantize;
 
 impl Engine {
-    /// The quantized model of `source` in the warehouse's `quantized/int8-VERSION-KEY/`, KEY the
+    /// The quantized model of `source`, loaded from the warehouse's `quantized/int8-VERSION-KEY/`
+    /// (with what was done, for the statement to say), KEY the
     /// sha256 of the model and of the files beside it that make a text model (its tokenizer,
     /// pooling, ...), which are copied with it. The model is quantized each time (a second or
     /// so for a transformer of 70 MB) and the files there are rewritten only where they differ
     /// from what it makes: files damaged since are repaired, and a folder made by another
     /// process at the same time gets the same bytes. The model file is written last.
-    pub(super) async fn quantized_source(
+    pub(super) async fn quantized_model(
         &self,
         name: &str,
         source: &ModelSource,
-    ) -> Result<QuantizedSource> {
+    ) -> Result<(Model, String)> {
         let Some(warehouse) = &self.warehouse else {
             return Err(Error::Usage(format!(
                 "model '{name}': OPTIONS ('quantize' ...) keeps the quantized model in the \
@@ -74,19 +75,25 @@ impl Engine {
 
         let size = quantized.bytes.len();
         let target = ModelSource::from_url(file("model.onnx")?);
-        // ONNX Runtime takes it before anything is written: a folder other processes may read
-        // (the same key, the same bytes) only ever gets a model that loads.
-        let check = (quantized.bytes.clone(), self.registry.session_options());
-        let checked = tokio::task::spawn_blocking({
-            let (name, target) = (name.to_string(), target.clone());
-            move || {
-                crate::model::Model::from_bytes(&name, target, check.0.into(), Vec::new(), check.1)
-                    .map(drop)
-            }
+        // Loaded (by ONNX Runtime, with its text files) before anything is written: a folder
+        // other processes may read (the same key, the same bytes) only ever gets a model that
+        // loads, and this statement registers this model without reading it back.
+        let assembled = tokio::task::spawn_blocking({
+            let (name, target, options) = (
+                name.to_string(),
+                target.clone(),
+                self.registry.session_options(),
+            );
+            let model_files = ModelFiles {
+                bytes: quantized.bytes.as_slice().into(),
+                external: Vec::new(),
+            };
+            let text_files = text_files.clone();
+            move || Model::assemble(&name, &target, model_files, &text_files, options)
         })
         .await
         .map_err(|e| load_error(format!("loading its quantized form failed: {e}")))?;
-        checked.map_err(|e| {
+        let model = assembled.map_err(|e| {
             load_error(format!(
                 "ONNX Runtime refuses its quantized form: {}",
                 crate::message::display_error(&e)
@@ -113,20 +120,12 @@ impl Engine {
             }
         }
         let kept = if written { "kept in" } else { "already in" };
-        Ok(QuantizedSource {
-            message: format!(
-                "quantized to int8 in {:.1} s: {}; {} -> {size} bytes, {kept} {target}",
-                started.elapsed().as_secs_f64(),
-                quantized.provenance.nodes,
-                files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
-            ),
-            target,
-        })
+        let message = format!(
+            "quantized to int8 in {:.1} s: {}; {} -> {size} bytes, {kept} {target}",
+            started.elapsed().as_secs_f64(),
+            quantized.provenance.nodes,
+            files.bytes.len() + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
+        );
+        Ok((model, message))
     }
-}
-
-/// Where [`Engine::quantized_source`] put a quantized model, and what it did.
-pub(super) struct QuantizedSource {
-    pub target: ModelSource,
-    pub message: String,
 }

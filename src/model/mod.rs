@@ -95,8 +95,9 @@ pub struct ModelStats {
 }
 
 impl Model {
-    /// Reads and loads a model file, local or in S3. The bytes are read once and kept, so that a
-    /// file replaced while the process runs is never half-read by a later session.
+    /// Reads and loads a model file, local or in S3, with the files beside it. The bytes are
+    /// read once and kept, so that a file replaced while the process runs is never half-read by
+    /// a later session.
     pub fn load(
         name: &str,
         source: &ModelSource,
@@ -108,15 +109,34 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let ModelFiles {
-            bytes,
-            external: files,
-        } = ModelFiles::read(source, stores).map_err(load_error)?;
+        let files = ModelFiles::read(source, stores).map_err(load_error)?;
         let beside = match source.file_name() {
             Some("model.onnx") => text::read_text_files(source, stores).map_err(load_error)?,
             _ => Vec::new(),
         };
-        let text = text::TextConfig::from_files(source, &beside).map_err(load_error)?;
+        Self::assemble(name, source, files, &beside, options)
+    }
+
+    /// A model from its files, read already: the model file with its external data, and the
+    /// files `beside` it that make a text model (`source` says where they are, for messages and
+    /// for a quantized model's check that they are those it was made with).
+    pub fn assemble(
+        name: &str,
+        source: &ModelSource,
+        files: ModelFiles,
+        beside: &[(&str, Vec<u8>)],
+        options: SessionOptions,
+    ) -> Result<Model> {
+        let load_error = |message: String| Error::ModelLoad {
+            model: name.to_string(),
+            path: source.to_string(),
+            message,
+        };
+        let ModelFiles {
+            bytes,
+            external: files,
+        } = files;
+        let text = text::TextConfig::from_files(source, beside).map_err(load_error)?;
         // A text model sees a new shape (rows x padded length) at nearly every call, for which
         // ONNX Runtime's memory patterns (planned for one shape) are no use.
         let options = SessionOptions {
@@ -138,7 +158,7 @@ impl Model {
         model.text = text.transpose().map_err(load_error)?;
         // A quantized model's folder holds the files it was made with, and no others.
         if let Some(quantized) = &model.quantized
-            && crate::quantize::text_digest(&beside) != quantized.text_sha256
+            && crate::quantize::text_digest(beside) != quantized.text_sha256
         {
             return Err(load_error(format!(
                 "the files beside it ({}) are not those it was quantized with: changed, added or \

@@ -326,17 +326,27 @@ fn for_each_tensor(graph: &mut GraphProto, f: &mut impl FnMut(&mut TensorProto))
     }
 }
 
-/// Every name a node of `graph` (or of its subgraphs) reads.
-fn names_read(graph: &GraphProto, read: &mut HashSet<String>) {
+/// Calls `f` on `graph` and on every subgraph in it (of If, Loop and Scan nodes), depth first,
+/// saying whether it is a subgraph.
+fn visit_graphs(graph: &GraphProto, subgraph: bool, f: &mut impl FnMut(&GraphProto, bool)) {
+    f(graph, subgraph);
     for node in &graph.node {
-        read.extend(node.input.iter().cloned());
         for attribute in &node.attribute {
-            for g in attribute.g.iter().chain(attribute.graphs.iter()) {
-                names_read(g, read);
-                read.extend(g.output.iter().filter_map(|o| o.name.clone()));
+            for g in attribute.g.iter().chain(&attribute.graphs) {
+                visit_graphs(g, true, f);
             }
         }
     }
+}
+
+/// Every name a node of `graph` (or of its subgraphs) reads, with the subgraphs' outputs.
+fn names_read(graph: &GraphProto, read: &mut HashSet<String>) {
+    visit_graphs(graph, false, &mut |g, subgraph| {
+        read.extend(g.node.iter().flat_map(|n| n.input.iter().cloned()));
+        if subgraph {
+            read.extend(g.output.iter().filter_map(|o| o.name.clone()));
+        }
+    });
 }
 
 /// Drops the float initializers that were quantized and that nothing reads any more (a

@@ -143,25 +143,15 @@ pub struct Rewrite {
 
 /// Every name a graph and its subgraphs use.
 fn names_used(graph: &GraphProto, names: &mut HashSet<String>) {
-    for node in &graph.node {
-        names.extend(node.input.iter().cloned());
-        names.extend(node.output.iter().cloned());
-        names.extend(node.name.clone());
-        for attribute in &node.attribute {
-            for g in attribute.g.iter().chain(&attribute.graphs) {
-                names_used(g, names);
-            }
+    super::visit_graphs(graph, false, &mut |g, _| {
+        for node in &g.node {
+            names.extend(node.input.iter().chain(&node.output).cloned());
+            names.extend(node.name.clone());
         }
-    }
-    for info in graph
-        .input
-        .iter()
-        .chain(&graph.output)
-        .chain(&graph.value_info)
-    {
-        names.extend(info.name.clone());
-    }
-    names.extend(graph.initializer.iter().filter_map(|t| t.name.clone()));
+        let infos = g.input.iter().chain(&g.output).chain(&g.value_info);
+        names.extend(infos.filter_map(|info| info.name.clone()));
+        names.extend(g.initializer.iter().filter_map(|t| t.name.clone()));
+    });
 }
 
 /// The float values of a tensor: `Err` when it is not float32 or not all finite.

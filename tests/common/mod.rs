@@ -7,6 +7,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
+/// The batches of `sql` run by `engine` (in the test's own process); a failure panics with the
+/// statement and its message as a person reads it.
+pub async fn run(
+    engine: &batchinfer::Engine,
+    sql: &str,
+) -> Vec<datafusion::arrow::array::RecordBatch> {
+    match engine.sql(sql).await {
+        Ok(df) => df.collect().await.unwrap(),
+        Err(e) => panic!("{sql}: {}", batchinfer::message::display_error(&e)),
+    }
+}
+
 /// The batchinfer binary, with `--format csv`.
 pub fn bin() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
