@@ -126,8 +126,8 @@ pub struct BatchInferOptions {
     /// Local Parquet files are read by batchinfer's streaming reader (page by page, row groups
     /// split across partitions); false: by DataFusion's reader (whole row groups at once).
     pub streaming_scan: bool,
-    /// Where rejected rows go (`on_error = 'reject'`): a folder or an S3 prefix (empty: the
-    /// warehouse's `rejects/`). Made absolute by the engine before each statement.
+    /// Where rejected rows go (`on_error = 'reject'`): a folder or an object store prefix
+    /// (empty: the warehouse's `rejects/`). Made absolute by the engine before each statement.
     pub rejects: String,
     /// How many failed rows a statement may have before it stops: a count or a share of the rows
     /// scored (unset: no limit).
@@ -286,7 +286,7 @@ impl ExtensionOptions for BatchInferOptions {
         self.rejects.visit(
             v,
             "batchinfer.rejects",
-            "Where rejected rows go with on_error = 'reject': a folder or an S3 prefix (empty: the warehouse's rejects/).",
+            "Where rejected rows go with on_error = 'reject': a folder or an object store prefix (empty: the warehouse's rejects/).",
         );
         let about = "How many failed rows a statement may have: a count ('100') or a share of the rows scored ('0.5%'); unset: no limit.";
         match &self.max_errors {

@@ -24,7 +24,7 @@ use crate::error::Result;
 use crate::limits::TableSchemaLimits;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
-use crate::storage::StoreRegistry;
+use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{CosineSimilarity, EmbedUdf, PredictTableFunction, PredictUdf};
 
@@ -52,8 +52,11 @@ pub fn build_context(
         .with_runtime_env(runtime)
         .with_analyzer_rule(Arc::new(TableSchemaLimits));
     let ctx = SessionContext::new_with_state(place(state)?).enable_url_table();
-    // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli.
+    // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli, and
+    // `'gcp.*'`, `'azure.*'` alike.
     ctx.register_table_options_extension(AwsOptions::default());
+    ctx.register_table_options_extension(SqlStoreOptions::<Gcp>::default());
+    ctx.register_table_options_extension(SqlStoreOptions::<Azure>::default());
     // After the placement, whose Ballista session upgrade replaces the function list.
     for function in scalar_functions(&registry) {
         ctx.register_udf(function.as_ref().clone());

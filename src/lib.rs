@@ -46,9 +46,10 @@
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
-//! - [`storage`]: every path, local or S3, answered here: where a location points
-//!   (`location.rs`), S3 clients (`s3.rs`) and credentials from the AWS SDK's chain
-//!   (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
+//! - [`storage`]: every path, local or in an object store, answered here: where a location
+//!   points (`location.rs`), which store a URL is in and the clients of Google Cloud Storage,
+//!   Azure and HTTP(S) servers (`cloud.rs`), S3 clients (`s3.rs`) and credentials from the AWS
+//!   SDK's chain (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
 //!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`; a local
 //!   folder's staging, swap and cleanup in `folder.rs`), whole
 //!   files read for models (`files.rs`), and what an object store's error means for a person
@@ -57,7 +58,7 @@
 //!   has to do (`plan.rs`), the queries a view may have (`check.rs`); the engine runs them
 //!   (`engine/views.rs`, `engine/refresh.rs`), the manifests commit in storage (`manifest.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
-//!   (a folder or an S3 prefix).
+//!   (a folder or a prefix in S3, Google Cloud Storage or Azure).
 //! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).

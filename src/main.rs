@@ -30,8 +30,8 @@ struct Cli {
 /// Options that set up the engine; accepted before or after the subcommand.
 #[derive(Debug, Args)]
 struct EngineArgs {
-    /// Folder (or s3://bucket/prefix/) of ONNX models: NAME.onnx and NAME/model.onnx are the
-    /// model NAME
+    /// Folder (or s3://, gs://, az:// prefix) of ONNX models: NAME.onnx and NAME/model.onnx are
+    /// the model NAME
     #[arg(long, global = true, env = "BATCHINFER_MODELS", value_name = "DIR")]
     models: Option<PathBuf>,
 
@@ -63,8 +63,8 @@ struct EngineArgs {
     #[arg(long, global = true, value_name = "SIZE", value_parser = parse_size)]
     memory_limit: Option<usize>,
 
-    /// Where model definitions and CREATE TABLE ... AS tables persist (a folder or
-    /// s3://bucket/prefix/)
+    /// Where model definitions and CREATE TABLE ... AS tables persist (a folder, or an s3://,
+    /// gs:// or az:// prefix)
     #[arg(
         long,
         global = true,

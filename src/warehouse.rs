@@ -15,8 +15,8 @@
 //! [`MAX_NAME_BYTES`] bytes ([`check_name`]), checked here, where each name becomes a path or a
 //! key, so no statement reaches outside `tables/NAME/` or `models/NAME.json`.
 //!
-//! The warehouse is one object store and a prefix in it: a local folder or an S3 prefix
-//! (`--warehouse s3://bucket/wh/`), with one layout. A table appears whole or not at all, each
+//! The warehouse is one object store and a prefix in it: a local folder or a prefix in S3, Google
+//! Cloud Storage or Azure (`--warehouse s3://bucket/wh/`, `gs://...`, `az://...`), with one layout. A table appears whole or not at all, each
 //! store kind committing in its own way ([`crate::storage::Tables`]): a CREATE TABLE that fails
 //! or is interrupted leaves nothing a later query would read. One file per model, each written
 //! whole, means concurrent CREATE MODEL statements never overwrite each other's definitions.
@@ -43,7 +43,7 @@ pub use crate::storage::{MAX_NAME_BYTES, check_name};
 /// A model as CREATE MODEL defined it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Definition {
-    /// The model's file or folder: a path or an `s3://` URL.
+    /// The model's file or folder: a path or an object store's URL.
     pub source: String,
     /// The sha256 of the model CREATE MODEL loaded (absent in definitions written before).
     pub sha256: Option<String>,
@@ -58,24 +58,32 @@ pub struct Definitions {
     pub unusable: BTreeMap<String, String>,
 }
 
-/// A warehouse: a folder (created on first write) or an S3 prefix, in one object store.
+/// A warehouse: a folder (created on first write) or a prefix in S3, Google Cloud Storage or
+/// Azure, in one object store.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
-    /// The warehouse's root, ending in `/`: `file:///...` or `s3://bucket/prefix/`.
+    /// The warehouse's root, ending in `/`: `file:///...`, `s3://bucket/prefix/`, `gs://...`,
+    /// `az://...`.
     root: Url,
     store: Arc<CommitStore>,
     tables: Tables,
 }
 
 impl Warehouse {
-    /// The warehouse at `root`: a folder, or an `s3://bucket/prefix/` whose objects `stores`
-    /// reach.
+    /// The warehouse at `root`: a folder, or an `s3://bucket/prefix/` (`gs://`, `az://`) whose
+    /// objects `stores` reach.
     pub fn new(root: impl Into<PathBuf>, stores: Arc<StoreRegistry>) -> Result<Self> {
         let text = root.into().to_string_lossy().into_owned();
         let unusable = |e: Error| Error::Usage(format!("warehouse '{text}': {e}"));
         // Absolute, so that the executors of a cluster write where this process reads.
         let root = crate::storage::folder_location(&text).map_err(unusable)?;
         let store = stores.commit_store(&root).map_err(unusable)?;
+        if let Some(name) = store.read_only() {
+            return Err(unusable(Error::Usage(format!(
+                "it is on an {name} server, which batchinfer reads from only; a warehouse is \
+                 a folder, or a prefix in S3, Google Cloud Storage or Azure"
+            ))));
+        }
         // Its tables are written to and read from paths under it, which DataFusion would take
         // for patterns.
         crate::storage::check_write_target(&text)

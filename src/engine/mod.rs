@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::TableReference;
-use datafusion::config::ExtensionOptions;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
@@ -34,7 +33,6 @@ use datafusion::sql::sqlparser::ast::{
     ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
 };
 use datafusion::sql::sqlparser::dialect::{Dialect, dialect_from_str};
-use datafusion_cli::object_storage::AwsOptions;
 
 use crate::cluster::Placement;
 use crate::config::{BatchInferOptions, EngineConfig};

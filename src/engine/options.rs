@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use datafusion::sql::parser::CopyToSource;
 use datafusion::sql::sqlparser::ast::{ObjectNamePart, VisitMut, visit_relations_mut};
 
-use crate::storage::blank_passwords;
+use crate::storage::{StoreOptions, blank_passwords};
 
 impl Engine {
     /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
@@ -40,26 +40,23 @@ impl Engine {
         Ok(())
     }
 
-    /// `OPTIONS ('aws.region' '...', 'aws.endpoint' '...')` on an `s3://` location: the bucket
+    /// `OPTIONS ('aws.region' '...')`, `('gcp.service_account_key' '...')` or
+    /// `('azure.account_name' '...')` on a location in an object store: its bucket or container
     /// is connected with them (over the environment's settings).
     pub(super) fn connect_with_options(
         &self,
         location: &str,
         options: &[(String, SqlValue)],
     ) -> Result<()> {
-        let aws: Vec<(&String, String)> = options
-            .iter()
-            .filter(|(key, _)| key.starts_with("aws."))
-            .map(|(key, value)| (key, option_text(value)))
-            .collect();
-        if aws.is_empty() {
+        let mut store = StoreOptions::default();
+        let mut given = false;
+        for (key, value) in options {
+            given |= store.set(key, &option_text(value))?;
+        }
+        if !given {
             return Ok(());
         }
-        let mut options = AwsOptions::default();
-        for (key, value) in aws {
-            options.set(key, &value)?;
-        }
-        self.registry.stores().connect_with(location, &options)
+        self.registry.stores().connect_with(location, &store)
     }
 }
 

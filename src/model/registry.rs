@@ -77,7 +77,7 @@ impl ModelRegistry {
     }
 
     /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
-    /// The folder may be an S3 prefix (`s3://bucket/models/`).
+    /// The folder may be in an object store (`s3://bucket/models/`, `gs://`, `az://`).
     pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
         let folder = ModelSource::from_path(dir).map_err(Error::Usage)?;
         let url = crate::storage::folder_url(folder.url().clone());
@@ -117,7 +117,7 @@ impl ModelRegistry {
         Ok(found)
     }
 
-    /// Registers each `name -> source` (a path or an `s3://` URL) that is not already registered
+    /// Registers each `name -> source` (a path or an object store's URL) that is not already registered
     /// with that source; a model already loaded from the same source stays loaded.
     pub fn register_sources(&self, sources: &BTreeMap<String, String>) -> Result<()> {
         for (name, source) in sources {

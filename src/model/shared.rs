@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 /// One model as a client defines it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SharedModel {
-    /// A path (the same on every machine) or an `s3://` URL.
+    /// A path (the same on every machine) or an object store's URL (`s3://`, `gs://`, ...).
     pub source: String,
     /// The sha256 of the bytes the client loaded; `None` for a model it has not loaded.
     pub sha256: Option<String>,

@@ -8,6 +8,8 @@
 //!   no object exists until `CompleteMultipartUpload`. This is how Hadoop's S3A "magic" committer
 //!   works. Outputs stream: parts are uploaded as they fill (DataFusion's 10 MiB buffers), so
 //!   memory stays bounded whatever the size of the output.
+//!   Google Cloud Storage's multipart uploads (its XML API) work the same way, and so does Azure
+//!   Blob Storage: its blocks are uploaded, the block list that makes them a blob is held back.
 //! - **Local files** ([`CommitKind::StageAndRename`]): each file is written to a hidden sibling
 //!   (`.NAME.batchinfer-PID-N.partial`, which no listing of Parquet files picks up) and renamed
 //!   over its target at commit: one atomic rename per file.
@@ -32,6 +34,8 @@ pub enum CommitKind {
     HoldUploads,
     /// Hidden sibling files renamed over their targets (local files).
     StageAndRename(Arc<LocalFileSystem>),
+    /// No writes: a store batchinfer reads from only (an HTTP server), named.
+    ReadOnly(&'static str),
 }
 
 /// An object store whose writes under a [`PendingWrite`]'s prefix wait for its commit.
@@ -170,6 +174,14 @@ impl CommitStore {
         Self::new(local.clone(), CommitKind::StageAndRename(local))
     }
 
+    /// The name of the store, where batchinfer only reads from it (an HTTP server).
+    pub fn read_only(&self) -> Option<&'static str> {
+        match self.kind {
+            CommitKind::ReadOnly(name) => Some(name),
+            _ => None,
+        }
+    }
+
     /// The store underneath, whose writes are immediate.
     pub fn inner(&self) -> &Arc<dyn ObjectStore> {
         &self.inner
@@ -183,7 +195,7 @@ impl CommitStore {
                 .path_to_filesystem(&prefix)
                 .ok()
                 .and_then(|path| first_missing(&path)),
-            CommitKind::HoldUploads => None,
+            _ => None,
         };
         let state = Arc::new(WriteState {
             prefix,

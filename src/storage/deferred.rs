@@ -139,6 +139,7 @@ impl ObjectStore for CommitStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        self.writes_allowed(location)?;
         let Some(state) = self.deferring(location) else {
             return self.inner.put_opts(location, payload, opts).await;
         };
@@ -174,12 +175,13 @@ impl ObjectStore for CommitStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.writes_allowed(location)?;
         let Some(state) = self.deferring(location) else {
             return self.inner.put_multipart_opts(location, opts).await;
         };
         let staged = match self.kind {
             CommitKind::StageAndRename(_) => Some((hidden_sibling(location), location.clone())),
-            CommitKind::HoldUploads => None,
+            CommitKind::HoldUploads | CommitKind::ReadOnly(_) => None,
         };
         let write_to = staged.as_ref().map_or(location, |(hidden, _)| hidden);
         let upload = self.inner.put_multipart_opts(write_to, opts).await?;
@@ -216,6 +218,12 @@ impl ObjectStore for CommitStore {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
+        if let CommitKind::ReadOnly(store) = self.kind {
+            use futures::StreamExt;
+            return locations
+                .map(move |location| Err(read_only_store(store, &location?)))
+                .boxed();
+        }
         self.inner.delete_stream(locations)
     }
 
@@ -233,6 +241,7 @@ impl ObjectStore for CommitStore {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
+        self.writes_allowed(to)?;
         self.inner.copy_opts(from, to, options).await
     }
 
@@ -242,6 +251,24 @@ impl ObjectStore for CommitStore {
         to: &Path,
         options: RenameOptions,
     ) -> object_store::Result<()> {
+        self.writes_allowed(to)?;
         self.inner.rename_opts(from, to, options).await
+    }
+}
+
+impl CommitStore {
+    /// Refuses a write to a store batchinfer reads from only.
+    fn writes_allowed(&self, location: &Path) -> object_store::Result<()> {
+        match self.read_only() {
+            Some(store) => Err(read_only_store(store, location)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn read_only_store(store: &'static str, location: &Path) -> object_store::Error {
+    object_store::Error::NotSupported {
+        source: format!("'{location}' is on an {store} server, which batchinfer reads from only")
+            .into(),
     }
 }

@@ -35,6 +35,10 @@ impl StoreRegistry {
     /// sibling renamed over it, in S3 one PUT), its folders made as needed.
     pub fn write_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
         let Some(path) = file_path(url)? else {
+            let store = self.commit_store(url)?;
+            if let Some(name) = store.read_only() {
+                return Err(super::read_only(url, name));
+            }
             let (store, path) = self.own_client(url)?;
             return block_on_io(async move {
                 object_store::ObjectStoreExt::put(&store, &path, bytes.into()).await?;
@@ -243,7 +247,7 @@ fn file_path(url: &Url) -> Result<Option<PathBuf>> {
             .to_file_path()
             .map(Some)
             .map_err(|()| Error::Usage(format!("'{url}' is not a usable local path"))),
-        "s3" | "s3a" => Ok(None),
+        _ if super::Cloud::of(url).is_some() => Ok(None),
         _ => Err(no_store_for(url)),
     }
 }

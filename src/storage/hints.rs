@@ -1,4 +1,4 @@
-//! What went wrong with an object store, and what to do about it. object_store's S3 errors print
+//! What went wrong with an object store, and what to do about it. object_store's errors print
 //! the HTTP exchange ("Generic S3 error: Error performing GET http://host/bucket/key in 3ms,
 //! after 3 retries ... <Code>NoSuchBucket</Code>"); a person needs the cause and the remedy.
 //!
@@ -13,7 +13,7 @@ use std::error::Error as StdError;
 use object_store::client::{HttpError, HttpErrorKind};
 use url::Url;
 
-use super::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRY_TIMEOUT};
+use super::{CONNECT_TIMEOUT, Cloud, REQUEST_TIMEOUT, RETRY_TIMEOUT};
 
 /// A sentence for a person saying what went wrong with an object store request and what to
 /// check, when `err` (or one of its sources) is an object store error batchinfer knows.
@@ -30,11 +30,22 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
         .find_map(|e| e.downcast_ref::<HttpError>())
         .map(HttpError::kind);
     let text = store.to_string();
-    let (endpoint, bucket) = endpoint_and_bucket(&chain, &text);
+    let request = request_of(&chain, &text);
     let code = text
         .split_once("<Code>")
         .and_then(|(_, rest)| rest.split_once("</Code>"))
         .map(|(code, _)| code);
+    let cloud = cloud_of(store, code, request.as_ref());
+    let server = cloud.map_or("object store", Cloud::name);
+    let endpoint = request
+        .as_ref()
+        .map(|u| format!(" {}", u.origin().ascii_serialization()))
+        .unwrap_or_default();
+    let bucket = request
+        .as_ref()
+        .and_then(|u| bucket_of(u, cloud))
+        .unwrap_or_default();
+    let check = credentials_of(cloud);
     Some(match (store, code, http) {
         // batchinfer's own refusals (a FIFO where a file belongs) say all there is to say.
         (
@@ -45,10 +56,21 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
             _,
             _,
         ) => source.to_string(),
-        (_, Some(code @ ("SignatureDoesNotMatch" | "InvalidAccessKeyId" | "AccessDenied")), _) => {
+        (
+            _,
+            Some(
+                code @ ("SignatureDoesNotMatch"
+                | "InvalidAccessKeyId"
+                | "AccessDenied"
+                | "AuthenticationFailed"
+                | "AuthorizationFailure"
+                | "InvalidAuthenticationInfo"),
+            ),
+            _,
+        ) => {
             format!(
-                "the S3 server{endpoint} rejected the credentials ({code}): check \
-                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or the AWS profile"
+                "the {server} server{endpoint} refused access: it rejected the credentials \
+                 ({code}); check {check}"
             )
         }
         (_, Some(code @ ("PermanentRedirect" | "AuthorizationHeaderMalformed")), _) => format!(
@@ -56,16 +78,34 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
              AWS_REGION (or 'aws.region') to the bucket's region"
         ),
         (_, Some("NoSuchBucket"), _) => {
-            format!("bucket '{bucket}' does not exist on the S3 server{endpoint}")
+            format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
         }
+        (_, Some("ContainerNotFound"), _) => {
+            format!("container '{bucket}' does not exist on the {server} server{endpoint}")
+        }
+        // fake-gcs-server's word for it.
+        _ if cloud == Some(Cloud::Gcs) && text.contains("no bucket named") => {
+            format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
+        }
+        // No credentials set: object_store asked the instance metadata server, which there is not.
+        _ if cloud == Some(Cloud::Gcs) && text.contains("Error performing token request") => {
+            format!(
+                "no Google Cloud credentials: none is set and the instance metadata server gave \
+                 none; set {check}"
+            )
+        }
+        _ if cloud == Some(Cloud::Http) && text.contains("PROPFIND") => format!(
+            "the HTTP server{endpoint} does not list folders (WebDAV's PROPFIND is refused): \
+             read its files by their full URL"
+        ),
         (
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. },
             _,
             _,
         ) => format!(
-            "the S3 server{endpoint} refused access (403): check AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY (or the AWS profile), and the bucket's permissions"
+            "the {server} server{endpoint} refused access (403): check {check}, and the \
+             permissions of the bucket or container"
         ),
         (
             _,
@@ -77,33 +117,91 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
                 | HttpErrorKind::Interrupted,
             ),
         ) => format!(
-            "could not reach the S3 endpoint{endpoint} (no connection within {} s or no answer \
-             within {} s, retried for up to {} s): is the server running, and are \
-             AWS_ENDPOINT_URL / aws.endpoint right?",
+            "could not reach the {} endpoint{endpoint} (no connection within {} s or no answer \
+             within {} s, retried for up to {} s): is the server running, and is {} right?",
+            cloud.map_or("object store", |c| c.short_name()),
             CONNECT_TIMEOUT.as_secs(),
             REQUEST_TIMEOUT.as_secs(),
-            RETRY_TIMEOUT.as_secs()
+            RETRY_TIMEOUT.as_secs(),
+            match cloud {
+                Some(Cloud::S3) | None => "AWS_ENDPOINT_URL / aws.endpoint",
+                Some(Cloud::Gcs) => "the service account's gcs_base_url",
+                Some(Cloud::Azure) => "AZURE_STORAGE_ENDPOINT / AZURITE_BLOB_STORAGE_URL",
+                Some(Cloud::Http) => "the URL",
+            }
         ),
         _ => return None,
     })
 }
 
-/// The endpoint (with a space before it) and the bucket of the request that failed, as far as
-/// the errors in `chain` or the message `text` tell them.
-fn endpoint_and_bucket(chain: &[&(dyn StdError + 'static)], text: &str) -> (String, String) {
-    let request = chain
+/// Which store an error came from: the store object_store names, else what the server's error
+/// code or the request's host tells.
+fn cloud_of(err: &object_store::Error, code: Option<&str>, request: Option<&Url>) -> Option<Cloud> {
+    if let object_store::Error::Generic { store, .. } = err {
+        match *store {
+            "S3" => return Some(Cloud::S3),
+            "GCS" => return Some(Cloud::Gcs),
+            "MicrosoftAzure" => return Some(Cloud::Azure),
+            "HTTP" => return Some(Cloud::Http),
+            _ => {}
+        }
+    }
+    if matches!(
+        code,
+        Some("AuthenticationFailed" | "AuthorizationFailure" | "InvalidAuthenticationInfo")
+    ) {
+        return Some(Cloud::Azure);
+    }
+    let host = request?.host_str()?;
+    if host.ends_with(".windows.net") || request?.path().starts_with("/devstoreaccount1/") {
+        Some(Cloud::Azure)
+    } else if host.ends_with("googleapis.com") {
+        Some(Cloud::Gcs)
+    } else if host.contains("amazonaws.com") {
+        Some(Cloud::S3)
+    } else {
+        None
+    }
+}
+
+/// Where a store's credentials come from, for a message that asks to check them.
+fn credentials_of(cloud: Option<Cloud>) -> &'static str {
+    match cloud {
+        Some(Cloud::S3) => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS profile)",
+        Some(Cloud::Gcs) => {
+            "GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or \
+             GOOGLE_APPLICATION_CREDENTIALS (or 'gcp.*' options)"
+        }
+        Some(Cloud::Azure) => {
+            "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or a SAS or bearer token \
+             (or 'azure.*' options)"
+        }
+        Some(Cloud::Http) => "that the server allows reading the URL",
+        None => "the store's credentials (AWS_*, GOOGLE_* or AZURE_* variables)",
+    }
+}
+
+/// The bucket (or container) of a request: the first segment of its path, or for an Azure
+/// request in the path style of an emulator (`/ACCOUNT/CONTAINER/...`), the second.
+fn bucket_of(request: &Url, cloud: Option<Cloud>) -> Option<String> {
+    let mut segments = request.path_segments()?;
+    let path_style_azure = cloud == Some(Cloud::Azure)
+        && !request
+            .host_str()
+            .is_some_and(|h| h.ends_with(".windows.net"));
+    if path_style_azure {
+        segments.next();
+    }
+    segments.next().map(str::to_string)
+}
+
+/// The URL of the request that failed, as far as the errors in `chain` or the message `text`
+/// tell it.
+fn request_of(chain: &[&(dyn StdError + 'static)], text: &str) -> Option<Url> {
+    chain
         .iter()
         .find_map(|e| e.downcast_ref::<reqwest::Error>()?.url().cloned())
-        .or_else(|| request_url(text));
-    let endpoint = request
-        .as_ref()
-        .map(|u| format!(" {}", u.origin().ascii_serialization()))
-        .unwrap_or_default();
-    let bucket = request
-        .as_ref()
-        .and_then(|u| u.path_segments()?.next().map(str::to_string))
-        .unwrap_or_default();
-    (endpoint, bucket)
+        .or_else(|| request_url(text))
 }
 
 /// The error under `err`: its source, or for an I/O error that wraps another, that one (an
@@ -168,6 +266,41 @@ mod tests {
                 .starts_with("could not reach the S3 endpoint")
         );
         assert_eq!(describe(&generic("model 'm' failed")), None);
+        let no_container = object_store::Error::Generic {
+            store: "MicrosoftAzure",
+            source: "Error performing GET http://127.0.0.1:10000/devstoreaccount1/c1?restype=\
+                     container in 3ms - Server returned non-2xx status code: 404 Not Found: \
+                     <Error><Code>ContainerNotFound</Code></Error>"
+                .into(),
+        };
+        assert_eq!(
+            describe(&no_container).unwrap(),
+            "container 'c1' does not exist on the Azure Blob Storage server \
+             http://127.0.0.1:10000"
+        );
+        let real_azure = object_store::Error::Generic {
+            store: "MicrosoftAzure",
+            source: "Error performing GET https://acct.blob.core.windows.net/c2/k in 3ms - \
+                     Server returned non-2xx status code: 404 Not Found: \
+                     <Error><Code>ContainerNotFound</Code></Error>"
+                .into(),
+        };
+        assert!(
+            describe(&real_azure)
+                .unwrap()
+                .starts_with("container 'c2' ")
+        );
+        let azure_key = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "Error performing GET https://acct.blob.core.windows.net/c/k in 2ms - 403: \
+                     <Code>AuthenticationFailed</Code>"
+                .into(),
+        };
+        let text = describe(&azure_key).unwrap();
+        assert!(
+            text.contains("Azure Blob Storage") && text.contains("AZURE_STORAGE_ACCOUNT_KEY"),
+            "{text}"
+        );
         assert_eq!(describe(&std::io::Error::other("not a store")), None);
     }
 }

@@ -32,7 +32,7 @@ pub fn parse_location(location: &str) -> Result<Location> {
 }
 
 /// The URL schemes batchinfer has stores for.
-const SCHEMES: &str = "local paths, file:// and s3:// URLs";
+const SCHEMES: &str = "local paths and file://, s3://, gs://, az://, abfss:// and https:// URLs";
 
 /// The error for a URL whose scheme batchinfer has no store for.
 pub(super) fn no_store_for(url: &Url) -> Error {

@@ -1,28 +1,23 @@
-//! Object stores: local files, and S3 or any S3-compatible server (MinIO, Ceph, R2, ...), found by
-//! URL the first time a query, a model or the warehouse names `s3://bucket/...`.
+//! Object stores: local files; S3 or any S3-compatible server (MinIO, Ceph, R2, ...), Google Cloud
+//! Storage, Azure Blob Storage, and plain HTTP(S) servers (read only), each found by URL the
+//! first time a query, a model or the warehouse names it (`s3://`, `gs://`, `az://`, `abfss://`,
+//! `https://`; `cloud.rs` says which scheme is which store).
 //!
-//! An S3 store is configured as `AmazonS3Builder::from_env` reads the environment:
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | static credentials |
-//! | `AWS_PROFILE`, `~/.aws/credentials`, `~/.aws/config`, SSO, web identity, instance metadata | the AWS SDK's credential chain, used when no static credentials are set |
-//! | `AWS_REGION` / `AWS_DEFAULT_REGION` | region (else the profile's `region`, else `us-east-1`) |
-//! | `AWS_ENDPOINT_URL` | an S3-compatible server, e.g. `http://localhost:9000` (path-style requests) |
-//! | `AWS_ALLOW_HTTP=true` | allow a plain-HTTP endpoint |
-//! | `AWS_SKIP_SIGNATURE=true` | unsigned requests, for public buckets |
-//!
-//! and per table with SQL `OPTIONS ('aws.region' '...', 'aws.endpoint' '...', 'aws.allow_http'
-//! 'true', 'aws.access_key_id' '...', 'aws.secret_access_key' '...')` on `CREATE EXTERNAL TABLE`
-//! and `COPY ... TO`. A connection gives up after [`CONNECT_TIMEOUT`], a request after
-//! [`REQUEST_TIMEOUT`] without an answer, and a failed request is retried at most [`RETRIES`]
-//! times, none starting later than [`RETRY_TIMEOUT`] after the first: an unreachable endpoint, or
-//! one that accepts connections and never answers, is an error within seconds, not a hang.
+//! Each store is configured from the environment as object_store's `from_env` reads it (the
+//! README has one table per store): `AWS_*` for S3 (with the AWS SDK's credential chain for
+//! profiles, SSO and instance metadata), `GOOGLE_*` for Google Cloud Storage, `AZURE_*` for
+//! Azure, and per table with SQL `OPTIONS ('aws.region' '...')`, `('gcp.service_account_key'
+//! '...')`, `('azure.account_name' '...')` on `CREATE EXTERNAL TABLE` and `COPY ... TO`. A
+//! connection gives up after [`CONNECT_TIMEOUT`], a request after [`REQUEST_TIMEOUT`] without an
+//! answer, and a failed request is retried at most [`RETRIES`] times, none starting later than
+//! [`RETRY_TIMEOUT`] after the first: an unreachable endpoint, or one that accepts connections
+//! and never answers, is an error within seconds, not a hang.
 //!
 //! Every store, local files included, is wrapped in a [`CommitStore`], which lets a write defer
 //! making its files visible until the whole statement has succeeded (see [`commit`]):
 //! [`StoreRegistry::begin_write`] is where COPY, INSERT and CREATE TABLE begin theirs.
 
+mod cloud;
 pub mod commit;
 mod credentials;
 mod deferred;
@@ -41,7 +36,6 @@ use std::time::Duration;
 
 use datafusion::common::DataFusionError;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
-use datafusion_cli::object_storage::AwsOptions;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use url::Url;
@@ -57,6 +51,8 @@ pub use staging::StagedOutput;
 pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, TableWrite, Tables, check_name, named_folders};
 
 use crate::error::{Error, Result};
+use cloud::bucket_of;
+pub use cloud::{Azure, Cloud, Gcp, SqlStoreOptions, StoreOptions};
 use location::no_store_for;
 use s3::s3_builder;
 
@@ -152,7 +148,7 @@ pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Retries of a failed S3 request (connection refused, 5xx, throttling) before it is an error.
+/// Retries of a failed request (connection refused, 5xx, throttling) before it is an error.
 pub const RETRIES: usize = 3;
 /// The longest a request is retried for.
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -162,15 +158,16 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The object stores of an engine: DataFusion's registry (local files and whatever is registered
-/// by hand), with S3 buckets connected on first use.
+/// by hand), with the buckets and containers of S3, Google Cloud Storage and Azure, and HTTP(S)
+/// servers, connected on first use.
 #[derive(Debug)]
 pub struct StoreRegistry {
     inner: DefaultObjectStoreRegistry,
     /// Local files, whose writes commit by rename.
     local: Arc<CommitStore>,
-    /// The S3 stores by `s3://bucket`, with the options they were made with, to begin and commit
-    /// deferred writes on them.
-    buckets: RwLock<HashMap<String, (AwsOptions, Arc<CommitStore>)>>,
+    /// The stores by `scheme://[container@]bucket[:port]`, with the options they were made
+    /// with, to begin and commit deferred writes on them.
+    buckets: RwLock<HashMap<String, (StoreOptions, Arc<CommitStore>)>>,
 }
 
 impl Default for StoreRegistry {
@@ -187,8 +184,59 @@ impl Default for StoreRegistry {
     }
 }
 
+/// What tells one store from another in a URL: its scheme, the container of an
+/// `abfss://CONTAINER@ACCOUNT...` URL, the bucket (host) and port. Never a password.
 fn store_key(url: &Url) -> String {
-    format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default())
+    let container = match url.username() {
+        "" => String::new(),
+        name => format!("{name}@"),
+    };
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "{}://{container}{}{port}",
+        url.scheme(),
+        url.host_str().unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+#[test]
+fn stores_are_told_apart_by_container_bucket_and_port_never_by_password() {
+    let key = |u: &str| store_key(&Url::parse(u).unwrap());
+    assert_eq!(key("s3://b/k"), "s3://b");
+    assert_eq!(key("s3://user:secret@b/k"), "s3://user@b");
+    assert_eq!(
+        key("abfss://one@acct.dfs.core.windows.net/k"),
+        "abfss://one@acct.dfs.core.windows.net"
+    );
+    assert_ne!(
+        key("abfss://one@acct.dfs.core.windows.net/k"),
+        key("abfss://two@acct.dfs.core.windows.net/k")
+    );
+    assert_ne!(key("http://h:1/a"), key("http://h:2/a"));
+}
+
+/// A new client of the store `url` is in, made with `options` over the environment's settings.
+fn client(url: &Url, options: &StoreOptions) -> Result<(Cloud, Arc<dyn ObjectStore>)> {
+    let cloud = Cloud::of(url).ok_or_else(|| no_store_for(url))?;
+    if let Some(other) = options.for_other_than(cloud) {
+        return Err(Error::Usage(format!(
+            "'{other}' options are not for '{}', a {} location{}",
+            blank_passwords(url.as_str()),
+            cloud.name(),
+            match cloud.option_prefix() {
+                Some(prefix) => format!(" (its options are '{prefix}.*')"),
+                None => " (it takes no options)".to_string(),
+            }
+        )));
+    }
+    let store: Arc<dyn ObjectStore> = match cloud {
+        Cloud::S3 => Arc::new(s3_builder(bucket_of(url, cloud)?, &options.aws)?.build()?),
+        Cloud::Gcs => cloud::gcs(url, options)?,
+        Cloud::Azure => cloud::azure(url, options)?,
+        Cloud::Http => cloud::http(url)?,
+    };
+    Ok((cloud, store))
 }
 
 impl StoreRegistry {
@@ -196,19 +244,17 @@ impl StoreRegistry {
         Self::default()
     }
 
-    /// Connects `url`'s bucket with `options` (SQL `OPTIONS`) over the environment's settings,
-    /// replacing any store the bucket had.
-    pub fn connect_s3(&self, url: &Url, options: &AwsOptions) -> Result<Arc<CommitStore>> {
-        let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| {
-            Error::Usage(format!("no bucket in '{url}': expected s3://BUCKET/..."))
-        })?;
-        let store = Arc::new(CommitStore::new(
-            Arc::new(s3_builder(bucket, options)?.build()?),
-            CommitKind::HoldUploads,
-        ));
+    /// Connects the store of `url` (an `s3://`, `gs://`, `az://`, `abfss://` or `https://` URL)
+    /// with `options` (SQL `OPTIONS`) over the environment's settings, replacing any store the
+    /// bucket had.
+    pub fn connect(&self, url: &Url, options: &StoreOptions) -> Result<Arc<CommitStore>> {
+        let (cloud, client) = client(url, options)?;
+        let kind = match cloud {
+            Cloud::S3 | Cloud::Gcs | Cloud::Azure => CommitKind::HoldUploads,
+            Cloud::Http => CommitKind::ReadOnly(cloud.name()),
+        };
+        let store = Arc::new(CommitStore::new(client, kind));
         let key = store_key(url);
-        let base = Url::parse(&key).map_err(|e| Error::Usage(format!("{key}: {e}")))?;
-        self.inner.register_store(&base, store.clone());
         self.buckets
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -216,13 +262,14 @@ impl StoreRegistry {
         Ok(store)
     }
 
-    /// Connects the bucket `location` names with `options` (SQL `OPTIONS`); a location in no
-    /// bucket (a local path) takes none.
-    pub fn connect_with(&self, location: &str, options: &AwsOptions) -> Result<()> {
-        if let Location::Url(url) = parse_location(location)?
-            && matches!(url.scheme(), "s3" | "s3a")
-        {
-            self.connect_s3(&url, options)?;
+    /// Connects the store `location` names with `options` (SQL `OPTIONS`); a location in no
+    /// store (a local path) takes none.
+    pub fn connect_with(&self, location: &str, options: &StoreOptions) -> Result<()> {
+        match parse_location(location)? {
+            Location::Url(url) if url.scheme() != "file" => {
+                self.connect(&url, options)?;
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -232,16 +279,18 @@ impl StoreRegistry {
     pub fn begin_write(&self, target: &str) -> Result<PendingWrite> {
         check_write_target(target)?;
         let url = location_url(target)?;
-        Ok(self.commit_store(&url)?.begin(object_path(&url)?))
+        let store = self.commit_store(&url)?;
+        if let Some(name) = store.read_only() {
+            return Err(read_only(&url, name));
+        }
+        Ok(store.begin(object_path(&url)?))
     }
 
-    /// The store of a URL: local files, or an `s3://` URL's bucket, connected from the
-    /// environment on first use.
+    /// The store of a URL: local files, or the bucket, container or server of an object store's
+    /// URL, connected from the environment on first use.
     pub fn commit_store(&self, url: &Url) -> Result<Arc<CommitStore>> {
-        match url.scheme() {
-            "file" => return Ok(self.local.clone()),
-            "s3" | "s3a" => {}
-            _ => return Err(no_store_for(url)),
+        if url.scheme() == "file" {
+            return Ok(self.local.clone());
         }
         if let Some((_, store)) = self
             .buckets
@@ -251,17 +300,12 @@ impl StoreRegistry {
         {
             return Ok(store.clone());
         }
-        self.connect_s3(url, &AwsOptions::default())
+        self.connect(url, &StoreOptions::default())
     }
 
-    /// A client for `url`'s bucket made with the bucket's options, for use on another runtime.
-    pub(super) fn own_client(
-        &self,
-        url: &Url,
-    ) -> Result<(object_store::aws::AmazonS3, object_store::path::Path)> {
-        if !matches!(url.scheme(), "s3" | "s3a") {
-            return Err(no_store_for(url));
-        }
+    /// A client for `url`'s store made with the store's options, for use on another runtime
+    /// (connections pooled by a runtime do not outlive it), and the object's path in it.
+    pub(super) fn own_client(&self, url: &Url) -> Result<(Arc<dyn ObjectStore>, Path)> {
         let options = self
             .buckets
             .read()
@@ -269,14 +313,23 @@ impl StoreRegistry {
             .get(&store_key(url))
             .map(|(options, _)| options.clone())
             .unwrap_or_default();
-        let bucket = url.host_str().unwrap_or_default();
-        Ok((s3_builder(bucket, &options)?.build()?, object_path(url)?))
+        let (_, store) = client(url, &options)?;
+        Ok((store, object_path(url)?))
     }
 
     /// The store for any URL this registry resolves.
     pub fn store_for(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
         Ok(self.get_store(url)?)
     }
+}
+
+/// The error for a write to a store batchinfer only reads.
+pub(super) fn read_only(url: &Url, store: &str) -> Error {
+    Error::Usage(format!(
+        "'{}' is on an {store} server, which batchinfer reads from only: write to a local \
+         folder, s3://, gs:// or az://",
+        blank_passwords(url.as_str())
+    ))
 }
 
 impl ObjectStoreRegistry for StoreRegistry {
@@ -294,8 +347,10 @@ impl ObjectStoreRegistry for StoreRegistry {
 
     fn get_store(&self, url: &Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
         match url.scheme() {
-            "s3" | "s3a" => Ok(self.commit_store(url).map_err(DataFusionError::from)?),
             "file" => self.inner.get_store(url),
+            _ if Cloud::of(url).is_some() => {
+                Ok(self.commit_store(url).map_err(DataFusionError::from)?)
+            }
             _ => Err(DataFusionError::Plan(no_store_for(url).to_string())),
         }
     }
@@ -315,9 +370,7 @@ pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<O
                 .await
                 .map_err(|e| Error::Usage(format!("reading {path}: {e}")))?
         }
-        CommitKind::HoldUploads => {
-            read_body(store.inner().as_ref(), path, path.as_ref(), cap).await
-        }
+        _ => read_body(store.inner().as_ref(), path, path.as_ref(), cap).await,
     };
     match read {
         Err(Error::ObjectStore(object_store::Error::NotFound { .. })) => Ok(None),

@@ -31,7 +31,7 @@ pub struct StagedOutput {
 }
 
 impl StagedOutput {
-    /// A staging folder beside `target`, which may be a local path or an `s3://` URL.
+    /// A staging folder beside `target`, which may be a local path or an object store's URL.
     pub fn new(stores: &StoreRegistry, target: &str) -> Result<Self> {
         let suffix = if target.ends_with('/') { "/" } else { "" };
         let url = location_url(target)?;

@@ -143,7 +143,7 @@ impl Tables {
     fn local_dir(&self) -> Option<PathBuf> {
         match &self.store.kind {
             CommitKind::StageAndRename(local) => local.path_to_filesystem(&self.prefix).ok(),
-            CommitKind::HoldUploads => None,
+            _ => None,
         }
     }
 

@@ -1,0 +1,479 @@
+//! Parquet, models, warehouses and writes in Azure Blob Storage, Google Cloud Storage and on
+//! plain HTTP servers, through the real binary, against real emulators the tests start: Azurite
+//! and fake-gcs-server (`scripts/emulators.sh` installs them on first use).
+
+mod common;
+mod emulators;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_failure, assert_ok};
+use emulators::{AZURE_KEY, Azurite, FakeGcs};
+
+const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
+
+/// The binary with no cloud settings from the test's own environment, a warehouse in `dir`.
+fn batchinfer(dir: &Path) -> Command {
+    let mut command = common::bin();
+    for (key, _) in std::env::vars() {
+        if key.starts_with("AZURE") || key.starts_with("GOOGLE") || key.starts_with("AWS") {
+            command.env_remove(key);
+        }
+    }
+    command.env("BATCHINFER_WAREHOUSE", dir.join("wh"));
+    command
+}
+
+fn azure(server: &Azurite, dir: &Path) -> Command {
+    let mut command = batchinfer(dir);
+    command.envs(server.env());
+    command
+}
+
+fn gcs(server: &FakeGcs, dir: &Path) -> Command {
+    let mut command = batchinfer(dir);
+    command
+        .env("GOOGLE_SERVICE_ACCOUNT_KEY", server.service_account_key())
+        .env("GOOGLE_ALLOW_HTTP", "true");
+    command
+}
+
+fn run(mut command: Command, args: &[&str]) -> Output {
+    common::output_within(command.args(args), common::DEADLINE)
+}
+
+/// The scores of the local sample, `copies` times over, sorted by id.
+fn local_scores(dir: &Path, copies: usize) -> Vec<(i64, Vec<f64>)> {
+    let out = run(
+        batchinfer(dir),
+        &[
+            "--models",
+            "data/models",
+            "query",
+            "-e",
+            &format!(
+                "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
+            ),
+        ],
+    );
+    let once = common::rows(&assert_ok(&out));
+    let mut all: Vec<(i64, Vec<f64>)> = once
+        .iter()
+        .flat_map(|r| std::iter::repeat_n(r.clone(), copies))
+        .collect();
+    all.sort_by_key(|r| r.0);
+    all
+}
+
+/// Azurite with the sample features as 4 blobs in `data`, the test models in `models`, and
+/// empty containers `out` and `lake`.
+fn azurite_with_data(dir: &Path) -> Azurite {
+    let server = Azurite::start(&dir.join("azurite"));
+    for container in ["data", "models", "out", "lake"] {
+        server.create_container(container);
+    }
+    for part in 0..4 {
+        server.put_file(
+            "data",
+            &format!("features/part-{part}.parquet"),
+            Path::new("data/sample/features.parquet"),
+        );
+    }
+    server.put_file(
+        "models",
+        "linear.onnx",
+        Path::new("data/models/linear.onnx"),
+    );
+    server
+}
+
+#[test]
+fn azure_blobs_are_scored_with_an_azure_model_and_results_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let out = run(
+        azure(&server, dir.path()),
+        &[
+            "--partitions",
+            "4",
+            "query",
+            "-e",
+            &format!(
+                "CREATE MODEL lin FROM 'az://models/linear.onnx';
+                 COPY (SELECT id, predict('lin', {FEATURES}) AS p FROM 'az://data/features/')
+                 TO 'az://out/scores/' STORED AS PARQUET"
+            ),
+        ],
+    );
+    assert_ok(&out);
+    let blobs = server.blobs("out", false);
+    assert!(
+        blobs.len() >= 2
+            && blobs
+                .iter()
+                .all(|b| b.starts_with("scores/") && b.ends_with(".parquet")),
+        "several Parquet blobs: {blobs:?}"
+    );
+    // Re-read, also through the abfss:// form of the same container.
+    for location in ["az://out/scores/", "abfss://out/scores/"] {
+        let reread = run(
+            azure(&server, dir.path()),
+            &["query", "-e", &format!("SELECT id, p FROM '{location}'")],
+        );
+        common::assert_same_rows(
+            &common::rows(&assert_ok(&reread)),
+            &local_scores(dir.path(), 4),
+            1e-6,
+        );
+    }
+}
+
+#[test]
+fn a_warehouse_in_azure_keeps_models_and_tables_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let with_warehouse = || {
+        let mut command = azure(&server, dir.path());
+        command.args(["--warehouse", "az://lake/wh/"]);
+        command
+    };
+    let out = run(
+        with_warehouse(),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE MODEL lin FROM 'data/models/linear.onnx';
+                 CREATE TABLE scored AS
+                   SELECT id, predict('lin', {FEATURES}) AS p FROM 'az://data/features/'"
+            ),
+        ],
+    );
+    assert_ok(&out);
+    assert!(
+        server
+            .blobs("lake", false)
+            .iter()
+            .any(|b| b.starts_with("wh/tables/scored/") && b.ends_with(".parquet")),
+        "{:?}",
+        server.blobs("lake", false)
+    );
+    // A second process finds the model and the table in the warehouse.
+    let out = run(
+        with_warehouse(),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "SELECT count(*) AS n FROM scored;
+                 SELECT count(*) AS n FROM 'az://data/features/part-0.parquet'
+                   WHERE predict('lin', {FEATURES}) IS NOT NULL"
+            ),
+        ],
+    );
+    assert_eq!(assert_ok(&out), "n\n40000\nn\n10000\n");
+    // CREATE TABLE of a name taken is refused, and leaves the table as it was.
+    let out = run(
+        with_warehouse(),
+        &["query", "-e", "CREATE TABLE scored AS SELECT 1 AS one"],
+    );
+    assert_failure(&out, &["scored", "exists"]);
+    let out = run(
+        with_warehouse(),
+        &["query", "-e", "SELECT count(*) AS n FROM scored"],
+    );
+    assert_eq!(assert_ok(&out), "n\n40000\n");
+}
+
+/// Rows of ten random doubles (incompressible: each output file passes the 10 MiB after which
+/// it is uploaded in blocks), scored by `lookup`, which fails on the row `fail_at`.
+fn random_rows(rows: u64, fail_at: u64) -> String {
+    let features: Vec<String> = (0..10).map(|i| format!("random() AS f{i}")).collect();
+    format!(
+        "SELECT value AS id, {}, predict('lookup', CASE WHEN value = {fail_at} THEN 99 ELSE value % 10 END) AS q FROM range({rows})",
+        features.join(", ")
+    )
+}
+
+/// COPY and CREATE TABLE into Azure that fail on a model error after blocks of their blobs were
+/// uploaded: no blob appears (the block lists were never committed).
+#[test]
+fn azure_writes_failed_by_a_model_error_leave_no_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let failing = random_rows(600_000, 599_990);
+    for (container, sql) in [
+        (
+            "out",
+            format!("COPY ({failing}) TO 'az://out/scores/' STORED AS PARQUET"),
+        ),
+        ("lake", format!("CREATE TABLE scored AS {failing}")),
+    ] {
+        let mut command = azure(&server, dir.path());
+        command
+            .args(["--warehouse", "az://lake/wh/", "--models", "data/models"])
+            .args(["query", "-e", &sql])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        // Blocks uploaded before the failure: blobs with uncommitted blocks only.
+        let started = Instant::now();
+        let mut uploaded = false;
+        while child.try_wait().unwrap().is_none() {
+            uploaded |= !server.blobs(container, true).is_empty();
+            assert!(started.elapsed() < Duration::from_secs(300), "{sql}: hangs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_failure(&out, &["model 'lookup' failed"]);
+        assert!(uploaded, "{sql}: no block was uploaded before the failure");
+        assert_eq!(
+            server.blobs(container, false),
+            Vec::<String>::new(),
+            "{sql}"
+        );
+    }
+}
+
+#[test]
+fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let out = run(
+        azure(&server, dir.path()),
+        &["query", "-e", "SELECT * FROM 'az://nosuch/x.parquet'"],
+    );
+    assert_failure(&out, &["container 'nosuch' does not exist", &server.url()]);
+    let out = run(
+        azure(&server, dir.path()),
+        &[
+            "query",
+            "-e",
+            "SELECT * FROM 'az://data/nothing-here.parquet'",
+        ],
+    );
+    assert_failure(&out, &["no object at az://data/nothing-here.parquet"]);
+    // No account at all.
+    let out = run(
+        batchinfer(dir.path()),
+        &["query", "-e", "SELECT * FROM 'az://data/features/'"],
+    );
+    assert_failure(&out, &["az://data/features/", "AZURE_STORAGE_ACCOUNT_NAME"]);
+    // A wrong key: refused, and the key is in no message.
+    let wrong = "d3JvbmcgYnV0IHdlbGwgZm9ybWVkIGtleSBvZiAzMiBieXRlcyE=";
+    let mut command = azure(&server, dir.path());
+    command.env("AZURE_STORAGE_ACCOUNT_KEY", wrong);
+    let out = run(
+        command,
+        &["query", "-e", "SELECT count(*) FROM 'az://data/features/'"],
+    );
+    let text = assert_failure(&out, &["refused", "AZURE_STORAGE_ACCOUNT_KEY"]);
+    assert!(!text.contains(wrong), "{text}");
+}
+
+#[test]
+fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let options = format!(
+        "OPTIONS ('azure.account_name' 'devstoreaccount1', 'azure.access_key' '{AZURE_KEY}', \
+         'azure.endpoint' '{}/devstoreaccount1', 'azure.allow_http' 'true')",
+        server.url()
+    );
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE features STORED AS PARQUET LOCATION 'az://data/features/'
+                 {options};
+                 SELECT count(*) AS n FROM features;
+                 COPY (SELECT id FROM features WHERE id < 10) TO 'az://out/ids.parquet'
+                 STORED AS PARQUET {options};
+                 EXPLAIN SELECT * FROM features"
+            ),
+        ],
+    );
+    let text = assert_ok(&out);
+    assert!(text.starts_with("n\n40000\n"), "{text}");
+    assert!(!text.contains(AZURE_KEY), "{text}");
+    assert_eq!(server.blobs("out", false), ["ids.parquet"]);
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'az://data/features/'
+                 OPTIONS ('azure.no_such_setting' 'x', 'azure.access_key' '{AZURE_KEY}')"
+            ),
+        ],
+    );
+    let text = assert_failure(&out, &["'azure.no_such_setting'", "Azure"]);
+    assert!(!text.contains(AZURE_KEY), "{text}");
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'az://data/features/'
+             OPTIONS ('gcp.service_account_key' '{}')",
+        ],
+    );
+    assert_failure(&out, &["'gcp.*' options are not for 'az://data/features/'"]);
+}
+
+/// A seed folder for fake-gcs-server: the sample features as 4 objects in `data`, the test models
+/// in `models`.
+fn gcs_seed(dir: &Path) -> std::path::PathBuf {
+    let seed = dir.join("seed");
+    std::fs::create_dir_all(seed.join("data/features")).unwrap();
+    std::fs::create_dir_all(seed.join("models")).unwrap();
+    for part in 0..4 {
+        std::fs::copy(
+            "data/sample/features.parquet",
+            seed.join(format!("data/features/part-{part}.parquet")),
+        )
+        .unwrap();
+    }
+    std::fs::copy("data/models/linear.onnx", seed.join("models/linear.onnx")).unwrap();
+    seed
+}
+
+#[test]
+fn gcs_objects_are_scored_with_a_gcs_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
+    let out = run(
+        gcs(&server, dir.path()),
+        &[
+            "--partitions",
+            "4",
+            "query",
+            "-e",
+            &format!(
+                "CREATE MODEL lin FROM 'gs://models/linear.onnx';
+                 SELECT id, predict('lin', {FEATURES}) AS p FROM 'gs://data/features/'"
+            ),
+        ],
+    );
+    let mut rows = common::rows(&assert_ok(&out));
+    rows.sort_by_key(|r| r.0);
+    common::assert_same_rows(&rows, &local_scores(dir.path(), 4), 1e-6);
+    // A folder of models in the bucket, with --models.
+    let out = run(
+        gcs(&server, dir.path()),
+        &[
+            "--models",
+            "gs://models/",
+            "query",
+            "-e",
+            &format!(
+                "SELECT count(predict('linear', {FEATURES})) AS n FROM 'gs://data/features/part-1.parquet'"
+            ),
+        ],
+    );
+    assert_eq!(assert_ok(&out), "n\n10000\n");
+}
+
+#[test]
+fn gcs_settings_in_sql_options_and_errors_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
+    let key = server.service_account_key().replace('\'', "''");
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE features STORED AS PARQUET LOCATION 'gs://data/features/'
+                 OPTIONS ('gcp.service_account_key' '{key}', 'gcp.allow_http' 'true');
+                 SELECT count(*) AS n FROM features;
+                 SHOW CREATE TABLE features"
+            ),
+        ],
+    );
+    let text = assert_ok(&out);
+    assert!(text.starts_with("n\n40000\n"), "{text}");
+    assert!(!text.contains("disable_oauth"), "{text}");
+    let out = run(
+        gcs(&server, dir.path()),
+        &["query", "-e", "SELECT * FROM 'gs://nosuch/x.parquet'"],
+    );
+    assert_failure(&out, &["bucket 'nosuch' does not exist", &server.url()]);
+    let out = run(
+        gcs(&server, dir.path()),
+        &[
+            "query",
+            "-e",
+            "SELECT * FROM 'gs://data/nothing-here.parquet'",
+        ],
+    );
+    assert_failure(&out, &["no object at gs://data/nothing-here.parquet"]);
+    let out = run(
+        gcs(&server, dir.path()),
+        &[
+            "query",
+            "-e",
+            "CREATE MODEL m FROM 'gs://models/missing.onnx'",
+        ],
+    );
+    assert_failure(&out, &["model 'm'", "gs://models/missing.onnx"]);
+}
+
+#[test]
+fn http_servers_are_read_and_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    // fake-gcs-server serves its objects as a plain HTTP server does (HEAD, ranges).
+    let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
+    let base = server.url();
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE MODEL lin FROM '{base}/models/linear.onnx';
+                 SELECT id, predict('lin', {FEATURES}) AS p
+                 FROM '{base}/data/features/part-2.parquet'"
+            ),
+        ],
+    );
+    let mut rows = common::rows(&assert_ok(&out));
+    rows.sort_by_key(|r| r.0);
+    common::assert_same_rows(&rows, &local_scores(dir.path(), 1), 1e-6);
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!("COPY (SELECT 1 AS one) TO '{base}/data/x.parquet' STORED AS PARQUET"),
+        ],
+    );
+    assert_failure(&out, &["reads from only"]);
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "--warehouse",
+            &format!("{base}/wh/"),
+            "query",
+            "-e",
+            "SHOW MODELS",
+        ],
+    );
+    assert_failure(&out, &["warehouse", "reads from only"]);
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!("SELECT * FROM '{base}/data/nothing-here.parquet'"),
+        ],
+    );
+    assert_failure(&out, &["nothing-here.parquet"]);
+    assert_eq!(server.objects("data").len(), 4);
+}
