@@ -1485,11 +1485,21 @@ fn a_password_in_a_url_is_never_printed() {
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
     for sql in [
-        "CREATE MODEL m FROM 'https://user:PASSW0RD1@127.0.0.1:1/m.onnx'",
+        "CREATE MODEL m FROM 'ftp://user:PASSW0RD1@127.0.0.1:1/m.onnx'",
         "COPY (SELECT 1 AS x) TO 'ftp://user:PASSW0RD1@127.0.0.1:1/x.parquet' STORED AS PARQUET",
     ] {
         let out = bounded(&wh, &["query", "-e", sql]);
         let err = assert_failure(&out, &["REDACTED", "which batchinfer has no store for"]);
+        assert!(!err.contains("PASSW0RD1"), "{err}");
+    }
+    for sql in [
+        "CREATE MODEL m FROM 'https://user:PASSW0RD1@127.0.0.1:1/m.onnx'",
+        "SELECT * FROM 'https://user:PASSW0RD1@127.0.0.1:1/x.parquet'",
+        "COPY (SELECT 1 AS x) TO 'https://user:PASSW0RD1@127.0.0.1:1/x.parquet' STORED AS PARQUET",
+        "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'az://user:PASSW0RD1@c/x/'",
+    ] {
+        let out = bounded(&wh, &["query", "-e", sql]);
+        let err = assert_failure(&out, &[]);
         assert!(!err.contains("PASSW0RD1"), "{err}");
     }
     for endpoint in [
