@@ -22,6 +22,8 @@
 //! - [`scan`]: the streaming reader for local Parquet: the plan rule that uses it (`rule.rs`), the
 //!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
+//! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
+//!   SQLITE`): where to connect, the providers of datafusion-table-providers.
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
 //!   text models' tokenizers, and the scoring of one record batch.
@@ -68,6 +70,7 @@
 pub mod cluster;
 pub mod config;
 pub mod context;
+pub mod database;
 pub mod device;
 pub mod engine;
 pub mod error;

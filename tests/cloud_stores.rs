@@ -277,13 +277,20 @@ fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
 fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     let dir = tempfile::tempdir().unwrap();
     let server = azurite_with_data(dir.path());
+    // Option names in any case, as DataFusion reads them.
     let options = format!(
-        "OPTIONS ('azure.account_name' 'devstoreaccount1', 'azure.access_key' '{AZURE_KEY}', \
+        "OPTIONS ('AZURE.ACCOUNT_NAME' 'devstoreaccount1', 'azure.access_key' '{AZURE_KEY}', \
          'azure.endpoint' '{}/devstoreaccount1', 'azure.allow_http' 'true')",
         server.url()
     );
+    // The endpoint of the OPTIONS, not the emulator the environment names (nothing listens
+    // there).
+    let mut elsewhere = batchinfer(dir.path());
+    elsewhere
+        .env("AZURE_STORAGE_USE_EMULATOR", "true")
+        .env("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:9");
     let out = run(
-        batchinfer(dir.path()),
+        elsewhere,
         &[
             "query",
             "-e",
@@ -324,6 +331,17 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
         ],
     );
     assert_failure(&out, &["'gcp.*' options are not for 'az://data/features/'"]);
+    // A SAS token in a URL's query is in no message.
+    let out = run(
+        azure(&server, dir.path()),
+        &[
+            "query",
+            "-e",
+            "SELECT * FROM 'az://data/x.parquet?sv=2024&sig=SECRETSIG'",
+        ],
+    );
+    let text = assert_failure(&out, &["az://data/x.parquet?REDACTED"]);
+    assert!(!text.contains("SECRETSIG"), "{text}");
 }
 
 /// A seed folder for fake-gcs-server: the sample features as 4 objects in `data`, the test models
@@ -400,6 +418,41 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
     let text = assert_ok(&out);
     assert!(text.starts_with("n\n40000\n"), "{text}");
     assert!(!text.contains("disable_oauth"), "{text}");
+    // A bucket has one set of settings in a session: the same again is accepted, others are
+    // refused (DataFusion finds a table's store by its bucket alone, so a second set would
+    // silently read with the first, or the first with the second).
+    let other = server
+        .service_account_key()
+        .replace(&server.url(), "http://127.0.0.1:9");
+    let out = run(
+        gcs(&server, dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "SELECT count(*) AS n FROM 'gs://data/features/part-0.parquet';
+                 CREATE EXTERNAL TABLE again STORED AS PARQUET LOCATION 'gs://data/features/'
+                 OPTIONS ('gcp.service_account_key' '{other}');"
+            ),
+        ],
+    );
+    let text = assert_failure(&out, &["gs://data is connected already", "same OPTIONS"]);
+    assert!(!text.contains("disable_oauth"), "{text}");
+    let out = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE a STORED AS PARQUET LOCATION 'gs://data/features/'
+                 OPTIONS ('gcp.service_account_key' '{key}', 'gcp.allow_http' 'true');
+                 CREATE EXTERNAL TABLE b STORED AS PARQUET LOCATION 'gs://data/features/part-1.parquet'
+                 OPTIONS ('gcp.allow_http' 'true', 'gcp.service_account_key' '{key}');
+                 SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) AS n"
+            ),
+        ],
+    );
+    assert_eq!(assert_ok(&out), "n\n50000\n");
     let out = run(
         gcs(&server, dir.path()),
         &["query", "-e", "SELECT * FROM 'gs://nosuch/x.parquet'"],

@@ -140,6 +140,18 @@ impl Placement {
         }
     }
 
+    /// Refuses a database table (PostgreSQL, SQLite) where statements run on a cluster: its
+    /// connection lives in this process, and a plan reading it cannot travel to an executor.
+    pub fn reads_databases(&self, what: &str) -> Result<()> {
+        match self {
+            Placement::InProcess => Ok(()),
+            Placement::Cluster(remote) => Err(crate::error::Error::Usage(format!(
+                "{what} is read in one process, not by the cluster at {remote}: run batchinfer \
+                 without --cluster for it, or COPY it to Parquet first"
+            ))),
+        }
+    }
+
     /// What the progress line says of where a statement runs (None: here).
     pub fn running_on(&self) -> Option<String> {
         match self {

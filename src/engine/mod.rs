@@ -256,7 +256,46 @@ impl Engine {
         }
     }
 
+    /// `CREATE EXTERNAL TABLE ... STORED AS POSTGRES | SQLITE`: connected before the statement
+    /// could be printed anywhere, so that its password is used and never shown.
+    async fn create_database_table(
+        &self,
+        database: crate::database::Database,
+        statement: DFStatement,
+    ) -> Result<DataFrame> {
+        use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+        self.placement
+            .reads_databases(&format!("a {} table", database.name()))?;
+        let plan = self.ctx.state().statement_to_plan(statement).await?;
+        let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) = plan else {
+            return Err(Error::Usage(format!(
+                "not a {} table definition",
+                database.name()
+            )));
+        };
+        let name = create.name.clone();
+        if self.ctx.table_exist(name.clone())? {
+            if create.if_not_exists {
+                return Ok(self.ctx.read_empty()?.limit(0, Some(0))?);
+            }
+            if !create.or_replace {
+                return Err(Error::Usage(format!(
+                    "table '{name}' exists already (CREATE OR REPLACE EXTERNAL TABLE replaces it)"
+                )));
+            }
+        }
+        let provider = crate::database::table(database, &create).await?;
+        self.ctx.deregister_table(name.clone())?;
+        self.ctx.register_table(name, provider)?;
+        Ok(self.ctx.read_empty()?.limit(0, Some(0))?)
+    }
+
     async fn run_sql(&self, mut statement: DFStatement) -> Result<DataFrame> {
+        if let DFStatement::CreateExternalTable(create) = &statement
+            && let Some(database) = crate::database::Database::of(&create.file_type)
+        {
+            return self.create_database_table(database, statement).await;
+        }
         self.connect_stores(&mut statement)?;
         self.tag_statement(&statement)?;
         for table in tables_named(&statement) {

@@ -99,6 +99,9 @@ impl StoreOptions {
     /// Reads one option (`aws.region`, `gcp.service_account_key`, ...); `false` when its prefix
     /// is no store's.
     pub fn set(&mut self, key: &str, value: &str) -> Result<bool> {
+        // As DataFusion reads option names: in any case.
+        let key = key.to_ascii_lowercase();
+        let key = key.as_str();
         let Some((prefix, name)) = key.split_once('.') else {
             return Ok(false);
         };
@@ -127,8 +130,48 @@ impl StoreOptions {
         Ok(true)
     }
 
-    /// Whether any option was given for a store other than `cloud`.
-    pub fn for_other_than(&self, cloud: Cloud) -> Option<&'static str> {
+    /// Whether no option is given: the environment's settings alone.
+    pub fn is_empty(&self) -> bool {
+        !self.aws_given() && self.gcp.is_empty() && self.azure.is_empty()
+    }
+
+    /// Whether `other` says the same (the same options, in any order).
+    pub fn same_as(&self, other: &StoreOptions) -> bool {
+        let a = &self.aws;
+        let b = &other.aws;
+        let sorted = |v: &[(String, String)]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v
+        };
+        let gcp = |o: &StoreOptions| {
+            sorted(
+                &o.gcp
+                    .iter()
+                    .map(|(k, v)| (k.as_ref().to_string(), v.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let azure = |o: &StoreOptions| {
+            sorted(
+                &o.azure
+                    .iter()
+                    .map(|(k, v)| (k.as_ref().to_string(), v.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        a.access_key_id == b.access_key_id
+            && a.secret_access_key == b.secret_access_key
+            && a.session_token == b.session_token
+            && a.region == b.region
+            && a.endpoint == b.endpoint
+            && a.allow_http == b.allow_http
+            && a.skip_signature == b.skip_signature
+            && gcp(self) == gcp(other)
+            && azure(self) == azure(other)
+    }
+
+    fn aws_given(&self) -> bool {
         let AwsOptions {
             access_key_id,
             secret_access_key,
@@ -138,13 +181,18 @@ impl StoreOptions {
             allow_http,
             skip_signature,
         } = &self.aws;
-        let aws = access_key_id.is_some()
+        access_key_id.is_some()
             || secret_access_key.is_some()
             || session_token.is_some()
             || region.is_some()
             || endpoint.is_some()
             || allow_http.is_some()
-            || skip_signature.is_some();
+            || skip_signature.is_some()
+    }
+
+    /// Whether any option was given for a store other than `cloud`.
+    pub fn for_other_than(&self, cloud: Cloud) -> Option<&'static str> {
+        let aws = self.aws_given();
         [
             (aws, Cloud::S3, "aws.*"),
             (!self.gcp.is_empty(), Cloud::Gcs, "gcp.*"),
@@ -216,6 +264,15 @@ pub(super) fn gcs(url: &Url, options: &StoreOptions) -> Result<Arc<dyn ObjectSto
 pub(super) fn azure(url: &Url, options: &StoreOptions) -> Result<Arc<dyn ObjectStore>> {
     bucket_of(url, Cloud::Azure)?;
     let mut builder = MicrosoftAzureBuilder::from_env();
+    // An endpoint given in OPTIONS is where the statement means: not the emulator that
+    // AZURE_STORAGE_USE_EMULATOR points at (object_store would prefer the emulator).
+    if options
+        .azure
+        .iter()
+        .any(|(key, _)| *key == AzureConfigKey::Endpoint)
+    {
+        builder = builder.with_config(AzureConfigKey::UseEmulator, "false");
+    }
     for (key, value) in &options.azure {
         builder = builder.with_config(*key, value);
     }

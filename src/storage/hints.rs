@@ -94,6 +94,21 @@ pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
                  none; set {check}"
             )
         }
+        _ if text.contains("Range request not supported") => format!(
+            "the server{endpoint} does not answer range requests, which reading Parquet needs \
+             (a static file server or CDN does)"
+        ),
+        (_, Some(code), _) if code.contains("NotFound") => format!(
+            "the {server} server{endpoint} has no such {} ({code}){}",
+            match cloud {
+                Some(Cloud::Azure) => "account, container or blob",
+                _ => "bucket or object",
+            },
+            match bucket.as_str() {
+                "" => String::new(),
+                bucket => format!(" for '{bucket}'"),
+            }
+        ),
         _ if cloud == Some(Cloud::Http) && text.contains("PROPFIND") => format!(
             "the HTTP server{endpoint} does not list folders (WebDAV's PROPFIND is refused): \
              read its files by their full URL"
@@ -152,8 +167,14 @@ fn cloud_of(err: &object_store::Error, code: Option<&str>, request: Option<&Url>
     ) {
         return Some(Cloud::Azure);
     }
-    let host = request?.host_str()?;
-    if host.ends_with(".windows.net") || request?.path().starts_with("/devstoreaccount1/") {
+    let request = request?;
+    let host = request.host_str()?;
+    // Azure's requests say what they ask of the service in the query (`restype=container`,
+    // `comp=list`, `comp=block`), as S3's and Google's never do.
+    let azure_query = request
+        .query_pairs()
+        .any(|(key, _)| key == "restype" || key == "comp");
+    if host.ends_with(".windows.net") || azure_query {
         Some(Cloud::Azure)
     } else if host.ends_with("googleapis.com") {
         Some(Cloud::Gcs)
@@ -177,7 +198,12 @@ fn credentials_of(cloud: Option<Cloud>) -> &'static str {
              (or 'azure.*' options)"
         }
         Some(Cloud::Http) => "that the server allows reading the URL",
-        None => "the store's credentials (AWS_*, GOOGLE_* or AZURE_* variables)",
+        None => {
+            "the credentials: for S3 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS \
+             profile), for Google Cloud Storage GOOGLE_SERVICE_ACCOUNT or \
+             GOOGLE_APPLICATION_CREDENTIALS, for Azure AZURE_STORAGE_ACCOUNT_NAME and \
+             AZURE_STORAGE_ACCOUNT_KEY"
+        }
     }
 }
 

@@ -197,17 +197,19 @@ pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
         .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
 }
 
-/// `text` with the password of every URL in it (`scheme://user:password@host`) blanked: for
-/// messages that quote what was given, whatever part of them it is.
+/// `text` with the password of every URL in it (`scheme://user:password@host`) and its query
+/// (`?sig=...`: a SAS token, a signed URL's signature) blanked: for messages that quote what was
+/// given, whatever part of them it is.
 pub fn blank_passwords(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
+    let ends_url = |c: char| c == '\'' || c == '"' || c.is_whitespace();
     while let Some(at) = rest.find("://") {
         let (before, after) = rest.split_at(at + 3);
         out.push_str(before);
         // The authority: up to the path, a quote or a space.
         let end = after
-            .find(|c: char| c == '/' || c == '\'' || c == '"' || c.is_whitespace())
+            .find(|c: char| c == '/' || ends_url(c))
             .unwrap_or(after.len());
         let authority = &after[..end];
         match authority
@@ -221,7 +223,21 @@ pub fn blank_passwords(text: &str) -> String {
             }
             None => out.push_str(authority),
         }
-        rest = &after[end..];
+        // The path, and the query blanked (up to a fragment or the end of the URL).
+        let tail = &after[end..];
+        let url_end = tail.find(ends_url).unwrap_or(tail.len());
+        let (url, after_url) = tail.split_at(url_end);
+        match url.split_once('?') {
+            Some((path, query)) if !query.is_empty() => {
+                out.push_str(path);
+                out.push_str("?REDACTED");
+                if let Some(fragment) = query.find('#') {
+                    out.push_str(&query[fragment..]);
+                }
+            }
+            _ => out.push_str(url),
+        }
+        rest = after_url;
     }
     out.push_str(rest);
     out
@@ -238,6 +254,10 @@ mod tests {
             "cannot read s3://u:REDACTED@b/x.parquet: 'https://a:REDACTED@h:99999/x'"
         );
         assert_eq!(blank_passwords("s3://bucket/k@v:1"), "s3://bucket/k@v:1");
+        assert_eq!(
+            blank_passwords("read 'az://c/k.parquet?sv=1&sig=S3CRET' and https://h/x?a=b#f"),
+            "read 'az://c/k.parquet?REDACTED' and https://h/x?REDACTED#f"
+        );
         assert_eq!(
             blank_passwords("http://user@h/ and ://"),
             "http://user@h/ and ://"

@@ -245,20 +245,46 @@ impl StoreRegistry {
     }
 
     /// Connects the store of `url` (an `s3://`, `gs://`, `az://`, `abfss://` or `https://` URL)
-    /// with `options` (SQL `OPTIONS`) over the environment's settings, replacing any store the
-    /// bucket had.
+    /// with `options` (SQL `OPTIONS`) over the environment's settings. A bucket (or container,
+    /// or server) has one set of settings in an engine: the first that connects it. Settings
+    /// given again are the same store; other settings for it are refused, since DataFusion finds
+    /// a table's store by its bucket alone (two tables of one bucket with two sets of keys
+    /// would both read with one of them), and writes in progress hold on to the store they began
+    /// on.
     pub fn connect(&self, url: &Url, options: &StoreOptions) -> Result<Arc<CommitStore>> {
+        let key = store_key(url);
+        let connected = |buckets: &HashMap<String, (StoreOptions, Arc<CommitStore>)>| {
+            buckets.get(&key).map(|(known, store)| {
+                if known.same_as(options) {
+                    Ok(store.clone())
+                } else {
+                    Err(Error::Usage(format!(
+                        "{key} is connected already, with {}: a bucket or container takes one \
+                         set of settings in a session (DataFusion finds a table's store by its \
+                         bucket alone); give every table of {key} the same OPTIONS, or none",
+                        match known.is_empty() {
+                            true => "the environment's settings",
+                            false => "other OPTIONS",
+                        }
+                    )))
+                }
+            })
+        };
+        if let Some(store) = connected(&self.buckets.read().unwrap_or_else(|p| p.into_inner())) {
+            return store;
+        }
         let (cloud, client) = client(url, options)?;
         let kind = match cloud {
             Cloud::S3 | Cloud::Gcs | Cloud::Azure => CommitKind::HoldUploads,
             Cloud::Http => CommitKind::ReadOnly(cloud.name()),
         };
+        let mut buckets = self.buckets.write().unwrap_or_else(|p| p.into_inner());
+        // Connected meanwhile by another statement: that store, as above.
+        if let Some(store) = connected(&buckets) {
+            return store;
+        }
         let store = Arc::new(CommitStore::new(client, kind));
-        let key = store_key(url);
-        self.buckets
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (options.clone(), store.clone()));
+        buckets.insert(key, (options.clone(), store.clone()));
         Ok(store)
     }
 
@@ -300,6 +326,7 @@ impl StoreRegistry {
         {
             return Ok(store.clone());
         }
+        // First use, with the environment's settings (a statement's OPTIONS connect before).
         self.connect(url, &StoreOptions::default())
     }
 

@@ -1,0 +1,125 @@
+//! Tables in databases: PostgreSQL and SQLite tables as sources and sinks, through
+//! datafusion-table-providers.
+//!
+//! ```sql
+//! CREATE EXTERNAL TABLE customers STORED AS POSTGRES LOCATION 'public.customers'
+//! OPTIONS ('host' 'localhost', 'port' '5432', 'db' 'shop', 'user' 'app', 'pass' '...');
+//! CREATE EXTERNAL TABLE events STORED AS SQLITE LOCATION 'data/events.db' OPTIONS ('table' 'events');
+//! INSERT INTO churn_scores SELECT id, predict('churn', city, age, spend).label FROM customers;
+//! ```
+//!
+//! A table's columns are read from the database. Filters, projections and limits are sent to it
+//! as SQL (the providers unparse DataFusion's expressions), so only the rows and columns a query
+//! needs cross the connection. An `INSERT INTO` such a table runs in one transaction: a statement
+//! that fails leaves the table as it was.
+//!
+//! The engine creates these tables itself (`Engine::create_database_table`) before the
+//! statement's secrets are blanked: the password is used to connect, then kept only by the
+//! connection pool, never in a plan, a table definition or a message.
+
+mod postgres;
+mod rows;
+mod sqlite;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::common::TableReference;
+use datafusion::logical_expr::CreateExternalTable;
+
+use crate::error::{Error, Result};
+
+/// The kinds of database table batchinfer connects (`STORED AS ...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Database {
+    Postgres,
+    Sqlite,
+}
+
+impl Database {
+    /// The database a `STORED AS` names, if it names one.
+    pub fn of(file_type: &str) -> Option<Database> {
+        match file_type.to_ascii_uppercase().as_str() {
+            "POSTGRES" | "POSTGRESQL" => Some(Database::Postgres),
+            "SQLITE" => Some(Database::Sqlite),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Database::Postgres => "PostgreSQL",
+            Database::Sqlite => "SQLite",
+        }
+    }
+}
+
+/// The table provider of `CREATE EXTERNAL TABLE ... STORED AS POSTGRES | SQLITE`: connected,
+/// its columns read from the database (or, for declared columns, the table created there).
+pub async fn table(
+    database: Database,
+    create: &CreateExternalTable,
+) -> Result<Arc<dyn TableProvider>> {
+    let options: BTreeMap<String, String> = create
+        .options
+        .iter()
+        // DataFusion's planner puts options with no prefix under `format.`.
+        .map(|(key, value)| {
+            let key = key.to_ascii_lowercase();
+            let key = key.strip_prefix("format.").unwrap_or(&key).to_string();
+            (key, value.clone())
+        })
+        .collect();
+    let name = create.name.to_string();
+    let inner = match database {
+        Database::Postgres => postgres::table(&name, create, options).await?,
+        Database::Sqlite => sqlite::table(&name, create, options).await?,
+    };
+    Ok(Arc::new(rows::DatabaseTable { inner }))
+}
+
+/// The one `LOCATION` of a table definition (empty where none is given).
+fn location(create: &CreateExternalTable) -> Result<&str> {
+    match create.locations.as_slice() {
+        [] => Ok(""),
+        [one] => Ok(one),
+        _ => Err(Error::Usage(format!(
+            "table '{}' names {} locations: a database table has one",
+            create.name,
+            create.locations.len()
+        ))),
+    }
+}
+
+/// The table a `LOCATION` names in the database (`schema.table` or `table`), else the external
+/// table's own name.
+fn table_reference(location: &str, name: &str) -> TableReference {
+    match location.trim() {
+        "" => TableReference::bare(name),
+        location => TableReference::parse_str(location),
+    }
+}
+
+/// `text` with every occurrence of each secret replaced, for a message quoting an error whose
+/// text no one controls.
+fn without(text: &str, secrets: &[&str]) -> String {
+    let mut text = text.to_string();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "<redacted>");
+    }
+    text
+}
+
+/// An option no database of this kind takes.
+fn unknown_option(database: Database, key: &str, known: &[&str]) -> Error {
+    Error::Usage(format!(
+        "{} tables take no option '{key}' (they take {})",
+        database.name(),
+        known
+            .iter()
+            .map(|k| format!("'{k}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}

@@ -1,0 +1,251 @@
+//! PostgreSQL tables: where to connect (the statement's `OPTIONS`, a `postgres://` URL, the
+//! `PG*` variables libpq reads, in that order), the connection pool, and the table's provider.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::catalog::TableProviderFactory;
+use datafusion::logical_expr::CreateExternalTable;
+use datafusion_table_providers_postgres::pool::PostgresConnectionPool;
+use datafusion_table_providers_postgres::{PostgresTableFactory, PostgresTableProviderFactory};
+use secrecy::SecretString;
+use url::Url;
+
+use super::{Database, table_reference, unknown_option, without};
+use crate::error::{Error, Result};
+
+/// The options a PostgreSQL table takes.
+const KNOWN: &[&str] = &[
+    "url",
+    "host",
+    "port",
+    "db",
+    "user",
+    "pass",
+    "sslmode",
+    "sslrootcert",
+];
+
+/// Where a table is, as libpq's settings: `host`, `port`, `db`, `user`, `pass`, `sslmode`,
+/// `sslrootcert`.
+#[derive(Default)]
+struct Settings(BTreeMap<&'static str, String>);
+
+impl Settings {
+    /// The statement's options, over those of its `'url'`, over the `PG*` variables, over
+    /// libpq's defaults.
+    fn resolve(options: &BTreeMap<String, String>) -> Result<Settings> {
+        let mut settings = Settings::default();
+        let from_env = [
+            ("host", "PGHOST"),
+            ("port", "PGPORT"),
+            ("db", "PGDATABASE"),
+            ("user", "PGUSER"),
+            ("pass", "PGPASSWORD"),
+            ("sslmode", "PGSSLMODE"),
+            ("sslrootcert", "PGSSLROOTCERT"),
+        ];
+        for (key, variable) in from_env {
+            if let Ok(value) = std::env::var(variable) {
+                settings.0.insert(key, value);
+            }
+        }
+        if let Some(url) = options.get("url") {
+            settings.read_url(url)?;
+        }
+        for (key, value) in options {
+            let key = match key.as_str() {
+                "url" => continue,
+                "password" => "pass",
+                "dbname" | "database" => "db",
+                key => KNOWN
+                    .iter()
+                    .copied()
+                    .find(|k| *k == key)
+                    .ok_or_else(|| unknown_option(Database::Postgres, key, KNOWN))?,
+            };
+            settings.0.insert(key, value.clone());
+        }
+        let user = settings
+            .0
+            .get("user")
+            .cloned()
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "postgres".into());
+        settings
+            .0
+            .entry("host")
+            .or_insert_with(|| "localhost".into());
+        settings.0.entry("port").or_insert_with(|| "5432".into());
+        settings.0.entry("db").or_insert_with(|| user.clone());
+        settings.0.entry("user").or_insert(user);
+        // libpq's default: TLS when the server offers it.
+        settings
+            .0
+            .entry("sslmode")
+            .or_insert_with(|| "prefer".into());
+        Ok(settings)
+    }
+
+    /// `postgres://user:pass@host:port/db?sslmode=...`.
+    fn read_url(&mut self, text: &str) -> Result<()> {
+        let shown = crate::storage::blank_passwords(text);
+        let url = Url::parse(text)
+            .map_err(|e| Error::Usage(format!("'{shown}' is not a postgres:// URL: {e}")))?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(Error::Usage(format!(
+                "'{shown}' is not a postgres:// URL (postgres://USER:PASSWORD@HOST:PORT/DB)"
+            )));
+        }
+        let decode = |s: &str| {
+            percent_decode(s).ok_or_else(|| Error::Usage(format!("'{shown}' is not well encoded")))
+        };
+        if let Some(host) = url.host_str().filter(|h| !h.is_empty()) {
+            self.0
+                .insert("host", host.trim_matches(['[', ']']).to_string());
+        }
+        if let Some(port) = url.port() {
+            self.0.insert("port", port.to_string());
+        }
+        if !url.username().is_empty() {
+            self.0.insert("user", decode(url.username())?);
+        }
+        if let Some(pass) = url.password() {
+            self.0.insert("pass", decode(pass)?);
+        }
+        if let Some(db) = url.path().strip_prefix('/').filter(|d| !d.is_empty()) {
+            self.0.insert("db", decode(db)?);
+        }
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "sslmode" => self.0.insert("sslmode", value.into_owned()),
+                "sslrootcert" => self.0.insert("sslrootcert", value.into_owned()),
+                other => {
+                    return Err(Error::Usage(format!(
+                        "'{shown}': batchinfer reads no '{other}' from a postgres:// URL (it \
+                         reads sslmode and sslrootcert)"
+                    )));
+                }
+            };
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> &str {
+        self.0.get(key).map_or("", String::as_str)
+    }
+
+    /// Where it connects, for messages: `user@host:port/db`.
+    fn describe(&self) -> String {
+        format!(
+            "{}@{}:{}/{}",
+            self.get("user"),
+            self.get("host"),
+            self.get("port"),
+            self.get("db")
+        )
+    }
+
+    fn params(&self) -> HashMap<String, SecretString> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.to_string(), SecretString::from(v.clone())))
+            .collect()
+    }
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+pub(super) async fn table(
+    name: &str,
+    create: &CreateExternalTable,
+    options: BTreeMap<String, String>,
+) -> Result<Arc<dyn TableProvider>> {
+    let settings = Settings::resolve(&options)?;
+    let pass = settings.get("pass").to_string();
+    let reference = table_reference(super::location(create)?, name);
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Usage(without(
+            &format!(
+                "PostgreSQL table '{name}' ({reference} at {}): {what}: {e}",
+                settings.describe()
+            ),
+            &[&pass],
+        ))
+    };
+    if !create.schema.fields().is_empty() {
+        // Declared columns: the table is created where it does not exist (in the search path's
+        // schema), by the provider's own factory.
+        if reference.schema().is_some() {
+            return Err(Error::Usage(format!(
+                "PostgreSQL table '{name}': a table with declared columns is created in the \
+                 search path's schema, so its LOCATION names no schema ('{}'); create it in \
+                 '{reference}' with psql and leave the columns out",
+                reference.table()
+            )));
+        }
+        let mut create = create.clone();
+        create.name = datafusion::common::TableReference::bare(reference.table());
+        create.options = settings
+            .0
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let state = datafusion::execution::SessionStateBuilder::new().build();
+        return PostgresTableProviderFactory::new()
+            .create(&state, &create)
+            .await
+            .map_err(|e| failed("cannot create it", &e));
+    }
+    let pool = PostgresConnectionPool::new(settings.params())
+        .await
+        .map_err(|e| failed("cannot connect", &e))?;
+    PostgresTableFactory::new(Arc::new(pool))
+        .read_write_table_provider(reference.clone())
+        .await
+        .map_err(|e| failed("cannot read the table's columns (does it exist?)", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_then_options_say_where_to_connect() {
+        let options: BTreeMap<String, String> = [
+            (
+                "url".to_string(),
+                "postgres://app:p%40ss@db.example:6543/shop?sslmode=disable".to_string(),
+            ),
+            ("port".to_string(), "7000".to_string()),
+        ]
+        .into();
+        let settings = Settings::resolve(&options).unwrap();
+        assert_eq!(settings.get("pass"), "p@ss");
+        assert_eq!(settings.describe(), "app@db.example:7000/shop");
+        assert_eq!(settings.get("sslmode"), "disable");
+        let bad: BTreeMap<String, String> = [("hots".to_string(), "x".to_string())].into();
+        let err = Settings::resolve(&bad).err().unwrap().to_string();
+        assert!(err.contains("'hots'") && err.contains("'host'"), "{err}");
+        let url: BTreeMap<String, String> =
+            [("url".to_string(), "mysql://u:SECRET@h/db".to_string())].into();
+        let err = Settings::resolve(&url).err().unwrap().to_string();
+        assert!(!err.contains("SECRET"), "{err}");
+    }
+}

@@ -1,0 +1,320 @@
+//! PostgreSQL and SQLite tables as sources and sinks, through the real binary: against a real
+//! PostgreSQL server the tests start (Debian's package; `psql` reads what batchinfer wrote), and
+//! SQLite files checked with SQLite itself (rusqlite).
+
+mod common;
+mod postgres;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{assert_failure, assert_ok};
+use postgres::{PASSWORD, Postgres};
+
+/// The churn model's inputs over `rows` customers (ids 0..rows), as Parquet at `path`.
+fn customers_parquet(path: &Path, rows: u64) {
+    let out = run(
+        common::bin(),
+        &format!(
+            "COPY (SELECT value AS id,
+                    CASE value % 3 WHEN 0 THEN 'paris' WHEN 1 THEN 'berlin' ELSE 'rome' END AS city,
+                    CAST(18 + value % 60 AS FLOAT) AS age,
+                    CAST((value * 7919) % 5000 AS FLOAT) / 10 AS spend
+                  FROM range({rows}))
+             TO '{}' STORED AS PARQUET",
+            path.display()
+        ),
+    );
+    assert_ok(&out);
+}
+
+fn run(mut command: Command, sql: &str) -> Output {
+    common::output_within(
+        command.args(["--models", "data/models", "query", "-e", sql]),
+        common::DEADLINE,
+    )
+}
+
+/// The binary with no `PG*` settings of the test's own environment.
+fn batchinfer() -> Command {
+    let mut command = common::bin();
+    for (key, _) in std::env::vars() {
+        if key.starts_with("PG") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// The scoring job both ways: id, label and the probability of churn.
+const SCORES: &str = "SELECT id, predict('churn', city, age, spend)['label'] AS label,
+                             predict('churn', city, age, spend)['probabilities'][2] AS p";
+
+/// Rows `id,label,p` (a header first) as `common::rows` reads them.
+fn scored(csv: &str) -> Vec<(i64, Vec<f64>)> {
+    common::rows(csv)
+}
+
+#[test]
+fn postgres_rows_are_scored_and_written_back_as_the_same_job_over_parquet() {
+    let Some(pg) = Postgres::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = dir.path().join("customers.parquet");
+    customers_parquet(&parquet, 100_000);
+    // The same rows into PostgreSQL, by psql from CSV.
+    let csv = dir.path().join("customers.csv");
+    let out = run(
+        common::bin(),
+        &format!("SELECT * FROM '{}' ORDER BY id", parquet.display()),
+    );
+    std::fs::write(&csv, assert_ok(&out)).unwrap();
+    pg.psql(
+        "CREATE TABLE customers (id bigint PRIMARY KEY, city text, age real, spend real);
+         CREATE TABLE churn_scores (id bigint, label bigint, p real);",
+    );
+    pg.psql_with_input(
+        "\\copy customers FROM STDIN WITH (FORMAT csv, HEADER true)",
+        Some(&csv),
+    );
+    assert_eq!(pg.psql("SELECT count(*) FROM customers"), "100000\n");
+
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE customers STORED AS POSTGRES LOCATION 'public.customers' {};
+             CREATE EXTERNAL TABLE churn_scores STORED AS POSTGRES LOCATION 'churn_scores'
+             OPTIONS ('url' '{}');
+             INSERT INTO churn_scores {SCORES} FROM customers",
+            pg.options(),
+            pg.url()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "count\n100000\n");
+    let written = format!(
+        "id,label,p\n{}",
+        pg.psql("SELECT id, label, p FROM churn_scores ORDER BY id")
+    );
+    let from_parquet = run(
+        common::bin(),
+        &format!("{SCORES} FROM '{}' ORDER BY id", parquet.display()),
+    );
+    let expected = scored(&assert_ok(&from_parquet));
+    let written = scored(&written);
+    assert_eq!(written.len(), 100_000);
+    // Labels exactly; probabilities as PostgreSQL's real keeps them (float32, printed to 6
+    // significant digits by psql).
+    common::assert_same_rows(&written, &expected, 1e-5);
+    let labels: std::collections::BTreeSet<i64> =
+        written.iter().map(|(_, r)| r[0] as i64).collect();
+    assert_eq!(labels.len(), 2, "both classes are predicted");
+}
+
+#[test]
+fn filters_and_projections_run_in_postgres() {
+    let Some(pg) = Postgres::start() else { return };
+    pg.psql(
+        "CREATE TABLE customers (id bigint, city text, age real, spend real);
+         INSERT INTO customers SELECT i, 'c' || (i % 7), 20 + i % 50, i FROM generate_series(1, 5000) i;",
+    );
+    // Settings from the PG* variables, as libpq reads them.
+    let mut command = batchinfer();
+    command
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", pg.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", PASSWORD)
+        .env("PGDATABASE", "postgres")
+        .env("PGSSLMODE", "disable");
+    let out = run(
+        command,
+        "CREATE EXTERNAL TABLE customers STORED AS POSTGRES LOCATION 'customers';
+         SELECT count(*) AS n, sum(id) AS s FROM customers WHERE age > 60 AND city = 'c3';
+         EXPLAIN SELECT id FROM customers WHERE age > 60 LIMIT 5",
+    );
+    let text = assert_ok(&out);
+    let expected =
+        pg.psql("SELECT count(*), sum(id) FROM customers WHERE age > 60 AND city = 'c3'");
+    assert!(
+        text.starts_with(&format!("n,s\n{expected}")),
+        "{text}\nexpected {expected}"
+    );
+    // The query PostgreSQL runs reads one column, filters and limits there.
+    let sql = text
+        .lines()
+        .find(|l| l.contains("SqlExec sql="))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(sql.contains("WHERE") && sql.contains("LIMIT 5"), "{sql}");
+    assert!(!sql.contains("spend") && !sql.contains('*'), "{sql}");
+}
+
+#[test]
+fn a_failing_insert_leaves_the_postgres_table_as_it_was() {
+    let Some(pg) = Postgres::start() else { return };
+    pg.psql(
+        "CREATE TABLE scores (id bigint, q bigint);
+         INSERT INTO scores VALUES (1, 10), (2, 20), (3, 30);",
+    );
+    let before = pg.psql("SELECT * FROM scores ORDER BY id");
+    // `lookup` fails on the input 99, given on the last of 200,000 rows: by then the earlier
+    // rows have been sent to PostgreSQL.
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE scores STORED AS POSTGRES LOCATION 'scores' OPTIONS ('url' '{}');
+             INSERT INTO scores SELECT value AS id,
+               predict('lookup', CASE WHEN value = 199999 THEN 99 ELSE value % 10 END) AS q
+             FROM range(200000)",
+            pg.url()
+        ),
+    );
+    assert_failure(&out, &["model 'lookup' failed"]);
+    assert_eq!(pg.psql("SELECT * FROM scores ORDER BY id"), before);
+}
+
+#[test]
+fn postgres_errors_name_the_table_and_server_never_the_password() {
+    let Some(pg) = Postgres::start() else { return };
+    pg.psql("CREATE TABLE customers (id bigint)");
+    let wrong = "not-the-Password-42";
+    for options in [
+        format!(
+            "OPTIONS ('host' '127.0.0.1', 'port' '{}', 'user' 'postgres', 'db' 'postgres', \
+             'pass' '{wrong}', 'sslmode' 'disable')",
+            pg.port
+        ),
+        format!(
+            "OPTIONS ('url' 'postgres://postgres:{wrong}@127.0.0.1:{}/postgres?sslmode=disable')",
+            pg.port
+        ),
+    ] {
+        let out = run(
+            batchinfer(),
+            &format!("CREATE EXTERNAL TABLE c STORED AS POSTGRES LOCATION 'customers' {options}"),
+        );
+        let err = assert_failure(
+            &out,
+            &[
+                "'c'",
+                &format!("postgres@127.0.0.1:{}/postgres", pg.port),
+                "password",
+            ],
+        );
+        assert!(!err.contains(wrong), "{err}");
+    }
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE c STORED AS POSTGRES LOCATION 'public.nosuch' {}",
+            pg.options()
+        ),
+    );
+    let err = assert_failure(&out, &["'c'", "nosuch", "does it exist"]);
+    assert!(!err.contains(PASSWORD), "{err}");
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE c STORED AS POSTGRES LOCATION 'customers' {}",
+            pg.options().replace("'host'", "'hots'")
+        ),
+    );
+    assert_failure(&out, &["no option 'hots'", "'host'"]);
+}
+
+fn sqlite(path: &Path, sql: &str) {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+}
+
+fn sqlite_rows(path: &Path, sql: &str) -> Vec<(i64, f64)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut statement = conn.prepare(sql).unwrap();
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
+#[test]
+fn sqlite_tables_are_read_and_written_in_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shop.db");
+    let parquet = dir.path().join("customers.parquet");
+    customers_parquet(&parquet, 2_000);
+    sqlite(
+        &db,
+        "CREATE TABLE customers (id INTEGER PRIMARY KEY, city TEXT, age REAL, spend REAL);
+         CREATE TABLE churn_scores (id INTEGER, label INTEGER, p REAL);",
+    );
+    // Filled by batchinfer from Parquet, scored from SQLite into the empty table beside it.
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE customers STORED AS SQLITE LOCATION '{db}';
+             CREATE EXTERNAL TABLE scores STORED AS SQLITE LOCATION '{db}'
+             OPTIONS ('table' 'churn_scores');
+             INSERT INTO customers SELECT * FROM '{parquet}';
+             INSERT INTO scores {SCORES} FROM customers;
+             SELECT count(*) AS n FROM customers",
+            db = db.display(),
+            parquet = parquet.display()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "count\n2000\ncount\n2000\nn\n2000\n");
+    let written: Vec<(i64, Vec<f64>)> = {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let mut statement = conn
+            .prepare("SELECT id, label, p FROM churn_scores ORDER BY id")
+            .unwrap();
+        statement
+            .query_map([], |row| {
+                Ok((row.get(0)?, vec![row.get::<_, i64>(1)? as f64, row.get(2)?]))
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    let from_parquet = run(
+        common::bin(),
+        &format!("{SCORES} FROM '{}' ORDER BY id", parquet.display()),
+    );
+    common::assert_same_rows(&written, &scored(&assert_ok(&from_parquet)), 1e-6);
+    // A failing INSERT: nothing of it stays.
+    let before = sqlite_rows(&db, "SELECT id, p FROM churn_scores ORDER BY id");
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE scores STORED AS SQLITE LOCATION '{}'
+             OPTIONS ('table' 'churn_scores');
+             INSERT INTO scores SELECT value, predict('lookup', CASE WHEN value = 99999 THEN 99
+               ELSE value % 10 END), 0.5 FROM range(100000)",
+            db.display()
+        ),
+    );
+    assert_failure(&out, &["model 'lookup' failed"]);
+    assert_eq!(
+        sqlite_rows(&db, "SELECT id, p FROM churn_scores ORDER BY id"),
+        before
+    );
+    // A missing file is not created; a missing table is named.
+    let missing = dir.path().join("missing.db");
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE t STORED AS SQLITE LOCATION '{}'",
+            missing.display()
+        ),
+    );
+    assert_failure(&out, &["missing.db"]);
+    assert!(!missing.exists());
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE t STORED AS SQLITE LOCATION '{}' OPTIONS ('table' 'nosuch')",
+            db.display()
+        ),
+    );
+    assert_failure(&out, &["no table 'nosuch'"]);
+}
