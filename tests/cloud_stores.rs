@@ -187,6 +187,48 @@ fn a_warehouse_in_azure_keeps_models_and_tables_across_processes() {
     assert_eq!(assert_ok(&out), "n\n40000\n");
 }
 
+/// A materialized view over blobs, kept in a warehouse in Azure: a refresh scores the new blobs
+/// only, and a removed blob's rows go.
+#[test]
+fn a_materialized_view_over_azure_scores_only_new_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    let view = |sql: &str| {
+        let mut command = azure(&server, dir.path());
+        command.args(["--warehouse", "az://lake/wh/", "--models", "data/models"]);
+        run(command, &["query", "-e", sql])
+    };
+    let out = view(&format!(
+        "CREATE MATERIALIZED VIEW scores AS
+           SELECT id, predict('linear', {FEATURES}) AS p FROM 'az://data/features/';
+         REFRESH MATERIALIZED VIEW scores;
+         SELECT count(*) AS n FROM scores"
+    ));
+    assert!(
+        assert_ok(&out).ends_with("n\n40000\n"),
+        "{}",
+        common::stdout(&out)
+    );
+    server.put_file(
+        "data",
+        "features/part-4.parquet",
+        Path::new("data/sample/features.parquet"),
+    );
+    let out = view("REFRESH MATERIALIZED VIEW scores; SELECT count(*) AS n FROM scores");
+    let text = assert_ok(&out);
+    assert!(text.ends_with("n\n50000\n"), "{text}");
+    let reread = view("SELECT id, p FROM scores");
+    common::assert_same_rows(
+        &common::rows(&assert_ok(&reread)),
+        &local_scores(dir.path(), 5),
+        1e-6,
+    );
+    server.delete("data", "features/part-0.parquet");
+    let out = view("REFRESH MATERIALIZED VIEW scores; SELECT count(*) AS n FROM scores");
+    let text = assert_ok(&out);
+    assert!(text.ends_with("n\n40000\n"), "{text}");
+}
+
 /// Rows of ten random doubles (incompressible: each output file passes the 10 MiB after which
 /// it is uploaded in blocks), scored by `lookup`, which fails on the row `fail_at`.
 fn random_rows(rows: u64, fail_at: u64) -> String {

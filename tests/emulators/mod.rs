@@ -254,6 +254,11 @@ impl Azurite {
         assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
     }
 
+    pub fn delete(&self, container: &str, blob: &str) {
+        let (status, body) = self.request("DELETE", &format!("/{container}/{blob}"), &[], &[], &[]);
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
+    }
+
     /// The names of the blobs in `container` (committed ones; with `uncommitted`, blobs that
     /// have only uncommitted blocks too).
     pub fn blobs(&self, container: &str, uncommitted: bool) -> Vec<String> {
