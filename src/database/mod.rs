@@ -76,7 +76,7 @@ pub async fn table(
         Database::Postgres => postgres::table(&name, create, options).await?,
         Database::Sqlite => sqlite::table(&name, create, options).await?,
     };
-    Ok(Arc::new(rows::DatabaseTable { inner }))
+    Ok(Arc::new(rows::DatabaseTable { inner, database }))
 }
 
 /// The one `LOCATION` of a table definition (empty where none is given).

@@ -91,8 +91,13 @@ impl Settings {
     /// `postgres://user:pass@host:port/db?sslmode=...`.
     fn read_url(&mut self, text: &str) -> Result<()> {
         let shown = crate::storage::blank_passwords(text);
-        let url = Url::parse(text)
-            .map_err(|e| Error::Usage(format!("'{shown}' is not a postgres:// URL: {e}")))?;
+        // Not quoted unless it is a URL: a libpq key=value string would show its password.
+        let url = Url::parse(text).map_err(|e| {
+            Error::Usage(format!(
+                "the 'url' option is not a postgres:// URL ({e}): expected \
+                 postgres://USER:PASSWORD@HOST:PORT/DB"
+            ))
+        })?;
         if !matches!(url.scheme(), "postgres" | "postgresql") {
             return Err(Error::Usage(format!(
                 "'{shown}' is not a postgres:// URL (postgres://USER:PASSWORD@HOST:PORT/DB)"
@@ -213,14 +218,66 @@ pub(super) async fn table(
             .await
             .map_err(|e| failed("cannot create it", &e));
     }
-    let pool = PostgresConnectionPool::new(settings.params())
+    let connect = async {
+        let pool = PostgresConnectionPool::new(settings.params())
+            .await
+            .map_err(|e| failed("cannot connect", &e))?;
+        // The table is looked up by name, as parameters, before the provider reads its columns:
+        // the provider falls back to `SELECT * FROM <LOCATION>` for a name its catalog query
+        // does not find, which would run whatever the LOCATION says.
+        let connection = pool
+            .connect_direct()
+            .await
+            .map_err(|e| failed("cannot connect", &e))?;
+        let schema = reference.schema().map(str::to_string);
+        let table = reference.table().to_string();
+        let found = connection
+            .conn
+            .query_one(TABLE_EXISTS, &[&schema, &table])
+            .await
+            .map_err(|e| failed("cannot look the table up", &e))?;
+        if !found.get::<_, bool>(0) {
+            return Err(failed(
+                "no such table",
+                &format!(
+                    "the database has no table or view '{}'{}",
+                    table,
+                    match &schema {
+                        Some(schema) => format!(" in schema '{schema}'"),
+                        None => " in the search path".to_string(),
+                    }
+                ),
+            ));
+        }
+        drop(connection);
+        PostgresTableFactory::new(Arc::new(pool))
+            .read_write_table_provider(reference.clone())
+            .await
+            .map_err(|e| failed("cannot read the table's columns", &e))
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
-        .map_err(|e| failed("cannot connect", &e))?;
-    PostgresTableFactory::new(Arc::new(pool))
-        .read_write_table_provider(reference.clone())
-        .await
-        .map_err(|e| failed("cannot read the table's columns (does it exist?)", &e))
+        .map_err(|_| {
+            failed(
+                "no answer",
+                &format!(
+                    "the server did not answer within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            )
+        })?
 }
+
+/// The longest connecting to the server and reading a table's columns may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether the table (or view) `$2` exists in schema `$1`, or in the search path when `$1` is
+/// NULL.
+const TABLE_EXISTS: &str = "SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relname = $2 AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
+      AND (($1::text IS NULL AND pg_catalog.pg_table_is_visible(c.oid)) OR n.nspname = $1))";
 
 #[cfg(test)]
 mod tests {
@@ -243,9 +300,10 @@ mod tests {
         let bad: BTreeMap<String, String> = [("hots".to_string(), "x".to_string())].into();
         let err = Settings::resolve(&bad).err().unwrap().to_string();
         assert!(err.contains("'hots'") && err.contains("'host'"), "{err}");
-        let url: BTreeMap<String, String> =
-            [("url".to_string(), "mysql://u:SECRET@h/db".to_string())].into();
-        let err = Settings::resolve(&url).err().unwrap().to_string();
-        assert!(!err.contains("SECRET"), "{err}");
+        for text in ["mysql://u:SECRET@h/db", "host=h password=SECRET user=u"] {
+            let url: BTreeMap<String, String> = [("url".to_string(), text.to_string())].into();
+            let err = Settings::resolve(&url).err().unwrap().to_string();
+            assert!(!err.contains("SECRET"), "{err}");
+        }
     }
 }

@@ -7,8 +7,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Constraints, DataFusionError, Result};
 use datafusion::datasource::TableType;
@@ -21,10 +22,36 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use super::Database;
+
 /// A database table's provider, as batchinfer hands it to DataFusion.
 #[derive(Debug)]
 pub(super) struct DatabaseTable {
     pub(super) inner: Arc<dyn TableProvider>,
+    pub(super) database: Database,
+}
+
+impl DatabaseTable {
+    /// Whether the database would answer `filter` otherwise than DataFusion: SQLite's `LIKE`
+    /// ignores the case of ASCII letters and has no `ILIKE`; PostgreSQL compares a `real`
+    /// column with a literal in double precision (`r = 20.1` is false for the real 20.1).
+    fn answers_otherwise(&self, filter: &Expr) -> bool {
+        let schema = self.schema();
+        filter
+            .exists(|e| {
+                Ok(match (self.database, e) {
+                    (Database::Sqlite, Expr::Like(_) | Expr::SimilarTo(_)) => true,
+                    (Database::Postgres, Expr::Literal(value, _)) => {
+                        value.data_type() == DataType::Float32
+                    }
+                    (Database::Postgres, Expr::Column(column)) => schema
+                        .field_with_name(&column.name)
+                        .is_ok_and(|f| f.data_type() == &DataType::Float32),
+                    _ => false,
+                })
+            })
+            .unwrap_or(true)
+    }
 }
 
 #[async_trait]
@@ -45,7 +72,13 @@ impl TableProvider for DatabaseTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        self.inner.supports_filters_pushdown(filters)
+        let mut pushed = self.inner.supports_filters_pushdown(filters)?;
+        for (filter, pushed) in filters.iter().zip(pushed.iter_mut()) {
+            if self.answers_otherwise(filter) {
+                *pushed = TableProviderFilterPushDown::Unsupported;
+            }
+        }
+        Ok(pushed)
     }
 
     async fn scan(
@@ -55,17 +88,20 @@ impl TableProvider for DatabaseTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match projection {
+        let scan: Arc<dyn ExecutionPlan> = match projection {
             Some(columns) if columns.is_empty() && !self.schema().fields().is_empty() => {
                 let one = self
                     .inner
                     .scan(state, Some(&vec![0]), filters, limit)
                     .await?;
                 let none: Vec<(Arc<dyn PhysicalExpr>, String)> = Vec::new();
-                Ok(Arc::new(ProjectionExec::try_new(none, one)?))
+                Arc::new(ProjectionExec::try_new(none, one)?)
             }
-            projection => self.inner.scan(state, projection, filters, limit).await,
-        }
+            projection => self.inner.scan(state, projection, filters, limit).await?,
+        };
+        // The filters the database may run reached it above; the others stay where DataFusion
+        // put them (the providers' scans also take filters pushed down the physical plan).
+        Ok(Arc::new(Fence { scan }))
     }
 
     async fn insert_into(
@@ -81,6 +117,74 @@ impl TableProvider for DatabaseTable {
         });
         let insert = self.inner.insert_into(state, input, insert_op).await?;
         Ok(Arc::new(Reported { insert, failure }))
+    }
+}
+
+/// The database's own error with what it says under it: the providers' messages stop at "db
+/// error" or "Unable to insert", the server's reason (a constraint, a value) is a source of
+/// theirs.
+fn with_causes(err: DataFusionError) -> DataFusionError {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    DataFusionError::Execution(text)
+}
+
+/// A database scan that takes no filter pushed down the physical plan: those that reach it
+/// went through [`DatabaseTable::supports_filters_pushdown`].
+#[derive(Debug)]
+struct Fence {
+    scan: Arc<dyn ExecutionPlan>,
+}
+
+impl DisplayAs for Fence {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "DatabaseScan")
+    }
+}
+
+impl ExecutionPlan for Fence {
+    fn name(&self) -> &str {
+        "DatabaseScan"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.scan.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.scan]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Fence {
+            scan: children.swap_remove(0),
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.scan.execute(partition, context)
     }
 }
 
@@ -206,7 +310,7 @@ impl ExecutionPlan for Reported {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .take()
-                    .unwrap_or(e)
+                    .unwrap_or_else(|| with_causes(e))
             })
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, reported)))

@@ -123,15 +123,17 @@ fn declared_schema(path: &std::path::Path, table: &str) -> rusqlite::Result<Sche
 }
 
 /// The Arrow type of a declared SQLite column type (SQLite's rules of type affinity, section
-/// 3.1 of its documentation on data types; booleans as they are usually declared).
+/// 3.1 of its documentation on data types; booleans as they are usually declared, dates and
+/// times as text).
 fn affinity(declared: &str) -> DataType {
     let declared = declared.to_ascii_uppercase();
     if declared.contains("INT") {
         DataType::Int64
-    } else if ["CHAR", "CLOB", "TEXT"]
+    } else if ["CHAR", "CLOB", "TEXT", "DATE", "TIME"]
         .iter()
         .any(|t| declared.contains(t))
     {
+        // Dates and times as the text (ISO 8601) SQLite's date functions keep.
         DataType::Utf8
     } else if declared.contains("BLOB") || declared.is_empty() {
         DataType::Binary
@@ -156,6 +158,9 @@ fn declared_types_take_sqlites_affinity() {
         ("BLOB", DataType::Binary),
         ("", DataType::Binary),
         ("BOOLEAN", DataType::Boolean),
+        ("DATE", DataType::Utf8),
+        ("TIMESTAMP", DataType::Utf8),
+        ("DATETIME", DataType::Utf8),
     ] {
         assert_eq!(affinity(declared), arrow, "{declared}");
     }
