@@ -63,11 +63,11 @@ fn main() {
          INSERT INTO customers SELECT i,
            CASE i % 3 WHEN 0 THEN 'paris' WHEN 1 THEN 'berlin' ELSE 'rome' END,
            18 + i % 60, ((i * 7919) % 5000) / 10.0
-         FROM generate_series(0, {}) i;
-         CREATE TABLE scores (id bigint, label bigint, p real);
-         VACUUM ANALYZE customers;",
+         FROM generate_series(0::bigint, {}) i;
+         CREATE TABLE scores (id bigint, label bigint, p real);",
         rows - 1
     ));
+    pg.psql("VACUUM ANALYZE customers");
     let tables = format!(
         "CREATE EXTERNAL TABLE customers STORED AS POSTGRES LOCATION 'customers' {options};
          CREATE EXTERNAL TABLE scores STORED AS POSTGRES LOCATION 'scores' {options};",
