@@ -350,6 +350,33 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     assert!(text.starts_with("n\n40000\n"), "{text}");
     assert!(!text.contains(AZURE_KEY), "{text}");
     assert_eq!(server.blobs("out", false), ["ids.parquet"]);
+    // Settings that fail are not kept: the same container connects with the right key after.
+    let wrong = options.replace(
+        AZURE_KEY,
+        "d3JvbmcgYnV0IHdlbGwgZm9ybWVkIGtleSBvZiAzMiBieXRlcyE=",
+    );
+    let mut shell = batchinfer(dir.path());
+    shell
+        .arg("shell")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = shell.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(
+            stdin,
+            "CREATE EXTERNAL TABLE w STORED AS PARQUET LOCATION 'az://data/features/' {wrong};\n\
+             CREATE EXTERNAL TABLE r STORED AS PARQUET LOCATION 'az://data/features/' {options};\n\
+             SELECT count(*) AS n FROM r;"
+        )
+        .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (common::stdout(&out), common::stderr(&out));
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(stdout.contains("n\n40000"), "{stdout}\n{stderr}");
     let out = run(
         batchinfer(dir.path()),
         &[

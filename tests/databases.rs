@@ -298,6 +298,42 @@ fn sqlite_tables_are_read_and_written_in_a_transaction() {
         sqlite_rows(&db, "SELECT id, p FROM churn_scores ORDER BY id"),
         before
     );
+    // Columns declared without a telling type are what their rows hold; two kinds in one column
+    // are refused, naming it.
+    sqlite(
+        &db,
+        "CREATE TABLE loose (a, b DATETIME);
+         INSERT INTO loose VALUES (1, 1700000000), (2, 1700000060);
+         CREATE TABLE mixed (id INTEGER, c NUMERIC);
+         INSERT INTO mixed VALUES (1, 1), (2, 'two');",
+    );
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE l STORED AS SQLITE LOCATION '{}' OPTIONS ('table' 'loose');
+             SELECT sum(a) AS a, max(b) AS b FROM l",
+            db.display()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "a,b\n3,1700000060\n");
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE m STORED AS SQLITE LOCATION '{}' OPTIONS ('table' 'mixed')",
+            db.display()
+        ),
+    );
+    assert_failure(
+        &out,
+        &["column 'c' holds values of several kinds (integer, text)"],
+    );
+    // The database file is as it was: no journal mode changed, no file beside it.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    assert!(!dir.path().join("shop.db-wal").exists());
     // A missing file is not created; a missing table is named.
     let missing = dir.path().join("missing.db");
     let out = run(
@@ -349,7 +385,7 @@ fn a_postgres_location_is_a_name_never_sql() {
 fn filters_answer_as_datafusion_does_whatever_runs_them() {
     let Some(pg) = Postgres::start() else { return };
     pg.psql(
-        "CREATE TABLE t (id bigint, s text, r real);
+        "CREATE TABLE t (id bigint, s text COLLATE \"und-x-icu\", r real);
          INSERT INTO t VALUES (1, 'abc', 20.1), (2, 'ABC', 1.5), (3, 'aXc', 20.1), (4, 'a%c', 3);",
     );
     let dir = tempfile::tempdir().unwrap();
@@ -365,6 +401,9 @@ fn filters_answer_as_datafusion_does_whatever_runs_them() {
         ("s LIKE '%C'", "2"),
         ("s NOT LIKE 'a%'", "2"),
         ("s ILIKE 'A%'", "1 2 3 4"),
+        // Bytes, not PostgreSQL's collation (ICU's puts 'abc' before 'B').
+        ("s < 'B'", "2"),
+        ("s BETWEEN 'A' AND 'B'", "2"),
         // The same number as the column's type holds it (PostgreSQL's real is a float, SQLite's
         // a double).
         ("r = CAST(20.1 AS {real})", "1 3"),
@@ -429,4 +468,51 @@ fn a_postgres_server_that_never_answers_is_an_error_not_a_hang() {
     assert_failure(&out, &["did not answer within 30 s"]);
     assert!(started.elapsed() < std::time::Duration::from_secs(45));
     drop(held);
+}
+
+/// A bare name is the table the search path finds, its columns and its rows alike; declared
+/// columns that are not the table's are refused, not used.
+#[test]
+fn a_bare_postgres_name_is_the_search_paths_table() {
+    let Some(pg) = Postgres::start() else { return };
+    pg.psql(
+        "CREATE SCHEMA app;
+         CREATE TABLE app.t (id bigint, a text);
+         INSERT INTO app.t VALUES (1, 'from app');
+         CREATE TABLE public.t (x integer);
+         INSERT INTO public.t VALUES (7);
+         ALTER ROLE postgres SET search_path = app, public;
+         CREATE TABLE app.scores (id bigint, label bigint);",
+    );
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE t STORED AS POSTGRES LOCATION 't' OPTIONS ('url' '{}');
+             SELECT * FROM t",
+            pg.url()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "id,a\n1,from app\n");
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE s (id BIGINT, other TEXT) STORED AS POSTGRES LOCATION 'scores'
+             OPTIONS ('url' '{}')",
+            pg.url()
+        ),
+    );
+    assert_failure(&out, &["exists with other columns", "label"]);
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE s (id BIGINT, label BIGINT) STORED AS POSTGRES
+             LOCATION 'scores' OPTIONS ('url' '{url}');
+             CREATE EXTERNAL TABLE n (id BIGINT, note TEXT) STORED AS POSTGRES
+             LOCATION 'notes' OPTIONS ('url' '{url}');
+             INSERT INTO n VALUES (1, 'new');",
+            url = pg.url()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "count\n1\n");
+    assert_eq!(pg.psql("SELECT * FROM app.notes"), "1,new\n");
 }

@@ -4,8 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::TableProviderFactory;
+use datafusion::common::TableReference;
 use datafusion::logical_expr::CreateExternalTable;
 use datafusion_table_providers_postgres::pool::PostgresConnectionPool;
 use datafusion_table_providers_postgres::{PostgresTableFactory, PostgresTableProviderFactory};
@@ -85,6 +87,18 @@ impl Settings {
             .0
             .entry("sslmode")
             .or_insert_with(|| "prefer".into());
+        // The provider joins them into a libpq `key=value` string, unquoted.
+        for key in ["host", "port", "db", "user", "sslmode", "sslrootcert"] {
+            if settings
+                .get(key)
+                .contains(|c: char| c.is_whitespace() || c == '\'' || c == '"')
+            {
+                return Err(Error::Usage(format!(
+                    "the PostgreSQL setting '{key}' has a space or a quote, which the connection \
+                     cannot take"
+                )));
+            }
+        }
         Ok(settings)
     }
 
@@ -95,12 +109,13 @@ impl Settings {
         let url = Url::parse(text).map_err(|e| {
             Error::Usage(format!(
                 "the 'url' option is not a postgres:// URL ({e}): expected \
-                 postgres://USER:PASSWORD@HOST:PORT/DB"
+                 postgres://USER@HOST:PORT/DB (a password after the user, or in 'pass')"
             ))
         })?;
         if !matches!(url.scheme(), "postgres" | "postgresql") {
             return Err(Error::Usage(format!(
-                "'{shown}' is not a postgres:// URL (postgres://USER:PASSWORD@HOST:PORT/DB)"
+                "'{shown}' is not a postgres:// URL (postgres://USER@HOST:PORT/DB; a password \
+                 after the user, or in 'pass')"
             )));
         }
         let decode = |s: &str| {
@@ -194,37 +209,40 @@ pub(super) async fn table(
             &[&pass],
         ))
     };
-    if !create.schema.fields().is_empty() {
-        // Declared columns: the table is created where it does not exist (in the search path's
-        // schema), by the provider's own factory.
-        if reference.schema().is_some() {
-            return Err(Error::Usage(format!(
-                "PostgreSQL table '{name}': a table with declared columns is created in the \
-                 search path's schema, so its LOCATION names no schema ('{}'); create it in \
-                 '{reference}' with psql and leave the columns out",
-                reference.table()
-            )));
-        }
-        let mut create = create.clone();
-        create.name = datafusion::common::TableReference::bare(reference.table());
-        create.options = settings
-            .0
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        let state = datafusion::execution::SessionStateBuilder::new().build();
-        return PostgresTableProviderFactory::new()
-            .create(&state, &create)
-            .await
-            .map_err(|e| failed("cannot create it", &e));
+    let declared = !create.schema.fields().is_empty();
+    if declared && reference.schema().is_some() {
+        return Err(Error::Usage(format!(
+            "PostgreSQL table '{name}': a table with declared columns is created in the search \
+             path's schema, so its LOCATION names no schema ('{}'); create it in '{reference}' \
+             with psql and leave the columns out",
+            reference.table()
+        )));
     }
     let connect = async {
+        if declared {
+            // Created where it does not exist (in the search path's schema) by the provider's own
+            // factory; its columns are then read back as for any table, and compared.
+            let mut create = create.clone();
+            create.name = datafusion::common::TableReference::bare(reference.table());
+            create.options = settings
+                .0
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            let state = datafusion::execution::SessionStateBuilder::new().build();
+            PostgresTableProviderFactory::new()
+                .create(&state, &create)
+                .await
+                .map_err(|e| failed("cannot create it", &e))?;
+        }
         let pool = PostgresConnectionPool::new(settings.params())
             .await
             .map_err(|e| failed("cannot connect", &e))?;
         // The table is looked up by name, as parameters, before the provider reads its columns:
         // the provider falls back to `SELECT * FROM <LOCATION>` for a name its catalog query
-        // does not find, which would run whatever the LOCATION says.
+        // does not find, which would run whatever the LOCATION says. A bare name is the table
+        // the search path finds, named with its schema from then on (the provider reads a bare
+        // name's columns from `public`, its rows through the search path).
         let connection = pool
             .connect_direct()
             .await
@@ -233,10 +251,10 @@ pub(super) async fn table(
         let table = reference.table().to_string();
         let found = connection
             .conn
-            .query_one(TABLE_EXISTS, &[&schema, &table])
+            .query_opt(TABLE_SCHEMA, &[&schema, &table])
             .await
             .map_err(|e| failed("cannot look the table up", &e))?;
-        if !found.get::<_, bool>(0) {
+        let Some(found) = found else {
             return Err(failed(
                 "no such table",
                 &format!(
@@ -248,12 +266,45 @@ pub(super) async fn table(
                     }
                 ),
             ));
-        }
+        };
+        let located = TableReference::partial(found.get::<_, String>(0), table);
         drop(connection);
-        PostgresTableFactory::new(Arc::new(pool))
-            .read_write_table_provider(reference.clone())
+        let provider = PostgresTableFactory::new(Arc::new(pool))
+            .read_write_table_provider(located)
             .await
-            .map_err(|e| failed("cannot read the table's columns", &e))
+            .map_err(|e| failed("cannot read the table's columns", &e))?;
+        if declared {
+            let columns = |schema: &datafusion::arrow::datatypes::Schema| {
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        // Text is text, however Arrow holds it.
+                        let data_type = match f.data_type() {
+                            DataType::Utf8View | DataType::LargeUtf8 => &DataType::Utf8,
+                            other => other,
+                        };
+                        format!("{} {data_type}", f.name())
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (has, wants) = (
+                columns(&provider.schema()),
+                columns(create.schema.as_arrow()),
+            );
+            if has != wants {
+                return Err(failed(
+                    "the table exists with other columns",
+                    &format!(
+                        "it has ({}), the statement declares ({}); leave the columns out to use \
+                         the table as it is",
+                        has.join(", "),
+                        wants.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(provider)
     };
     tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
@@ -271,13 +322,13 @@ pub(super) async fn table(
 /// The longest connecting to the server and reading a table's columns may take.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Whether the table (or view) `$2` exists in schema `$1`, or in the search path when `$1` is
-/// NULL.
-const TABLE_EXISTS: &str = "SELECT EXISTS (
-    SELECT 1 FROM pg_catalog.pg_class c
+/// The schema of the table (or view) `$2`: in schema `$1`, or the one the search path finds
+/// when `$1` is NULL; no row where there is none.
+const TABLE_SCHEMA: &str = "SELECT n.nspname::text
+    FROM pg_catalog.pg_class c
     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
     WHERE c.relname = $2 AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
-      AND (($1::text IS NULL AND pg_catalog.pg_table_is_visible(c.oid)) OR n.nspname = $1))";
+      AND (($1::text IS NULL AND pg_catalog.pg_table_is_visible(c.oid)) OR n.nspname = $1)";
 
 #[cfg(test)]
 mod tests {

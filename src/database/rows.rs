@@ -15,7 +15,7 @@ use datafusion::common::{Constraints, DataFusionError, Result};
 use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -34,13 +34,25 @@ pub(super) struct DatabaseTable {
 impl DatabaseTable {
     /// Whether the database would answer `filter` otherwise than DataFusion: SQLite's `LIKE`
     /// ignores the case of ASCII letters and has no `ILIKE`; PostgreSQL compares a `real`
-    /// column with a literal in double precision (`r = 20.1` is false for the real 20.1).
+    /// column with a literal in double precision (`r = 20.1` is false for the real 20.1), and
+    /// orders text by its collation.
     fn answers_otherwise(&self, filter: &Expr) -> bool {
         let schema = self.schema();
         filter
             .exists(|e| {
                 Ok(match (self.database, e) {
                     (Database::Sqlite, Expr::Like(_) | Expr::SimilarTo(_)) => true,
+                    // Text ordered by the database's collation (`'a' < 'B'` under en_US), not
+                    // by bytes as DataFusion orders it.
+                    (Database::Postgres, Expr::BinaryExpr(binary))
+                        if matches!(
+                            binary.op,
+                            Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq
+                        ) =>
+                    {
+                        is_text(&binary.left, &schema) || is_text(&binary.right, &schema)
+                    }
+                    (Database::Postgres, Expr::Between(between)) => is_text(&between.expr, &schema),
                     (Database::Postgres, Expr::Literal(value, _)) => {
                         value.data_type() == DataType::Float32
                     }
@@ -52,6 +64,22 @@ impl DatabaseTable {
             })
             .unwrap_or(true)
     }
+}
+
+/// Whether `expr` reads text: a text column of `schema` or a text literal is in it.
+fn is_text(expr: &Expr, schema: &SchemaRef) -> bool {
+    let text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    expr.exists(|e| {
+        Ok(match e {
+            Expr::Column(column) => schema
+                .field_with_name(&column.name)
+                .is_ok_and(|f| text(f.data_type())),
+            Expr::Literal(value, _) => text(&value.data_type()),
+            _ => false,
+        })
+    })
+    .unwrap_or(true)
 }
 
 #[async_trait]
@@ -101,7 +129,7 @@ impl TableProvider for DatabaseTable {
         };
         // The filters the database may run reached it above; the others stay where DataFusion
         // put them (the providers' scans also take filters pushed down the physical plan).
-        Ok(Arc::new(Fence { scan }))
+        Ok(Arc::new(Around::new("DatabaseScan", scan, None)))
     }
 
     async fn insert_into(
@@ -110,13 +138,29 @@ impl TableProvider for DatabaseTable {
         input: Arc<dyn ExecutionPlan>,
         insert_op: InsertOp,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let failure = Arc::new(Mutex::new(None));
-        let input = Arc::new(Witness {
-            input,
-            failure: failure.clone(),
+        // The input's first error, kept for the statement's message.
+        let failure: Arc<Mutex<Option<DataFusionError>>> = Arc::new(Mutex::new(None));
+        let kept = failure.clone();
+        let keep: OnError = Arc::new(move |e| {
+            kept.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+            DataFusionError::Execution("the rows to insert failed".into())
         });
+        let input = Arc::new(Around::new("InsertInput", input, Some(keep)));
         let insert = self.inner.insert_into(state, input, insert_op).await?;
-        Ok(Arc::new(Reported { insert, failure }))
+        let report: OnError = Arc::new(move |e| {
+            failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .unwrap_or_else(|| with_causes(e))
+        });
+        Ok(Arc::new(Around::new(
+            "DatabaseInsert",
+            insert,
+            Some(report),
+        )))
     }
 }
 
@@ -137,22 +181,44 @@ fn with_causes(err: DataFusionError) -> DataFusionError {
     DataFusionError::Execution(text)
 }
 
-/// A database scan that takes no filter pushed down the physical plan: those that reach it
-/// went through [`DatabaseTable::supports_filters_pushdown`].
-#[derive(Debug)]
-struct Fence {
-    scan: Arc<dyn ExecutionPlan>,
+/// What [`Around`] does to the errors of the plan it wraps.
+type OnError = Arc<dyn Fn(DataFusionError) -> DataFusionError + Send + Sync>;
+
+/// A plan around another, which it runs as it is, its errors mapped. Around a database's scan it
+/// takes no filter pushed down the physical plan (an `ExecutionPlan`'s default): the filters
+/// that reach the scan went through [`DatabaseTable::supports_filters_pushdown`]. Around an
+/// INSERT's input it keeps the input's first error; around the INSERT it reports that one.
+struct Around {
+    plan: Arc<dyn ExecutionPlan>,
+    name: &'static str,
+    on_error: Option<OnError>,
 }
 
-impl DisplayAs for Fence {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DatabaseScan")
+impl Around {
+    fn new(name: &'static str, plan: Arc<dyn ExecutionPlan>, on_error: Option<OnError>) -> Self {
+        Around {
+            plan,
+            name,
+            on_error,
+        }
     }
 }
 
-impl ExecutionPlan for Fence {
+impl fmt::Debug for Around {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.name).field("plan", &self.plan).finish()
+    }
+}
+
+impl DisplayAs for Around {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.name)
+    }
+}
+
+impl ExecutionPlan for Around {
     fn name(&self) -> &str {
-        "DatabaseScan"
+        self.name
     }
 
     fn apply_expressions(
@@ -163,20 +229,28 @@ impl ExecutionPlan for Fence {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.scan.properties()
+        self.plan.properties()
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.scan]
+        vec![&self.plan]
     }
 
     fn with_new_children(
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Fence {
-            scan: children.swap_remove(0),
-        }))
+        let (Some(plan), None) = (children.pop(), children.pop()) else {
+            return Err(DataFusionError::Internal(format!(
+                "{} wraps one plan",
+                self.name
+            )));
+        };
+        Ok(Arc::new(Around::new(
+            self.name,
+            plan,
+            self.on_error.clone(),
+        )))
     }
 
     fn execute(
@@ -184,135 +258,12 @@ impl ExecutionPlan for Fence {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        self.scan.execute(partition, context)
-    }
-}
-
-/// The first error of an INSERT's input, kept for the statement's message.
-type Failure = Arc<Mutex<Option<DataFusionError>>>;
-
-/// An INSERT's input, whose first error is kept (the provider gets a stand-in).
-#[derive(Debug)]
-struct Witness {
-    input: Arc<dyn ExecutionPlan>,
-    failure: Failure,
-}
-
-/// The INSERT, whose error is that of its input where the input failed.
-#[derive(Debug)]
-struct Reported {
-    insert: Arc<dyn ExecutionPlan>,
-    failure: Failure,
-}
-
-impl DisplayAs for Witness {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "InsertInput")
-    }
-}
-
-impl DisplayAs for Reported {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DatabaseInsert")
-    }
-}
-
-impl ExecutionPlan for Witness {
-    fn name(&self) -> &str {
-        "InsertInput"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Witness {
-            input: children.swap_remove(0),
-            failure: self.failure.clone(),
-        }))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let failure = self.failure.clone();
-        let stream = self.input.execute(partition, context)?;
+        let stream = self.plan.execute(partition, context)?;
+        let Some(on_error) = self.on_error.clone() else {
+            return Ok(stream);
+        };
         let schema = stream.schema();
-        let kept = stream.map(move |batch| {
-            batch.map_err(|e| {
-                let mut first = failure.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert(e);
-                DataFusionError::Execution("the rows to insert failed".into())
-            })
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, kept)))
-    }
-}
-
-impl ExecutionPlan for Reported {
-    fn name(&self) -> &str {
-        "DatabaseInsert"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.insert.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.insert]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Reported {
-            insert: children.swap_remove(0),
-            failure: self.failure.clone(),
-        }))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let failure = self.failure.clone();
-        let stream = self.insert.execute(partition, context)?;
-        let schema = stream.schema();
-        let reported = stream.map(move |batch| {
-            batch.map_err(|e| {
-                failure
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or_else(|| with_causes(e))
-            })
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, reported)))
+        let mapped = stream.map(move |batch| batch.map_err(|e| on_error(e)));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, mapped)))
     }
 }

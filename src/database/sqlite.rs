@@ -8,8 +8,10 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::Constraints;
 use datafusion::logical_expr::CreateExternalTable;
-use datafusion_table_providers_common::sql::db_connection_pool::Mode;
-use datafusion_table_providers_sqlite::pool::SqliteConnectionPoolFactory;
+use datafusion_table_providers_common::sql::db_connection_pool::{
+    DbConnectionPool, JoinPushDown, Mode,
+};
+use datafusion_table_providers_sqlite::pool::SqliteConnectionPool;
 use datafusion_table_providers_sqlite::sql_table::SQLiteTable;
 use datafusion_table_providers_sqlite::write::SqliteTableWriter;
 use datafusion_table_providers_sqlite::{DynSqliteConnectionPool, Sqlite};
@@ -86,11 +88,23 @@ pub(super) async fn table(
             &format!("the database has no table '{}'", reference.table()),
         ));
     }
-    let pool = SqliteConnectionPoolFactory::new(&path.to_string_lossy(), Mode::File, BUSY_TIMEOUT)
-        .build()
+    // The pool itself, not its factory's `build`, which would switch the file to WAL
+    // journaling (for every program that uses it, leaving -wal and -shm files beside it) and set
+    // other pragmas: a table definition changes nothing of the database.
+    let file = path.to_string_lossy();
+    let pool = SqliteConnectionPool::new(
+        &file,
+        Mode::File,
+        JoinPushDown::AllowedFor(file.to_string()),
+        Vec::new(),
+        BUSY_TIMEOUT,
+    )
+    .await
+    .map_err(|e| failed("cannot open the database", &e))?;
+    let pool = Arc::new(pool);
+    set_busy_timeout(&pool)
         .await
         .map_err(|e| failed("cannot open the database", &e))?;
-    let pool = Arc::new(pool);
     let dyn_pool: Arc<DynSqliteConnectionPool> = pool.clone();
     let read = Arc::new(SQLiteTable::new_with_schema(
         &dyn_pool,
@@ -101,9 +115,29 @@ pub(super) async fn table(
     Ok(SqliteTableWriter::create(read, sqlite, None))
 }
 
+/// How long the pool's connection waits for another writer's lock ([`BUSY_TIMEOUT`]).
+async fn set_busy_timeout(
+    pool: &SqliteConnectionPool,
+) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut connection = pool.connect().await?;
+    let sqlite = connection
+        .as_any_mut()
+        .downcast_mut::<datafusion_table_providers_sqlite::conn::SqliteConnection>()
+        .ok_or("not a SQLite connection")?;
+    sqlite
+        .conn
+        .call(|conn| conn.busy_timeout(BUSY_TIMEOUT))
+        .await?;
+    Ok(())
+}
+
 /// The columns of `table` as declared (`PRAGMA table_info`), as Arrow types by SQLite's rules
-/// of type affinity: what the table is, whatever its rows hold (or if it holds none).
-fn declared_schema(path: &std::path::Path, table: &str) -> rusqlite::Result<SchemaRef> {
+/// of type affinity (what the table is, whatever its rows hold, or if it holds none); a column
+/// declared without a telling type by what its first rows hold.
+fn declared_schema(
+    path: &std::path::Path,
+    table: &str,
+) -> std::result::Result<SchemaRef, Box<dyn std::error::Error + Send + Sync>> {
     let conn = rusqlite::Connection::open_with_flags(
         path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -111,56 +145,109 @@ fn declared_schema(path: &std::path::Path, table: &str) -> rusqlite::Result<Sche
     conn.busy_timeout(BUSY_TIMEOUT)?;
     let mut statement =
         conn.prepare("SELECT name, type, \"notnull\" FROM pragma_table_info(?1)")?;
-    let fields = statement
+    let declared = statement
         .query_map([table], |row| {
-            let name: String = row.get(0)?;
-            let declared: String = row.get(1)?;
-            let not_null: bool = row.get(2)?;
-            Ok(Field::new(name, affinity(&declared), !not_null))
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, bool>(2)?,
+            ))
         })?
-        .collect::<rusqlite::Result<Vec<Field>>>()?;
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut fields = Vec::with_capacity(declared.len());
+    for (name, declared, not_null) in declared {
+        let data_type = match affinity(&declared) {
+            Some(data_type) => data_type,
+            None => stored_type(&conn, table, &name)?,
+        };
+        fields.push(Field::new(name, data_type, !not_null));
+    }
     Ok(Arc::new(Schema::new(fields)))
 }
 
+/// How many rows [`stored_type`] looks at.
+const SAMPLED: usize = 10_000;
+
+/// The Arrow type of a column whose declared type does not say what it holds (none, or
+/// NUMERIC affinity: `NUMERIC`, `DECIMAL`, `DATE`, `DATETIME`, ...): what its first rows hold.
+/// Values of two kinds (integers and text) cannot be one Arrow column: an error naming them.
+fn stored_type(
+    conn: &rusqlite::Connection,
+    table: &str,
+    column: &str,
+) -> std::result::Result<DataType, Box<dyn std::error::Error + Send + Sync>> {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    let sql = format!(
+        "SELECT DISTINCT typeof(c) FROM (SELECT {} AS c FROM {} LIMIT {SAMPLED})",
+        quote(column),
+        quote(table)
+    );
+    let mut statement = conn.prepare(&sql)?;
+    let mut kinds = statement
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    kinds.retain(|k| k != "null");
+    kinds.sort();
+    let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
+    Ok(match kinds.as_slice() {
+        [] | ["real"] | ["integer", "real"] => DataType::Float64,
+        ["integer"] => DataType::Int64,
+        ["text"] => DataType::Utf8,
+        ["blob"] => DataType::Binary,
+        kinds => {
+            return Err(format!(
+                "column '{column}' holds values of several kinds ({}), which one column cannot; \
+                 read it through a SQLite view that casts it",
+                kinds.join(", ")
+            )
+            .into());
+        }
+    })
+}
+
 /// The Arrow type of a declared SQLite column type (SQLite's rules of type affinity, section
-/// 3.1 of its documentation on data types; booleans as they are usually declared, dates and
-/// times as text).
-fn affinity(declared: &str) -> DataType {
+/// 3.1 of its documentation on data types; booleans as they are usually declared), or `None`
+/// where the declaration does not say (no type, or NUMERIC affinity).
+fn affinity(declared: &str) -> Option<DataType> {
     let declared = declared.to_ascii_uppercase();
-    if declared.contains("INT") {
+    Some(if declared.contains("INT") {
         DataType::Int64
-    } else if ["CHAR", "CLOB", "TEXT", "DATE", "TIME"]
+    } else if ["CHAR", "CLOB", "TEXT"]
         .iter()
         .any(|t| declared.contains(t))
     {
-        // Dates and times as the text (ISO 8601) SQLite's date functions keep.
         DataType::Utf8
-    } else if declared.contains("BLOB") || declared.is_empty() {
+    } else if declared.contains("BLOB") {
         DataType::Binary
+    } else if ["REAL", "FLOA", "DOUB"]
+        .iter()
+        .any(|t| declared.contains(t))
+    {
+        DataType::Float64
     } else if declared.contains("BOOL") {
         DataType::Boolean
     } else {
-        DataType::Float64
-    }
+        // No type, or NUMERIC affinity (NUMERIC, DECIMAL, DATE, DATETIME, ...): the values say.
+        return None;
+    })
 }
 
 #[cfg(test)]
 #[test]
 fn declared_types_take_sqlites_affinity() {
     for (declared, arrow) in [
-        ("INTEGER", DataType::Int64),
-        ("bigint", DataType::Int64),
-        ("VARCHAR(20)", DataType::Utf8),
-        ("text", DataType::Utf8),
-        ("REAL", DataType::Float64),
-        ("DOUBLE PRECISION", DataType::Float64),
-        ("NUMERIC", DataType::Float64),
-        ("BLOB", DataType::Binary),
-        ("", DataType::Binary),
-        ("BOOLEAN", DataType::Boolean),
-        ("DATE", DataType::Utf8),
-        ("TIMESTAMP", DataType::Utf8),
-        ("DATETIME", DataType::Utf8),
+        ("INTEGER", Some(DataType::Int64)),
+        ("bigint", Some(DataType::Int64)),
+        ("VARCHAR(20)", Some(DataType::Utf8)),
+        ("text", Some(DataType::Utf8)),
+        ("REAL", Some(DataType::Float64)),
+        ("DOUBLE PRECISION", Some(DataType::Float64)),
+        ("BLOB", Some(DataType::Binary)),
+        ("BOOLEAN", Some(DataType::Boolean)),
+        ("", None),
+        ("NUMERIC", None),
+        ("DATE", None),
+        ("DATETIME", None),
     ] {
         assert_eq!(affinity(declared), arrow, "{declared}");
     }

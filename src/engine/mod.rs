@@ -296,7 +296,18 @@ impl Engine {
         {
             return self.create_database_table(database, statement).await;
         }
-        self.connect_stores(&mut statement)?;
+        let connected = self.connect_stores(&mut statement)?;
+        let result = self.run_connected(statement).await;
+        if result.is_err() {
+            for key in connected {
+                self.registry.stores().forget(&key);
+            }
+        }
+        result
+    }
+
+    /// [`Engine::run_sql`] once the statement's stores are connected.
+    async fn run_connected(&self, statement: DFStatement) -> Result<DataFrame> {
         self.tag_statement(&statement)?;
         for table in tables_named(&statement) {
             let reference = datafusion::common::TableReference::bare(table.as_str());

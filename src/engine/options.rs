@@ -13,11 +13,13 @@ use crate::storage::{StoreOptions, blank_passwords};
 impl Engine {
     /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
     /// options that are secrets (keys, tokens, passwords) in the statement, so that no plan,
-    /// table definition or error printed from it shows them.
-    pub(super) fn connect_stores(&self, statement: &mut DFStatement) -> Result<()> {
+    /// table definition or error printed from it shows them. The stores it connected for the
+    /// first time are returned, so that a statement that fails leaves no settings behind ([`crate::storage::StoreRegistry::forget`]).
+    pub(super) fn connect_stores(&self, statement: &mut DFStatement) -> Result<Vec<String>> {
+        let mut connected = Vec::new();
         match statement {
             DFStatement::CopyTo(copy) => {
-                self.connect_with_options(&copy.target, &copy.options)?;
+                connected.extend(self.connect_with_options(&copy.target, &copy.options)?);
                 redact(&mut copy.options);
                 copy.target = blank_passwords(&copy.target);
                 if let CopyToSource::Query(query) = &mut copy.source {
@@ -26,35 +28,38 @@ impl Engine {
             }
             DFStatement::CreateExternalTable(table) => {
                 for location in &table.locations {
-                    self.connect_with_options(location, &table.options)?;
+                    connected.extend(self.connect_with_options(location, &table.options)?);
                 }
                 redact(&mut table.options);
                 for location in &mut table.locations {
                     *location = blank_passwords(location);
                 }
             }
-            DFStatement::Explain(explain) => self.connect_stores(&mut explain.statement)?,
+            DFStatement::Explain(explain) => {
+                connected.extend(self.connect_stores(&mut explain.statement)?)
+            }
             DFStatement::Statement(s) => blank_table_passwords(s.as_mut()),
             _ => {}
         }
-        Ok(())
+        Ok(connected)
     }
 
     /// `OPTIONS ('aws.region' '...')`, `('gcp.service_account_key' '...')` or
     /// `('azure.account_name' '...')` on a location in an object store: its bucket or container
-    /// is connected with them (over the environment's settings).
+    /// is connected with them (over the environment's settings); its key where this connected it
+    /// first.
     pub(super) fn connect_with_options(
         &self,
         location: &str,
         options: &[(String, SqlValue)],
-    ) -> Result<()> {
+    ) -> Result<Option<String>> {
         let mut store = StoreOptions::default();
         let mut given = false;
         for (key, value) in options {
             given |= store.set(key, &option_text(value))?;
         }
         if !given {
-            return Ok(());
+            return Ok(None);
         }
         self.registry.stores().connect_with(location, &store)
     }
@@ -83,7 +88,7 @@ pub(super) const REDACTED: &str = "<redacted>";
 pub(super) fn redact(options: &mut [(String, SqlValue)]) {
     for (key, value) in options {
         let key = key.to_ascii_lowercase();
-        if ["secret", "token", "password", "key"]
+        if ["secret", "token", "pass", "key", "sig"]
             .iter()
             .any(|word| key.contains(word))
         {

@@ -182,6 +182,15 @@ impl CommitStore {
         }
     }
 
+    /// Whether a write on this store has begun and not ended.
+    pub fn has_pending_writes(&self) -> bool {
+        !self
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// The store underneath, whose writes are immediate.
     pub fn inner(&self) -> &Arc<dyn ObjectStore> {
         &self.inner

@@ -209,7 +209,7 @@ pub fn blank_passwords(text: &str) -> String {
         out.push_str(before);
         // The authority: up to the path, a quote or a space.
         let end = after
-            .find(|c: char| c == '/' || ends_url(c))
+            .find(|c: char| matches!(c, '/' | '?' | '#') || ends_url(c))
             .unwrap_or(after.len());
         let authority = &after[..end];
         match authority
@@ -223,19 +223,21 @@ pub fn blank_passwords(text: &str) -> String {
             }
             None => out.push_str(authority),
         }
-        // The path, and the query blanked (up to a fragment or the end of the URL).
+        // The path, its query and fragment blanked (a token may be in either).
         let tail = &after[end..];
         let url_end = tail.find(ends_url).unwrap_or(tail.len());
         let (url, after_url) = tail.split_at(url_end);
-        match url.split_once('?') {
-            Some((path, query)) if !query.is_empty() => {
-                out.push_str(path);
-                out.push_str("?REDACTED");
-                if let Some(fragment) = query.find('#') {
-                    out.push_str(&query[fragment..]);
-                }
-            }
-            _ => out.push_str(url),
+        let path_end = url.find(['?', '#']).unwrap_or(url.len());
+        out.push_str(&url[..path_end]);
+        let (query, fragment) = match url[path_end..].split_once('#') {
+            Some((query, fragment)) => (query, Some(fragment)),
+            None => (&url[path_end..], None),
+        };
+        if query.len() > 1 {
+            out.push_str("?REDACTED");
+        }
+        if fragment.is_some_and(|f| !f.is_empty()) {
+            out.push_str("#REDACTED");
         }
         rest = after_url;
     }
@@ -256,7 +258,11 @@ mod tests {
         assert_eq!(blank_passwords("s3://bucket/k@v:1"), "s3://bucket/k@v:1");
         assert_eq!(
             blank_passwords("read 'az://c/k.parquet?sv=1&sig=S3CRET' and https://h/x?a=b#f"),
-            "read 'az://c/k.parquet?REDACTED' and https://h/x?REDACTED#f"
+            "read 'az://c/k.parquet?REDACTED' and https://h/x?REDACTED#REDACTED"
+        );
+        assert_eq!(
+            blank_passwords("https://h?sig=S3CRET and https://h?x=a:b@c or https://h/#token=T0KEN"),
+            "https://h?REDACTED and https://h?REDACTED or https://h/#REDACTED"
         );
         assert_eq!(
             blank_passwords("http://user@h/ and ://"),

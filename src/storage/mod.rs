@@ -289,15 +289,35 @@ impl StoreRegistry {
     }
 
     /// Connects the store `location` names with `options` (SQL `OPTIONS`); a location in no
-    /// store (a local path) takes none.
-    pub fn connect_with(&self, location: &str, options: &StoreOptions) -> Result<()> {
+    /// store (a local path) takes none. The store's key where this connected it first (for
+    /// [`StoreRegistry::forget`]).
+    pub fn connect_with(&self, location: &str, options: &StoreOptions) -> Result<Option<String>> {
         match parse_location(location)? {
             Location::Url(url) if url.scheme() != "file" => {
+                let key = store_key(&url);
+                let known = self
+                    .buckets
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&key);
                 self.connect(&url, options)?;
+                Ok((!known).then_some(key))
             }
-            _ => {}
+            _ => Ok(None),
         }
-        Ok(())
+    }
+
+    /// Forgets the settings of the store `key` (as [`StoreRegistry::connect_with`] gave it),
+    /// unless a write on it is in progress: the statement that connected it failed (wrong keys,
+    /// say), and the next may connect it with other settings.
+    pub fn forget(&self, key: &str) {
+        let mut buckets = self.buckets.write().unwrap_or_else(|p| p.into_inner());
+        if buckets
+            .get(key)
+            .is_some_and(|(_, store)| !store.has_pending_writes())
+        {
+            buckets.remove(key);
+        }
     }
 
     /// Begins a write to `target` (a file or a folder ending in `/`; a local path or a URL):

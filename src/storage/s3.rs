@@ -2,14 +2,13 @@
 //! retries every request has.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use datafusion_cli::object_storage::AwsOptions;
+use object_store::ClientConfigKey;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
 use url::Url;
 
-use super::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRIES, RETRY_TIMEOUT, credentials};
+use super::credentials;
 use crate::error::{Error, Result};
 
 /// An S3 client for `bucket`: the environment's settings, then `options` over them.
@@ -19,21 +18,11 @@ pub(super) fn s3_builder(bucket: &str, options: &AwsOptions) -> Result<AmazonS3B
         options,
     );
     let builder = with_endpoint_checked(with_profile_region(builder))?;
-    let seconds = |d: Duration| format!("{}s", d.as_secs());
-    Ok(with_credential_chain(builder)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: RETRIES,
-            retry_timeout: RETRY_TIMEOUT,
-        })
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
-            seconds(CONNECT_TIMEOUT),
-        )
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
-            seconds(REQUEST_TIMEOUT),
-        ))
+    let mut builder = with_credential_chain(builder).with_retry(super::cloud::retry());
+    for (key, value) in super::cloud::client_timeouts() {
+        builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
+    }
+    Ok(builder)
 }
 
 /// A statement's `OPTIONS` over the environment's settings.
