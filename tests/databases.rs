@@ -129,7 +129,7 @@ fn filters_and_projections_run_in_postgres() {
         command,
         "CREATE EXTERNAL TABLE customers STORED AS POSTGRES LOCATION 'customers';
          SELECT count(*) AS n, sum(id) AS s FROM customers WHERE age > 60 AND city = 'c3';
-         EXPLAIN SELECT id FROM customers WHERE id > 4000 AND city = 'c3' LIMIT 5",
+         EXPLAIN SELECT id FROM customers WHERE id > 4000 LIMIT 5",
     );
     let text = assert_ok(&out);
     let expected =
@@ -392,7 +392,7 @@ fn filters_answer_as_datafusion_does_whatever_runs_them() {
     let db = dir.path().join("t.db");
     sqlite(
         &db,
-        "CREATE TABLE t (id INTEGER, s TEXT, r REAL, d DATE);
+        "CREATE TABLE t (id INTEGER, s TEXT COLLATE NOCASE, r REAL, d DATE);
          INSERT INTO t VALUES (1, 'abc', 20.1, '2024-01-02'), (2, 'ABC', 1.5, '1999-12-31'),
                               (3, 'aXc', 20.1, '2024-05-06'), (4, 'a%c', 3, NULL);",
     );
@@ -401,12 +401,18 @@ fn filters_answer_as_datafusion_does_whatever_runs_them() {
         ("s LIKE '%C'", "2"),
         ("s NOT LIKE 'a%'", "2"),
         ("s ILIKE 'A%'", "1 2 3 4"),
-        // Bytes, not PostgreSQL's collation (ICU's puts 'abc' before 'B').
+        // Bytes, not the database's collation (ICU's puts 'abc' before 'B'; NOCASE makes
+        // 'ABC' equal 'abc').
+        ("s = 'abc'", "1"),
+        ("s IN ('abc', 'x')", "1"),
+        ("s <> 'abc'", "2 3 4"),
         ("s < 'B'", "2"),
         ("s BETWEEN 'A' AND 'B'", "2"),
         // The same number as the column's type holds it (PostgreSQL's real is a float, SQLite's
         // a double).
         ("r = CAST(20.1 AS {real})", "1 3"),
+        ("r < CAST('inf' AS DOUBLE) AND id > 2", "3 4"),
+        ("id > 1 AND id <= 3", "2 3"),
     ];
     for (store, table, real) in [
         (

@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::tree_node::TreeNode;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Constraints, DataFusionError, Result};
+use datafusion::common::{Constraints, DataFusionError, Result, ScalarValue};
 use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
@@ -32,54 +31,70 @@ pub(super) struct DatabaseTable {
 }
 
 impl DatabaseTable {
-    /// Whether the database would answer `filter` otherwise than DataFusion: SQLite's `LIKE`
-    /// ignores the case of ASCII letters and has no `ILIKE`; PostgreSQL compares a `real`
-    /// column with a literal in double precision (`r = 20.1` is false for the real 20.1), and
-    /// orders text by its collation.
-    fn answers_otherwise(&self, filter: &Expr) -> bool {
+    /// Whether the database answers `filter` as DataFusion does, so that it may run there. Only
+    /// what is known to agree is sent: comparisons, `BETWEEN`, `IN` and `IS [NOT] NULL` of a
+    /// column with finite literals, combined with `AND`, `OR`, `NOT`, over numbers, dates,
+    /// timestamps and booleans. The rest runs in DataFusion, on the rows read: text (databases
+    /// compare it by their collations, `NOCASE` columns, `char(n)` padding, enums, SQLite's
+    /// case-insensitive `LIKE`), PostgreSQL's `real` (compared with literals in double
+    /// precision), casts, functions and arithmetic (time zones, text formats, division by zero).
+    fn agrees_on(&self, filter: &Expr) -> bool {
         let schema = self.schema();
-        filter
-            .exists(|e| {
-                Ok(match (self.database, e) {
-                    (Database::Sqlite, Expr::Like(_) | Expr::SimilarTo(_)) => true,
-                    // Text ordered by the database's collation (`'a' < 'B'` under en_US), not
-                    // by bytes as DataFusion orders it.
-                    (Database::Postgres, Expr::BinaryExpr(binary))
-                        if matches!(
-                            binary.op,
-                            Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq
-                        ) =>
-                    {
-                        is_text(&binary.left, &schema) || is_text(&binary.right, &schema)
-                    }
-                    (Database::Postgres, Expr::Between(between)) => is_text(&between.expr, &schema),
-                    (Database::Postgres, Expr::Literal(value, _)) => {
-                        value.data_type() == DataType::Float32
-                    }
-                    (Database::Postgres, Expr::Column(column)) => schema
-                        .field_with_name(&column.name)
-                        .is_ok_and(|f| f.data_type() == &DataType::Float32),
-                    _ => false,
-                })
-            })
-            .unwrap_or(true)
-    }
-}
-
-/// Whether `expr` reads text: a text column of `schema` or a text literal is in it.
-fn is_text(expr: &Expr, schema: &SchemaRef) -> bool {
-    let text =
-        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
-    expr.exists(|e| {
-        Ok(match e {
+        let column = |e: &Expr| match e {
             Expr::Column(column) => schema
                 .field_with_name(&column.name)
-                .is_ok_and(|f| text(f.data_type())),
-            Expr::Literal(value, _) => text(&value.data_type()),
+                .is_ok_and(|f| self.comparable(f.data_type())),
             _ => false,
-        })
-    })
-    .unwrap_or(true)
+        };
+        let literal = |e: &Expr| match e {
+            Expr::Literal(value, _) if !value.is_null() => {
+                let data_type = value.data_type();
+                self.comparable(&data_type)
+                    && match value {
+                        ScalarValue::Float64(Some(v)) => v.is_finite(),
+                        _ => true,
+                    }
+            }
+            _ => false,
+        };
+        match filter {
+            Expr::BinaryExpr(binary) => match binary.op {
+                Operator::And | Operator::Or => {
+                    self.agrees_on(&binary.left) && self.agrees_on(&binary.right)
+                }
+                Operator::Eq
+                | Operator::NotEq
+                | Operator::Lt
+                | Operator::LtEq
+                | Operator::Gt
+                | Operator::GtEq => {
+                    (column(&binary.left) && literal(&binary.right))
+                        || (literal(&binary.left) && column(&binary.right))
+                }
+                _ => false,
+            },
+            Expr::Not(inner) => self.agrees_on(inner),
+            Expr::Between(between) => {
+                column(&between.expr) && literal(&between.low) && literal(&between.high)
+            }
+            Expr::InList(list) => column(&list.expr) && list.list.iter().all(literal),
+            Expr::IsNull(inner) | Expr::IsNotNull(inner) => matches!(**inner, Expr::Column(_)),
+            _ => false,
+        }
+    }
+
+    /// The types whose comparisons the database makes as DataFusion does.
+    fn comparable(&self, data_type: &DataType) -> bool {
+        use DataType::*;
+        match data_type {
+            Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float64 | Boolean
+            | Date32 | Date64 => true,
+            Timestamp(_, _) => true,
+            // PostgreSQL compares a real with a literal in double precision.
+            Float32 => self.database == Database::Sqlite,
+            _ => false,
+        }
+    }
 }
 
 #[async_trait]
@@ -102,7 +117,7 @@ impl TableProvider for DatabaseTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         let mut pushed = self.inner.supports_filters_pushdown(filters)?;
         for (filter, pushed) in filters.iter().zip(pushed.iter_mut()) {
-            if self.answers_otherwise(filter) {
+            if !self.agrees_on(filter) {
                 *pushed = TableProviderFilterPushDown::Unsupported;
             }
         }
