@@ -45,12 +45,8 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let parquet = dir.path().join("customers.parquet");
     let status = batchinfer(&format!(
-        "COPY (SELECT value AS id,
-                CASE value % 3 WHEN 0 THEN 'paris' WHEN 1 THEN 'berlin' ELSE 'rome' END AS city,
-                CAST(18 + value % 60 AS FLOAT) AS age,
-                CAST((value * 7919) % 5000 AS FLOAT) / 10 AS spend
-              FROM range({rows}))
-         TO '{}' STORED AS PARQUET",
+        "COPY ({}) TO '{}' STORED AS PARQUET",
+        postgres::customers_query(rows),
         parquet.display()
     ))
     .stdout(std::process::Stdio::null())

@@ -16,12 +16,8 @@ fn customers_parquet(path: &Path, rows: u64) {
     let out = run(
         common::bin(),
         &format!(
-            "COPY (SELECT value AS id,
-                    CASE value % 3 WHEN 0 THEN 'paris' WHEN 1 THEN 'berlin' ELSE 'rome' END AS city,
-                    CAST(18 + value % 60 AS FLOAT) AS age,
-                    CAST((value * 7919) % 5000 AS FLOAT) / 10 AS spend
-                  FROM range({rows}))
-             TO '{}' STORED AS PARQUET",
+            "COPY ({}) TO '{}' STORED AS PARQUET",
+            postgres::customers_query(rows),
             path.display()
         ),
     );
@@ -353,6 +349,24 @@ fn sqlite_tables_are_read_and_written_in_a_transaction() {
         ),
     );
     assert_failure(&out, &["no table 'nosuch'"]);
+    // A table name is a name, never SQL: hostile ones are no table, and the database is as it was.
+    let before = std::fs::read(&db).unwrap();
+    for hostile in [
+        "customers\"; DROP TABLE customers; --",
+        "customers' OR '1'='1",
+        "x\") UNION SELECT sql FROM sqlite_master --",
+    ] {
+        let out = run(
+            batchinfer(),
+            &format!(
+                "CREATE EXTERNAL TABLE t STORED AS SQLITE LOCATION '{}' OPTIONS ('table' '{}')",
+                db.display(),
+                hostile.replace('\'', "''")
+            ),
+        );
+        assert_failure(&out, &["no table"]);
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before);
 }
 
 /// A LOCATION is a table's name, never SQL: one that is not the name of a table is refused

@@ -137,57 +137,13 @@ impl StoreOptions {
 
     /// Whether `other` says the same (the same options, in any order).
     pub fn same_as(&self, other: &StoreOptions) -> bool {
-        let a = &self.aws;
-        let b = &other.aws;
-        let sorted = |v: &[(String, String)]| {
-            let mut v = v.to_vec();
-            v.sort();
-            v
-        };
-        let gcp = |o: &StoreOptions| {
-            sorted(
-                &o.gcp
-                    .iter()
-                    .map(|(k, v)| (k.as_ref().to_string(), v.clone()))
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let azure = |o: &StoreOptions| {
-            sorted(
-                &o.azure
-                    .iter()
-                    .map(|(k, v)| (k.as_ref().to_string(), v.clone()))
-                    .collect::<Vec<_>>(),
-            )
-        };
-        a.access_key_id == b.access_key_id
-            && a.secret_access_key == b.secret_access_key
-            && a.session_token == b.session_token
-            && a.region == b.region
-            && a.endpoint == b.endpoint
-            && a.allow_http == b.allow_http
-            && a.skip_signature == b.skip_signature
-            && gcp(self) == gcp(other)
-            && azure(self) == azure(other)
+        aws_settings(&self.aws) == aws_settings(&other.aws)
+            && sorted(&self.gcp) == sorted(&other.gcp)
+            && sorted(&self.azure) == sorted(&other.azure)
     }
 
     fn aws_given(&self) -> bool {
-        let AwsOptions {
-            access_key_id,
-            secret_access_key,
-            session_token,
-            region,
-            endpoint,
-            allow_http,
-            skip_signature,
-        } = &self.aws;
-        access_key_id.is_some()
-            || secret_access_key.is_some()
-            || session_token.is_some()
-            || region.is_some()
-            || endpoint.is_some()
-            || allow_http.is_some()
-            || skip_signature.is_some()
+        aws_settings(&self.aws).iter().any(Option::is_some)
     }
 
     /// Whether any option was given for a store other than `cloud`.
@@ -202,6 +158,39 @@ impl StoreOptions {
         .find(|(given, of, _)| *given && *of != cloud)
         .map(|(_, _, which)| which)
     }
+}
+
+/// Every setting of datafusion-cli's `AwsOptions`, as text (a field it gains is a compile error
+/// here, not a setting left out of a comparison).
+fn aws_settings(options: &AwsOptions) -> [Option<String>; 7] {
+    let AwsOptions {
+        access_key_id,
+        secret_access_key,
+        session_token,
+        region,
+        endpoint,
+        allow_http,
+        skip_signature,
+    } = options;
+    [
+        access_key_id.clone(),
+        secret_access_key.clone(),
+        session_token.clone(),
+        region.clone(),
+        endpoint.clone(),
+        allow_http.map(|b| b.to_string()),
+        skip_signature.map(|b| b.to_string()),
+    ]
+}
+
+/// Settings as sorted `(name, value)` pairs, to compare them whatever their order.
+fn sorted<K: AsRef<str>>(settings: &[(K, String)]) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_ref().to_string(), v.clone()))
+        .collect();
+    pairs.sort();
+    pairs
 }
 
 /// The timeouts and retries of every client (see the constants in `storage`).

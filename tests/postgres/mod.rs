@@ -10,6 +10,18 @@ use std::process::{Command, Output, Stdio};
 
 pub const PASSWORD: &str = "batchinfer-pg-secret";
 
+/// The churn model's inputs over `rows` customers (ids 0..rows), as a batchinfer query: the rows
+/// the tests and the benchmark score from PostgreSQL and from Parquet alike.
+pub fn customers_query(rows: u64) -> String {
+    format!(
+        "SELECT value AS id,
+           CASE value % 3 WHEN 0 THEN 'paris' WHEN 1 THEN 'berlin' ELSE 'rome' END AS city,
+           CAST(18 + value % 60 AS FLOAT) AS age,
+           CAST((value * 7919) % 5000 AS FLOAT) / 10 AS spend
+         FROM range({rows})"
+    )
+}
+
 pub struct Postgres {
     bin: PathBuf,
     dir: tempfile::TempDir,
