@@ -118,6 +118,15 @@ fn usable_gpu(n: u32) -> Result<String, String> {
 
 /// What running on a device implies, decided here and nowhere else.
 impl Target {
+    /// Checks ONNX Runtime's library for this device against its pinned sha256 ahead of a
+    /// model's session, so that the check runs while the model's files are read. Loads, fetches
+    /// and records nothing: the library is loaded (and fetched if need be) with the session.
+    pub fn prepare(self) {
+        if self == Target::Cpu {
+            runtime::check_cpu_library();
+        }
+    }
+
     /// Rows per record batch read from the input when none was asked for: a GPU is kept busy by
     /// large calls, a core's caches by small ones.
     pub fn batch_rows(self) -> usize {

@@ -182,6 +182,77 @@ fn how_to_provide() -> String {
     )
 }
 
+/// The CPU library found in the cache and checked against its pinned sha256 ahead of loading it
+/// (by [`check_cpu_library`]), with the file's identity then: loading it hashes it again only if
+/// the file changed since.
+static CPU_CHECKED: Mutex<Option<(PathBuf, FileIdentity)>> = Mutex::new(None);
+
+/// What changes whenever a file is written, truncated or replaced.
+#[derive(Debug, PartialEq, Eq)]
+struct FileIdentity {
+    device: u64,
+    inode: u64,
+    len: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileIdentity {
+            device: meta.dev(),
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// Checks the CPU library in the cache against its pinned sha256 ahead of loading it, so that
+/// the check runs while other work is done (a model's files are read). Fetches, prints and
+/// records nothing else: a library that is missing or not the pinned one is fetched when it is
+/// loaded, as without this check.
+pub(crate) fn check_cpu_library() {
+    if std::env::var_os("ORT_DYLIB_PATH").is_some() {
+        return;
+    }
+    let (Some(wheel), Ok(dir)) = (wheel_for_this_machine(WHEELS), cache_dir()) else {
+        return;
+    };
+    let dir = dir.join(cpu_folder());
+    if checked_ahead(&dir.join(wheel.library)) {
+        return;
+    }
+    let before = FileIdentity::of(&dir.join(wheel.library));
+    if let Some(Ok(path)) = in_cache(wheel, &[], &dir)
+        && let Some(identity) =
+            before.filter(|before| FileIdentity::of(&path).as_ref() == Some(before))
+    {
+        *CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, identity));
+    }
+}
+
+/// Whether `path` was checked ahead and has not changed since.
+fn checked_ahead(path: &Path) -> bool {
+    let checked = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner());
+    checked.as_ref().is_some_and(|(at, identity)| {
+        at == path && FileIdentity::of(path).as_ref() == Some(identity)
+    })
+}
+
+/// The cache folder of the CPU build.
+fn cpu_folder() -> String {
+    format!("onnxruntime-{ORT_VERSION}")
+}
+
+/// The cache folder of the CUDA build.
+fn cuda_folder() -> String {
+    format!("onnxruntime-gpu-{ORT_VERSION}")
+}
+
 /// Where the library is, fetching it into the cache if it is nowhere yet.
 pub fn library_path() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
@@ -202,7 +273,11 @@ pub fn library_path() -> Result<PathBuf> {
             how_to_provide()
         ))
     })?;
-    cached_library(wheel, &[], &format!("onnxruntime-{ORT_VERSION}"))
+    let checked = cache_dir()?.join(cpu_folder()).join(wheel.library);
+    if checked_ahead(&checked) {
+        return Ok(checked);
+    }
+    cached_library(wheel, &[], &cpu_folder())
 }
 
 /// Where the CUDA build of the library is, fetching it into the cache if it is nowhere yet.
@@ -228,27 +303,33 @@ pub fn cuda_library_path() -> Result<PathBuf> {
              to the libonnxruntime of a CUDA build of ONNX Runtime {ORT_VERSION}"
         ))
     })?;
-    cached_library(
-        wheel,
-        CUDA_PROVIDERS,
-        &format!("onnxruntime-gpu-{ORT_VERSION}"),
-    )
+    cached_library(wheel, CUDA_PROVIDERS, &cuda_folder())
 }
 
 /// `wheel`'s library in the cache folder `folder`, fetched (with `extra` members beside it) the
 /// first time, and again whenever a cached member does not hash to its pinned sha256.
 fn cached_library(wheel: &Wheel, extra: &[&str], folder: &str) -> Result<PathBuf> {
     let dir = cache_dir()?.join(folder);
-    let path = dir.join(wheel.library);
-    if path.is_file() {
-        match verify_members(wheel, extra, &dir) {
-            Ok(()) => return Ok(path),
-            Err(why) => eprintln!("batchinfer: {why}; fetching it again"),
-        }
+    match in_cache(wheel, extra, &dir) {
+        Some(Ok(path)) => return Ok(path),
+        Some(Err(why)) => eprintln!("batchinfer: {why}; fetching it again"),
+        None => {}
     }
     fetch_library(wheel, extra, &dir)?;
     verify_members(wheel, extra, &dir).map_err(Error::Runtime)?;
-    Ok(path)
+    Ok(dir.join(wheel.library))
+}
+
+/// `wheel`'s library in the cache folder `dir` when it is there, checked (with the `extra`
+/// members beside it) against the pinned sha256s.
+fn in_cache(
+    wheel: &Wheel,
+    extra: &[&str],
+    dir: &Path,
+) -> Option<std::result::Result<PathBuf, String>> {
+    let path = dir.join(wheel.library);
+    path.is_file()
+        .then(|| verify_members(wheel, extra, dir).map(|()| path))
 }
 
 /// Checks that the library and `extra` members in `dir` hash to the wheel's pinned sha256s.
@@ -261,11 +342,15 @@ fn verify_members(wheel: &Wheel, extra: &[&str], dir: &Path) -> std::result::Res
             .find(|(member, _)| member == name)
             .map(|(_, sha)| *sha)
             .ok_or_else(|| format!("no sha256 is pinned for {name}"))?;
-        let mut file = std::fs::File::open(&path)
+        let file = std::fs::File::open(&path)
             .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
         let mut hasher = Sha256::new();
-        std::io::copy(&mut file, &mut hasher)
-            .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
+        // Read in large parts: the library is tens of MiB, checked at every start.
+        std::io::copy(
+            &mut std::io::BufReader::with_capacity(1 << 20, file),
+            &mut hasher,
+        )
+        .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
         let digest = hex::encode(hasher.finalize());
         if digest != pinned {
             return Err(format!(
@@ -395,4 +480,40 @@ fn download(url: &str) -> std::result::Result<Vec<u8>, String> {
         Ok(bytes.to_vec())
     })
     .map_err(|e| e.to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FileIdentity;
+
+    #[test]
+    fn a_file_written_truncated_or_replaced_is_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lib.so");
+        std::fs::write(&path, b"the library").unwrap();
+        let first = FileIdentity::of(&path).unwrap();
+        assert_eq!(FileIdentity::of(&path).as_ref(), Some(&first));
+        // Appended to.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"!"))
+            .unwrap();
+        let appended = FileIdentity::of(&path).unwrap();
+        assert_ne!(appended, first);
+        // Truncated.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(3))
+            .unwrap();
+        let truncated = FileIdentity::of(&path).unwrap();
+        assert_ne!(truncated, appended);
+        // Replaced by a file of the same length, renamed over it.
+        let other = dir.path().join("other.so");
+        std::fs::write(&other, b"abc").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert_ne!(FileIdentity::of(&path).unwrap(), truncated);
+        assert_eq!(FileIdentity::of(&dir.path().join("gone.so")), None);
+    }
 }

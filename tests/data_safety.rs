@@ -606,6 +606,38 @@ fn what_is_loaded_is_what_was_checked() {
 }
 
 #[test]
+fn a_model_that_cannot_be_read_fetches_and_replaces_nothing() {
+    // A cached library that is not the pinned one, checked while the model's files are read:
+    // the model cannot be read, so the statement fails on it, and the library is neither
+    // fetched nor replaced (it is fetched when a session needs it, as the test above shows).
+    let cache = tempfile::tempdir().unwrap();
+    let library = library_in(cache.path());
+    std::fs::create_dir_all(library.parent().unwrap()).unwrap();
+    std::fs::write(&library, b"not the pinned library").unwrap();
+    // A FIFO where the model file should be: found, then refused when it is read.
+    let unreadable = cache.path().join("model.onnx");
+    let made = Command::new("mkfifo").arg(&unreadable).status().unwrap();
+    assert!(made.success());
+    let out = bin()
+        .env("BATCHINFER_CACHE_DIR", cache.path())
+        .env_remove("ORT_DYLIB_PATH")
+        .arg("--warehouse")
+        .arg(cache.path().join("wh"))
+        .args([
+            "query",
+            "-e",
+            &format!("CREATE MODEL m FROM '{}'", unreadable.display()),
+        ])
+        .output()
+        .unwrap();
+    assert_failure(&out, &["not a regular file"]);
+    let said = common::stderr(&out);
+    assert!(!said.contains("fetching"), "{said}");
+    assert!(!said.contains("not the pinned"), "{said}");
+    assert_eq!(std::fs::read(&library).unwrap(), b"not the pinned library");
+}
+
+#[test]
 fn what_is_loaded_is_what_was_checked_for_the_text_model_too() {
     // A copy of the fetched model folder with an edited tokenizer is fetched again.
     let cache = tempfile::tempdir().unwrap();

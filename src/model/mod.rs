@@ -109,11 +109,23 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let files = ModelFiles::read(source, stores).map_err(load_error)?;
-        let beside = match source.file_name() {
-            Some("model.onnx") => text::read_text_files(source, stores).map_err(load_error)?,
-            _ => Vec::new(),
-        };
+        let (files, beside) = std::thread::scope(|scope| {
+            // ONNX Runtime's library is checked against its pinned sha256 while the files are read.
+            let check = scope.spawn(|| options.device.prepare());
+            let read = || -> std::result::Result<_, String> {
+                let files = ModelFiles::read(source, stores)?;
+                let beside = match source.file_name() {
+                    Some("model.onnx") => text::read_text_files(source, stores)?,
+                    _ => Vec::new(),
+                };
+                Ok((files, beside))
+            };
+            let read = read();
+            // A check that failed leaves the library to be checked when it is loaded.
+            let _ = check.join();
+            read
+        })
+        .map_err(load_error)?;
         Self::assemble(name, source, files, &beside, options)
     }
 
@@ -193,9 +205,17 @@ impl Model {
                 )));
             }
         }
-        let sha256 = external::sha256(&bytes, &files);
         let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
-        let pool = SessionPool::new(&bytes, files, options).map_err(load_error)?;
+        // The sha256 is computed while ONNX Runtime builds the session.
+        let (sha256, pool) = std::thread::scope(|scope| {
+            let sha256 = scope.spawn(|| external::sha256(&bytes, &files));
+            let pool = SessionPool::new(&bytes, files.clone(), options);
+            let sha256 = sha256
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (sha256, pool)
+        });
+        let pool = pool.map_err(load_error)?;
         let signature = ModelSignature::from_session(pool.session()).map_err(load_error)?;
         let quantized = pool.session().metadata().ok().and_then(|metadata| {
             crate::quantize::Provenance::from_metadata(|key| metadata.custom(key))
