@@ -116,15 +116,29 @@ fn usable_gpu(n: u32) -> Result<String, String> {
     Ok(name)
 }
 
+/// A check of ONNX Runtime's library made ahead of a session by [`Target::prepare`].
+#[must_use]
+pub struct Prepared(());
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        runtime::forget_cpu_check();
+    }
+}
+
 /// What running on a device implies, decided here and nowhere else.
 impl Target {
     /// Checks ONNX Runtime's library for this device against its pinned sha256 ahead of a
     /// model's session, so that the check runs while the model's files are read. Loads, fetches
-    /// and records nothing: the library is loaded (and fetched if need be) with the session.
-    pub fn prepare(self) {
+    /// and records nothing else: the library is loaded (and fetched if need be) with the session.
+    /// The check serves the session built while the returned guard is held; a library loaded
+    /// after it is dropped is hashed again.
+    pub fn prepare(self) -> Prepared {
+        let prepared = Prepared(());
         if self == Target::Cpu {
             runtime::check_cpu_library();
         }
+        prepared
     }
 
     /// Rows per record batch read from the input when none was asked for: a GPU is kept busy by

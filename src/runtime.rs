@@ -148,6 +148,13 @@ pub(crate) fn load_cuda() -> std::result::Result<&'static Environment, String> {
 /// Loads the library at `path` as the process's environment.
 fn load(path: &Path) -> Result<&'static Environment> {
     let fail = |e: String| Error::Runtime(e);
+    check_elf(path).map_err(|why| {
+        fail(format!(
+            "{} could not be loaded: {why}. {}",
+            path.display(),
+            how_to_provide()
+        ))
+    })?;
     disable_telemetry();
     let builder = ort::init_from(path).map_err(|e| {
         fail(format!(
@@ -180,6 +187,70 @@ fn how_to_provide() -> String {
         "Set ORT_DYLIB_PATH to an ONNX Runtime {ORT_VERSION} library, for example the one that \
          `pip install onnxruntime=={ORT_VERSION}` puts in site-packages/onnxruntime/capi/"
     )
+}
+
+/// Refuses a file the loader would map past its end, such as a truncated library (given by
+/// `ORT_DYLIB_PATH`, which is not hashed): `dlopen` would kill the process with SIGBUS rather
+/// than fail. Every segment, and the section headers, that its ELF header names must lie within
+/// the file.
+fn check_elf(path: &Path) -> std::result::Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |e: std::io::Error| format!("it cannot be read: {e}");
+    // Non-blocking, so that a FIFO does not wait for a writer.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".to_string());
+    }
+    let len = meta.len();
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header)
+        .map_err(|_| "it is too short to be a shared library".to_string())?;
+    // ELF, 64-bit, little-endian: the only builds batchinfer fetches (x86_64, aarch64).
+    if &header[..6] != b"\x7fELF\x02\x01" {
+        return Err("it is not a 64-bit little-endian ELF shared library".to_string());
+    }
+    let half = |at: usize| u64::from(u16::from_le_bytes([header[at], header[at + 1]]));
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&header[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let (program_headers, section_headers) = (word(0x20), word(0x28));
+    let (entry, entries) = (half(0x36), half(0x38));
+    let truncated = |needed: u64| {
+        format!("it is truncated: its ELF headers describe {needed} bytes, the file has {len}")
+    };
+    let table_end = program_headers.saturating_add(entry * entries);
+    if table_end > len {
+        return Err(truncated(table_end));
+    }
+    // Each program header: p_offset at 8, p_filesz at 32 (64-bit ELF).
+    if entry < 40 {
+        return Err("its ELF program headers are malformed".to_string());
+    }
+    let mut table = vec![0u8; (entry * entries) as usize];
+    file.seek(SeekFrom::Start(program_headers))
+        .and_then(|_| file.read_exact(&mut table))
+        .map_err(unreadable)?;
+    let mut needed = section_headers.saturating_add(half(0x3a) * half(0x3c));
+    for header in table.chunks_exact(entry as usize) {
+        let at = |i: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&header[i..i + 8]);
+            u64::from_le_bytes(bytes)
+        };
+        needed = needed.max(at(8).saturating_add(at(32)));
+    }
+    if needed > len {
+        return Err(truncated(needed));
+    }
+    Ok(())
 }
 
 /// The CPU library found in the cache and checked against its pinned sha256 ahead of loading it
@@ -243,6 +314,13 @@ fn checked_ahead(path: &Path) -> bool {
     })
 }
 
+/// Forgets a check made ahead: the library is hashed again before it is loaded. A check serves
+/// one session's load, right after it was made, and no later one: a file's identity does not
+/// change with every write (a page written again through a shared mapping keeps its times).
+pub(crate) fn forget_cpu_check() {
+    *CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
 /// The cache folder of the CPU build.
 fn cpu_folder() -> String {
     format!("onnxruntime-{ORT_VERSION}")
@@ -275,6 +353,7 @@ pub fn library_path() -> Result<PathBuf> {
     })?;
     let checked = cache_dir()?.join(cpu_folder()).join(wheel.library);
     if checked_ahead(&checked) {
+        forget_cpu_check();
         return Ok(checked);
     }
     cached_library(wheel, &[], &cpu_folder())
@@ -457,8 +536,16 @@ fn write_atomically(dir: &Path, dest: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id(),
         std::thread::current().id()
     ));
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
-    std::fs::rename(&tmp, dest).map_err(|e| Error::io(format!("writing {}", dest.display()), e))
+    let written = std::fs::write(&tmp, bytes)
+        .map_err(|e| Error::io(format!("writing {}", tmp.display()), e))
+        .and_then(|()| {
+            std::fs::rename(&tmp, dest)
+                .map_err(|e| Error::io(format!("writing {}", dest.display()), e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// A blocking download that is safe to call from inside or outside a tokio runtime: it runs on a

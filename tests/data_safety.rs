@@ -638,6 +638,171 @@ fn a_model_that_cannot_be_read_fetches_and_replaces_nothing() {
 }
 
 #[test]
+fn a_check_made_ahead_serves_one_load_only() {
+    // The library is checked while a model's files are read. Statement 1's model is read (so the
+    // library is checked) and then refused before any session; the library is then changed
+    // through a shared mapping whose page was written already, which keeps the file's times,
+    // size and inode. Statement 2 loads the library: it is hashed again and found out.
+    let dir = tempfile::tempdir().unwrap();
+    let library = library_in(dir.path());
+    std::fs::create_dir_all(library.parent().unwrap()).unwrap();
+    std::fs::copy(library_in(&real_cache()), &library).unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(models.join("refused")).unwrap();
+    std::fs::copy("data/models/linear.onnx", models.join("linear.onnx")).unwrap();
+    std::fs::copy("data/models/linear.onnx", models.join("refused/model.onnx")).unwrap();
+    std::fs::write(models.join("refused/tokenizer.json"), "{}").unwrap();
+    std::fs::write(models.join("refused/modules.json"), "{not json").unwrap();
+
+    // A writable shared mapping of the library's last page, written once (same byte) before
+    // the check: later writes to the page do not change the file's times.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&library)
+        .unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let start = (len - 1) / page * page;
+    // SAFETY: a fresh shared mapping of one page inside the file, unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            start as libc::off_t,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let last = unsafe { (map as *mut u8).add(len - 1 - start) };
+    // SAFETY: `last` is within the mapped page.
+    unsafe { last.write_volatile(last.read_volatile()) };
+
+    let mut shell = bin()
+        .env("BATCHINFER_CACHE_DIR", dir.path())
+        .env_remove("ORT_DYLIB_PATH")
+        .arg("--warehouse")
+        .arg(dir.path().join("wh"))
+        .arg("--models")
+        .arg(&models)
+        .arg("shell")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    let stderr = shell.stderr.take().unwrap();
+    let (said, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = said.send(line);
+        }
+    });
+    use std::io::Write;
+    writeln!(
+        stdin,
+        "SELECT predict('refused', features) FROM 'data/sample/vectors.parquet' LIMIT 1;"
+    )
+    .unwrap();
+    let mut before = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("statement 1 answered");
+        let done = line.contains("modules.json");
+        before.push(line);
+        if done {
+            break;
+        }
+    }
+    // SAFETY: as above; the byte changes, the page stays dirty, the file's times stay.
+    unsafe { last.write_volatile(last.read_volatile() ^ 0xff) };
+    assert_ne!(sha256_of(&library), sha256_of(&library_in(&real_cache())));
+    writeln!(
+        stdin,
+        "SELECT predict('linear', features) AS p FROM 'data/sample/vectors.parquet' LIMIT 1;"
+    )
+    .unwrap();
+    drop(stdin);
+    let status = wait_with_deadline(&mut shell, Duration::from_secs(300), "the shell");
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { libc::munmap(map, page) };
+    let after: Vec<String> = lines.try_iter().collect();
+    let mut printed = String::new();
+    std::io::Read::read_to_string(&mut shell.stdout.take().unwrap(), &mut printed).unwrap();
+    // Statement 1 failed (the shell says so at the end); statement 2 scored its row.
+    assert_eq!(status.code(), Some(1), "{before:?} {after:?}");
+    assert!(
+        !after.iter().any(|l| l.starts_with("Error: model")),
+        "{after:?}"
+    );
+    let rows: Vec<&str> = printed.lines().collect();
+    assert!(
+        rows.len() == 2 && rows[0] == "p" && rows[1].parse::<f32>().is_ok(),
+        "{printed}"
+    );
+    assert!(
+        after.iter().any(|l| l.contains("not the pinned")),
+        "the changed library was loaded without being hashed again: {before:?} {after:?}"
+    );
+    assert_eq!(sha256_of(&library), sha256_of(&library_in(&real_cache())));
+}
+
+#[test]
+fn a_fetch_that_cannot_be_kept_leaves_no_partial_file() {
+    // A folder where the library goes: the fetched library cannot be renamed there, and the
+    // copy written beside it is removed.
+    let cache = tempfile::tempdir().unwrap();
+    let library = library_in(cache.path());
+    std::fs::create_dir_all(&library).unwrap();
+    let out = bin()
+        .env("BATCHINFER_CACHE_DIR", cache.path())
+        .env_remove("ORT_DYLIB_PATH")
+        .arg("--warehouse")
+        .arg(cache.path().join("wh"))
+        .args(["--models", "data/models", "query", "-e", SCORE])
+        .output()
+        .unwrap();
+    let said = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("Error: model 'linear' could not be loaded") && said.contains("directory"),
+        "{said}"
+    );
+    let left: Vec<_> = std::fs::read_dir(library.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().starts_with(".partial"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_truncated_library_is_one_clear_error() {
+    // ORT_DYLIB_PATH is the user's library, not hashed: a truncated one is refused before the
+    // loader maps it (which would end the process with SIGBUS).
+    let real = std::fs::read(library_in(&real_cache())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for keep in [5_000, 1 << 20, real.len() - 1] {
+        let cut = dir.path().join(format!("libonnxruntime-{keep}.so"));
+        std::fs::write(&cut, &real[..keep]).unwrap();
+        let out = bin()
+            .env("ORT_DYLIB_PATH", &cut)
+            .args(["--models", "data/models", "query", "-e", SCORE])
+            .output()
+            .unwrap();
+        assert_failure(&out, &["truncated", "ORT_DYLIB_PATH"]);
+    }
+}
+
+#[test]
 fn what_is_loaded_is_what_was_checked_for_the_text_model_too() {
     // A copy of the fetched model folder with an edited tokenizer is fetched again.
     let cache = tempfile::tempdir().unwrap();

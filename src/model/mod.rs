@@ -109,8 +109,9 @@ impl Model {
             path: source.to_string(),
             message,
         };
-        let (files, beside) = std::thread::scope(|scope| {
-            // ONNX Runtime's library is checked against its pinned sha256 while the files are read.
+        let (files, beside, _checked) = std::thread::scope(|scope| {
+            // ONNX Runtime's library is checked against its pinned sha256 while the files are
+            // read; the check serves this model's session only (held until it is built).
             let check = scope.spawn(|| options.device.prepare());
             let read = || -> std::result::Result<_, String> {
                 let files = ModelFiles::read(source, stores)?;
@@ -122,8 +123,8 @@ impl Model {
             };
             let read = read();
             // A check that failed leaves the library to be checked when it is loaded.
-            let _ = check.join();
-            read
+            let checked = check.join().ok();
+            read.map(|(files, beside)| (files, beside, checked))
         })
         .map_err(load_error)?;
         Self::assemble(name, source, files, &beside, options)
