@@ -16,6 +16,45 @@ use common::{
     assert_failure, assert_ok, bin, changes, query, snapshot, stdout, wait_with_deadline,
 };
 
+/// `command` started with its input written by the test: the process, its input, and the lines
+/// of its output and of its errors as they come (each channel closes with its stream).
+fn piped(
+    command: &mut Command,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<String>,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let out = lines_of(child.stdout.take().unwrap());
+    let err = lines_of(child.stderr.take().unwrap());
+    (child, stdin, out, err)
+}
+
+/// The lines `stream` prints, as they come; the channel closes with the stream.
+fn lines_of(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stream)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
 /// Table names that are paths, or that would land on the warehouse's own files.
 fn hostile_names() -> Vec<String> {
     let mut names: Vec<String> = [
@@ -507,6 +546,17 @@ fn library_in(cache: &Path) -> std::path::PathBuf {
     cache.join("onnxruntime-1.31.1/libonnxruntime.so.1.31.1")
 }
 
+/// batchinfer with ONNX Runtime from the cache folder `cache`, and its warehouse there too.
+fn with_cache(cache: &Path) -> Command {
+    let mut command = bin();
+    command
+        .env("BATCHINFER_CACHE_DIR", cache)
+        .env_remove("ORT_DYLIB_PATH")
+        .arg("--warehouse")
+        .arg(cache.join("wh"));
+    command
+}
+
 fn sha256_of(path: &Path) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
@@ -542,11 +592,7 @@ fn what_is_loaded_is_what_was_checked() {
                 std::fs::copy(libc, &library).unwrap();
             }
         }
-        let out = bin()
-            .env("BATCHINFER_CACHE_DIR", cache.path())
-            .env_remove("ORT_DYLIB_PATH")
-            .arg("--warehouse")
-            .arg(cache.path().join("wh"))
+        let out = with_cache(cache.path())
             .args(["--models", "data/models", "query", "-e", SCORE])
             .output()
             .unwrap();
@@ -618,11 +664,7 @@ fn a_model_that_cannot_be_read_fetches_and_replaces_nothing() {
     let unreadable = cache.path().join("model.onnx");
     let made = Command::new("mkfifo").arg(&unreadable).status().unwrap();
     assert!(made.success());
-    let out = bin()
-        .env("BATCHINFER_CACHE_DIR", cache.path())
-        .env_remove("ORT_DYLIB_PATH")
-        .arg("--warehouse")
-        .arg(cache.path().join("wh"))
+    let out = with_cache(cache.path())
         .args([
             "query",
             "-e",
@@ -680,31 +722,9 @@ fn a_check_made_ahead_serves_one_load_only() {
     // SAFETY: `last` is within the mapped page.
     unsafe { last.write_volatile(last.read_volatile()) };
 
-    let mut shell = bin()
-        .env("BATCHINFER_CACHE_DIR", dir.path())
-        .env_remove("ORT_DYLIB_PATH")
-        .arg("--warehouse")
-        .arg(dir.path().join("wh"))
-        .arg("--models")
-        .arg(&models)
-        .arg("shell")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = shell.stdin.take().unwrap();
-    let stderr = shell.stderr.take().unwrap();
-    let (said, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = said.send(line);
-        }
-    });
+    let mut command = with_cache(dir.path());
+    command.arg("--models").arg(&models).arg("shell");
+    let (mut shell, mut stdin, printed, lines) = piped(&mut command);
     use std::io::Write;
     writeln!(
         stdin,
@@ -734,19 +754,18 @@ fn a_check_made_ahead_serves_one_load_only() {
     let status = wait_with_deadline(&mut shell, Duration::from_secs(300), "the shell");
     // SAFETY: the mapping made above, no longer used.
     unsafe { libc::munmap(map, page) };
-    let after: Vec<String> = lines.try_iter().collect();
-    let mut printed = String::new();
-    std::io::Read::read_to_string(&mut shell.stdout.take().unwrap(), &mut printed).unwrap();
+    // Every line: the streams close with the process.
+    let after: Vec<String> = lines.iter().collect();
+    let rows: Vec<String> = printed.iter().collect();
     // Statement 1 failed (the shell says so at the end); statement 2 scored its row.
     assert_eq!(status.code(), Some(1), "{before:?} {after:?}");
     assert!(
         !after.iter().any(|l| l.starts_with("Error: model")),
         "{after:?}"
     );
-    let rows: Vec<&str> = printed.lines().collect();
     assert!(
         rows.len() == 2 && rows[0] == "p" && rows[1].parse::<f32>().is_ok(),
-        "{printed}"
+        "{rows:?}"
     );
     assert!(
         after.iter().any(|l| l.contains("not the pinned")),
@@ -762,11 +781,7 @@ fn a_fetch_that_cannot_be_kept_leaves_no_partial_file() {
     let cache = tempfile::tempdir().unwrap();
     let library = library_in(cache.path());
     std::fs::create_dir_all(&library).unwrap();
-    let out = bin()
-        .env("BATCHINFER_CACHE_DIR", cache.path())
-        .env_remove("ORT_DYLIB_PATH")
-        .arg("--warehouse")
-        .arg(cache.path().join("wh"))
+    let out = with_cache(cache.path())
         .args(["--models", "data/models", "query", "-e", SCORE])
         .output()
         .unwrap();
@@ -1460,7 +1475,7 @@ fn score_of(file: &str) -> String {
 /// included. (A file changed on disk without a redefinition keeps its loaded model.)
 #[test]
 fn a_model_redefined_by_another_process_is_used_from_the_next_statement() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
     let file = dir.path().join("m.onnx");
@@ -1479,29 +1494,9 @@ fn a_model_redefined_by_another_process_is_used_from_the_next_statement() {
     };
     elsewhere(&format!("CREATE MODEL m FROM '{}'", file.display()));
 
-    let mut shell = bin()
-        .arg("--warehouse")
-        .arg(&wh)
-        .arg("shell")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = shell.stdin.take().unwrap();
-    let lines = |stream: Box<dyn std::io::Read + Send>| {
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines() {
-                if sender.send(line.unwrap()).is_err() {
-                    break;
-                }
-            }
-        });
-        receiver
-    };
-    let out = lines(Box::new(shell.stdout.take().unwrap()));
-    let err = lines(Box::new(shell.stderr.take().unwrap()));
+    let mut command = bin();
+    command.arg("--warehouse").arg(&wh).arg("shell");
+    let (mut shell, mut stdin, out, err) = piped(&mut command);
     let mut score = || {
         writeln!(
             stdin,
