@@ -216,12 +216,7 @@ fn check_elf(path: &Path) -> std::result::Result<(), String> {
         return Err("it is not a 64-bit little-endian ELF shared library".to_string());
     }
     let half = |at: usize| u64::from(u16::from_le_bytes([header[at], header[at + 1]]));
-    let word = |at: usize| {
-        let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(&header[at..at + 8]);
-        u64::from_le_bytes(bytes)
-    };
-    let (program_headers, section_headers) = (word(0x20), word(0x28));
+    let (program_headers, section_headers) = (le_u64(&header, 0x20), le_u64(&header, 0x28));
     let (entry, entries) = (half(0x36), half(0x38));
     let truncated = |needed: u64| {
         format!("it is truncated: its ELF headers describe {needed} bytes, the file has {len}")
@@ -240,17 +235,19 @@ fn check_elf(path: &Path) -> std::result::Result<(), String> {
         .map_err(unreadable)?;
     let mut needed = section_headers.saturating_add(half(0x3a) * half(0x3c));
     for header in table.chunks_exact(entry as usize) {
-        let at = |i: usize| {
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(&header[i..i + 8]);
-            u64::from_le_bytes(bytes)
-        };
-        needed = needed.max(at(8).saturating_add(at(32)));
+        needed = needed.max(le_u64(header, 8).saturating_add(le_u64(header, 32)));
     }
     if needed > len {
         return Err(truncated(needed));
     }
     Ok(())
+}
+
+/// The little-endian `u64` at `at` in `bytes`.
+fn le_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
 }
 
 /// The CPU library found in the cache and checked against its pinned sha256 ahead of loading it
@@ -314,6 +311,14 @@ fn checked_ahead(path: &Path) -> bool {
     })
 }
 
+/// Whether `path` was checked ahead and has not changed since; the check is used up either way.
+fn take_check(path: &Path) -> bool {
+    let taken = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()).take();
+    taken.is_some_and(|(at, identity)| {
+        at == path && FileIdentity::of(path).as_ref() == Some(&identity)
+    })
+}
+
 /// Forgets a check made ahead: the library is hashed again before it is loaded. A check serves
 /// one session's load, right after it was made, and no later one: a file's identity does not
 /// change with every write (a page written again through a shared mapping keeps its times).
@@ -352,8 +357,7 @@ pub fn library_path() -> Result<PathBuf> {
         ))
     })?;
     let checked = cache_dir()?.join(cpu_folder()).join(wheel.library);
-    if checked_ahead(&checked) {
-        forget_cpu_check();
+    if take_check(&checked) {
         return Ok(checked);
     }
     cached_library(wheel, &[], &cpu_folder())
