@@ -291,10 +291,16 @@ pub(crate) fn check_cpu_library() {
         return;
     };
     let dir = dir.join(cpu_folder());
-    if checked_ahead(&dir.join(wheel.library)) {
+    let library = dir.join(wheel.library);
+    let checked = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner());
+    if checked
+        .as_ref()
+        .is_some_and(|check| still_checked(check, &library))
+    {
         return;
     }
-    let before = FileIdentity::of(&dir.join(wheel.library));
+    drop(checked);
+    let before = FileIdentity::of(&library);
     if let Some(Ok(path)) = in_cache(wheel, &[], &dir)
         && let Some(identity) =
             before.filter(|before| FileIdentity::of(&path).as_ref() == Some(before))
@@ -303,20 +309,15 @@ pub(crate) fn check_cpu_library() {
     }
 }
 
-/// Whether `path` was checked ahead and has not changed since.
-fn checked_ahead(path: &Path) -> bool {
-    let checked = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner());
-    checked.as_ref().is_some_and(|(at, identity)| {
-        at == path && FileIdentity::of(path).as_ref() == Some(identity)
-    })
+/// Whether the check made ahead, `(at, identity)`, is of `path` as it is now.
+fn still_checked((at, identity): &(PathBuf, FileIdentity), path: &Path) -> bool {
+    at == path && FileIdentity::of(path).as_ref() == Some(identity)
 }
 
 /// Whether `path` was checked ahead and has not changed since; the check is used up either way.
 fn take_check(path: &Path) -> bool {
     let taken = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()).take();
-    taken.is_some_and(|(at, identity)| {
-        at == path && FileIdentity::of(path).as_ref() == Some(&identity)
-    })
+    taken.is_some_and(|check| still_checked(&check, path))
 }
 
 /// Forgets a check made ahead: the library is hashed again before it is loaded. A check serves
