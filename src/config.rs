@@ -135,6 +135,9 @@ pub struct BatchInferOptions {
     /// Materialized views: the most input files a refresh scores between two commits (fewer:
     /// less work lost when a refresh is killed; more: fewer commits).
     pub files_per_commit: usize,
+    /// The largest Parquet footer (metadata) read, in bytes: a file claiming more is refused
+    /// before anything is allocated for it.
+    pub max_footer_bytes: u64,
     /// The statement at hand, as the engine tags it before planning: its id and its text (for
     /// the rejects it leaves).
     pub statement: String,
@@ -170,6 +173,7 @@ impl Default for BatchInferOptions {
             rejects: String::new(),
             max_errors: None,
             files_per_commit: 64,
+            max_footer_bytes: crate::storage::footer::DEFAULT_MAX_FOOTER_BYTES,
             statement: String::new(),
             statement_text: String::new(),
             stop_signals_before: 0,
@@ -191,6 +195,25 @@ impl ExtensionOptions for BatchInferOptions {
     }
 
     fn set(&mut self, key: &str, value: &str) -> datafusion::error::Result<()> {
+        // Every error names the setting, whatever the parser of its type says.
+        self.set_value(key, value).map_err(|e| match e {
+            DataFusionError::Configuration(m) if m.contains(&format!("batchinfer.{key}")) => {
+                DataFusionError::Configuration(m)
+            }
+            e => DataFusionError::Configuration(format!(
+                "batchinfer.{key} = '{value}': {}",
+                e.message()
+            )),
+        })
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        self.config_entries()
+    }
+}
+
+impl BatchInferOptions {
+    fn set_value(&mut self, key: &str, value: &str) -> datafusion::error::Result<()> {
         match key {
             "batch_size" => self.batch_size.set(key, value),
             "on_error" => self.on_error.set(key, value),
@@ -219,16 +242,22 @@ impl ExtensionOptions for BatchInferOptions {
                 }
                 Ok(())
             }
+            "max_footer_bytes" => {
+                self.max_footer_bytes =
+                    parse_size(value).map_err(DataFusionError::Configuration)? as u64;
+                Ok(())
+            }
             "statement" => self.statement.set(key, value),
             "statement_text" => self.statement_text.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget, device, streaming_scan, rejects, max_errors, files_per_commit"
+                 token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
+                 max_footer_bytes"
             ))),
         }
     }
 
-    fn entries(&self) -> Vec<ConfigEntry> {
+    fn config_entries(&self) -> Vec<ConfigEntry> {
         struct Entries(Vec<ConfigEntry>);
         impl Visit for Entries {
             fn some<V: std::fmt::Display>(
@@ -297,6 +326,11 @@ impl ExtensionOptions for BatchInferOptions {
             v,
             "batchinfer.files_per_commit",
             "Materialized views: the most input files a refresh scores between two commits.",
+        );
+        self.max_footer_bytes.visit(
+            v,
+            "batchinfer.max_footer_bytes",
+            "The largest Parquet footer (file metadata) read, in bytes ('256M', '1G'): a file claiming more is refused.",
         );
         self.statement.visit(
             v,

@@ -358,7 +358,7 @@ async fn shell(engine: &Engine, format: OutputFormat, timing: bool) -> Result<()
         };
         return run_shell(engine, options).await;
     }
-    let runner = Runner {
+    let mut runner = Runner {
         engine,
         format,
         timing,

@@ -90,9 +90,10 @@ impl Runner<'_> {
     /// comments (what is left at the end runs too); `\q`, `quit` or `exit` on a line of its own
     /// stop. A failing statement is reported and the rest still run (the result is then an
     /// error); a cancelled one stops everything.
-    pub async fn run_lines(&self, mut input: impl BufRead) -> Result<()> {
+    pub async fn run_lines(&mut self, mut input: impl BufRead) -> Result<()> {
         let dialect = self.engine.dialect()?;
         let (mut pending, mut failed) = (String::new(), false);
+        let mut print = crate::shell::print_options(false);
         loop {
             let mut line = String::new();
             let read = input
@@ -104,7 +105,29 @@ impl Runner<'_> {
             if pending.trim().is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
                 break;
             }
+            // A backslash command on a line of its own, as in the shell (`\pset format csv`).
+            if pending.trim().is_empty() && line.trim_start().starts_with('\\') {
+                pending.clear();
+                let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
+                let mut options = crate::shell::ShellOptions {
+                    format: self.format,
+                    timing: self.timing,
+                    color: false,
+                };
+                let go_on =
+                    crate::shell::backslash(self.engine, &command, &mut options, &mut print).await;
+                (self.format, self.timing) = (options.format, options.timing);
+                if !go_on {
+                    break;
+                }
+                continue;
+            }
             pending.push_str(&line);
+            // Only a line with a `;` can complete a statement: the others are not tokenized
+            // again (which made a long statement's lines cost the square of their number).
+            if !line.contains(';') {
+                continue;
+            }
             let complete = complete_prefix(&pending, dialect.as_ref());
             if complete > 0 {
                 let script: String = pending.drain(..complete).collect();

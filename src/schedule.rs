@@ -84,9 +84,9 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
             }
             Err(e) => {
                 failures += 1;
-                let backoff = Duration::from_secs(1u64 << failures.min(16))
-                    .min(period.max(Duration::from_secs(1)))
-                    .min(MAX_BACKOFF);
+                // 1, 2, 4, ... seconds, whatever the period: a poll of a second does not retry
+                // a failing store every second.
+                let backoff = Duration::from_secs(1u64 << (failures - 1).min(16)).min(MAX_BACKOFF);
                 eprintln!(
                     "refresh of '{name}' failed ({failures} in a row): {}; trying again in {}",
                     display_error(&e),

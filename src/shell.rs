@@ -104,32 +104,35 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
     }));
     let history =
         std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".batchinfer_history"));
+    let statement_dialect = engine.dialect()?;
+    // What is kept of a line: its secrets blanked, as plans have them.
+    let kept = |line: &str| crate::statements::blank_secrets(line, statement_dialect.as_ref());
     if let Some(h) = &history {
         let _ = editor.load_history(h);
+        // A history written before secrets were blanked in it is blanked once read.
+        let entries: Vec<String> = editor.history().iter().map(|e| kept(e)).collect();
+        let _ = editor.clear_history();
+        for entry in entries {
+            let _ = editor.add_history_entry(entry);
+        }
     }
     println!(
         "batchinfer {}: SQL with predict() and embed(). End statements with ';'. \\? for help, \\q to quit.",
         env!("CARGO_PKG_VERSION")
     );
-    let mut print = PrintOptions {
-        format: PrintFormat::Table,
-        quiet: true,
-        maxrows: MaxRows::Limited(40),
-        color: options.color,
-        instrumented_registry: Default::default(),
-    };
+    let mut print = print_options(options.color);
     let mut ended = Ok(());
     loop {
         match editor.readline("batchinfer> ") {
             Ok(line) if line.trim_start().starts_with('\\') => {
-                let _ = editor.add_history_entry(line.trim_end());
+                let _ = editor.add_history_entry(kept(line.trim_end()));
                 let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
                 if !backslash(engine, &command, &mut options, &mut print).await {
                     break;
                 }
             }
             Ok(line) => {
-                let _ = editor.add_history_entry(line.trim_end());
+                let _ = editor.add_history_entry(kept(line.trim_end()));
                 let runner = Runner {
                     engine,
                     format: options.format,
@@ -163,9 +166,21 @@ pub async fn run_shell(engine: &Engine, mut options: ShellOptions) -> Result<()>
     ended
 }
 
+/// How DataFusion's backslash commands print (`\d`, `\?`).
+pub(crate) fn print_options(color: bool) -> PrintOptions {
+    PrintOptions {
+        format: PrintFormat::Table,
+        quiet: true,
+        maxrows: MaxRows::Limited(40),
+        color,
+        instrumented_registry: Default::default(),
+    }
+}
+
 /// Carries out a backslash command; false for `\q`. `\timing` and `\pset format` are the
-/// shell's; the others are DataFusion's.
-async fn backslash(
+/// shell's; the others are DataFusion's. What it says of a setting goes to stderr, so that
+/// piped output holds results only.
+pub(crate) async fn backslash(
     engine: &Engine,
     command: &str,
     options: &mut ShellOptions,
@@ -174,7 +189,7 @@ async fn backslash(
     let invalid = || eprintln!("'{command}' is not a valid command; \\? lists them");
     if command == "\\timing" {
         options.timing = !options.timing;
-        println!("Timing is {}.", if options.timing { "on" } else { "off" });
+        eprintln!("Timing is {}.", if options.timing { "on" } else { "off" });
         return true;
     }
     match command[1..].parse::<Command>() {
@@ -185,12 +200,12 @@ async fn backslash(
             match OutputFormat::from_str(name, true) {
                 Ok(format) => {
                     options.format = format;
-                    println!("Output format is {format:?}.");
+                    eprintln!("Output format is {format:?}.");
                 }
                 Err(_) => invalid(),
             }
         }
-        Ok(Command::OutputFormat(None)) => println!("Output format is {:?}.", options.format),
+        Ok(Command::OutputFormat(None)) => eprintln!("Output format is {:?}.", options.format),
         Ok(cmd) => {
             if let Err(e) = cmd.execute(engine.context(), print).await {
                 eprintln!("Error: {e}");

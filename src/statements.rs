@@ -174,6 +174,53 @@ pub fn complete_prefix(text: &str, dialect: &dyn Dialect) -> usize {
         .map_or(0, |t| byte_offset(text, t.span.end.line, t.span.end.column))
 }
 
+/// Whether an option or setting named `name` holds a secret (a key, token, password or
+/// signature): its value is blanked wherever a statement is shown or kept.
+pub fn is_secret_name(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["secret", "token", "pass", "key", "sig"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+/// `text` with its secrets blanked as plans blank them: the value given after a name that says
+/// it is a secret (`'aws.secret_access_key' '...'`, `password = '...'`) and the password and
+/// query of every URL. For what is kept of statements outside a plan (the shell's history).
+pub fn blank_secrets(text: &str, dialect: &dyn Dialect) -> String {
+    let Ok(tokens) = Tokenizer::new(dialect, text).tokenize() else {
+        return crate::storage::blank_passwords(text);
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut after_secret_name = false;
+    for token in tokens {
+        let value = match &token {
+            Token::Whitespace(_) | Token::Eq => {
+                out.push_str(&token.to_string());
+                continue;
+            }
+            Token::SingleQuotedString(s)
+            | Token::DoubleQuotedString(s)
+            | Token::DollarQuotedString(datafusion::sql::sqlparser::ast::DollarQuotedString {
+                value: s,
+                ..
+            })
+            | Token::EscapedStringLiteral(s) => Some(s.as_str()),
+            _ => None,
+        };
+        if after_secret_name && value.is_some() {
+            out.push_str("'<redacted>'");
+            after_secret_name = false;
+            continue;
+        }
+        after_secret_name = match &token {
+            Token::Word(w) => is_secret_name(&w.value),
+            _ => value.is_some_and(is_secret_name),
+        };
+        out.push_str(&token.to_string());
+    }
+    crate::storage::blank_passwords(&out)
+}
+
 /// The byte offset of a tokenizer location (1-based line and column, in characters).
 fn byte_offset(text: &str, line: u64, column: u64) -> usize {
     let line_start: usize = text

@@ -122,6 +122,20 @@ impl Warehouse {
         Ok(crate::storage::display_location(&url))
     }
 
+    /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`) that
+    /// `url` is in or is, if any: a place nothing else may write into.
+    pub fn own_folder_holding(&self, url: &Url) -> Option<&'static str> {
+        let path = url.as_str().trim_end_matches('/');
+        ["tables", "views", "models", "quantized"]
+            .into_iter()
+            .find(|folder| {
+                self.root.join(folder).is_ok_and(|own| {
+                    let own = own.as_str();
+                    path == own || path.starts_with(&format!("{own}/"))
+                })
+            })
+    }
+
     /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).
     pub fn table_location(&self, name: &str) -> Result<String> {
         self.tables.location(name)

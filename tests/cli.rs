@@ -729,3 +729,102 @@ fn sigterm_cancels_the_running_statement_and_ends_the_shell() {
         "{status}"
     );
 }
+
+/// The shell over piped input, with `input` written to it and closed: its output.
+fn piped_shell(home: &std::path::Path, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        .args(["--models", "data/models", "shell"])
+        .env("HOME", home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let status = common::wait_with_deadline(&mut child, common::DEADLINE, "the piped shell");
+    writer.join().unwrap();
+    let mut out = child.wait_with_output().unwrap();
+    out.status = status;
+    out
+}
+
+/// A statement of 20,000 lines piped to the shell is read once, not once per line: it runs
+/// within a bound that reading it 20,000 times (minutes) would break.
+#[test]
+fn a_long_piped_statement_is_read_in_linear_time() {
+    let home = tempfile::tempdir().unwrap();
+    let mut sql = String::from("SELECT count(*) AS n FROM (VALUES\n");
+    for i in 0..20_000 {
+        sql.push_str(&format!("  ({i}),\n"));
+    }
+    sql.push_str("  (20000)) t(x);\n");
+    let started = std::time::Instant::now();
+    let out = piped_shell(home.path(), &sql);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("20001"), "{}", stdout(&out));
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+}
+
+/// Backslash commands piped to the shell are carried out as typed ones are, and swallow nothing:
+/// the statement after each one runs.
+#[test]
+fn piped_backslash_commands_run_and_the_next_statement_too() {
+    let home = tempfile::tempdir().unwrap();
+    let out = piped_shell(
+        home.path(),
+        "\\?\nSELECT 1 AS first;\n\\d\nSELECT 2 AS second;\n\\pset format csv\nSELECT 3 AS third;\n",
+    );
+    let (out_text, err_text) = (stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{err_text}");
+    assert!(out_text.contains("first"), "{out_text}");
+    assert!(out_text.contains("second"), "{out_text}");
+    assert!(out_text.ends_with("third\n3\n"), "{out_text}");
+    assert!(!err_text.contains("rror"), "{err_text}");
+}
+
+/// The shell's history keeps statements with their secrets blanked, as plans show them: a
+/// secret option's value and a URL's password never reach the file.
+#[test]
+fn the_shell_history_keeps_no_secret() {
+    let home = tempfile::tempdir().unwrap();
+    let history = home.path().join(".batchinfer_history");
+    std::fs::write(
+        &history,
+        "#V2\nSELECT 1 FROM 's3://u:OldSeCrEt@b/x' OPTIONS ('aws.secret_access_key' 'OldSeCrEt');\n",
+    )
+    .unwrap();
+    let command = format!(
+        "env HOME={} {} --models data/models shell",
+        home.path().display(),
+        env!("CARGO_BIN_EXE_batchinfer")
+    );
+    let mut session =
+        rexpect::spawn(&command, Some(30_000)).expect("the shell starts in a pseudo-terminal");
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line(
+            "COPY (SELECT 1) TO 'x' OPTIONS ('aws.secret_access_key' 'SeCrEt1', 'aws.session_token' 'SeCrEt2') nonsense;",
+        )
+        .unwrap();
+    session.exp_string("Error:").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line(
+            "SELECT * FROM 'https://user:SeCrEt3@127.0.0.1:9/f.parquet?sig=SeCrEt4' nonsense;",
+        )
+        .unwrap();
+    session.exp_string("Error:").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("\\q").unwrap();
+    session.exp_eof().unwrap();
+    let kept = std::fs::read_to_string(&history).unwrap();
+    assert!(kept.contains("aws.secret_access_key"), "{kept}");
+    assert!(kept.contains("<redacted>"), "{kept}");
+    assert!(!kept.contains("SeCrEt"), "{kept}");
+}

@@ -2016,3 +2016,183 @@ fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
     assert!(live.exists(), "a running writer's file was removed");
     assert!(recent.exists(), "a file written a moment ago was removed");
 }
+
+/// A file whose last 8 bytes claim `claimed` bytes of metadata, `size` bytes long (sparse: it
+/// takes no room on disk).
+fn claiming_footer(path: &Path, size: u64, claimed: u32) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::create(path).unwrap();
+    file.set_len(size).unwrap();
+    file.write_all_at(b"PAR1", 0).unwrap();
+    let mut tail = claimed.to_le_bytes().to_vec();
+    tail.extend_from_slice(b"PAR1");
+    file.write_all_at(&tail, size - 8).unwrap();
+}
+
+/// A footer is not trusted for its length: a 6 GB sparse file claiming 4 GiB of metadata, run
+/// under a 3 GiB address-space limit, is one error naming the file and the setting (it was an
+/// abort on a 4 GiB allocation); the setting bounds real files too.
+#[test]
+fn a_parquet_footer_claiming_gigabytes_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.parquet");
+    claiming_footer(&huge, 6 << 30, u32::MAX - 15);
+    for streaming in ["true", "false"] {
+        let mut command = bin();
+        command.args([
+            "query",
+            "-e",
+            &format!(
+                "SET batchinfer.streaming_scan = {streaming}; SELECT count(*) FROM '{}'",
+                huge.display()
+            ),
+        ]);
+        let out = common::run_bounded(command, 3 << 30, DEADLINE);
+        let stderr = assert_failure(
+            &out,
+            &[
+                "huge.parquet",
+                "4294967280 bytes of metadata",
+                "batchinfer.max_footer_bytes",
+            ],
+        );
+        assert!(!stderr.contains("internal error"), "{stderr}");
+    }
+    let out = query(
+        &dir.path().join("wh"),
+        "SET batchinfer.max_footer_bytes = '100'; SELECT count(*) FROM 'data/sample/features.parquet'",
+    );
+    assert_failure(
+        &out,
+        &[
+            "features.parquet",
+            "more than batchinfer.max_footer_bytes (100)",
+        ],
+    );
+    let out = query(
+        &dir.path().join("wh"),
+        "SET batchinfer.max_footer_bytes = '-1'",
+    );
+    assert_failure(&out, &["batchinfer.max_footer_bytes", "-1"]);
+    let out = query(&dir.path().join("wh"), "SET batchinfer.batch_size = '-1'");
+    assert_failure(&out, &["batchinfer.batch_size = '-1'"]);
+}
+
+/// Files that end like Parquet and lie about the rest (`PAR1garbagePAR1`, a footer longer than
+/// the file, a file of 8 bytes) are errors naming the file, never panics.
+#[test]
+fn junk_files_ending_like_parquet_are_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("garbage.parquet", b"PAR1garbagePAR1".to_vec()),
+        ("longer.parquet", {
+            let mut bytes = b"PAR1".to_vec();
+            bytes.extend_from_slice(&[7u8; 100]);
+            bytes.extend_from_slice(&1000u32.to_le_bytes());
+            bytes.extend_from_slice(b"PAR1");
+            bytes
+        }),
+        ("eight.parquet", b"\0\0\0\0PAR1".to_vec()),
+    ];
+    for (name, bytes) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        for streaming in ["true", "false"] {
+            let out = query(
+                &dir.path().join("wh"),
+                &format!(
+                    "SET batchinfer.streaming_scan = {streaming}; SELECT * FROM '{}'",
+                    path.display()
+                ),
+            );
+            let stderr = assert_failure(&out, &[name]);
+            assert!(!stderr.contains("internal error"), "{name}: {stderr}");
+            assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        }
+    }
+}
+
+/// An HTTP server answering as if its object were replaced between requests: HEAD gives one
+/// size and the reads the bytes of a shorter file. Serves until the test ends.
+fn replacing_http_server(first: Vec<u8>, second: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte) {
+                    Ok(1) => request.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let request = String::from_utf8_lossy(&request).to_string();
+            let range = request.lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                if !name.eq_ignore_ascii_case("range") {
+                    return None;
+                }
+                let (start, end) = value.trim().strip_prefix("bytes=")?.split_once('-')?;
+                Some((start.parse::<usize>().ok()?, end.parse::<usize>().ok()?))
+            });
+            let headers = "ETag: \"v1\"\r\nLast-Modified: Tue, 01 Dec 2026 00:00:00 GMT\r\n\
+                           Connection: close\r\n";
+            let response = if request.starts_with("HEAD") {
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{headers}\r\n",
+                    first.len()
+                )
+                .into_bytes()
+            } else {
+                let (start, end) = range.unwrap_or((0, second.len() - 1));
+                let end = end.min(second.len() - 1);
+                if start > end {
+                    format!(
+                        "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\n{headers}\r\n"
+                    )
+                    .into_bytes()
+                } else {
+                    let mut response = format!(
+                        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\n\
+                         Content-Range: bytes {start}-{end}/{}\r\n{headers}\r\n",
+                        end - start + 1,
+                        second.len()
+                    )
+                    .into_bytes();
+                    response.extend_from_slice(&second[start..=end]);
+                    response
+                }
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    url
+}
+
+/// An HTTP object replaced by a shorter one between the requests that read it is an error
+/// naming it (it was a panic inside parquet's decoder).
+#[test]
+fn an_http_object_replaced_while_it_is_read_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.parquet"), dir.path().join("b.parquet"));
+    assert_ok(&query(
+        &dir.path().join("wh"),
+        &format!(
+            "COPY (SELECT value AS id, value * 2 AS x FROM range(20000)) TO '{}' STORED AS PARQUET;
+             COPY (SELECT value AS id FROM range(100)) TO '{}' STORED AS PARQUET",
+            a.display(),
+            b.display()
+        ),
+    ));
+    let url = replacing_http_server(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let out = query(
+        &dir.path().join("wh"),
+        &format!("SELECT count(*) FROM '{url}/data/f.parquet'"),
+    );
+    let stderr = assert_failure(&out, &["f.parquet"]);
+    assert!(!stderr.contains("internal error"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

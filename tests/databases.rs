@@ -536,3 +536,252 @@ fn a_bare_postgres_name_is_the_search_paths_table() {
     assert_eq!(assert_ok(&out), "count\n1\n");
     assert_eq!(pg.psql("SELECT * FROM app.notes"), "1,new\n");
 }
+
+/// Rows of `sql` (one integer column) read by SQLite itself.
+fn sqlite_count(path: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(sql, [], |row| row.get(0))
+        .unwrap()
+}
+
+/// The database is whole and holds just the rows it had: no journal left beside it, SQLite's
+/// integrity check passes on a copy of the file alone, and batchinfer reads and writes it.
+fn assert_sqlite_as_it_was(dir: &Path, db: &Path) {
+    let journal = dir.join("o.db-journal");
+    assert!(!journal.exists(), "a hot journal was left: {journal:?}");
+    let copy = dir.join("copy.db");
+    std::fs::copy(db, &copy).unwrap();
+    let check: String = rusqlite::Connection::open(&copy)
+        .unwrap()
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    assert_eq!(sqlite_count(db, "SELECT count(*) FROM o"), 3);
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE o STORED AS SQLITE LOCATION '{}';
+             INSERT INTO o VALUES (4, 4.0);
+             SELECT count(*) AS n FROM o",
+            db.display()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "count\n1\nn\n4\n");
+    sqlite(db, "DELETE FROM o WHERE id = 4");
+}
+
+/// The plain INSERT the cancellations stop: 3M rows from a table function, no model, so that
+/// nothing in the input looks for the stop.
+fn big_insert(db: &Path) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE o STORED AS SQLITE LOCATION '{}';
+         INSERT INTO o SELECT value AS id, CAST(value AS DOUBLE) AS x FROM range(3000000)",
+        db.display()
+    )
+}
+
+/// A SQLite INSERT stopped by SIGINT or SIGTERM while its rows flow is rolled back before the
+/// process says so and exits: the table holds its old rows, no hot journal is left, and the
+/// file is whole on its own.
+#[test]
+fn a_cancelled_sqlite_insert_is_rolled_back_before_the_process_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("o.db");
+    sqlite(
+        &db,
+        "CREATE TABLE o (id INTEGER, x REAL); INSERT INTO o VALUES (1, 1), (2, 2), (3, 3);",
+    );
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let mut child = batchinfer()
+            .args(["query", "-e", &big_insert(&db)])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Rows are in the transaction once SQLite keeps a journal of the pages they change.
+        let journal = dir.path().join("o.db-journal");
+        common::poll_until(common::DEADLINE, "the INSERT writing rows", || {
+            journal.exists()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the INSERT ended before the signal: the test tests nothing"
+        );
+        common::send(child.id(), signal);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("nothing it wrote was kept"), "{stderr}");
+        assert_sqlite_as_it_was(dir.path(), &db);
+    }
+}
+
+/// Ctrl-C in the shell during a SQLite INSERT: the prompt comes back once the insert is rolled
+/// back, and the same shell reads the table with its old rows.
+#[test]
+fn ctrl_c_in_the_shell_rolls_a_sqlite_insert_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("o.db");
+    sqlite(
+        &db,
+        "CREATE TABLE o (id INTEGER, x REAL); INSERT INTO o VALUES (1, 1), (2, 2), (3, 3);",
+    );
+    let command = format!(
+        "{} shell --models data/models",
+        env!("CARGO_BIN_EXE_batchinfer")
+    );
+    let mut session =
+        rexpect::spawn(&command, Some(60_000)).expect("the shell starts in a pseudo-terminal");
+    session.exp_string("batchinfer> ").unwrap();
+    session
+        .send_line(&format!("{};", big_insert(&db).replace('\n', " ")))
+        .unwrap();
+    let journal = dir.path().join("o.db-journal");
+    common::poll_until(common::DEADLINE, "the INSERT writing rows", || {
+        journal.exists()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    session.send_control('c').unwrap();
+    session.exp_string("^C (cancelled)").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    assert!(
+        !journal.exists(),
+        "the prompt came back before the rollback"
+    );
+    session.send_line("SELECT count(*) AS n FROM o;").unwrap();
+    session.exp_regex(r"\|\s*3\s*\|").unwrap();
+    session.exp_string("batchinfer> ").unwrap();
+    session.send_line("\\q").unwrap();
+    session.exp_eof().unwrap();
+    assert_sqlite_as_it_was(dir.path(), &db);
+}
+
+/// Values reach SQLite as parameters: quotes, NUL and every other character of a text as
+/// written, infinities as SQLite's own, NaN as NULL (SQLite stores no NaN); a row SQLite
+/// refuses is named with its values (texts cut short) and the reason, without the batch's.
+#[test]
+fn sqlite_inserts_bind_every_value_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v.db");
+    sqlite(
+        &db,
+        "CREATE TABLE v (id INTEGER, x REAL, s TEXT, b BLOB);
+         CREATE TABLE strict (id INTEGER CHECK (id <> 8999), s TEXT);",
+    );
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE v STORED AS SQLITE LOCATION '{}';
+             INSERT INTO v VALUES
+               (1, 'NaN'::double, 'it''s; DROP TABLE v; --', X'00ff'),
+               (2, 'inf'::double, concat('a', chr(0), 'b'), NULL),
+               (3, '-inf'::double, NULL, X''),
+               (4, 1e300, 'é€𝄞', X'41')",
+            db.display()
+        ),
+    );
+    assert_eq!(assert_ok(&out), "count\n4\n");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mut statement = conn
+        .prepare("SELECT id, x, s, b FROM v ORDER BY id")
+        .unwrap();
+    let rows: Vec<(i64, Option<f64>, Option<String>, Option<Vec<u8>>)> = statement
+        .query_map([], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                1,
+                None,
+                Some("it's; DROP TABLE v; --".to_string()),
+                Some(vec![0, 255])
+            ),
+            (2, Some(f64::INFINITY), Some("a\0b".to_string()), None),
+            (3, Some(f64::NEG_INFINITY), None, Some(vec![])),
+            (4, Some(1e300), Some("é€𝄞".to_string()), Some(vec![0x41])),
+        ]
+    );
+    // Row 9,000 of 10,000 breaks a CHECK: one short message naming it; nothing inserted.
+    let out = run(
+        batchinfer(),
+        &format!(
+            "CREATE EXTERNAL TABLE strict STORED AS SQLITE LOCATION '{}';
+             INSERT INTO strict SELECT value, repeat('x', 40) FROM range(10000)",
+            db.display()
+        ),
+    );
+    let stderr = assert_failure(
+        &out,
+        &[
+            "of the insert, (8999, 'xxxxx",
+            "…'), was refused",
+            "CHECK constraint failed",
+        ],
+    );
+    assert!(stderr.len() < 1_000, "{} bytes: {stderr}", stderr.len());
+    assert!(!stderr.contains(&"x".repeat(33)), "{stderr}");
+    assert_eq!(sqlite_count(&db, "SELECT count(*) FROM strict"), 0);
+}
+
+/// A PostgreSQL INSERT stopped by SIGINT while its rows flow commits nothing.
+#[test]
+fn a_cancelled_postgres_insert_commits_nothing() {
+    let Some(pg) = Postgres::start() else { return };
+    pg.psql("CREATE TABLE o (id bigint, x double precision); INSERT INTO o VALUES (1, 1), (2, 2);");
+    let mut child = batchinfer()
+        .args([
+            "query",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE o STORED AS POSTGRES LOCATION 'o' OPTIONS ('url' '{}');
+                 INSERT INTO o SELECT value AS id, CAST(value AS DOUBLE) AS x FROM range(3000000)",
+                pg.url()
+            ),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Rows are being sent once the server shows the INSERT running.
+    common::poll_until(common::DEADLINE, "the INSERT sending rows", || {
+        pg.psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO%'")
+            .trim()
+            != "0"
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the INSERT ended before the signal: the test tests nothing"
+    );
+    common::send(child.id(), libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("nothing it wrote was kept"), "{stderr}");
+    common::poll_until(common::DEADLINE, "the server ending the session", || {
+        pg.psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO%'")
+            .trim()
+            == "0"
+    });
+    assert_eq!(pg.psql("SELECT count(*) FROM o"), "2\n");
+}
+
+/// `file:a.db` is the URL of `/a.db`: refused, saying what to write, and nothing is opened.
+#[test]
+fn a_file_url_without_a_root_is_refused_not_read_from_the_root() {
+    let out = run(
+        batchinfer(),
+        "CREATE EXTERNAL TABLE t STORED AS SQLITE LOCATION 'file:a.db'",
+    );
+    assert_failure(
+        &out,
+        &["'file:a.db'", "write a path ('a.db') or file:///a.db"],
+    );
+}

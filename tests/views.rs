@@ -901,3 +901,175 @@ fn hostile_view_names_are_refused_and_touch_nothing() {
     let changed = common::changes(&before, &common::snapshot(dir.path()));
     assert!(changed.is_empty(), "changed: {changed:?}");
 }
+
+/// The newest manifest version of `view`: its path and its JSON.
+fn newest_manifest(wh: &Path, view: &str) -> (PathBuf, serde_json::Value) {
+    let newest = std::fs::read_dir(wh.join("views").join(view))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("manifest-"))
+        .max()
+        .unwrap();
+    let json = serde_json::from_slice(&std::fs::read(&newest).unwrap()).unwrap();
+    (newest, json)
+}
+
+/// Writes `json` as the next manifest version of `view`, as a hand (or a hostile writer) would.
+fn write_next_manifest(wh: &Path, view: &str, json: &serde_json::Value) {
+    let (newest, _) = newest_manifest(wh, view);
+    let name = newest.file_name().unwrap().to_string_lossy().into_owned();
+    let version: u64 = name["manifest-".len()..name.len() - ".json".len()]
+        .parse()
+        .unwrap();
+    std::fs::write(
+        newest.with_file_name(format!("manifest-{:020}.json", version + 1)),
+        serde_json::to_vec(json).unwrap(),
+    )
+    .unwrap();
+}
+
+/// A view answers with all of its rows or not at all: with one of its data files deleted, or
+/// cut short, a query of it fails naming the view, the file and the repair; REFRESH repairs it.
+#[test]
+fn a_view_missing_a_data_file_fails_until_refreshed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    let input_text = format!("{}/", input.display());
+    for i in 0..3 {
+        write_features(
+            &input.join(format!("f{i}.parquet")),
+            i * 1000,
+            i * 1000 + 1000,
+            0.0,
+        );
+    }
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "SET batchinfer.files_per_commit = 1; CREATE MATERIALIZED VIEW scores AS \
+             SELECT id, {PREDICT} AS p FROM '{input_text}'"
+        ),
+    ));
+    let files = parquet_files(&wh.join("views/scores/data"));
+    assert!(files.len() >= 3, "{files:?}");
+    std::fs::remove_file(&files[0]).unwrap();
+    for sql in [
+        "SELECT count(*) FROM scores",
+        "SELECT id, p FROM scores WHERE id < 10",
+        "COPY (SELECT * FROM scores) TO 'OUT' STORED AS PARQUET",
+    ] {
+        let target = dir.path().join("out.parquet");
+        let out = query(&wh, &sql.replace("OUT", &target.display().to_string()));
+        assert!(!target.exists());
+        assert_failure(
+            &out,
+            &[
+                "materialized view 'scores'",
+                "is missing",
+                "REFRESH MATERIALIZED VIEW scores",
+            ],
+        );
+    }
+    // Cut short: its size is not the one recorded.
+    let bytes = std::fs::read(&files[1]).unwrap();
+    std::fs::write(&files[1], &bytes[..bytes.len() - 100]).unwrap();
+    assert_failure(
+        &query(&wh, "SELECT count(*) FROM scores"),
+        &["materialized view 'scores'", "2 of its files"],
+    );
+    refresh(&wh, "scores");
+    assert_view_is_recompute(&wh, "scores", &input_text);
+}
+
+/// A manifest written by hand naming a file outside the view's own data folder (absolute, `..`,
+/// a `file://` or `http://` URL, another generation's folder) is refused naming the view; the
+/// other file's rows are never served as the view's.
+#[test]
+fn a_forged_manifest_never_makes_a_view_read_another_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    write_features(&input.join("a.parquet"), 0, 100, 0.0);
+    let private = dir.path().join("private/x.parquet");
+    write_features(&private, 777_000, 777_010, 0.0);
+    let size = std::fs::metadata(&private).unwrap().len();
+    create_view(&wh, &format!("{}/", input.display()));
+    let (_, original) = newest_manifest(&wh, "scores");
+    let generation = original["current"]["id"].as_str().unwrap().to_string();
+    for forged in [
+        private.display().to_string(),
+        "../../../private/x.parquet".to_string(),
+        format!("data/{generation}/../../../../private/x.parquet"),
+        format!("data/{generation}/%2e%2e/%2e%2e/%2e%2e/%2e%2e/private/x.parquet"),
+        format!("file://{}", private.display()),
+        "http://127.0.0.1:9/x.parquet".to_string(),
+        "data/other-generation/u/x.parquet".to_string(),
+    ] {
+        let mut json = original.clone();
+        json["current"]["units"][0]["files"][0] = serde_json::json!({"path": forged, "size": size});
+        write_next_manifest(&wh, "scores", &json);
+        // (A warning first: every statement of the process says the view is left out.)
+        let out = query(&wh, "SELECT id FROM scores ORDER BY id DESC LIMIT 1");
+        let stderr = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{forged}: {stderr}");
+        assert!(
+            stderr.contains("Error: materialized view 'scores'") && stderr.contains("not one of"),
+            "{forged}: {stderr}"
+        );
+        assert!(!stdout(&out).contains("777"), "{forged}: {}", stdout(&out));
+        assert!(!stderr.contains("777"), "{forged}: {stderr}");
+        let out = query(&wh, "REFRESH MATERIALIZED VIEW scores");
+        let stderr = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{forged}: {stderr}");
+        assert!(
+            stderr.contains("Error: materialized view 'scores'") && stderr.contains("not one of"),
+            "{forged}: {stderr}"
+        );
+    }
+    // The manifest put back: the view answers again.
+    write_next_manifest(&wh, "scores", &original);
+    assert_eq!(
+        assert_ok(&query(&wh, "SELECT count(*) AS n FROM scores")),
+        "n\n100\n"
+    );
+}
+
+/// A credential in a view's URL is refused before anything is kept: no manifest, no data file,
+/// no message holds it. A view kept with one (written before this was refused) shows none and
+/// is not refreshed with it.
+#[test]
+fn credentials_in_a_view_url_are_refused_and_never_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    for url in [
+        "s3://AKIDUSER:SeCrEtPaSs@bkt/in/",
+        "http://user:SeCrEtPaSs@127.0.0.1:9/in/",
+        "https://127.0.0.1:9/in/f.parquet?sig=SeCrEtPaSs",
+    ] {
+        let out = query(
+            &wh,
+            &format!("CREATE MATERIALIZED VIEW pv AS SELECT id, {PREDICT} AS p FROM '{url}'"),
+        );
+        let stderr = assert_failure(&out, &["materialized view 'pv'", "password or a token"]);
+        assert!(!stderr.contains("SeCrEtPaSs"), "{stderr}");
+        assert!(!wh.join("views/pv").exists(), "{url}: the view was kept");
+    }
+    // A view whose manifest holds a password (as one kept before could).
+    let input = dir.path().join("in");
+    write_features(&input.join("a.parquet"), 0, 10, 0.0);
+    create_view(&wh, &format!("{}/", input.display()));
+    let (_, mut json) = newest_manifest(&wh, "scores");
+    let with_password = "http://user:SeCrEtPaSs@127.0.0.1:9/in/";
+    for key in ["query", "source"] {
+        let text = json[key].as_str().unwrap().to_string();
+        json[key] = serde_json::Value::String(format!("{text} UNION ALL '{with_password}'"));
+    }
+    write_next_manifest(&wh, "scores", &json);
+    let out = query(&wh, "SHOW MATERIALIZED VIEWS");
+    let shown = assert_ok(&out);
+    assert!(shown.contains("user:REDACTED@"), "{shown}");
+    assert!(!shown.contains("SeCrEtPaSs"), "{shown}");
+    let out = query(&wh, "REFRESH MATERIALIZED VIEW scores");
+    let stderr = assert_failure(&out, &["materialized view 'scores'", "password or a token"]);
+    assert!(!stderr.contains("SeCrEtPaSs"), "{stderr}");
+}

@@ -20,6 +20,7 @@
 mod postgres;
 mod rows;
 mod sqlite;
+mod sqlite_insert;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -6,21 +6,20 @@ use std::time::Duration;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
-use datafusion::common::Constraints;
 use datafusion::logical_expr::CreateExternalTable;
 use datafusion_table_providers_common::sql::db_connection_pool::{
     DbConnectionPool, JoinPushDown, Mode,
 };
+use datafusion_table_providers_sqlite::DynSqliteConnectionPool;
 use datafusion_table_providers_sqlite::pool::SqliteConnectionPool;
 use datafusion_table_providers_sqlite::sql_table::SQLiteTable;
-use datafusion_table_providers_sqlite::write::SqliteTableWriter;
-use datafusion_table_providers_sqlite::{DynSqliteConnectionPool, Sqlite};
 
+use super::sqlite_insert::{SqliteTable, SqliteTarget};
 use super::{Database, table_reference, unknown_option};
 use crate::error::{Error, Result};
 
 /// How long a statement waits for another writer's lock on the file before it fails.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) async fn table(
     name: &str,
@@ -108,11 +107,15 @@ pub(super) async fn table(
     let dyn_pool: Arc<DynSqliteConnectionPool> = pool.clone();
     let read = Arc::new(SQLiteTable::new_with_schema(
         &dyn_pool,
-        schema.clone(),
+        schema,
         reference.clone(),
     ));
-    let sqlite = Sqlite::new(reference, schema, pool, Constraints::default());
-    Ok(SqliteTableWriter::create(read, sqlite, None))
+    let target = SqliteTarget {
+        name: name.to_string(),
+        path,
+        table: reference.table().to_string(),
+    };
+    Ok(Arc::new(SqliteTable { read, target }))
 }
 
 /// How long the pool's connection waits for another writer's lock ([`BUSY_TIMEOUT`]).
@@ -138,9 +141,12 @@ fn declared_schema(
     path: &std::path::Path,
     table: &str,
 ) -> std::result::Result<SchemaRef, Box<dyn std::error::Error + Send + Sync>> {
+    // Read-write where the file allows it (never created): a journal left by a writer that
+    // died mid-transaction is rolled back by the first connection that can write, which a
+    // read-only one cannot, and then could not read the table either.
     let conn = rusqlite::Connection::open_with_flags(
         path,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     let mut statement =

@@ -232,6 +232,7 @@ impl Engine {
             .get_mut::<BatchInferOptions>()
         {
             options.stop_signals_before = crate::stop::signals();
+            crate::storage::footer::set_max_footer_bytes(options.max_footer_bytes);
         }
         self.refresh_models().await?;
         self.refresh_tables().await?;
@@ -309,6 +310,21 @@ impl Engine {
     /// [`Engine::run_sql`] once the statement's stores are connected.
     async fn run_connected(&self, statement: DFStatement) -> Result<DataFrame> {
         self.tag_statement(&statement)?;
+        // The views it reads answer with all of their rows, or the statement fails.
+        let mut read: Vec<String> = self
+            .ctx
+            .state()
+            .resolve_table_references(&statement)?
+            .iter()
+            .filter(|t| t.schema().is_none())
+            .map(|t| t.table().to_string())
+            .collect();
+        read.extend(tables_named(&statement));
+        read.sort();
+        read.dedup();
+        for table in &read {
+            self.check_view_files(table).await?;
+        }
         for table in tables_named(&statement) {
             let reference = datafusion::common::TableReference::bare(table.as_str());
             if let Ok(provider) = self.ctx.table_provider(reference).await {

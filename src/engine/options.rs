@@ -87,11 +87,7 @@ pub(super) const REDACTED: &str = "<redacted>";
 /// URL in the others.
 pub(super) fn redact(options: &mut [(String, SqlValue)]) {
     for (key, value) in options {
-        let key = key.to_ascii_lowercase();
-        if ["secret", "token", "pass", "key", "sig"]
-            .iter()
-            .any(|word| key.contains(word))
-        {
+        if crate::statements::is_secret_name(key) {
             *value = SqlValue::SingleQuotedString(REDACTED.to_string());
         } else if let SqlValue::SingleQuotedString(text) | SqlValue::DoubleQuotedString(text) =
             value

@@ -74,6 +74,10 @@ impl Engine {
                 "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
             )));
         };
+        crate::view::check::without_credentials(name, &manifest.query)?;
+        for generation in manifest.current.iter().chain(manifest.pending.iter()) {
+            crate::view::files::check_paths(name, generation)?;
+        }
         let used = manifest.current.iter().chain(manifest.pending.iter());
         self.reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
             .await?;
@@ -477,17 +481,7 @@ async fn damaged_units(
     if generation.units.iter().all(|u| u.files.is_empty()) {
         return Ok(BTreeSet::new());
     }
-    let view_prefix = crate::storage::object_path(folder)?;
-    let present: BTreeMap<String, u64> = manifests
-        .files_under(&view_prefix.clone().join("data"))
-        .await?
-        .iter()
-        .filter_map(|meta| {
-            let path = meta.location.prefix_match(&view_prefix)?;
-            let path = path.map(|p| p.as_ref().to_string()).collect::<Vec<_>>();
-            Some((path.join("/"), meta.size))
-        })
-        .collect();
+    let present = crate::view::files::present_files(manifests, folder).await?;
     Ok(generation
         .units
         .iter()

@@ -48,6 +48,35 @@ impl Engine {
         };
         let url = crate::storage::folder_location(&rejects).map_err(unusable)?;
         if options.on_error == OnError::Reject {
+            // A place of its own: not a folder of the warehouse's (a DROP would delete the
+            // rejects, or a listing would take them for a table), not one a `..` names, and
+            // one batchinfer can write to.
+            if let Some(folder) = self
+                .warehouse
+                .as_ref()
+                .and_then(|w| w.own_folder_holding(&url))
+            {
+                return Err(unusable(Error::Usage(format!(
+                    "it is in the warehouse's {folder}/ folder, which holds the warehouse's own \
+                     files; leave batchinfer.rejects unset for the warehouse's rejects/"
+                ))));
+            }
+            if rejects.split(['/', '\\']).any(|part| part == "..") {
+                return Err(unusable(Error::Usage(
+                    "it names a folder through '..': name the folder itself".into(),
+                )));
+            }
+            if self
+                .registry
+                .stores()
+                .commit_store(&url)?
+                .read_only()
+                .is_some()
+            {
+                return Err(unusable(Error::Usage(
+                    "it is on a server batchinfer reads from only".into(),
+                )));
+            }
             // Its statement folders are read back as tables: named plainly, and a folder.
             crate::storage::check_write_target(&rejects).map_err(unusable)?;
             crate::storage::object_path(&url).map_err(unusable)?;

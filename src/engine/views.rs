@@ -133,6 +133,7 @@ impl Engine {
         if let Some(e) = unusable {
             return Err(e);
         }
+        crate::view::check::without_credentials(name, &query.to_string())?;
         let query = &query;
         // Refused now, before anything is kept, if it cannot be a view.
         let df = self
@@ -274,7 +275,13 @@ impl Engine {
             ])),
             vec![
                 column(views.iter().map(|v| Some(v.name.clone())).collect()),
-                column(views.iter().map(|v| Some(v.source.clone())).collect()),
+                // A view kept before credentials in its query were refused shows none.
+                column(
+                    views
+                        .iter()
+                        .map(|v| Some(crate::storage::blank_passwords(&v.source)))
+                        .collect(),
+                ),
                 Arc::new(
                     TimestampMillisecondArray::from(
                         views
@@ -291,7 +298,12 @@ impl Engine {
                     totals.iter().map(|t| t.1).collect::<Vec<_>>(),
                 )),
                 column(views.iter().map(|v| Some(view_state(v))).collect()),
-                column(views.iter().map(|v| Some(v.query.clone())).collect()),
+                column(
+                    views
+                        .iter()
+                        .map(|v| Some(crate::storage::blank_passwords(&v.query)))
+                        .collect(),
+                ),
             ],
         )?;
         Ok(self.results.read_batch(batch)?)
@@ -350,11 +362,40 @@ impl Engine {
             // Not yet refreshed to the end once: nothing to read.
             return self.forget_view(name);
         };
-        let table = view_table(&warehouse.view_folder(name)?, current)?;
+        let table = view_table(name, &warehouse.view_folder(name)?, current)?;
         self.forget_view(name)?;
         self.ctx.register_table(TableReference::bare(name), table)?;
         self.seen_views().insert(name.to_string(), newest);
         Ok(())
+    }
+
+    /// Refuses a statement that reads view `name` while its files are not all there, each of
+    /// the size it was written with: it would answer with part of the view's rows.
+    pub(super) async fn check_view_files(&self, name: &str) -> Result<()> {
+        if !self.seen_views().contains_key(name) {
+            return Ok(());
+        }
+        self.view_files_whole(name).await
+    }
+
+    /// Whether view `name`'s newest manifest lists only files of its own, each there with the
+    /// size it was written with (a view not refreshed yet has none to check).
+    pub(super) async fn view_files_whole(&self, name: &str) -> Result<()> {
+        let Some(warehouse) = &self.warehouse else {
+            return Ok(());
+        };
+        let manifests = warehouse.view_manifests(name)?;
+        let shown = format!("view '{name}''s manifest");
+        let Some((_, manifest)) = newest_view(&manifests, &shown).await? else {
+            return Ok(());
+        };
+        let Some(current) = &manifest.current else {
+            return Ok(());
+        };
+        crate::view::files::check_paths(name, current)?;
+        let folder = warehouse.view_folder(name)?;
+        let present = crate::view::files::present_files(&manifests, &folder).await?;
+        crate::view::files::check_present(name, current, &present)
     }
 
     /// Whether the warehouse has a materialized view `name`, for `batchinfer refresh`.
@@ -408,10 +449,16 @@ fn retire_abandoned(before: &Manifest, query: &str) -> Vec<crate::view::Retired>
     retired
 }
 
-/// The rows of `generation`: the files it lists under the view's folder, with its schema.
-fn view_table(folder: &url::Url, generation: &Generation) -> Result<Arc<dyn TableProvider>> {
+/// The rows of `generation`: the files it lists under the view's folder, with its schema; a
+/// manifest listing any other file is refused ([`crate::view::files::check_paths`]).
+fn view_table(
+    name: &str,
+    folder: &url::Url,
+    generation: &Generation,
+) -> Result<Arc<dyn TableProvider>> {
     use datafusion::datasource::file_format::parquet::ParquetFormat;
     use datafusion::datasource::listing::ListingOptions;
+    crate::view::files::check_paths(name, generation)?;
     let schema = generation.schema()?;
     let paths = generation
         .files()

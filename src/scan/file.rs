@@ -46,6 +46,12 @@ impl ScanFile {
             return None;
         }
         let file = File::open(&path).ok()?;
+        // A footer claiming more than the file holds, or than the cap, is left to DataFusion's
+        // reader, whose store reports it (`storage::footer`): parquet would allocate it.
+        let size = file.metadata().ok()?.len();
+        let mut tail = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut tail, size.checked_sub(8)?).ok()?;
+        crate::storage::footer::metadata_len(&path.display(), size, tail).ok()?;
         let natural = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()?;
         // The file's columns with the table's types (DataFusion reads strings as views, ...).
         let fields: Vec<Field> = natural

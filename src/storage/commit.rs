@@ -343,6 +343,17 @@ pub async fn discards_done() {
     }
 }
 
+/// Runs `discard` (undoing a write dropped without commit) in the background, for
+/// [`discards_done`] to wait for; with no runtime left, nothing can wait for it.
+pub fn discard_in_background(discard: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let discard = handle.spawn(discard);
+        let mut discards = DISCARDS.lock().unwrap_or_else(|p| p.into_inner());
+        discards.retain(|d| !d.is_finished());
+        discards.push(discard);
+    }
+}
+
 impl Drop for PendingWrite {
     /// A write dropped without commit (a cancelled statement) is discarded in the background
     /// ([`discards_done`] waits for it).
@@ -353,12 +364,7 @@ impl Drop for PendingWrite {
         self.store.end(&self.state);
         let (store, state) = (self.store.clone(), self.state.clone());
         match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let discard = handle.spawn(async move { store.discard(&state).await });
-                let mut discards = DISCARDS.lock().unwrap_or_else(|p| p.into_inner());
-                discards.retain(|d| !d.is_finished());
-                discards.push(discard);
-            }
+            Ok(_) => discard_in_background(async move { store.discard(&state).await }),
             Err(_) => {
                 // No runtime left to abort uploads on; local files can still go.
                 for (hidden, _) in state.take().staged {

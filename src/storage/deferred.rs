@@ -211,7 +211,54 @@ impl ObjectStore for CommitStore {
                 });
             }
         }
-        self.inner.get_opts(location, options).await
+        let asked = match &options.range {
+            Some(object_store::GetRange::Bounded(range)) => Some(range.clone()),
+            _ => None,
+        };
+        let result = self.inner.get_opts(location, options).await?;
+        // A store gives what is there of a range: an object that shrank since its size was
+        // read (replaced between two requests) would hand a reader fewer bytes than it asked
+        // for, which parquet's decoder takes for a bug of its own (a panic).
+        if let Some(asked) = asked
+            && result.range != asked
+        {
+            return Err(changed_while_read(location, &asked, result.meta.size));
+        }
+        Ok(result)
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[std::ops::Range<u64>],
+    ) -> object_store::Result<Vec<bytes::Bytes>> {
+        object_store::coalesce_ranges(
+            ranges,
+            |range| async move {
+                let options = GetOptions::new().with_range(Some(range.clone()));
+                let result = self.get_opts(location, options).await?;
+                let size = result.meta.size;
+                let bytes = result.bytes().await?;
+                if bytes.len() as u64 != range.end - range.start {
+                    return Err(changed_while_read(location, &range, size));
+                }
+                // The end of a Parquet file, as a reader fetches it to find the metadata: the
+                // length it claims is checked before a decoder trusts it.
+                if range.end == size && super::footer::is_parquet_tail(&bytes) {
+                    let mut tail = [0u8; 8];
+                    tail.copy_from_slice(&bytes[bytes.len() - 8..]);
+                    super::footer::metadata_len(location, size, tail).map_err(|message| {
+                        object_store::Error::Generic {
+                            store: "batchinfer",
+                            source: message.into(),
+                        }
+                    })?;
+                }
+                Ok(bytes)
+            },
+            object_store::OBJECT_STORE_COALESCE_DEFAULT,
+        )
+        .await
     }
 
     fn delete_stream(
@@ -263,6 +310,23 @@ impl CommitStore {
             Some(store) => Err(read_only_store(store, location)),
             None => Ok(()),
         }
+    }
+}
+
+/// The error for an object that is not what it was when its size was read.
+fn changed_while_read(
+    location: &Path,
+    asked: &std::ops::Range<u64>,
+    size: u64,
+) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "batchinfer",
+        source: format!(
+            "{location} changed while it was read: bytes {}..{} were asked for, and it now has \
+             {size} bytes",
+            asked.start, asked.end
+        )
+        .into(),
     }
 }
 

@@ -181,12 +181,9 @@ impl StoreRegistry {
             let tail = store
                 .get_range(&file.location, size.saturating_sub(8)..size)
                 .await?;
-            let length = tail
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map(|b| u64::from(u32::from_le_bytes(b)))
-                .filter(|length| length + 8 <= size)
-                .ok_or_else(unreadable)?;
+            let tail = <[u8; 8]>::try_from(tail.as_ref()).map_err(|_| unreadable())?;
+            let length =
+                super::footer::metadata_len(&file.location, size, tail).map_err(Error::Usage)?;
             let metadata = store
                 .get_range(&file.location, size - 8 - length..size - 8)
                 .await?;

@@ -19,6 +19,21 @@ pub enum Location {
 pub fn parse_location(location: &str) -> Result<Location> {
     if !std::path::Path::new(location).is_absolute() {
         match Url::parse(location) {
+            // `file:a.db` is the URL of `/a.db`, which its writer hardly meant (SQLite reads
+            // it as `a.db` of the working folder): neither is guessed.
+            Ok(url)
+                if url.scheme() == "file"
+                    && !location[url.scheme().len() + 1..].starts_with('/') =>
+            {
+                return Err(Error::Usage(format!(
+                    "'{}' is a file: URL without a path from the root, which would name '{}'; \
+                     write a path ('{}') or file:///{}",
+                    blank_passwords(location),
+                    url.path(),
+                    &location[5..],
+                    url.path().trim_start_matches('/')
+                )));
+            }
             Ok(url) => return Ok(Location::Url(url)),
             Err(url::ParseError::RelativeUrlWithoutBase) => {}
             Err(e) => {
@@ -115,7 +130,7 @@ pub fn folder_location(location: &str) -> Result<Url> {
 /// URL they are plain characters, `%2A` and the like.)
 pub fn check_write_target(target: &str) -> Result<()> {
     if let Location::Url(_) = parse_location(target)? {
-        return Ok(());
+        return check_url_target(target);
     }
     match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
         Some(c) => Err(Error::Usage(format!(
@@ -124,6 +139,67 @@ pub fn check_write_target(target: &str) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// A URL write target is named plainly too: a URL's path is normalized as it is parsed (`a/../b`
+/// is `b`, and so is `a/%2e%2e/b`), so a `.` or `..` segment, written or escaped, would write
+/// elsewhere than the text says; an escaped `/`, `\`, glob character or control character would
+/// make a key no plain name makes. Each is refused, naming the segment.
+fn check_url_target(target: &str) -> Result<()> {
+    let Some((_, after_scheme)) = target.split_once("://") else {
+        return Ok(());
+    };
+    let path = after_scheme
+        .split_once('/')
+        .map_or("", |(_, path)| path)
+        .split(['?', '#'])
+        .next()
+        .unwrap_or("");
+    for segment in path.split('/') {
+        let decoded = percent_decoded(segment);
+        let plain = match decoded.as_slice() {
+            b"." | b".." => false,
+            bytes => {
+                !(segment.contains('%')
+                    && bytes
+                        .iter()
+                        .any(|b| b.is_ascii_control() || b"/\\*?[#".contains(b)))
+            }
+        };
+        if !plain {
+            return Err(Error::Usage(format!(
+                "'{}' has the path segment '{}', which names another place than it reads (a \
+                 '.' or '..' segment, or an escaped '/', '\\', '*', '?', '[', '#' or control \
+                 character): a write target is named plainly",
+                blank_passwords(target),
+                segment.escape_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `text` with its `%XX` escapes decoded (an escape that is not one stays as it is).
+fn percent_decoded(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(high), Some(low)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((high * 16 + low) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// A location as a person (and DataFusion) writes it: a local path for a `file:` URL, the URL
@@ -247,7 +323,33 @@ pub fn blank_passwords(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::blank_passwords;
+    use super::{blank_passwords, check_write_target};
+
+    #[test]
+    fn url_write_targets_are_named_plainly() {
+        for target in [
+            "s3://b/deep/%2e%2e/%2e%2e/%2e%2e/top.parquet",
+            "s3://b/a/../b.parquet",
+            "s3://b/a/./b.parquet",
+            "s3://b/q%3Fx.parquet",
+            "s3://b/q%2Fx.parquet",
+            "s3://b/x%00.parquet",
+            "s3://b/%2E%2E/x.parquet",
+            "gs://b/x%5B1%5D.parquet",
+        ] {
+            let e = check_write_target(target).unwrap_err().to_string();
+            assert!(e.contains("path segment"), "{target}: {e}");
+            assert!(!e.contains('\0'), "{target}: {e}");
+        }
+        for target in [
+            "s3://b/out/scores.parquet",
+            "s3://b/out/",
+            "s3://b/my%20dir/x.parquet",
+            "az://c/a.b/c..d.parquet",
+        ] {
+            check_write_target(target).unwrap();
+        }
+    }
 
     #[test]
     fn passwords_in_urls_are_blanked_wherever_they_are() {

@@ -21,6 +21,7 @@
 
 pub mod check;
 pub mod commit;
+pub mod files;
 pub mod plan;
 
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
