@@ -23,7 +23,8 @@
 //!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
 //! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
-//!   SQLITE`): where to connect, the providers of datafusion-table-providers.
+//!   SQLITE`): where to connect, the providers of datafusion-table-providers, and SQLite's
+//!   INSERT in one transaction of its own (`sqlite_insert.rs`).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
 //!   text models' tokenizers, and the scoring of one record batch.
@@ -54,10 +55,11 @@
 //!   SDK's chain (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
 //!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`; a local
 //!   folder's staging, swap and cleanup in `folder.rs`), whole
-//!   files read for models (`files.rs`), and what an object store's error means for a person
-//!   (`hints.rs`).
+//!   files read for models (`files.rs`), a Parquet footer checked before it is trusted
+//!   (`footer.rs`), and what an object store's error means for a person (`hints.rs`).
 //! - [`view`]: materialized views: the manifest of what a view holds (`mod.rs`), what a refresh
-//!   has to do (`plan.rs`), the queries a view may have (`check.rs`); the engine runs them
+//!   has to do (`plan.rs`), the queries a view may have (`check.rs`), the files a view may read
+//!   (its own, of their recorded sizes: `files.rs`); the engine runs them
 //!   (`engine/views.rs`, `engine/refresh.rs`), the manifests commit in storage (`manifest.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
 //!   (a folder or a prefix in S3, Google Cloud Storage or Azure).

@@ -106,7 +106,9 @@ impl Runner<'_> {
                 break;
             }
             // A backslash command on a line of its own, as in the shell (`\pset format csv`).
-            if pending.trim().is_empty() && line.trim_start().starts_with('\\') {
+            if line.trim_start().starts_with('\\')
+                && crate::statements::only_comments(&pending, dialect.as_ref())
+            {
                 pending.clear();
                 let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
                 let mut options = crate::shell::ShellOptions {
@@ -160,6 +162,14 @@ impl Runner<'_> {
 async fn cancelled(signal: &'static str) -> Result<()> {
     HEEDED.fetch_add(1, Ordering::SeqCst);
     crate::storage::discards_done().await;
+    let kept = crate::storage::take_kept_despite_cancel();
+    if !kept.is_empty() {
+        // Too late to stop a commit under way: said as it is.
+        return Err(Error::Usage(format!(
+            "{signal} came as the statement committed: {} were kept",
+            kept.join(", ")
+        )));
+    }
     Err(Error::Cancelled(signal))
 }
 

@@ -151,18 +151,11 @@ pub fn summary(r: &Refreshed, next: Option<Instant>) -> String {
     line
 }
 
-/// `at` as HH:MM:SS UTC.
+/// `at` as a date and time in UTC: a refresh every 10 days says which day.
 fn clock(at: SystemTime) -> String {
-    let seconds = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let day = seconds % 86_400;
-    format!(
-        "{:02}:{:02}:{:02} UTC",
-        day / 3600,
-        day % 3600 / 60,
-        day % 60
-    )
+    chrono::DateTime::<chrono::Utc>::from(at)
+        .format("%Y-%m-%d %H:%M:%S UTC")
+        .to_string()
 }
 
 /// A duration as it was written: `90s`, `15m`, `2h`, `500ms`.
@@ -183,6 +176,11 @@ pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "'{text}' is not a duration: a whole number of ms, s, m, h or d (1500ms, not 1.5s)"
+        ));
+    }
     let n: u64 = digits
         .parse()
         .map_err(|_| format!("'{text}' is not a duration such as 30s, 15m or 2h"))?;
@@ -215,7 +213,9 @@ mod tests {
         assert_eq!(show_duration(Duration::from_secs(900)), "15m");
         assert_eq!(
             clock(SystemTime::UNIX_EPOCH + Duration::from_secs(3_723)),
-            "01:02:03 UTC"
+            "1970-01-01 01:02:03 UTC"
         );
+        let e = parse_duration("1.5s").unwrap_err();
+        assert!(e.contains("whole number") && e.contains("1500ms"), "{e}");
     }
 }

@@ -125,14 +125,16 @@ impl Warehouse {
     /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`) that
     /// `url` is in or is, if any: a place nothing else may write into.
     pub fn own_folder_holding(&self, url: &Url) -> Option<&'static str> {
-        let path = url.as_str().trim_end_matches('/');
+        if url.scheme() != self.root.scheme() || url.host_str() != self.root.host_str() {
+            return None;
+        }
+        // As the store reads them (escapes decoded: `%74ables` is `tables`).
+        let path = crate::storage::object_path(url).ok()?;
         ["tables", "views", "models", "quantized"]
             .into_iter()
             .find(|folder| {
-                self.root.join(folder).is_ok_and(|own| {
-                    let own = own.as_str();
-                    path == own || path.starts_with(&format!("{own}/"))
-                })
+                self.object(folder)
+                    .is_ok_and(|own| path.prefix_matches(&own))
             })
     }
 

@@ -778,7 +778,7 @@ fn piped_backslash_commands_run_and_the_next_statement_too() {
     let home = tempfile::tempdir().unwrap();
     let out = piped_shell(
         home.path(),
-        "\\?\nSELECT 1 AS first;\n\\d\nSELECT 2 AS second;\n\\pset format csv\nSELECT 3 AS third;\n",
+        "\\?\nSELECT 1 AS first;\n\\d\nSELECT 2 AS second; -- a note\n\\pset format csv\nSELECT 3 AS third;\n",
     );
     let (out_text, err_text) = (stdout(&out), stderr(&out));
     assert!(out.status.success(), "{err_text}");

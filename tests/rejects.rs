@@ -497,4 +497,24 @@ fn rejects_keep_no_secret_and_go_only_to_a_usable_folder() {
         assert_failure(&out, &["batchinfer.rejects"]);
         assert!(!dir.path().join("b.parquet").exists());
     }
+    // Inside the warehouse's own folders (a DROP TABLE would delete them, a listing take them
+    // for a table), through `..`, or on a server batchinfer only reads: refused the same way.
+    let before = common::snapshot(&wh);
+    for (location, why) in [
+        (wh.join("tables/r").display().to_string(), "tables/"),
+        (wh.join("views").display().to_string(), "views/"),
+        (wh.join("models/x/").display().to_string(), "models/"),
+        (format!("{}/../elsewhere/", wh.display()), "'..'"),
+        ("..".to_string(), "'..'"),
+        ("http://127.0.0.1:9/rejects/".to_string(), "reads from only"),
+    ] {
+        let out = copy(
+            &format!("SET batchinfer.rejects = '{location}';"),
+            "c.parquet",
+            "",
+        );
+        assert_failure(&out, &["batchinfer.rejects", why]);
+        assert!(!dir.path().join("c.parquet").exists());
+    }
+    assert!(common::changes(&before, &common::snapshot(&wh)).is_empty());
 }

@@ -957,6 +957,7 @@ fn a_view_missing_a_data_file_fails_until_refreshed() {
     for sql in [
         "SELECT count(*) FROM scores",
         "SELECT id, p FROM scores WHERE id < 10",
+        "SELECT count(*) FROM datafusion.public.scores",
         "COPY (SELECT * FROM scores) TO 'OUT' STORED AS PARQUET",
     ] {
         let target = dir.path().join("out.parquet");

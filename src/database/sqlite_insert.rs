@@ -140,6 +140,8 @@ enum Message {
 struct Writer {
     rows: Option<tokio::sync::mpsc::Sender<Message>>,
     thread: Option<tokio::task::JoinHandle<Result<u64>>>,
+    /// The table, for the word a cancellation that came too late to stop the commit leaves.
+    target: SqliteTarget,
 }
 
 impl Writer {
@@ -161,8 +163,12 @@ impl Drop for Writer {
     fn drop(&mut self) {
         self.rows = None;
         if let Some(thread) = self.thread.take() {
+            let table = format!("SQLite table '{}'", self.target.name);
             crate::storage::discard_in_background(async move {
-                let _ = thread.await;
+                // The word to commit was sent before the cancellation: the rows may be in.
+                if let Ok(Ok(rows)) = thread.await {
+                    crate::storage::kept_despite_cancel(format!("{rows} row(s) into {table}"));
+                }
             });
         }
     }
@@ -189,9 +195,17 @@ impl DataSink for SqliteSink {
         let mut writer = Writer {
             rows: Some(sender),
             thread: Some(thread),
+            target: self.target.clone(),
         };
         while let Some(batch) = data.next().await {
-            let batch = batch?;
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // Rolled back before the statement reports its input's failure.
+                    let _ = writer.finish().await;
+                    return Err(e);
+                }
+            };
             let sent = match &writer.rows {
                 Some(rows) => rows.send(Message::Rows(batch)).await.is_ok(),
                 None => false,

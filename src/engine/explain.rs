@@ -65,7 +65,7 @@ impl Engine {
             && self.is_view(name).await.unwrap_or(false)
         {
             // Left out because its manifest lists files that are not its own: that is why.
-            if let Err(e) = self.view_files_whole(name).await {
+            if let Some(e) = self.view_paths_refused(name).await {
                 return e;
             }
             return Error::Usage(format!(

@@ -316,7 +316,11 @@ impl Engine {
             .state()
             .resolve_table_references(&statement)?
             .iter()
-            .filter(|t| t.schema().is_none())
+            // Views are registered in the default schema: `v`, `public.v`, `datafusion.public.v`.
+            .filter(|t| {
+                matches!(t.schema(), None | Some("public"))
+                    && matches!(t.catalog(), None | Some("datafusion"))
+            })
             .map(|t| t.table().to_string())
             .collect();
         read.extend(tables_named(&statement));

@@ -74,7 +74,7 @@ impl Engine {
                 "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
             )));
         };
-        crate::view::check::without_credentials(name, &manifest.query)?;
+        crate::view::check::without_credentials(name, &manifest.source)?;
         for generation in manifest.current.iter().chain(manifest.pending.iter()) {
             crate::view::files::check_paths(name, generation)?;
         }

@@ -66,13 +66,12 @@ impl Engine {
                     "it names a folder through '..': name the folder itself".into(),
                 )));
             }
-            if self
+            let store = self
                 .registry
                 .stores()
-                .commit_store(&url)?
-                .read_only()
-                .is_some()
-            {
+                .commit_store(&url)
+                .map_err(unusable)?;
+            if store.read_only().is_some() {
                 return Err(unusable(Error::Usage(
                     "it is on a server batchinfer reads from only".into(),
                 )));

@@ -133,7 +133,9 @@ impl Engine {
         if let Some(e) = unusable {
             return Err(e);
         }
-        crate::view::check::without_credentials(name, &query.to_string())?;
+        for literal in &literals {
+            crate::view::check::without_credentials(name, literal)?;
+        }
         let query = &query;
         // Refused now, before anything is kept, if it cannot be a view.
         let df = self
@@ -142,6 +144,7 @@ impl Engine {
             ))))
             .await?;
         let source = crate::view::check::row_wise_source(df.logical_plan(), name)?;
+        crate::view::check::without_credentials(name, &source.shown())?;
         let text = query.to_string();
         let source_table = source.as_table(&literals)?;
         // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
@@ -376,6 +379,16 @@ impl Engine {
             return Ok(());
         }
         self.view_files_whole(name).await
+    }
+
+    /// The error refusing view `name`'s newest manifest for the files it lists, if it names
+    /// any that is not the view's own (a manifest that cannot be read says nothing here).
+    pub(super) async fn view_paths_refused(&self, name: &str) -> Option<Error> {
+        let warehouse = self.warehouse.as_ref()?;
+        let manifests = warehouse.view_manifests(name).ok()?;
+        let (_, manifest) = newest_view(&manifests, name).await.ok()??;
+        let current = manifest.current.as_ref()?;
+        crate::view::files::check_paths(name, current).err()
     }
 
     /// Whether view `name`'s newest manifest lists only files of its own, each there with the

@@ -343,6 +343,28 @@ pub async fn discards_done() {
     }
 }
 
+/// Writes that committed although their statement was cancelled (the cancellation came after
+/// the word to commit): what the cancellation then says was kept.
+static KEPT_DESPITE_CANCEL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Records that `what` was committed by a statement being cancelled.
+pub fn kept_despite_cancel(what: String) {
+    KEPT_DESPITE_CANCEL
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(what);
+}
+
+/// What cancelled statements committed all the same, since this was last asked (after
+/// [`discards_done`]).
+pub fn take_kept_despite_cancel() -> Vec<String> {
+    std::mem::take(
+        &mut *KEPT_DESPITE_CANCEL
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    )
+}
+
 /// Runs `discard` (undoing a write dropped without commit) in the background, for
 /// [`discards_done`] to wait for; with no runtime left, nothing can wait for it.
 pub fn discard_in_background(discard: impl std::future::Future<Output = ()> + Send + 'static) {

@@ -146,26 +146,35 @@ pub fn check_write_target(target: &str) -> Result<()> {
 /// elsewhere than the text says; an escaped `/`, `\`, glob character or control character would
 /// make a key no plain name makes. Each is refused, naming the segment.
 fn check_url_target(target: &str) -> Result<()> {
-    let Some((_, after_scheme)) = target.split_once("://") else {
+    let Some((scheme, after_scheme)) = target.split_once(':') else {
         return Ok(());
     };
-    let path = after_scheme
-        .split_once('/')
-        .map_or("", |(_, path)| path)
-        .split(['?', '#'])
-        .next()
-        .unwrap_or("");
+    let file = scheme.eq_ignore_ascii_case("file");
+    // `file:/a/b` has no authority; `s3://bucket/key` and `file:///a` have one.
+    let path = match after_scheme.strip_prefix("//") {
+        Some(rest) => rest.split_once('/').map_or("", |(_, path)| path),
+        None => after_scheme,
+    };
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    // Escaped, these make an object key no plain name makes (in a local file's name, `#`,
+    // `?` and the like are only characters).
+    let unplain: &[u8] = if file { b"/" } else { b"/\\*?[#" };
     for segment in path.split('/') {
         let decoded = percent_decoded(segment);
-        let plain = match decoded.as_slice() {
-            b"." | b".." => false,
-            bytes => {
-                !(segment.contains('%')
-                    && bytes
-                        .iter()
-                        .any(|b| b.is_ascii_control() || b"/\\*?[#".contains(b)))
-            }
-        };
+        // The URL parser drops tabs and line breaks, and reads `\` as `/` in file URLs.
+        let literal = segment
+            .chars()
+            .any(|c| c.is_control() || (file && c == '\\'));
+        let plain = !literal
+            && match decoded.as_slice() {
+                b"." | b".." => false,
+                bytes => {
+                    !(segment.contains('%')
+                        && bytes
+                            .iter()
+                            .any(|b| b.is_ascii_control() || unplain.contains(b)))
+                }
+            };
         if !plain {
             return Err(Error::Usage(format!(
                 "'{}' has the path segment '{}', which names another place than it reads (a \
@@ -336,6 +345,9 @@ mod tests {
             "s3://b/x%00.parquet",
             "s3://b/%2E%2E/x.parquet",
             "gs://b/x%5B1%5D.parquet",
+            "file:/tmp/out/../../etc/x.parquet",
+            "s3://b/a/.\t./x.parquet",
+            "file:///tmp/a/..\\x.parquet",
         ] {
             let e = check_write_target(target).unwrap_err().to_string();
             assert!(e.contains("path segment"), "{target}: {e}");
@@ -346,6 +358,8 @@ mod tests {
             "s3://b/out/",
             "s3://b/my%20dir/x.parquet",
             "az://c/a.b/c..d.parquet",
+            "file:///data/run%231/",
+            "file:/data/out.parquet",
         ] {
             check_write_target(target).unwrap();
         }

@@ -41,7 +41,10 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 use url::Url;
 
-pub use commit::{CommitKind, CommitStore, PendingWrite, discard_in_background, discards_done};
+pub use commit::{
+    CommitKind, CommitStore, PendingWrite, discard_in_background, discards_done,
+    kept_despite_cancel, take_kept_despite_cancel,
+};
 pub use location::{
     Location, absolute_location, blank_passwords, check_write_target, display_location,
     file_version, folder_location, folder_url, is_local_store, is_object_store_url, local_file,

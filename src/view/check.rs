@@ -11,17 +11,18 @@ use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use crate::error::{Error, Result};
 
-/// Refuses a view query that carries a credential in a URL (`s3://user:password@bucket/`,
-/// `https://host/f?sig=...`): a view keeps its query (in every manifest version, in the
-/// metadata of each file it writes, in SHOW MATERIALIZED VIEWS), and a credential must be kept
-/// nowhere. Credentials come from the environment or from a statement's OPTIONS.
-pub fn without_credentials(name: &str, query: &str) -> Result<()> {
-    let blanked = crate::storage::blank_passwords(query);
-    if blanked == query {
+/// Refuses a location a view reads (a table its query names by URL, or the files of its
+/// source) that carries a credential (`s3://user:password@bucket/`, `https://host/f?sig=...`):
+/// a view keeps its query and its source (in every manifest version, in the metadata of each
+/// file it writes, in SHOW MATERIALIZED VIEWS), and a credential must be kept nowhere.
+/// Credentials come from the environment or from a statement's OPTIONS.
+pub fn without_credentials(name: &str, location: &str) -> Result<()> {
+    let blanked = crate::storage::blank_passwords(location);
+    if blanked == location {
         return Ok(());
     }
     Err(Error::Usage(format!(
-        "materialized view '{name}': its query names a URL with a password or a token in it \
+        "materialized view '{name}': it reads a URL with a password or a token in it \
          ({blanked}); a view keeps its query, so its credentials cannot be in it: write the \
          URL without them and give them in the environment (AWS_ACCESS_KEY_ID and \
          AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS) or \
