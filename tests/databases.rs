@@ -658,6 +658,9 @@ fn ctrl_c_in_the_shell_rolls_a_sqlite_insert_back() {
     assert_sqlite_as_it_was(dir.path(), &db);
 }
 
+/// A row of the table `v` as SQLite holds it: id, real, text, blob.
+type SqliteRow = (i64, Option<f64>, Option<String>, Option<Vec<u8>>);
+
 /// Values reach SQLite as parameters: quotes, NUL and every other character of a text as
 /// written, infinities as SQLite's own, NaN as NULL (SQLite stores no NaN); a row SQLite
 /// refuses is named with its values (texts cut short) and the reason, without the batch's.
@@ -687,7 +690,7 @@ fn sqlite_inserts_bind_every_value_as_written() {
     let mut statement = conn
         .prepare("SELECT id, x, s, b FROM v ORDER BY id")
         .unwrap();
-    let rows: Vec<(i64, Option<f64>, Option<String>, Option<Vec<u8>>)> = statement
+    let rows: Vec<SqliteRow> = statement
         .query_map([], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
         })
