@@ -151,6 +151,44 @@ pub fn check_unbounded(statement: &DFStatement) -> Result<()> {
     }
 }
 
+/// Refuses a number literal too large for any number type (`1e400`, a number of millions of
+/// digits), which would be read as infinity without a word.
+pub fn check_numbers(statement: &DFStatement) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::{Expr, Value, visit_expressions};
+    let check = |expr: &Expr| match expr {
+        Expr::Value(value) => match &value.value {
+            Value::Number(text, _) if text.parse::<f64>().is_ok_and(f64::is_infinite) => {
+                let shown = if text.len() > 40 {
+                    format!("{}... ({} characters)", &text[..20], text.len())
+                } else {
+                    text.clone()
+                };
+                std::ops::ControlFlow::Break(Error::Usage(format!(
+                    "the number {shown} is larger than any number type holds (a double's largest \
+                     is about 1.8e308); write a smaller one, or text in quotes"
+                )))
+            }
+            _ => std::ops::ControlFlow::Continue(()),
+        },
+        _ => std::ops::ControlFlow::Continue(()),
+    };
+    let found = match statement {
+        DFStatement::Statement(statement) => visit_expressions(statement.as_ref(), check),
+        DFStatement::CopyTo(copy) => match &copy.source {
+            datafusion::sql::parser::CopyToSource::Query(query) => {
+                visit_expressions(query.as_ref(), check)
+            }
+            _ => std::ops::ControlFlow::Continue(()),
+        },
+        DFStatement::Explain(explain) => return check_numbers(&explain.statement),
+        _ => std::ops::ControlFlow::Continue(()),
+    };
+    match found {
+        std::ops::ControlFlow::Break(e) => Err(e),
+        std::ops::ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
 /// Refuses `SET` of a setting in [`BOUNDED_SETTINGS`] to more than its bound.
 pub fn check_setting(statement: &DFStatement) -> Result<()> {
     let DFStatement::Statement(statement) = statement else {

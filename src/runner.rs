@@ -62,27 +62,7 @@ impl Runner<'_> {
         if self.timing {
             eprintln!("{}", report.summary(started.elapsed()));
         }
-        // The statement succeeded: rejects that cannot be counted are a warning, not its error.
-        let (rejected, folder) = self.engine.statement_rejects().await.unwrap_or_else(|e| {
-            eprintln!(
-                "warning: the statement's rejects cannot be counted: {}",
-                display_error(&e)
-            );
-            (Vec::new(), String::new())
-        });
-        for (model, rows) in &rejected {
-            eprintln!(
-                "warning: model '{model}' failed on {rows} row(s), which got NULL; they are kept \
-                 in {folder}"
-            );
-        }
-        for (model, rows) in self.engine.registry().take_failed_rows() {
-            if !rejected.iter().any(|(m, _)| *m == model) {
-                eprintln!(
-                    "warning: model '{model}' failed on {rows} row(s), which got NULL (batchinfer.on_error = 'null')"
-                );
-            }
-        }
+        report_failed_rows(self.engine).await;
         Ok(())
     }
 
@@ -154,6 +134,32 @@ impl Runner<'_> {
                 eprintln!("Error: {}", display_error(&e));
                 Ok(true)
             }
+        }
+    }
+}
+
+/// Says, after a statement succeeded, on how many rows each model failed (which got NULL) and
+/// where those kept as rejects are. Rejects that cannot be counted are a warning, not an error.
+pub async fn report_failed_rows(engine: &Engine) {
+    let (rejected, folder) = engine.statement_rejects().await.unwrap_or_else(|e| {
+        eprintln!(
+            "warning: the statement's rejects cannot be counted: {}",
+            display_error(&e)
+        );
+        (Vec::new(), String::new())
+    });
+    for (model, rows) in &rejected {
+        eprintln!(
+            "warning: model '{model}' failed on {rows} row(s), which got NULL; they are kept in \
+             {folder}"
+        );
+    }
+    for (model, rows) in engine.registry().take_failed_rows() {
+        if !rejected.iter().any(|(m, _)| *m == model) {
+            eprintln!(
+                "warning: model '{model}' failed on {rows} row(s), which got NULL \
+                 (batchinfer.on_error = 'null')"
+            );
         }
     }
 }

@@ -46,6 +46,7 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
                 .await
                 .map_err(Error::Cancelled)??;
             println!("{}", summary(&refreshed, None));
+            crate::runner::report_failed_rows(engine).await;
             return Ok(());
         }
         Schedule::Every(period) | Schedule::Watch(period) => period,
@@ -62,6 +63,7 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
         let wait = match result {
             Ok(refreshed) => {
                 failures = 0;
+                crate::runner::report_failed_rows(engine).await;
                 let mut skipped = 0;
                 next += period;
                 while next <= Instant::now() {
@@ -143,6 +145,12 @@ pub fn summary(r: &Refreshed, next: Option<Instant>) -> String {
     );
     if r.rebuilt {
         line.push_str("; rebuilt (its query or a model changed)");
+    }
+    if !r.failed.is_empty() {
+        line.push_str(&format!(
+            "; {} input file(s) left out for errors (SHOW MATERIALIZED VIEWS lists them)",
+            r.failed.len()
+        ));
     }
     if let Some(next) = next {
         let at = SystemTime::now() + next.saturating_duration_since(Instant::now());

@@ -157,6 +157,7 @@ fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
     }
     crate::limits::check_setting(&statement)?;
     crate::limits::check_unbounded(&statement)?;
+    crate::limits::check_numbers(&statement)?;
     Ok(statement)
 }
 

@@ -138,6 +138,30 @@ impl Warehouse {
             })
     }
 
+    /// Refuses a write to `url` in a local warehouse through a symbolic link between the
+    /// warehouse's root and the file: a link planted there (`quantized/KEY -> /elsewhere`)
+    /// would have the write land outside the warehouse.
+    fn no_link_on_the_way(&self, url: &Url) -> Result<()> {
+        let (Ok(root), Ok(file)) = (self.root.to_file_path(), url.to_file_path()) else {
+            return Ok(());
+        };
+        let mut folder = file.parent();
+        while let Some(dir) = folder {
+            if dir == root || !dir.starts_with(&root) {
+                break;
+            }
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(Error::Usage(format!(
+                    "{} is a symbolic link: batchinfer writes into the warehouse's own folders \
+                     only (remove the link)",
+                    dir.display()
+                )));
+            }
+            folder = dir.parent();
+        }
+        Ok(())
+    }
+
     /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).
     pub fn table_location(&self, name: &str) -> Result<String> {
         self.tables.location(name)
@@ -334,6 +358,7 @@ impl Warehouse {
     /// Writes one file under the warehouse whole (by rename locally, by one PUT in S3).
     pub async fn put_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
         let path = self.file(url)?;
+        self.no_link_on_the_way(url)?;
         self.store.inner().put(&path, bytes.into()).await?;
         Ok(())
     }

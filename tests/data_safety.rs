@@ -2196,3 +2196,91 @@ fn an_http_object_replaced_while_it_is_read_is_an_error_naming_it() {
     assert!(!stderr.contains("internal error"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A folder whose Parquet files are only in subfolders says so, naming one; a number too large
+/// for any number type is refused, not read as infinity.
+#[test]
+fn a_folder_of_subfolders_and_a_huge_number_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("d/2026-12-01");
+    std::fs::create_dir_all(&sub).unwrap();
+    assert_ok(&query(
+        &dir.path().join("wh"),
+        &format!(
+            "COPY (SELECT 1 AS one) TO '{}' STORED AS PARQUET",
+            sub.join("a.parquet").display()
+        ),
+    ));
+    let out = query(
+        &dir.path().join("wh"),
+        &format!("SELECT * FROM '{}/d/'", dir.path().display()),
+    );
+    assert_failure(&out, &["no files of its own", "2026-12-01/", "FROM '"]);
+    let huge = "9".repeat(5_000_000);
+    let script = dir.path().join("huge.sql");
+    std::fs::write(&script, format!("SELECT {huge} AS x")).unwrap();
+    let mut command = bin();
+    command.args(["query", "-f", script.to_str().unwrap()]);
+    let out = common::run_bounded(command, MEMORY, DEADLINE);
+    let stderr = assert_failure(
+        &out,
+        &["larger than any number type holds", "5000000 characters"],
+    );
+    assert!(stderr.len() < 1_000, "{}", stderr.len());
+    assert_failure(
+        &query(&dir.path().join("wh"), "SELECT 1e400 AS x"),
+        &["the number 1e400 is larger"],
+    );
+}
+
+/// An HTTP server whose every answer is a redirect to `to`, counting the requests it gets.
+fn redirecting_http_server(to: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte) {
+                    Ok(1) => request.push(byte[0]),
+                    _ => break,
+                }
+            }
+            let _ = stream.write_all(
+                format!(
+                    "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    (url, asked)
+}
+
+/// An HTTP server redirecting to another host is not followed there: the other host gets no
+/// request, and the read is one error naming the redirect.
+#[test]
+fn http_redirects_to_another_host_are_not_followed() {
+    let (elsewhere, reached) = redirecting_http_server("http://127.0.0.1:9/x".into());
+    let (server, _) = redirecting_http_server(format!("{elsewhere}/f.parquet"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = query(
+        &dir.path().join("wh"),
+        &format!("SELECT count(*) FROM '{server}/data/f.parquet'"),
+    );
+    let stderr = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("f.parquet"), "{stderr}");
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the redirect to another host was followed: {stderr}"
+    );
+}

@@ -538,3 +538,32 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+/// A symbolic link planted where a quantized model goes (`quantized/int8-v2-KEY`, pointing
+/// outside the warehouse) is refused: nothing is written through it.
+#[test]
+fn a_link_planted_for_a_quantized_model_is_not_written_through() {
+    let root = tempfile::tempdir().unwrap();
+    let warehouse = root.path().join("warehouse");
+    let sql = "CREATE MODEL q FROM 'data/models/churn_mlp.onnx' OPTIONS ('quantize' 'int8')";
+    assert_ok(&cli(&warehouse, sql));
+    let quantized = warehouse.join("quantized");
+    let folder = std::fs::read_dir(&quantized)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    assert_ok(&cli(&warehouse, "DROP MODEL q"));
+    std::fs::remove_dir_all(&folder).unwrap();
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &folder).unwrap();
+    let out = cli(&warehouse, sql);
+    assert_failure(&out, &["is a symbolic link"]);
+    assert!(
+        walk(&elsewhere).is_empty(),
+        "written through the link: {:?}",
+        walk(&elsewhere)
+    );
+}

@@ -518,3 +518,74 @@ fn rejects_keep_no_secret_and_go_only_to_a_usable_folder() {
     }
     assert!(common::changes(&before, &common::snapshot(&wh)).is_empty());
 }
+
+/// A view keeps the settings it was created with: one created with `on_error = 'reject'` is
+/// refreshed by `batchinfer refresh` (which has no SET) with them, and both say where the
+/// rejects are kept.
+#[test]
+fn a_view_keeps_its_own_on_error_and_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let file = |name: &str, ids: std::ops::Range<i64>, failing: i64| {
+        let idx: Vec<i64> = ids
+            .clone()
+            .map(|id| if id == failing { 99 } else { id % 10 })
+            .collect();
+        write(
+            &input.join(name),
+            vec![
+                (
+                    "id",
+                    Arc::new(Int64Array::from(ids.collect::<Vec<_>>())) as ArrayRef,
+                ),
+                ("idx", Arc::new(Int64Array::from(idx))),
+            ],
+        );
+    };
+    file("a.parquet", 0..100, 7);
+    let out = query(
+        &wh,
+        &format!(
+            "SET batchinfer.on_error = 'reject';
+             CREATE MATERIALIZED VIEW v AS SELECT id, predict('lookup', idx) AS p FROM '{}/'",
+            input.display()
+        ),
+    );
+    assert_ok(&out);
+    let created = rejects_folder(&out);
+    assert_eq!(
+        read(&parquet_files(&created))
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        1
+    );
+    file("b.parquet", 100..200, 150);
+    let out = common::output_within(
+        common::bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["--models", "data/models", "refresh", "v"]),
+        common::DEADLINE,
+    );
+    assert_ok(&out);
+    let refreshed = rejects_folder(&out);
+    assert_ne!(refreshed, created);
+    let rejects = read(&parquet_files(&refreshed));
+    assert_eq!(strings(&rejects, "idx"), ["99"]);
+    assert_eq!(
+        assert_ok(&query(
+            &wh,
+            "SELECT count(*) AS n, count(p) AS scored FROM v"
+        )),
+        "n,scored\n200,198\n"
+    );
+    // The session that refreshes keeps its own settings for what it runs next.
+    let out = query(
+        &wh,
+        "REFRESH MATERIALIZED VIEW v; SELECT predict('lookup', 99) AS p",
+    );
+    assert_failure(&out, &["model 'lookup' failed"]);
+}

@@ -569,3 +569,67 @@ async fn sixteen_calls_at_once_on_one_session_give_the_results_of_one_at_a_time(
     let model = many.registry().get("breast_cancer").unwrap();
     assert_eq!(model.max_sessions(), 16);
 }
+
+/// `models()` as CSV-like text: one line per model.
+async fn listed(engine: &Engine) -> Vec<String> {
+    let batches = run(engine, "SELECT * FROM models() ORDER BY name")
+        .await
+        .unwrap();
+    let mut lines = Vec::new();
+    for batch in &batches {
+        for row in 0..batch.num_rows() {
+            let values: Vec<String> = batch
+                .columns()
+                .iter()
+                .map(|c| datafusion::arrow::util::display::array_value_to_string(c, row).unwrap())
+                .collect();
+            lines.push(values.join(" | "));
+        }
+    }
+    lines
+}
+
+/// Listing models reads what it lists and loads nothing: `models()` and SHOW MODELS over 500
+/// models build no session, and say of each model exactly what ONNX Runtime says of it once it
+/// is loaded (every model of data/models, inputs, outputs, size and sha256).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_models_loads_none_and_says_what_onnx_runtime_says() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir("data/models").unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "onnx") {
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    for i in 0..500 {
+        std::fs::copy(
+            "data/models/linear.onnx",
+            dir.path().join(format!("m{i:03}.onnx")),
+        )
+        .unwrap();
+    }
+    let engine = engine_over(dir.path());
+    let before = listed(&engine).await;
+    run(&engine, "SHOW MODELS").await.unwrap();
+    assert_eq!(engine.registry().loads(), 0, "listing loaded models");
+    assert_eq!(before.len(), 514);
+    // Each model loaded: the same lines, now from its session.
+    let names: Vec<String> = before
+        .iter()
+        .map(|l| l.split(" | ").next().unwrap().to_string())
+        .filter(|n| !n.starts_with('m') || n == "m000")
+        .collect();
+    for name in &names {
+        engine.registry().get(name).unwrap();
+    }
+    let after = listed(&engine).await;
+    for (was, now) in before.iter().zip(&after) {
+        let name = was.split(" | ").next().unwrap();
+        if names.iter().any(|n| n == name) {
+            assert_eq!(
+                was, now,
+                "{name}: listed from its file, then from its session"
+            );
+        }
+    }
+}

@@ -244,22 +244,26 @@ fn a_replaced_model_rescores_everything_and_a_failed_rebuild_keeps_the_old_rows(
     let old = id_values(&assert_ok(&sql("SELECT id, p FROM v")));
     assert_eq!(old.len(), 200);
 
-    // Replaced, while a file whose pages are damaged (its footer is whole) arrives: the rebuild
-    // fails at that file, and the view still holds the old model's rows.
+    // Replaced, while a file the view serves gets damaged pages (its footer is whole): the
+    // rebuild cannot read it, so it would take that file's rows out of the view; it stays
+    // pending, and the view still holds the old model's rows.
     std::fs::copy("data/fixtures/linear_doubled.onnx", &model).unwrap();
     assert_ok(&sql(&format!(
         "CREATE OR REPLACE MODEL m FROM '{}'",
         model.display()
     )));
-    let bad = input.join("zz.parquet");
-    write_features(&bad, 1000, 1050, 0.0);
-    let mut bytes = std::fs::read(&bad).unwrap();
+    let bad = input.join("f3.parquet");
+    let good = std::fs::read(&bad).unwrap();
+    let mut bytes = good.clone();
     bytes[4..64].fill(0xff);
     std::fs::write(&bad, bytes).unwrap();
     // A commit per file: the good files are committed to the new generation before the bad one
-    // fails it, and readers still read the old one.
+    // is found, and readers still read the old one.
     let out = sql("SET batchinfer.files_per_commit = 1; REFRESH MATERIALIZED VIEW v");
-    assert!(!out.status.success());
+    assert_failure(
+        &out,
+        &["its rebuild cannot read 1 input file(s)", "f3.parquet"],
+    );
     assert_eq!(id_values(&assert_ok(&sql("SELECT id, p FROM v"))), old);
     let shown = assert_ok(&sql("SHOW MATERIALIZED VIEWS"));
     assert!(
@@ -268,7 +272,7 @@ fn a_replaced_model_rescores_everything_and_a_failed_rebuild_keeps_the_old_rows(
     );
 
     // Fixed: everything is scored again by the new model (twice the old scores).
-    std::fs::remove_file(&bad).unwrap();
+    std::fs::write(&bad, good).unwrap();
     let out = sql("REFRESH MATERIALIZED VIEW v");
     assert_ok(&out);
     let new = id_values(&assert_ok(&sql("SELECT id, p FROM v")));
@@ -1073,4 +1077,158 @@ fn credentials_in_a_view_url_are_refused_and_never_kept() {
     let out = query(&wh, "REFRESH MATERIALIZED VIEW scores");
     let stderr = assert_failure(&out, &["materialized view 'scores'", "password or a token"]);
     assert!(!stderr.contains("SeCrEtPaSs"), "{stderr}");
+}
+
+/// One file that cannot be read (not Parquet) among good ones: the refresh scores the good
+/// ones, leaves that one out with its error (SHOW MATERIALIZED VIEWS lists it, the summary says
+/// so), does not try it again until it changes, and scores it once it is a good file.
+#[test]
+fn an_unreadable_input_file_is_left_out_and_the_rest_are_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    write_features(&input.join("a.parquet"), 0, 100, 0.0);
+    create_view(&wh, &format!("{}/", input.display()));
+    let junk = input.join("b-junk.parquet");
+    std::fs::write(&junk, b"PAR1garbagePAR1").unwrap();
+    write_features(&input.join("c.parquet"), 100, 200, 0.0);
+    write_features(&input.join("d.parquet"), 200, 300, 0.0);
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["--models", "data/models", "refresh", "scores"]),
+        common::DEADLINE,
+    );
+    let line = assert_ok(&out);
+    assert!(
+        line.contains("1 input file(s) left out for errors"),
+        "{line}"
+    );
+    assert!(
+        line.contains("the view has 300 row(s) from 3 file(s)"),
+        "{line}"
+    );
+    let warned = common::stderr(&out);
+    assert!(
+        warned.contains("b-junk.parquet is left out until it changes"),
+        "{warned}"
+    );
+    let ids: Vec<i64> = id_values(&assert_ok(&query(&wh, "SELECT id, p FROM scores")))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids, (0..300).collect::<Vec<i64>>());
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(shown.contains("b-junk.parquet: "), "{shown}");
+    assert!(shown.contains("not a Parquet file"), "{shown}");
+    // Not tried again while it is as it was.
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["--models", "data/models", "refresh", "scores"]),
+        common::DEADLINE,
+    );
+    assert_eq!(counts(&assert_ok(&out)), (0, 0, 0));
+    assert!(
+        !common::stderr(&out).contains("left out"),
+        "{}",
+        common::stderr(&out)
+    );
+    // Replaced by a good file: scored, and no longer listed.
+    write_features(&junk, 300, 350, 0.0);
+    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 0));
+    assert_view_is_recompute(&wh, "scores", &format!("{}/", input.display()));
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(!shown.contains("b-junk"), "{shown}");
+}
+
+/// A refresh that keeps failing (its input folder gone) is tried again after 1, 2, 4 seconds,
+/// whatever the poll period.
+#[test]
+fn a_failing_watch_backs_off_1_2_4_seconds() {
+    let (dir, wh, input, _) = view_then_files(1, 0, 10);
+    std::fs::rename(&input, dir.path().join("gone")).unwrap();
+    let mut child = scheduled(&wh, &["--watch", "--poll", "200ms"]);
+    let err = lines_of(child.stderr.take().unwrap());
+    let mut waits = Vec::new();
+    while waits.len() < 3 {
+        let line = err.recv_timeout(Duration::from_secs(60)).unwrap();
+        if let Some((_, wait)) = line.split_once("trying again in ") {
+            waits.push(wait.to_string());
+        }
+    }
+    assert_eq!(waits, ["1s", "2s", "4s"]);
+    common::send(child.id(), libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+}
+
+/// A new file whose columns are not the view's (a feature as text, a column missing, one named
+/// in another case) is that file's error, left out as an unreadable one is: never cast silently
+/// (`'1e39'` as infinity) or scored with NULL for what it lacks.
+#[test]
+fn a_file_with_other_columns_is_left_out_not_cast() {
+    let (_dir, wh, input, _) = view_then_files(1, 0, 10);
+    let features = (0..10)
+        .map(|f| format!("CAST(value AS REAL) AS f{f}"))
+        .collect::<Vec<_>>();
+    let as_text = features
+        .iter()
+        .enumerate()
+        .map(|(f, c)| {
+            if f == 0 {
+                "'1e39' AS f0".to_string()
+            } else {
+                c.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let missing = features[..9].join(", ");
+    let renamed = features.join(", ").replace("AS f0", "AS \"F0\"");
+    for (name, columns) in [
+        ("text", as_text),
+        ("missing", missing),
+        ("renamed", renamed),
+    ] {
+        assert_ok(&query(
+            &wh,
+            &format!(
+                "COPY (SELECT value + 1000 AS id, {columns} FROM range(5)) TO '{}' STORED AS PARQUET",
+                input.join(format!("{name}.parquet")).display()
+            ),
+        ));
+    }
+    let out = common::output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["--models", "data/models", "refresh", "scores"]),
+        common::DEADLINE,
+    );
+    let line = assert_ok(&out);
+    assert!(
+        line.contains("3 input file(s) left out for errors"),
+        "{line}"
+    );
+    let warned = common::stderr(&out);
+    assert!(
+        warned.contains("text.parquet") && warned.contains("'f0' is Utf8"),
+        "{warned}"
+    );
+    assert!(
+        warned.contains("missing.parquet") && warned.contains("no column 'f9'"),
+        "{warned}"
+    );
+    assert!(
+        warned.contains("renamed.parquet") && warned.contains("no column 'f0'"),
+        "{warned}"
+    );
+    assert_eq!(
+        assert_ok(&query(
+            &wh,
+            "SELECT count(*) AS n, count(p) AS scored FROM scores"
+        )),
+        "n,scored\n10,10\n"
+    );
 }

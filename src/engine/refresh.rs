@@ -20,6 +20,7 @@ use crate::statements::Statement;
 use crate::storage::Manifests;
 use crate::view::check::{Source, reading, row_wise_source, source_table};
 use crate::view::commit::{RETIRED_KEPT_MS, Target, choose_target, commit, remove_files};
+use crate::view::failed::blames_the_files;
 use crate::view::plan::{CommitSize, Work, plan};
 use crate::view::{
     Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, newest_view, now_ms,
@@ -41,6 +42,8 @@ pub struct Refreshed {
     pub rebuilt: bool,
     /// Units scored again because files of theirs were missing from the view's folder.
     pub repaired: usize,
+    /// Input files this refresh left out because they cannot be read (path, why).
+    pub failed: Vec<(String, String)>,
     /// What the view holds after it: input files and rows.
     pub view_files: u64,
     pub view_rows: u64,
@@ -75,6 +78,10 @@ impl Engine {
             )));
         };
         crate::view::check::without_credentials(name, &manifest.source)?;
+        // Scored with the view's own settings, whichever session refreshes it; tagged as a
+        // statement of its own (its rejects' folder).
+        let _settings = ViewSettings::apply(self, &manifest.settings)?;
+        self.tag_text(format!("REFRESH MATERIALIZED VIEW {name}"))?;
         for generation in manifest.current.iter().chain(manifest.pending.iter()) {
             crate::view::files::check_paths(name, generation)?;
         }
@@ -139,6 +146,8 @@ impl Engine {
             inputs: Vec::new(),
         };
         if target.pending {
+            let rebuilt = target_now(&manifests, &target.id).await?;
+            check_rebuild_loses_nothing(name, manifest.current.as_ref(), rebuilt.as_ref())?;
             commit(&manifests, &mut target, &nothing, None, true).await?;
             refreshed.rebuilt = true;
         } else if target.stale_pending.is_some() {
@@ -153,6 +162,12 @@ impl Engine {
         (refreshed.view_files, refreshed.view_rows) = now.totals();
         if worked || target.pending {
             self.remove_unlisted(&manifests, &folder, &now).await?;
+        }
+        for (path, why) in &refreshed.failed {
+            eprintln!(
+                "warning: materialized view '{name}': the input file {path} is left out until it \
+                 changes: {why}"
+            );
         }
         refreshed.seconds = started.elapsed().as_secs_f64();
         Ok(refreshed)
@@ -178,20 +193,80 @@ impl Engine {
             .buffered(UNITS_AT_ONCE);
         let mut works = work.iter();
         while let (Some(unit), Some(work)) = (scored.next().await, works.next()) {
-            let unit = unit?;
-            let rows = unit.as_ref().map_or(0, |u| u.rows);
-            let applied = commit(manifests, target, work, unit.clone(), false).await?;
-            match (applied, unit) {
-                (true, _) => {
-                    refreshed.files_scored += work.inputs.len();
-                    refreshed.rows_scored += rows;
+            match unit {
+                Ok(unit) => {
+                    commit_scored(manifests, folder, target, work, unit, refreshed).await?;
                 }
-                // Another refresh scored these files first: this one's output is not needed.
-                (false, Some(unit)) => remove_files(manifests, folder, &unit).await?,
-                (false, None) => {}
+                Err(e) if blames_the_files(&e) => {
+                    self.leave_out_failing(manifests, folder, planned, target, work, e, refreshed)
+                        .await?;
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Commits what can be read of `work`, whose scoring failed with `error`, a failure of its
+    /// files ([`blames_the_files`]): halves are scored apart until the one file that fails is
+    /// found, and that file is committed as a unit of its own with the error and no rows.
+    #[allow(clippy::too_many_arguments)]
+    fn leave_out_failing<'a>(
+        &'a self,
+        manifests: &'a Manifests,
+        folder: &'a Url,
+        planned: &'a Planned,
+        target: &'a mut Target,
+        work: &'a Work,
+        error: Error,
+        refreshed: &'a mut Refreshed,
+    ) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let [input] = work.inputs.as_slice() {
+                let why = crate::message::display_error(&error);
+                let unit = Unit {
+                    id: new_id("u"),
+                    inputs: work.inputs.clone(),
+                    files: Vec::new(),
+                    rows: 0,
+                    error: Some(why.clone()),
+                };
+                if commit(manifests, target, work, Some(unit), false).await? {
+                    refreshed.failed.push((input.path.clone(), why));
+                }
+                return Ok(());
+            }
+            if work.inputs.is_empty() {
+                return Err(error);
+            }
+            let (first, second) = work.inputs.split_at(work.inputs.len() / 2);
+            let halves = [
+                Work {
+                    replaces: work.replaces.clone(),
+                    inputs: first.to_vec(),
+                },
+                Work {
+                    replaces: Vec::new(),
+                    inputs: second.to_vec(),
+                },
+            ];
+            for half in &halves {
+                let id = target.id.clone();
+                match self.score_unit_or_say_why(folder, &id, planned, half).await {
+                    Ok(unit) => {
+                        commit_scored(manifests, folder, target, half, unit, refreshed).await?;
+                    }
+                    Err(e) if blames_the_files(&e) => {
+                        self.leave_out_failing(
+                            manifests, folder, planned, target, half, e, refreshed,
+                        )
+                        .await?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
     }
 
     pub(super) fn view_warehouse(&self) -> Result<&Warehouse> {
@@ -347,6 +422,25 @@ impl Engine {
                 Ok(ListingTableUrl::try_new(url, None)?)
             })
             .collect::<Result<Vec<_>>>()?;
+        // Each file is read with its own columns as they are, or it is that file's error: the
+        // columns the query reads.
+        let state = self.ctx.state();
+        let read = read_columns(&planned.plan, &planned.source.schema);
+        for (path, input) in paths.iter().zip(&work.inputs) {
+            let inferred = ListingTableConfig::new(path.clone())
+                .with_listing_options(planned.source.options.clone())
+                .infer_schema(&state)
+                .await?;
+            let Some(columns) = inferred.file_schema else {
+                continue;
+            };
+            crate::view::check::check_file_columns(&read, &columns).map_err(|why| {
+                Error::DataFusion(datafusion::error::DataFusionError::Execution(format!(
+                    "{}: {why}",
+                    input.path
+                )))
+            })?;
+        }
         let config = ListingTableConfig::new_with_multi_paths(paths)
             .with_listing_options(planned.source.options.clone())
             .with_schema(planned.source.schema.clone());
@@ -400,6 +494,7 @@ impl Engine {
             inputs: work.inputs.clone(),
             files,
             rows: super::write::rows_in(&counts),
+            error: None,
         }))
     }
 
@@ -492,6 +587,148 @@ async fn damaged_units(
         })
         .map(|u| u.id.clone())
         .collect())
+}
+
+/// A view's settings in force in the engine's session while it is refreshed; the session's own
+/// are put back when this is dropped.
+struct ViewSettings<'e> {
+    engine: &'e Engine,
+    before: Option<crate::config::BatchInferOptions>,
+}
+
+impl<'e> ViewSettings<'e> {
+    fn apply(engine: &'e Engine, settings: &BTreeMap<String, String>) -> Result<Self> {
+        let before = engine.batchinfer_options();
+        if settings.is_empty() {
+            return Ok(ViewSettings {
+                engine,
+                before: None,
+            });
+        }
+        let state = engine.ctx.state_ref();
+        let mut state = state.write();
+        if let Some(options) = state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::BatchInferOptions>()
+        {
+            for (key, value) in settings {
+                datafusion::config::ExtensionOptions::set(options, key, value)?;
+            }
+        }
+        Ok(ViewSettings {
+            engine,
+            before: Some(before),
+        })
+    }
+}
+
+impl Drop for ViewSettings<'_> {
+    fn drop(&mut self) {
+        let Some(before) = self.before.take() else {
+            return;
+        };
+        let state = self.engine.ctx.state_ref();
+        let mut state = state.write();
+        if let Some(options) = state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::BatchInferOptions>()
+        {
+            options.on_error = before.on_error;
+            options.rejects = before.rejects;
+            options.max_errors = before.max_errors;
+        }
+    }
+}
+
+/// The columns of `source` the plan's scan reads (all of them where it names none).
+fn read_columns(
+    plan: &LogicalPlan,
+    source: &datafusion::arrow::datatypes::Schema,
+) -> datafusion::arrow::datatypes::Schema {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let mut names: Option<Vec<String>> = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            names = Some(
+                scan.projected_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect(),
+            );
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let fields: Vec<_> = source
+        .fields()
+        .iter()
+        .filter(|f| names.as_ref().is_none_or(|n| n.contains(f.name())))
+        .cloned()
+        .collect();
+    datafusion::arrow::datatypes::Schema::new(fields)
+}
+
+/// Commits a scored `unit` of `work` (or none: its files are gone), counting what it scored; a
+/// unit another refresh committed first is removed again.
+async fn commit_scored(
+    manifests: &Manifests,
+    folder: &Url,
+    target: &mut Target,
+    work: &Work,
+    unit: Option<Unit>,
+    refreshed: &mut Refreshed,
+) -> Result<()> {
+    let rows = unit.as_ref().map_or(0, |u| u.rows);
+    let applied = commit(manifests, target, work, unit.clone(), false).await?;
+    match (applied, unit) {
+        (true, _) => {
+            refreshed.files_scored += work.inputs.len();
+            refreshed.rows_scored += rows;
+        }
+        // Another refresh scored these files first: this one's output is not needed.
+        (false, Some(unit)) => remove_files(manifests, folder, &unit).await?,
+        (false, None) => {}
+    }
+    Ok(())
+}
+
+/// A rebuild that could not read files the current generation serves would take their rows out
+/// of the view: it stays pending (readers keep the current rows) and the refresh fails naming
+/// them, until they can be read or are removed.
+fn check_rebuild_loses_nothing(
+    name: &str,
+    current: Option<&Generation>,
+    rebuilt: Option<&Generation>,
+) -> Result<()> {
+    let (Some(current), Some(rebuilt)) = (current, rebuilt) else {
+        return Ok(());
+    };
+    let served: BTreeSet<&str> = current
+        .units
+        .iter()
+        .filter(|u| u.error.is_none())
+        .flat_map(|u| u.inputs.iter().map(|i| i.path.as_str()))
+        .collect();
+    let lost: Vec<String> = rebuilt
+        .failed_inputs()
+        .into_iter()
+        .filter(|(path, _)| served.contains(path))
+        .map(|(path, why)| format!("{path}: {why}"))
+        .collect();
+    if lost.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "materialized view '{name}': its rebuild cannot read {} input file(s) whose rows the view \
+         serves now, so it keeps its current rows ({}); fix or remove them and REFRESH again",
+        lost.len(),
+        lost.join("; ")
+    )))
 }
 
 /// The most input bytes scored between two commits.

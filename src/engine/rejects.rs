@@ -15,7 +15,11 @@ impl Engine {
     /// Tags the statement about to be planned: a new id, its text (secrets already blanked), and
     /// the rejects location made absolute (the warehouse's `rejects/` unless set).
     pub(super) fn tag_statement(&self, statement: &DFStatement) -> Result<()> {
-        let mut text = statement.to_string();
+        self.tag_text(statement.to_string())
+    }
+
+    /// [`Engine::tag_statement`] for a statement given as text (a view's refresh).
+    pub(super) fn tag_text(&self, mut text: String) -> Result<()> {
         if text.len() > STATEMENT_TEXT {
             let mut end = STATEMENT_TEXT;
             while !text.is_char_boundary(end) {

@@ -147,6 +147,7 @@ impl Engine {
         crate::view::check::without_credentials(name, &source.shown())?;
         let text = query.to_string();
         let source_table = source.as_table(&literals)?;
+        let settings = self.view_settings_now()?;
         // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
         let mut latest = latest;
         let before = loop {
@@ -157,6 +158,7 @@ impl Engine {
                 .filter(|m| !m.dropped);
             let manifest = Manifest {
                 dropped: false,
+                settings: settings.clone(),
                 format: crate::view::FORMAT,
                 name: name.to_string(),
                 source: source.shown(),
@@ -275,6 +277,7 @@ impl Engine {
                 Field::new("rows", DataType::UInt64, false),
                 Field::new("state", DataType::Utf8, false),
                 Field::new("query", DataType::Utf8, false),
+                Field::new("failed_inputs", DataType::Utf8, true),
             ])),
             vec![
                 column(views.iter().map(|v| Some(v.name.clone())).collect()),
@@ -305,6 +308,22 @@ impl Engine {
                     views
                         .iter()
                         .map(|v| Some(crate::storage::blank_passwords(&v.query)))
+                        .collect(),
+                ),
+                // Files left out because they cannot be read, each with why, until they change.
+                column(
+                    views
+                        .iter()
+                        .map(|v| {
+                            let failed = v.failed_inputs();
+                            (!failed.is_empty()).then(|| {
+                                failed
+                                    .iter()
+                                    .map(|(path, why)| format!("{path}: {why}"))
+                                    .collect::<Vec<_>>()
+                                    .join("; ")
+                            })
+                        })
                         .collect(),
                 ),
             ],
@@ -370,6 +389,26 @@ impl Engine {
         self.ctx.register_table(TableReference::bare(name), table)?;
         self.seen_views().insert(name.to_string(), newest);
         Ok(())
+    }
+
+    /// The session's settings a view keeps ([`crate::view::VIEW_SETTINGS`]), a rejects folder
+    /// made absolute (so that any later refresh writes where this one would).
+    fn view_settings_now(&self) -> Result<BTreeMap<String, String>> {
+        let options = self.batchinfer_options();
+        let mut settings = BTreeMap::new();
+        for entry in datafusion::config::ExtensionOptions::entries(&options) {
+            let Some(key) = entry.key.strip_prefix("batchinfer.") else {
+                continue;
+            };
+            if let (true, Some(value)) = (crate::view::VIEW_SETTINGS.contains(&key), entry.value) {
+                let value = match key {
+                    "rejects" if !value.is_empty() => crate::storage::absolute_location(&value)?,
+                    _ => value,
+                };
+                settings.insert(key.to_string(), value);
+            }
+        }
+        Ok(settings)
     }
 
     /// Refuses a statement that reads view `name` while its files are not all there, each of
@@ -527,6 +566,7 @@ fn refreshed_batch(r: &Refreshed) -> Result<RecordBatch> {
         count("rows_scored", r.rows_scored),
         count("input_files", r.view_files),
         count("rows", r.view_rows),
+        count("failed_files", r.failed.len() as u64),
     ]
     .into_iter()
     .unzip();

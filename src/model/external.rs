@@ -158,7 +158,7 @@ fn walk_tensor(tensor: &[u8], found: &mut Vec<String>) -> Result<(), String> {
 }
 
 /// One field's value in the protobuf wire format.
-enum Value<'a> {
+pub(super) enum Value<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
     Fixed,
@@ -167,7 +167,7 @@ enum Value<'a> {
 /// The fields of one protobuf message: (field number, value), or an error where the bytes end
 /// early or are not protobuf. Groups (a wire format ONNX does not use, which a parser still
 /// accepts) are skipped whole.
-struct Fields<'a>(&'a [u8]);
+pub(super) struct Fields<'a>(pub(super) &'a [u8]);
 
 impl<'a> Iterator for Fields<'a> {
     type Item = (Result<u64, String>, Value<'a>);

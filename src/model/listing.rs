@@ -30,8 +30,8 @@ type ModelRow = (
 );
 
 /// One row per registered model: name, source, inputs, outputs, size, sha256, and for a
-/// quantized model what it was quantized from. Loads each model (its signature is read from the
-/// file).
+/// quantized model what it was quantized from, each read from its file without loading it
+/// ([`ModelRegistry::listing`]).
 pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     let names = registry.names();
     let mut rows: Vec<ModelRow> = Vec::new();
@@ -40,15 +40,15 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
             .source(&name)
             .map(|s| s.to_string())
             .unwrap_or_default();
-        match registry.get(&name) {
+        match registry.listing(&name) {
             Ok(model) => rows.push((
                 name,
                 source,
-                join(&model.signature.inputs),
-                join(&model.signature.outputs),
+                join(&model.inputs),
+                join(&model.outputs),
                 Some(model.size_bytes as u64),
-                Some(model.sha256.clone()),
-                model.quantized.as_ref().map(|q| q.to_string()),
+                Some(model.sha256),
+                model.quantized,
             )),
             Err(e) => rows.push((
                 name,

@@ -5,6 +5,7 @@
 
 pub mod embed;
 pub mod external;
+pub mod header;
 pub mod listing;
 mod pool;
 mod registry;

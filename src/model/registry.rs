@@ -12,6 +12,29 @@ use crate::device::Target;
 use crate::error::{Error, Result};
 use crate::storage::StoreRegistry;
 
+/// What a listing shows of one model.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub inputs: Vec<super::TensorSpec>,
+    pub outputs: Vec<super::TensorSpec>,
+    pub size_bytes: usize,
+    pub sha256: String,
+    /// What it was quantized from, for a model batchinfer quantized.
+    pub quantized: Option<String>,
+}
+
+impl Listed {
+    fn of(model: &Model) -> Listed {
+        Listed {
+            inputs: model.signature.inputs.clone(),
+            outputs: model.signature.outputs.clone(),
+            size_bytes: model.size_bytes,
+            sha256: model.sha256.clone(),
+            quantized: model.quantized.as_ref().map(|q| q.to_string()),
+        }
+    }
+}
+
 /// A registered model: where it comes from, and the model once loaded.
 #[derive(Debug)]
 struct ModelEntry {
@@ -248,6 +271,43 @@ impl ModelRegistry {
     /// Names of the registered models, sorted.
     pub fn names(&self) -> Vec<String> {
         self.read().keys().cloned().collect()
+    }
+
+    /// What SHOW MODELS says of model `name`: a loaded model's own description, else what its
+    /// file declares ([`super::header`]), read without building a session (and kept nowhere);
+    /// a file whose declarations the header does not describe is loaded.
+    pub fn listing(&self, name: &str) -> Result<Listed> {
+        let Some(entry) = self.read().get(name).cloned() else {
+            return self.get(name).map(|m| Listed::of(&m));
+        };
+        if let Some(model) = entry.models().first() {
+            return Ok(Listed::of(model));
+        }
+        let unreadable = |message: String| Error::ModelLoad {
+            model: name.to_string(),
+            path: entry.source.to_string(),
+            message,
+        };
+        let files = super::ModelFiles::read(&entry.source, &self.stores).map_err(unreadable)?;
+        let Some(header) = super::header::read(&files.bytes).map_err(unreadable)? else {
+            return self.get(name).map(|m| Listed::of(&m));
+        };
+        let sha256 = super::external::sha256(&files.bytes, &files.external);
+        if let Some(expected) = &entry.sha256
+            && expected != &sha256
+        {
+            // The load says why, as a query of the model would.
+            return self.get(name).map(|m| Listed::of(&m));
+        }
+        Ok(Listed {
+            inputs: header.inputs.clone(),
+            outputs: header.outputs.clone(),
+            size_bytes: files.bytes.len()
+                + files.external.iter().map(|(_, f)| f.len()).sum::<usize>(),
+            sha256,
+            quantized: crate::quantize::Provenance::from_metadata(|key| header.metadata(key))
+                .map(|q| q.to_string()),
+        })
     }
 
     /// The model `name`, loading it on first use.

@@ -282,7 +282,8 @@ pub(super) fn http(url: &Url) -> Result<Arc<dyn ObjectStore>> {
     let mut builder = HttpBuilder::new()
         .with_url(url.origin().ascii_serialization())
         .with_config(ClientConfigKey::AllowHttp, "true")
-        .with_retry(retry());
+        .with_retry(retry())
+        .with_http_connector(SameHostRedirects);
     for (key, value) in client_timeouts() {
         builder = builder.with_config(key, value);
     }
@@ -291,6 +292,45 @@ pub(super) fn http(url: &Url) -> Result<Arc<dyn ObjectStore>> {
             .build()
             .map_err(|e| not_configured(url, Cloud::Http, e))?,
     ))
+}
+
+/// HTTP(S) clients that follow a redirect only to the host it came from: a server must not
+/// send batchinfer's requests (and what they carry) to another host, or have data of another
+/// host read as its own. A redirect elsewhere is answered as the server sent it (an error
+/// naming the status).
+#[derive(Debug)]
+struct SameHostRedirects;
+
+impl object_store::client::HttpConnector for SameHostRedirects {
+    fn connect(
+        &self,
+        _options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let from = attempt
+                .previous()
+                .first()
+                .map(|u| (u.scheme(), u.host_str(), u.port_or_known_default()));
+            let to = attempt.url();
+            let same = from == Some((to.scheme(), to.host_str(), to.port_or_known_default()));
+            if same && attempt.previous().len() < 10 {
+                attempt.follow()
+            } else {
+                attempt.stop()
+            }
+        });
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("batchinfer/", env!("CARGO_PKG_VERSION")))
+            .redirect(policy)
+            .build()
+            .map_err(|e| object_store::Error::Generic {
+                store: "HTTP",
+                source: Box::new(e),
+            })?;
+        Ok(object_store::client::HttpClient::new(client))
+    }
 }
 
 /// A store that cannot be made from the settings there are: the URL, what is missing and where

@@ -222,7 +222,11 @@ impl ObjectStore for CommitStore {
         if let Some(asked) = asked
             && result.range != asked
         {
-            return Err(changed_while_read(location, &asked, result.meta.size));
+            return Err(changed_while_read(
+                &self.shown(location),
+                &asked,
+                result.meta.size,
+            ));
         }
         Ok(result)
     }
@@ -240,19 +244,19 @@ impl ObjectStore for CommitStore {
                 let size = result.meta.size;
                 let bytes = result.bytes().await?;
                 if bytes.len() as u64 != range.end - range.start {
-                    return Err(changed_while_read(location, &range, size));
+                    return Err(changed_while_read(&self.shown(location), &range, size));
                 }
                 // The end of a Parquet file, as a reader fetches it to find the metadata: the
                 // length it claims is checked before a decoder trusts it.
                 if range.end == size && super::footer::is_parquet_tail(&bytes) {
                     let mut tail = [0u8; 8];
                     tail.copy_from_slice(&bytes[bytes.len() - 8..]);
-                    super::footer::metadata_len(location, size, tail).map_err(|message| {
-                        object_store::Error::Generic {
+                    super::footer::metadata_len(&self.shown(location), size, tail).map_err(
+                        |message| object_store::Error::Generic {
                             store: "batchinfer",
                             source: message.into(),
-                        }
-                    })?;
+                        },
+                    )?;
                 }
                 Ok(bytes)
             },
@@ -304,6 +308,16 @@ impl ObjectStore for CommitStore {
 }
 
 impl CommitStore {
+    /// Where `location` is, as a person reads it: a local file's path, else the object's key.
+    fn shown(&self, location: &Path) -> String {
+        match &self.kind {
+            CommitKind::StageAndRename(fs) => fs
+                .path_to_filesystem(location)
+                .map_or_else(|_| location.to_string(), |p| p.display().to_string()),
+            _ => location.to_string(),
+        }
+    }
+
     /// Refuses a write to a store batchinfer reads from only.
     fn writes_allowed(&self, location: &Path) -> object_store::Result<()> {
         match self.read_only() {
@@ -315,7 +329,7 @@ impl CommitStore {
 
 /// The error for an object that is not what it was when its size was read.
 fn changed_while_read(
-    location: &Path,
+    location: &str,
     asked: &std::ops::Range<u64>,
     size: u64,
 ) -> object_store::Error {

@@ -222,12 +222,44 @@ impl StoreRegistry {
         let path = super::object_path(&url)?;
         match object_store::ObjectStoreExt::head(&store, &path).await {
             Ok(_) => return Ok(None),
+            // An HTTP server lists no folders: a file it does not have is just not there.
+            Err(object_store::Error::NotFound { .. })
+                if super::Cloud::of(&url) == Some(super::Cloud::Http) =>
+            {
+                return Ok(Some(format!(
+                    "the HTTP server has no file at {} (it answered 404 Not Found)",
+                    super::blank_passwords(location)
+                )));
+            }
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
-        let listed = futures::StreamExt::next(&mut store.list(Some(&path))).await;
-        if listed.transpose()?.is_some() {
-            return Ok(None);
+        // What is under it, as far as a look tells: files of its own, or only in subfolders
+        // (which a folder's table does not read).
+        let mut listed = store.list(Some(&path));
+        let mut nested = None;
+        for _ in 0..1_000 {
+            let Some(meta) = futures::StreamExt::next(&mut listed).await.transpose()? else {
+                break;
+            };
+            let Some(mut rest) = meta.location.prefix_match(&path) else {
+                continue;
+            };
+            match (rest.next(), rest.next()) {
+                (Some(_), None) => return Ok(None),
+                (Some(folder), Some(_)) if nested.is_none() => {
+                    nested = Some(folder.as_ref().to_string());
+                }
+                _ => {}
+            }
+        }
+        if let Some(folder) = nested {
+            let base = location.trim_end_matches('/');
+            return Ok(Some(format!(
+                "the folder {location} has no files of its own, only subfolders ({folder}/, ...): \
+                 a folder's table reads the files in it, not in its subfolders; name one \
+                 (FROM '{base}/{folder}/') or each file"
+            )));
         }
         Ok(Some(match file_path(&url)? {
             Some(path) if path.is_dir() => format!("the folder {location} holds no files"),

@@ -30,6 +30,47 @@ pub fn without_credentials(name: &str, location: &str) -> Result<()> {
     )))
 }
 
+/// Whether an input file's columns are the view's: each column the view reads is in the file
+/// by the same name, of the same type (strings and binaries in any of Arrow's layouts). A file
+/// that differs would be cast silently (text `'1e39'` read as a float's infinity) or read with
+/// NULL for what it lacks (`F0` for `f0`): it is that file's error instead.
+pub fn check_file_columns(
+    view: &datafusion::arrow::datatypes::Schema,
+    file: &datafusion::arrow::datatypes::Schema,
+) -> std::result::Result<(), String> {
+    use datafusion::arrow::datatypes::DataType;
+    let plain = |t: &DataType| match t {
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        other => other.clone(),
+    };
+    for field in view.fields() {
+        match file.field_with_name(field.name()) {
+            Err(_) => {
+                return Err(format!(
+                    "it has no column '{}', which the view reads (it has {})",
+                    field.name(),
+                    file.fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            Ok(found) if !plain(found.data_type()).equals_datatype(&plain(field.data_type())) => {
+                return Err(format!(
+                    "its column '{}' is {}, where the view's is {}",
+                    field.name(),
+                    found.data_type(),
+                    field.data_type()
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// The files a view reads: a listing table's paths and format.
 #[derive(Debug, Clone)]
 pub struct Source {
@@ -202,4 +243,43 @@ pub fn reading(plan: &LogicalPlan, table: Arc<dyn TableProvider>) -> Result<Logi
         node => Ok(Transformed::no(node)),
     })?;
     Ok(plan.data)
+}
+
+#[cfg(test)]
+#[test]
+fn a_file_is_read_only_with_the_views_columns() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let view = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("f0", DataType::Float32, true),
+        Field::new("s", DataType::Utf8View, true),
+    ]);
+    let file = |fields: Vec<Field>| Schema::new(fields);
+    let same = file(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("f0", DataType::Float32, true),
+        Field::new("s", DataType::LargeUtf8, true),
+        Field::new("extra", DataType::Int8, true),
+    ]);
+    assert_eq!(check_file_columns(&view, &same), Ok(()));
+    let text = file(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("f0", DataType::Utf8, true),
+        Field::new("s", DataType::Utf8, true),
+    ]);
+    assert!(
+        check_file_columns(&view, &text)
+            .unwrap_err()
+            .contains("'f0' is Utf8")
+    );
+    let renamed = file(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("F0", DataType::Float32, true),
+        Field::new("s", DataType::Utf8, true),
+    ]);
+    assert!(
+        check_file_columns(&view, &renamed)
+            .unwrap_err()
+            .contains("no column 'f0'")
+    );
 }

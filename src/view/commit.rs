@@ -237,6 +237,7 @@ mod tests {
             pending: None,
             retired: Vec::new(),
             dropped: false,
+            settings: Default::default(),
         }
     }
 
@@ -253,6 +254,7 @@ mod tests {
                 size: 1,
             }],
             rows: 1,
+            error: None,
         }
     }
 

@@ -21,6 +21,7 @@
 
 pub mod check;
 pub mod commit;
+pub mod failed;
 pub mod files;
 pub mod plan;
 
@@ -61,7 +62,14 @@ pub struct Manifest {
     /// an older one can commit after the drop (it would have to create this version).
     #[serde(default)]
     pub dropped: bool,
+    /// The settings its refreshes score with, as CREATE had them (`on_error`, `rejects`,
+    /// `max_errors`: [`VIEW_SETTINGS`]), whatever session refreshes it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, String>,
 }
+
+/// The `batchinfer.*` settings a view keeps from its CREATE.
+pub const VIEW_SETTINGS: [&str; 3] = ["on_error", "rejects", "max_errors"];
 
 /// A file of the view's folder that a commit took out of the view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +109,10 @@ pub struct Unit {
     pub inputs: Vec<Input>,
     pub files: Vec<OutputFile>,
     pub rows: u64,
+    /// Why its one input could not be read: the file is left out of the view (no rows) until it
+    /// changes ([`failed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// An input file as it was when it was scored.
@@ -135,6 +147,7 @@ impl Manifest {
             pending: None,
             retired: Vec::new(),
             dropped: true,
+            settings: BTreeMap::new(),
         }
     }
 
@@ -176,10 +189,20 @@ impl Manifest {
     /// Input files and rows of what readers read.
     pub fn totals(&self) -> (u64, u64) {
         self.current.as_ref().map_or((0, 0), |g| {
-            g.units.iter().fold((0, 0), |(files, rows), u| {
-                (files + u.inputs.len() as u64, rows + u.rows)
-            })
+            g.units
+                .iter()
+                .filter(|u| u.error.is_none())
+                .fold((0, 0), |(files, rows), u| {
+                    (files + u.inputs.len() as u64, rows + u.rows)
+                })
         })
+    }
+
+    /// The input files left out for errors, with the error: the current generation's, or the
+    /// pending one's while a rebuild is under way.
+    pub fn failed_inputs(&self) -> Vec<(&str, &str)> {
+        let generation = self.pending.as_ref().or(self.current.as_ref());
+        generation.map_or_else(Vec::new, |g| g.failed_inputs())
     }
 }
 
@@ -187,6 +210,14 @@ impl Generation {
     /// The generation's schema.
     pub fn schema(&self) -> Result<SchemaRef> {
         decode_schema(&self.schema)
+    }
+
+    /// The input files its units could not read, with why.
+    pub fn failed_inputs(&self) -> Vec<(&str, &str)> {
+        self.units
+            .iter()
+            .filter_map(|u| Some((u.inputs.first()?.path.as_str(), u.error.as_deref()?)))
+            .collect()
     }
 
     /// The files readers read, in unit order.

@@ -125,6 +125,7 @@ mod tests {
             inputs: inputs.to_vec(),
             files: Vec::new(),
             rows: 0,
+            error: None,
         }
     }
 
