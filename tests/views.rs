@@ -1232,3 +1232,49 @@ fn a_file_with_other_columns_is_left_out_not_cast() {
         "n,scored\n10,10\n"
     );
 }
+
+/// A manifest version written by hand that drops a unit without retiring it leaves that unit's
+/// files unlisted: the next refresh removes them an hour after they were written, as retired
+/// files are, not a day later.
+#[test]
+fn files_a_forged_manifest_dropped_are_removed_after_an_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, input) = (dir.path().join("wh"), dir.path().join("in"));
+    write_features(&input.join("a.parquet"), 0, 10, 0.0);
+    write_features(&input.join("b.parquet"), 10, 20, 0.0);
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "SET batchinfer.files_per_commit = 1; CREATE MATERIALIZED VIEW scores AS \
+             SELECT id, {PREDICT} AS p FROM '{}/'",
+            input.display()
+        ),
+    ));
+    let (_, mut json) = newest_manifest(&wh, "scores");
+    let units = json["current"]["units"].as_array_mut().unwrap();
+    let dropped = units.remove(0);
+    write_next_manifest(&wh, "scores", &json);
+    let views = wh.join("views/scores");
+    let files: Vec<PathBuf> = dropped["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| views.join(f["path"].as_str().unwrap()))
+        .collect();
+    assert!(!files.is_empty() && files.iter().all(|f| f.exists()));
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7_200);
+    for file in &files {
+        std::fs::File::options()
+            .write(true)
+            .open(file)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+    }
+    write_features(&input.join("c.parquet"), 20, 30, 0.0);
+    refresh(&wh, "scores");
+    for file in &files {
+        assert!(!file.exists(), "{} is still there", file.display());
+    }
+    assert_view_is_recompute(&wh, "scores", &format!("{}/", input.display()));
+}

@@ -520,6 +520,27 @@ impl Engine {
             .iter()
             .map(|r| (r.path.as_str(), r.at_ms))
             .collect();
+        // Files an older version still kept listed, which the newest neither lists nor retired:
+        // dropped by a version written by hand (every commit retires what it drops). They go as
+        // retired files do, an hour after they were last written.
+        let mut dropped: BTreeSet<String> = BTreeSet::new();
+        for version in manifests.versions().await? {
+            let Some(bytes) = manifests.read(version).await? else {
+                continue;
+            };
+            let Ok(older) = Manifest::from_bytes(&bytes, "a view's manifest") else {
+                continue;
+            };
+            dropped.extend(
+                older
+                    .current
+                    .iter()
+                    .chain(older.pending.iter())
+                    .flat_map(Generation::files)
+                    .map(|f| f.path.clone())
+                    .filter(|p| !listed.contains(p.as_str()) && !retired.contains_key(p.as_str())),
+            );
+        }
         let view_prefix = crate::storage::object_path(folder)?;
         let data = view_prefix.clone().join("data");
         let now_ms = now_ms();
@@ -532,8 +553,10 @@ impl Engine {
             if listed.contains(path.as_str()) {
                 continue;
             }
+            let written_ms = meta.last_modified.timestamp_millis() as u64;
             let removable = match retired.get(path.as_str()) {
                 Some(at) => at + RETIRED_KEPT_MS <= now_ms,
+                None if dropped.contains(&path) => written_ms + RETIRED_KEPT_MS <= now_ms,
                 None => parts
                     .get(2)
                     .and_then(|unit| id_time(unit))

@@ -95,6 +95,11 @@ impl Manifests {
         Ok(versions)
     }
 
+    /// The bytes of `version`, or `None` where it is not there (removed, or never made).
+    pub async fn read(&self, version: u64) -> Result<Option<Vec<u8>>> {
+        read_object(&self.store, &self.path(version), MANIFEST_CAP).await
+    }
+
     /// The newest version and its bytes, or `None` where there is none.
     pub async fn latest(&self) -> Result<Option<(u64, Vec<u8>)>> {
         // A version removed between the listing and the read has a newer one: list again.
