@@ -157,7 +157,12 @@ pub fn check_numbers(statement: &DFStatement) -> Result<()> {
     use datafusion::sql::sqlparser::ast::{Expr, Value, visit_expressions};
     let check = |expr: &Expr| match expr {
         Expr::Value(value) => match &value.value {
-            Value::Number(text, _) if text.parse::<f64>().is_ok_and(f64::is_infinite) => {
+            Value::Number(text, _)
+                if text
+                    .replace('_', "")
+                    .parse::<f64>()
+                    .is_ok_and(f64::is_infinite) =>
+            {
                 let shown = if text.len() > 40 {
                     format!("{}... ({} characters)", &text[..20], text.len())
                 } else {

@@ -1231,6 +1231,34 @@ fn a_file_with_other_columns_is_left_out_not_cast() {
         )),
         "n,scored\n10,10\n"
     );
+    // Only the columns the query reads count: a view over files of which some have a column
+    // more takes a new file without it.
+    let wide = input.parent().unwrap().join("wide");
+    let all = features.join(", ");
+    for (name, extra) in [("a", ""), ("b", ", 'x' AS note"), ("c", "")] {
+        if name == "c" {
+            assert_ok(&query(
+                &wh,
+                &format!(
+                    "CREATE MATERIALIZED VIEW wide AS SELECT id, {PREDICT} AS p FROM '{}/'",
+                    wide.display()
+                ),
+            ));
+        }
+        assert_ok(&query(
+            &wh,
+            &format!(
+                "COPY (SELECT value AS id, {all}{extra} FROM range(5)) TO '{}' STORED AS PARQUET",
+                wide.join(format!("{name}.parquet")).display()
+            ),
+        ));
+    }
+    let line = refresh(&wh, "wide");
+    assert!(!line.contains("left out"), "{line}");
+    assert!(
+        line.contains("the view has 15 row(s) from 3 file(s)"),
+        "{line}"
+    );
 }
 
 /// A manifest version written by hand that drops a unit without retiring it leaves that unit's

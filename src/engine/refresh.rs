@@ -57,6 +57,8 @@ struct Planned {
     models: BTreeMap<String, String>,
     models_json: String,
     schema: SchemaRef,
+    /// The source's columns the query reads (what an input file must have as the view has it).
+    read: datafusion::arrow::datatypes::Schema,
 }
 
 /// Rounds of scoring a refresh makes before it gives up on a view other refreshes keep changing.
@@ -102,7 +104,12 @@ impl Engine {
         };
         let folder = warehouse.view_folder(name)?;
         let listed = self.list_inputs(&planned.source).await?;
-        let damaged = damaged_units(&manifests, &folder, &generation).await?;
+        let mut damaged = damaged_units(&manifests, &folder, &generation).await?;
+        // A rebuild tries again, at every refresh, the files it could not read that the view
+        // serves now: it stays pending until it can (see `check_rebuild_loses_nothing`).
+        if target.pending || target.new.is_some() {
+            damaged.extend(served_but_failed(manifest.current.as_ref(), &generation));
+        }
         let changes = plan(&generation, &listed, self.commit_size(), &damaged);
         let mut refreshed = Refreshed {
             view: name.to_string(),
@@ -154,14 +161,15 @@ impl Engine {
             // A rebuild for models no longer defined: dropped.
             commit(&manifests, &mut target, &nothing, None, false).await?;
         }
-        let Some((_, now)) = newest_view(&manifests, &shown).await? else {
+        let Some((now_version, now)) = newest_view(&manifests, &shown).await? else {
             return Err(Error::Usage(format!(
                 "materialized view '{name}' was dropped while it was refreshed"
             )));
         };
         (refreshed.view_files, refreshed.view_rows) = now.totals();
         if worked || target.pending {
-            self.remove_unlisted(&manifests, &folder, &now).await?;
+            self.remove_unlisted(&manifests, &folder, (now_version, &now))
+                .await?;
         }
         for (path, why) in &refreshed.failed {
             eprintln!(
@@ -208,59 +216,103 @@ impl Engine {
     }
 
     /// Commits what can be read of `work`, whose scoring failed with `error`, a failure of its
-    /// files ([`blames_the_files`]): halves are scored apart until the one file that fails is
-    /// found, and that file is committed as a unit of its own with the error and no rows.
+    /// files ([`blames_the_files`]): halves are scored apart until each file that fails is
+    /// found. Those are committed as units of their own, with the error and no rows, and the
+    /// rest as one unit that replaces what `work` replaces; nothing is committed until every
+    /// piece is scored, so a refresh that fails meanwhile leaves the view as it was.
     #[allow(clippy::too_many_arguments)]
-    fn leave_out_failing<'a>(
-        &'a self,
-        manifests: &'a Manifests,
-        folder: &'a Url,
-        planned: &'a Planned,
-        target: &'a mut Target,
-        work: &'a Work,
+    async fn leave_out_failing(
+        &self,
+        manifests: &Manifests,
+        folder: &Url,
+        planned: &Planned,
+        target: &mut Target,
+        work: &Work,
         error: Error,
-        refreshed: &'a mut Refreshed,
+        refreshed: &mut Refreshed,
+    ) -> Result<()> {
+        let mut pieces = Pieces::default();
+        let id = target.id.clone();
+        if let Err(e) = self
+            .score_pieces(folder, &id, planned, &work.inputs, error, &mut pieces)
+            .await
+        {
+            for unit in &pieces.scored {
+                remove_files(manifests, folder, unit).await?;
+            }
+            return Err(e);
+        }
+        for (input, why) in pieces.failed {
+            let failed = Work {
+                replaces: Vec::new(),
+                inputs: vec![input.clone()],
+            };
+            let unit = Unit {
+                id: new_id("u"),
+                inputs: vec![input.clone()],
+                files: Vec::new(),
+                rows: 0,
+                error: Some(why.clone()),
+            };
+            if commit(manifests, target, &failed, Some(unit), false).await? {
+                refreshed.failed.push((input.path, why));
+            }
+        }
+        let mut scored = pieces.scored.into_iter();
+        let merged = scored.next().map(|first| {
+            scored.fold(first, |mut all, unit| {
+                all.inputs.extend(unit.inputs);
+                all.files.extend(unit.files);
+                all.rows += unit.rows;
+                all
+            })
+        });
+        if merged.is_none() && work.replaces.is_empty() {
+            return Ok(());
+        }
+        let good = Work {
+            replaces: work.replaces.clone(),
+            inputs: merged.as_ref().map_or_else(Vec::new, |u| u.inputs.clone()),
+        };
+        commit_scored(manifests, folder, target, &good, merged, refreshed).await
+    }
+
+    /// Scores `inputs` (which failed together with `error`) in halves, down to the files that
+    /// fail alone: what scores goes to `pieces.scored`, uncommitted, each failing file with why
+    /// to `pieces.failed`. An error that is not the files' own ends it.
+    fn score_pieces<'a>(
+        &'a self,
+        folder: &'a Url,
+        generation: &'a str,
+        planned: &'a Planned,
+        inputs: &'a [Input],
+        error: Error,
+        pieces: &'a mut Pieces,
     ) -> futures::future::BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let [input] = work.inputs.as_slice() {
-                let why = crate::message::display_error(&error);
-                let unit = Unit {
-                    id: new_id("u"),
-                    inputs: work.inputs.clone(),
-                    files: Vec::new(),
-                    rows: 0,
-                    error: Some(why.clone()),
-                };
-                if commit(manifests, target, work, Some(unit), false).await? {
-                    refreshed.failed.push((input.path.clone(), why));
-                }
+            if let [input] = inputs {
+                pieces
+                    .failed
+                    .push((input.clone(), crate::message::display_error(&error)));
                 return Ok(());
             }
-            if work.inputs.is_empty() {
+            if inputs.is_empty() {
                 return Err(error);
             }
-            let (first, second) = work.inputs.split_at(work.inputs.len() / 2);
-            let halves = [
-                Work {
-                    replaces: work.replaces.clone(),
-                    inputs: first.to_vec(),
-                },
-                Work {
+            let (first, second) = inputs.split_at(inputs.len() / 2);
+            for half in [first, second] {
+                let work = Work {
                     replaces: Vec::new(),
-                    inputs: second.to_vec(),
-                },
-            ];
-            for half in &halves {
-                let id = target.id.clone();
-                match self.score_unit_or_say_why(folder, &id, planned, half).await {
-                    Ok(unit) => {
-                        commit_scored(manifests, folder, target, half, unit, refreshed).await?;
-                    }
+                    inputs: half.to_vec(),
+                };
+                match self
+                    .score_unit_or_say_why(folder, generation, planned, &work)
+                    .await
+                {
+                    Ok(unit) => pieces.scored.extend(unit),
                     Err(e) if blames_the_files(&e) => {
-                        self.leave_out_failing(
-                            manifests, folder, planned, target, half, e, refreshed,
-                        )
-                        .await?;
+                        self.score_pieces(folder, generation, planned, half, e, pieces)
+                            .await?;
                     }
                     Err(e) => return Err(e),
                 }
@@ -306,9 +358,12 @@ impl Engine {
             .into_iter()
             .map(|m| (m.name.clone(), m.sha256.clone()))
             .collect();
+        // The scan's projection is known once the plan is optimized.
+        let read = read_columns(&self.ctx.state().optimize(&plan)?, &source.schema);
         Ok(Planned {
             models_json: self.models_used(&plan)?,
             schema: df.schema().inner().clone(),
+            read,
             plan,
             source,
             models,
@@ -425,7 +480,6 @@ impl Engine {
         // Each file is read with its own columns as they are, or it is that file's error: the
         // columns the query reads.
         let state = self.ctx.state();
-        let read = read_columns(&planned.plan, &planned.source.schema);
         for (path, input) in paths.iter().zip(&work.inputs) {
             let inferred = ListingTableConfig::new(path.clone())
                 .with_listing_options(planned.source.options.clone())
@@ -434,10 +488,9 @@ impl Engine {
             let Some(columns) = inferred.file_schema else {
                 continue;
             };
-            crate::view::check::check_file_columns(&read, &columns).map_err(|why| {
-                Error::DataFusion(datafusion::error::DataFusionError::Execution(format!(
-                    "{}: {why}",
-                    input.path
+            crate::view::check::check_file_columns(&planned.read, &columns).map_err(|why| {
+                Error::DataFusion(datafusion::error::DataFusionError::External(Box::new(
+                    crate::storage::unreadable::Unreadable(format!("{}: {why}", input.path)),
                 )))
             })?;
         }
@@ -506,7 +559,7 @@ impl Engine {
         &self,
         manifests: &Manifests,
         folder: &Url,
-        now: &Manifest,
+        (now_version, now): (u64, &Manifest),
     ) -> Result<()> {
         let listed: BTreeSet<&str> = now
             .current
@@ -525,6 +578,11 @@ impl Engine {
         // retired files do, an hour after they were last written.
         let mut dropped: BTreeSet<String> = BTreeSet::new();
         for version in manifests.versions().await? {
+            // Only versions before the one this refresh ended at: a later one is another
+            // refresh's commit, whose units `now` cannot know.
+            if version >= now_version {
+                break;
+            }
             let Some(bytes) = manifests.read(version).await? else {
                 continue;
             };
@@ -621,29 +679,29 @@ struct ViewSettings<'e> {
 
 impl<'e> ViewSettings<'e> {
     fn apply(engine: &'e Engine, settings: &BTreeMap<String, String>) -> Result<Self> {
-        let before = engine.batchinfer_options();
+        // The guard first: a setting that cannot be applied leaves none of them behind.
+        let guard = ViewSettings {
+            engine,
+            before: (!settings.is_empty()).then(|| engine.batchinfer_options()),
+        };
         if settings.is_empty() {
-            return Ok(ViewSettings {
-                engine,
-                before: None,
-            });
+            return Ok(guard);
         }
-        let state = engine.ctx.state_ref();
-        let mut state = state.write();
-        if let Some(options) = state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<crate::config::BatchInferOptions>()
         {
-            for (key, value) in settings {
-                datafusion::config::ExtensionOptions::set(options, key, value)?;
+            let state = engine.ctx.state_ref();
+            let mut state = state.write();
+            if let Some(options) = state
+                .config_mut()
+                .options_mut()
+                .extensions
+                .get_mut::<crate::config::BatchInferOptions>()
+            {
+                for (key, value) in settings {
+                    datafusion::config::ExtensionOptions::set(options, key, value)?;
+                }
             }
         }
-        Ok(ViewSettings {
-            engine,
-            before: Some(before),
-        })
+        Ok(guard)
     }
 }
 
@@ -696,6 +754,13 @@ fn read_columns(
     datafusion::arrow::datatypes::Schema::new(fields)
 }
 
+/// What a commit's input files came to once those that fail alone were found.
+#[derive(Default)]
+struct Pieces {
+    scored: Vec<Unit>,
+    failed: Vec<(Input, String)>,
+}
+
 /// Commits a scored `unit` of `work` (or none: its files are gone), counting what it scored; a
 /// unit another refresh committed first is removed again.
 async fn commit_scored(
@@ -720,6 +785,33 @@ async fn commit_scored(
     Ok(())
 }
 
+/// The units of `rebuilt` that hold an error for a file `current` serves.
+fn served_but_failed(current: Option<&Generation>, rebuilt: &Generation) -> Vec<String> {
+    let Some(current) = current else {
+        return Vec::new();
+    };
+    if current.id == rebuilt.id {
+        return Vec::new();
+    }
+    let served = served_inputs(current);
+    rebuilt
+        .units
+        .iter()
+        .filter(|u| u.error.is_some() && u.inputs.iter().any(|i| served.contains(i.path.as_str())))
+        .map(|u| u.id.clone())
+        .collect()
+}
+
+/// The input files whose rows `generation` serves.
+fn served_inputs(generation: &Generation) -> BTreeSet<&str> {
+    generation
+        .units
+        .iter()
+        .filter(|u| u.error.is_none())
+        .flat_map(|u| u.inputs.iter().map(|i| i.path.as_str()))
+        .collect()
+}
+
 /// A rebuild that could not read files the current generation serves would take their rows out
 /// of the view: it stays pending (readers keep the current rows) and the refresh fails naming
 /// them, until they can be read or are removed.
@@ -731,12 +823,7 @@ fn check_rebuild_loses_nothing(
     let (Some(current), Some(rebuilt)) = (current, rebuilt) else {
         return Ok(());
     };
-    let served: BTreeSet<&str> = current
-        .units
-        .iter()
-        .filter(|u| u.error.is_none())
-        .flat_map(|u| u.inputs.iter().map(|i| i.path.as_str()))
-        .collect();
+    let served = served_inputs(current);
     let lost: Vec<String> = rebuilt
         .failed_inputs()
         .into_iter()

@@ -237,6 +237,7 @@ impl Engine {
                 now.source = before.source.clone();
                 now.source_table = before.source_table.clone();
                 now.pending = before.pending.clone();
+                now.settings = before.settings.clone();
                 if manifests.create(version + 1, now.to_bytes()?).await? {
                     return Ok(());
                 }
@@ -400,7 +401,9 @@ impl Engine {
             let Some(key) = entry.key.strip_prefix("batchinfer.") else {
                 continue;
             };
-            if let (true, Some(value)) = (crate::view::VIEW_SETTINGS.contains(&key), entry.value) {
+            // Unset is kept too (as ''), so that no refreshing session's setting stands in.
+            let value = entry.value.or_else(|| Some(String::new()));
+            if let (true, Some(value)) = (crate::view::VIEW_SETTINGS.contains(&key), value) {
                 let value = match key {
                     "rejects" if !value.is_empty() => crate::storage::absolute_location(&value)?,
                     _ => value,

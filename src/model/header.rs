@@ -19,8 +19,10 @@ pub struct Header {
 impl Header {
     /// The metadata value of `key`, if any.
     pub fn metadata(&self, key: &str) -> Option<String> {
+        // ONNX Runtime keeps the last of repeated keys.
         self.metadata
             .iter()
+            .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.clone())
     }

@@ -191,10 +191,16 @@ pub(super) fn read_unit(
     schema: &SchemaRef,
     tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
 ) -> Result<bool> {
+    // What the file holds cannot be read: the file's own error (opening it is not).
     let context = |e: &dyn fmt::Display| {
-        DataFusionError::Execution(format!("reading {}: {e}", file.path.display()))
+        DataFusionError::External(Box::new(crate::storage::unreadable::Unreadable(format!(
+            "reading {}: {e}",
+            file.path.display()
+        ))))
     };
-    let handle = Arc::new(File::open(&file.path).map_err(|e| context(&e))?);
+    let handle = Arc::new(File::open(&file.path).map_err(|e| {
+        DataFusionError::Execution(format!("reading {}: {e}", file.path.display()))
+    })?);
     let mut arrow = arrow_reader(file, unit, batch_size, &handle).map_err(|e| context(&e))?;
     let group = file.metadata.metadata().row_group(unit.row_group);
     let mut lists = file

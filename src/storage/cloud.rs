@@ -307,12 +307,14 @@ impl object_store::client::HttpConnector for SameHostRedirects {
         _options: &object_store::ClientOptions,
     ) -> object_store::Result<object_store::client::HttpClient> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
-            let from = attempt
-                .previous()
-                .first()
-                .map(|u| (u.scheme(), u.host_str(), u.port_or_known_default()));
             let to = attempt.url();
-            let same = from == Some((to.scheme(), to.host_str(), to.port_or_known_default()));
+            // The same origin, or the same host upgraded from http to https.
+            let same = attempt.previous().first().is_some_and(|from| {
+                from.host_str() == to.host_str()
+                    && ((from.scheme() == to.scheme()
+                        && from.port_or_known_default() == to.port_or_known_default())
+                        || (from.scheme() == "http" && to.scheme() == "https"))
+            });
             if same && attempt.previous().len() < 10 {
                 attempt.follow()
             } else {

@@ -30,6 +30,7 @@ mod manifest;
 mod s3;
 pub mod staging;
 mod table;
+pub mod unreadable;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

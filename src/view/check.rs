@@ -38,12 +38,6 @@ pub fn check_file_columns(
     view: &datafusion::arrow::datatypes::Schema,
     file: &datafusion::arrow::datatypes::Schema,
 ) -> std::result::Result<(), String> {
-    use datafusion::arrow::datatypes::DataType;
-    let plain = |t: &DataType| match t {
-        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
-        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
-        other => other.clone(),
-    };
     for field in view.fields() {
         match file.field_with_name(field.name()) {
             Err(_) => {
@@ -57,7 +51,7 @@ pub fn check_file_columns(
                         .join(", ")
                 ));
             }
-            Ok(found) if !plain(found.data_type()).equals_datatype(&plain(field.data_type())) => {
+            Ok(found) if !reads_as(found.data_type(), field.data_type()) => {
                 return Err(format!(
                     "its column '{}' is {}, where the view's is {}",
                     field.name(),
@@ -69,6 +63,51 @@ pub fn check_file_columns(
         }
     }
     Ok(())
+}
+
+/// Whether a file's column of type `file` reads as the view's `view` without a cast that
+/// changes what it means: the same type (strings and binaries in any of Arrow's layouts, a
+/// dictionary by its values, timestamps of the same unit in any time zone), an integer into a
+/// wider integer or a float, a float into a wider float, lists and structs element by element.
+fn reads_as(
+    file: &datafusion::arrow::datatypes::DataType,
+    view: &datafusion::arrow::datatypes::DataType,
+) -> bool {
+    use datafusion::arrow::datatypes::DataType::*;
+    let plain = |t: &datafusion::arrow::datatypes::DataType| match t {
+        Utf8View | LargeUtf8 => Utf8,
+        BinaryView | LargeBinary => Binary,
+        other => other.clone(),
+    };
+    let (file, view) = (plain(file), plain(view));
+    if file.equals_datatype(&view) {
+        return true;
+    }
+    match (&file, &view) {
+        (Dictionary(_, values), _) => reads_as(values, &view),
+        (Timestamp(a, a_zone), Timestamp(b, b_zone)) => {
+            a == b && a_zone.is_some() == b_zone.is_some()
+        }
+        (a, b) if a.is_integer() && b.is_integer() => {
+            a.is_signed_integer() == b.is_signed_integer()
+                && a.primitive_width() <= b.primitive_width()
+        }
+        (a, Float64) if a.is_integer() || matches!(a, Float16 | Float32) => true,
+        (Int8 | Int16 | UInt8 | UInt16 | Float16, Float32) => true,
+        (
+            List(a) | LargeList(a) | ListView(a) | LargeListView(a),
+            List(b) | LargeList(b) | ListView(b) | LargeListView(b),
+        ) => reads_as(a.data_type(), b.data_type()),
+        (FixedSizeList(a, n), FixedSizeList(b, m)) => {
+            n == m && reads_as(a.data_type(), b.data_type())
+        }
+        (Struct(a), Struct(b)) => b.iter().all(|field| {
+            a.iter()
+                .find(|f| f.name() == field.name())
+                .is_some_and(|f| reads_as(f.data_type(), field.data_type()))
+        }),
+        _ => false,
+    }
 }
 
 /// The files a view reads: a listing table's paths and format.
