@@ -44,8 +44,9 @@
 //!   piped standard input and the shell; stop signals, and panics reported as errors.
 //! - [`schedule`]: `batchinfer refresh VIEW`, once, `--every` so often or `--watch`ing for new
 //!   files.
-//! - [`shell`]: the interactive shell (datafusion-cli's line editor helper and backslash
-//!   commands around the runner).
+//! - [`shell`]: the interactive shell (datafusion-cli's line editor helper around the runner).
+//! - [`commands`]: the backslash commands and the settings they change, for the shell and for
+//!   statements piped to it.
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
@@ -70,6 +71,7 @@
 //!   row), so that no input can crash batchinfer or exhaust its memory.
 
 pub mod cluster;
+pub mod commands;
 pub mod config;
 pub mod context;
 pub mod database;

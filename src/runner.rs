@@ -73,7 +73,7 @@ impl Runner<'_> {
     pub async fn run_lines(&mut self, mut input: impl BufRead) -> Result<()> {
         let dialect = self.engine.dialect()?;
         let (mut pending, mut failed) = (String::new(), false);
-        let mut print = crate::shell::print_options(false);
+        let mut print = crate::commands::print_options(false);
         loop {
             let mut line = String::new();
             let read = input
@@ -91,13 +91,14 @@ impl Runner<'_> {
             {
                 pending.clear();
                 let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
-                let mut options = crate::shell::ShellOptions {
+                let mut options = crate::commands::ShellOptions {
                     format: self.format,
                     timing: self.timing,
                     color: false,
                 };
                 let go_on =
-                    crate::shell::backslash(self.engine, &command, &mut options, &mut print).await;
+                    crate::commands::backslash(self.engine, &command, &mut options, &mut print)
+                        .await;
                 (self.format, self.timing) = (options.format, options.timing);
                 if !go_on {
                     break;

@@ -2112,24 +2112,30 @@ fn junk_files_ending_like_parquet_are_errors_naming_them() {
     }
 }
 
+/// The head of one HTTP request (its request line and headers), read from `stream`.
+fn read_request(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut request = Vec::new();
+    let mut byte = [0u8; 1];
+    while !request.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => request.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&request).into_owned()
+}
+
 /// An HTTP server answering as if its object were replaced between requests: HEAD gives one
 /// size and the reads the bytes of a shorter file. Serves until the test ends.
 fn replacing_http_server(first: Vec<u8>, second: Vec<u8>) -> String {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let mut request = Vec::new();
-            let mut byte = [0u8; 1];
-            while !request.ends_with(b"\r\n\r\n") {
-                match stream.read(&mut byte) {
-                    Ok(1) => request.push(byte[0]),
-                    _ => break,
-                }
-            }
-            let request = String::from_utf8_lossy(&request).to_string();
+            let request = read_request(&mut stream);
             let range = request.lines().find_map(|l| {
                 let (name, value) = l.split_once(':')?;
                 if !name.eq_ignore_ascii_case("range") {
@@ -2235,7 +2241,7 @@ fn a_folder_of_subfolders_and_a_huge_number_are_named() {
 
 /// An HTTP server whose every answer is a redirect to `to`, counting the requests it gets.
 fn redirecting_http_server(to: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -2244,14 +2250,7 @@ fn redirecting_http_server(to: String) -> (String, std::sync::Arc<std::sync::ato
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let mut request = Vec::new();
-            let mut byte = [0u8; 1];
-            while !request.ends_with(b"\r\n\r\n") {
-                match stream.read(&mut byte) {
-                    Ok(1) => request.push(byte[0]),
-                    _ => break,
-                }
-            }
+            read_request(&mut stream);
             let _ = stream.write_all(
                 format!(
                     "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\

@@ -83,14 +83,18 @@ fn counts(line: &str) -> (usize, usize, usize) {
 }
 
 fn refresh(wh: &Path, view: &str) -> String {
-    let out = common::output_within(
+    assert_ok(&refresh_output(wh, view))
+}
+
+/// `batchinfer refresh VIEW` once, its output whatever its status.
+fn refresh_output(wh: &Path, view: &str) -> std::process::Output {
+    common::output_within(
         bin()
             .arg("--warehouse")
             .arg(wh)
             .args(["--models", "data/models", "refresh", view]),
         common::DEADLINE,
-    );
-    assert_ok(&out)
+    )
 }
 
 /// A view `scores` over `first` files of `rows` rows (`f000.parquet`, ...; ids from 0), then
@@ -1092,13 +1096,7 @@ fn an_unreadable_input_file_is_left_out_and_the_rest_are_scored() {
     std::fs::write(&junk, b"PAR1garbagePAR1").unwrap();
     write_features(&input.join("c.parquet"), 100, 200, 0.0);
     write_features(&input.join("d.parquet"), 200, 300, 0.0);
-    let out = common::output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(&wh)
-            .args(["--models", "data/models", "refresh", "scores"]),
-        common::DEADLINE,
-    );
+    let out = refresh_output(&wh, "scores");
     let line = assert_ok(&out);
     assert!(
         line.contains("1 input file(s) left out for errors"),
@@ -1122,13 +1120,7 @@ fn an_unreadable_input_file_is_left_out_and_the_rest_are_scored() {
     assert!(shown.contains("b-junk.parquet: "), "{shown}");
     assert!(shown.contains("not a Parquet file"), "{shown}");
     // Not tried again while it is as it was.
-    let out = common::output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(&wh)
-            .args(["--models", "data/models", "refresh", "scores"]),
-        common::DEADLINE,
-    );
+    let out = refresh_output(&wh, "scores");
     assert_eq!(counts(&assert_ok(&out)), (0, 0, 0));
     assert!(
         !common::stderr(&out).contains("left out"),
@@ -1199,13 +1191,7 @@ fn a_file_with_other_columns_is_left_out_not_cast() {
             ),
         ));
     }
-    let out = common::output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(&wh)
-            .args(["--models", "data/models", "refresh", "scores"]),
-        common::DEADLINE,
-    );
+    let out = refresh_output(&wh, "scores");
     let line = assert_ok(&out);
     assert!(
         line.contains("3 input file(s) left out for errors"),

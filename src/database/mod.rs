@@ -73,11 +73,18 @@ pub async fn table(
         })
         .collect();
     let name = create.name.to_string();
-    let inner = match database {
-        Database::Postgres => postgres::table(&name, create, options).await?,
-        Database::Sqlite => sqlite::table(&name, create, options).await?,
+    let (inner, sqlite) = match database {
+        Database::Postgres => (postgres::table(&name, create, options).await?, None),
+        Database::Sqlite => {
+            let (read, target) = sqlite::table(&name, create, options).await?;
+            (read, Some(target))
+        }
     };
-    Ok(Arc::new(rows::DatabaseTable { inner, database }))
+    Ok(Arc::new(rows::DatabaseTable {
+        inner,
+        database,
+        sqlite,
+    }))
 }
 
 /// The one `LOCATION` of a table definition (empty where none is given).

@@ -28,6 +28,9 @@ use super::Database;
 pub(super) struct DatabaseTable {
     pub(super) inner: Arc<dyn TableProvider>,
     pub(super) database: Database,
+    /// A SQLite table's file and name: its INSERTs are batchinfer's own
+    /// ([`super::sqlite_insert`]), the provider only reads.
+    pub(super) sqlite: Option<super::sqlite_insert::SqliteTarget>,
 }
 
 impl DatabaseTable {
@@ -163,7 +166,12 @@ impl TableProvider for DatabaseTable {
             DataFusionError::Execution("the rows to insert failed".into())
         });
         let input = Arc::new(Around::new("InsertInput", input, Some(keep)));
-        let insert = self.inner.insert_into(state, input, insert_op).await?;
+        let insert = match &self.sqlite {
+            Some(target) => {
+                super::sqlite_insert::insert_into(target, self.schema(), input, insert_op)?
+            }
+            None => self.inner.insert_into(state, input, insert_op).await?,
+        };
         let report: OnError = Arc::new(move |e| {
             failure
                 .lock()

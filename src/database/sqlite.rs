@@ -14,7 +14,7 @@ use datafusion_table_providers_sqlite::DynSqliteConnectionPool;
 use datafusion_table_providers_sqlite::pool::SqliteConnectionPool;
 use datafusion_table_providers_sqlite::sql_table::SQLiteTable;
 
-use super::sqlite_insert::{SqliteTable, SqliteTarget};
+use super::sqlite_insert::SqliteTarget;
 use super::{Database, table_reference, unknown_option};
 use crate::error::{Error, Result};
 
@@ -25,7 +25,7 @@ pub(super) async fn table(
     name: &str,
     create: &CreateExternalTable,
     options: BTreeMap<String, String>,
-) -> Result<Arc<dyn TableProvider>> {
+) -> Result<(Arc<dyn TableProvider>, SqliteTarget)> {
     let mut table = None;
     for (key, value) in options {
         match key.as_str() {
@@ -115,7 +115,7 @@ pub(super) async fn table(
         path,
         table: reference.table().to_string(),
     };
-    Ok(Arc::new(SqliteTable { read, target }))
+    Ok((read, target))
 }
 
 /// How long the pool's connection waits for another writer's lock ([`BUSY_TIMEOUT`]).

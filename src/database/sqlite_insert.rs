@@ -21,13 +21,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef};
-use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::{Constraints, DataFusionError, Result};
-use datafusion::datasource::TableType;
+use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
@@ -57,66 +54,28 @@ impl SqliteTarget {
     }
 }
 
-/// A SQLite table: read through the provider, written by [`SqliteSink`].
-#[derive(Debug)]
-pub(super) struct SqliteTable {
-    pub read: Arc<dyn TableProvider>,
-    pub target: SqliteTarget,
-}
-
-#[async_trait]
-impl TableProvider for SqliteTable {
-    fn schema(&self) -> SchemaRef {
-        self.read.schema()
-    }
-
-    fn constraints(&self) -> Option<&Constraints> {
-        self.read.constraints()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> Result<Vec<TableProviderFilterPushDown>> {
-        self.read.supports_filters_pushdown(filters)
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.read.scan(state, projection, filters, limit).await
-    }
-
-    async fn insert_into(
-        &self,
-        _state: &dyn Session,
-        input: Arc<dyn ExecutionPlan>,
-        insert_op: InsertOp,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let overwrite = match insert_op {
-            InsertOp::Append => false,
-            InsertOp::Overwrite => true,
-            InsertOp::Replace => {
-                return Err(self
-                    .target
-                    .failed("REPLACE INTO is not supported (INSERT INTO or INSERT OVERWRITE)"));
-            }
-        };
-        let sink = SqliteSink {
-            target: self.target.clone(),
-            schema: self.schema(),
-            overwrite,
-        };
-        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
-    }
+/// The plan of an INSERT into the table at `target`, whose columns are `schema`.
+pub(super) fn insert_into(
+    target: &SqliteTarget,
+    schema: SchemaRef,
+    input: Arc<dyn ExecutionPlan>,
+    insert_op: InsertOp,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let overwrite = match insert_op {
+        InsertOp::Append => false,
+        InsertOp::Overwrite => true,
+        InsertOp::Replace => {
+            return Err(
+                target.failed("REPLACE INTO is not supported (INSERT INTO or INSERT OVERWRITE)")
+            );
+        }
+    };
+    let sink = SqliteSink {
+        target: target.clone(),
+        schema,
+        overwrite,
+    };
+    Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
 }
 
 /// The rows of one INSERT, written in one transaction.

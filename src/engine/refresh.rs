@@ -687,20 +687,12 @@ impl<'e> ViewSettings<'e> {
         if settings.is_empty() {
             return Ok(guard);
         }
-        {
-            let state = engine.ctx.state_ref();
-            let mut state = state.write();
-            if let Some(options) = state
-                .config_mut()
-                .options_mut()
-                .extensions
-                .get_mut::<crate::config::BatchInferOptions>()
-            {
-                for (key, value) in settings {
-                    datafusion::config::ExtensionOptions::set(options, key, value)?;
-                }
+        engine.update_options(|options| {
+            for (key, value) in settings {
+                datafusion::config::ExtensionOptions::set(options, key, value)?;
             }
-        }
+            Ok(())
+        })?;
         Ok(guard)
     }
 }
@@ -710,18 +702,12 @@ impl Drop for ViewSettings<'_> {
         let Some(before) = self.before.take() else {
             return;
         };
-        let state = self.engine.ctx.state_ref();
-        let mut state = state.write();
-        if let Some(options) = state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<crate::config::BatchInferOptions>()
-        {
+        let _ = self.engine.update_options(|options| {
             options.on_error = before.on_error;
             options.rejects = before.rejects;
             options.max_errors = before.max_errors;
-        }
+            Ok(())
+        });
     }
 }
 

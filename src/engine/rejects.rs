@@ -107,6 +107,24 @@ impl Engine {
         self.batchinfer_options().max_errors
     }
 
+    /// Changes the session's `batchinfer.*` options with `change`.
+    pub(super) fn update_options(
+        &self,
+        change: impl FnOnce(&mut BatchInferOptions) -> datafusion::error::Result<()>,
+    ) -> Result<()> {
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        match state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<BatchInferOptions>()
+        {
+            Some(options) => Ok(change(options)?),
+            None => Ok(()),
+        }
+    }
+
     /// The session's `batchinfer.*` options.
     pub(super) fn batchinfer_options(&self) -> BatchInferOptions {
         let state = self.ctx.state_ref();

@@ -1,0 +1,70 @@
+//! The backslash commands (`\timing`, `\pset format csv`, `\d`, `\?`, `\q`) and the settings
+//! they change: typed in the shell or piped to it, they do the same.
+
+use clap::ValueEnum;
+use datafusion_cli::command::Command;
+use datafusion_cli::print_format::PrintFormat;
+use datafusion_cli::print_options::{MaxRows, PrintOptions};
+
+use crate::engine::Engine;
+use crate::output::OutputFormat;
+
+/// Settings of a shell session.
+pub struct ShellOptions {
+    /// How results print (`\pset format table|csv|json|ndjson`).
+    pub format: OutputFormat,
+    /// The per-statement summary line (`\timing` toggles it).
+    pub timing: bool,
+    /// Colors for DataFusion's own backslash commands' output.
+    pub color: bool,
+}
+
+/// How DataFusion's backslash commands print (`\d`, `\?`).
+pub(crate) fn print_options(color: bool) -> PrintOptions {
+    PrintOptions {
+        format: PrintFormat::Table,
+        quiet: true,
+        maxrows: MaxRows::Limited(40),
+        color,
+        instrumented_registry: Default::default(),
+    }
+}
+
+/// Carries out a backslash command; false for `\q`. `\timing` and `\pset format` are the
+/// shell's; the others are DataFusion's. What it says of a setting goes to stderr, so that
+/// piped output holds results only.
+pub(crate) async fn backslash(
+    engine: &Engine,
+    command: &str,
+    options: &mut ShellOptions,
+    print: &mut PrintOptions,
+) -> bool {
+    let invalid = || eprintln!("'{command}' is not a valid command; \\? lists them");
+    if command == "\\timing" {
+        options.timing = !options.timing;
+        eprintln!("Timing is {}.", if options.timing { "on" } else { "off" });
+        return true;
+    }
+    match command[1..].parse::<Command>() {
+        Ok(Command::Quit) => return false,
+        Ok(Command::OutputFormat(Some(setting))) => {
+            // `\pset format csv`: the setting is "format csv".
+            let name = setting.trim().trim_start_matches("format").trim();
+            match OutputFormat::from_str(name, true) {
+                Ok(format) => {
+                    options.format = format;
+                    eprintln!("Output format is {format:?}.");
+                }
+                Err(_) => invalid(),
+            }
+        }
+        Ok(Command::OutputFormat(None)) => eprintln!("Output format is {:?}.", options.format),
+        Ok(cmd) => {
+            if let Err(e) = cmd.execute(engine.context(), print).await {
+                eprintln!("Error: {e}");
+            }
+        }
+        Err(_) => invalid(),
+    }
+    true
+}
