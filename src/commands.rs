@@ -1,4 +1,4 @@
-//! The backslash commands (`\timing`, `\pset format csv`, `\d`, `\?`, `\q`) and the settings
+//! The backslash commands (`\timing`, `\x`, `\pset format csv`, `\d`, `\?`, `\h`, `\q`) and the settings
 //! they change: typed in the shell or piped to it, they do the same.
 
 use clap::ValueEnum;
@@ -30,8 +30,9 @@ pub(crate) fn print_options(color: bool) -> PrintOptions {
     }
 }
 
-/// Carries out a backslash command; false for `\q`. `\timing` and `\pset format` are the
-/// shell's; the others are DataFusion's. What it says of a setting goes to stderr, so that
+/// Carries out a backslash command; false for `\q`. `\timing`, `\x`, `\pset format`, `\?`
+/// and `\h` for batchinfer's functions and statements are the shell's; the others are
+/// DataFusion's. What it says of a setting goes to stderr, so that
 /// piped output holds results only.
 pub(crate) async fn backslash(
     engine: &Engine,
@@ -40,10 +41,43 @@ pub(crate) async fn backslash(
     print: &mut PrintOptions,
 ) -> bool {
     let invalid = || eprintln!("'{command}' is not a valid command; \\? lists them");
-    if command == "\\timing" {
-        options.timing = !options.timing;
-        eprintln!("Timing is {}.", if options.timing { "on" } else { "off" });
-        return true;
+    let (word, rest) = command
+        .split_once(char::is_whitespace)
+        .unwrap_or((command, ""));
+    match (word, rest.trim()) {
+        ("\\timing", "") => {
+            options.timing = !options.timing;
+            eprintln!("Timing is {}.", if options.timing { "on" } else { "off" });
+            return true;
+        }
+        ("\\x", "") => {
+            options.format = match options.format {
+                OutputFormat::Vertical => OutputFormat::Table,
+                _ => OutputFormat::Vertical,
+            };
+            let on = options.format == OutputFormat::Vertical;
+            eprintln!("Vertical display is {}.", if on { "on" } else { "off" });
+            return true;
+        }
+        ("\\?", "") => {
+            println!("{}", crate::help::COMMANDS);
+            return true;
+        }
+        ("\\h", "") => {
+            println!("{}", crate::help::index());
+            return true;
+        }
+        ("\\h", name) => {
+            match crate::help::topic(name) {
+                Some(text) => println!("{text}"),
+                None => eprintln!(
+                    "'{name}' is not one of batchinfer's functions or statements (\\h lists them); \
+                     SHOW FUNCTIONS LIKE '{name}' describes DataFusion's"
+                ),
+            }
+            return true;
+        }
+        _ => {}
     }
     match command[1..].parse::<Command>() {
         Ok(Command::Quit) => return false,

@@ -115,6 +115,9 @@ pub struct BatchInferOptions {
     pub batch_size: usize,
     /// What a model failure on some rows does: 'fail' the statement, or give those rows 'null'.
     pub on_error: OnError,
+    /// What a NULL feeding a float input is to the model: 'null' (the row gets NULL, unscored)
+    /// or 'nan'.
+    pub nulls: crate::tensor::nulls::Nulls,
     /// embed: most tokens (rows x padded length) per model call, rows sorted by length (0: no
     /// sorting, calls of 32 rows in the input's order). Unset: 256 on the CPU, 16,384 on a GPU.
     pub token_budget: Option<usize>,
@@ -166,6 +169,7 @@ impl Default for BatchInferOptions {
         BatchInferOptions {
             batch_size: 0,
             on_error: OnError::Fail,
+            nulls: Default::default(),
             token_budget: None,
             device: None,
             models: Default::default(),
@@ -217,6 +221,7 @@ impl BatchInferOptions {
         match key {
             "batch_size" => self.batch_size.set(key, value),
             "on_error" => self.on_error.set(key, value),
+            "nulls" => self.nulls.set(key, value),
             "token_budget" => self.token_budget.set(key, value),
             "device" => {
                 self.device = Some(value.parse().map_err(DataFusionError::Configuration)?);
@@ -251,7 +256,7 @@ impl BatchInferOptions {
             "statement_text" => self.statement_text.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
-                 token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
+                 nulls, token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
                  max_footer_bytes"
             ))),
         }
@@ -291,6 +296,11 @@ impl BatchInferOptions {
             v,
             "batchinfer.on_error",
             "What a model failure on some rows does: 'fail' the statement, give those rows 'null', or 'reject' them (null, and kept in batchinfer.rejects).",
+        );
+        self.nulls.visit(
+            v,
+            "batchinfer.nulls",
+            "What a NULL feeding a float input is to the model: 'null' (the row gets NULL, unscored) or 'nan' (for models trained with missing values).",
         );
         self.token_budget.visit(
             v,

@@ -26,7 +26,7 @@ use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
-use crate::udf::{CosineSimilarity, EmbedUdf, PredictTableFunction, PredictUdf};
+use crate::udf::{CosineSimilarity, EmbedUdf, ModelCallsOnce, PredictTableFunction, PredictUdf};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
 /// files or folders directly (`FROM 'data/sample/features.parquet'`), local or in S3 (the
@@ -50,7 +50,8 @@ pub fn build_context(
         .with_default_features()
         .with_config(session_config)
         .with_runtime_env(runtime)
-        .with_analyzer_rule(Arc::new(TableSchemaLimits));
+        .with_analyzer_rule(Arc::new(TableSchemaLimits))
+        .with_optimizer_rule(Arc::new(ModelCallsOnce));
     let ctx = SessionContext::new_with_state(place(state)?).enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli, and
     // `'gcp.*'`, `'azure.*'` alike.
@@ -159,6 +160,7 @@ pub fn cluster_state(
         .with_scalar_functions(scalar)
         .with_aggregate_functions(ballista_aggregate_functions())
         .with_window_functions(ballista_window_functions())
+        .with_optimizer_rule(Arc::new(ModelCallsOnce))
         .build())
 }
 

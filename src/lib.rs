@@ -10,7 +10,8 @@
 //! # Layout
 //! - [`engine`]: [`Engine`], the library entry point: a SessionContext, the model registry, the
 //!   warehouse and where statements run; `write.rs` holds the writes that appear whole (COPY,
-//!   INSERT, CREATE TABLE), `catalog.rs` the model statements and what DROP TABLE and INSERT
+//!   INSERT, CREATE TABLE), `lineage.rs` the models a write names in its files (and the columns
+//!   CSV cannot hold), `catalog.rs` the model statements and what DROP TABLE and INSERT
 //!   need of tables, `quantize.rs` the quantized models kept in the warehouse, `options.rs` the
 //!   stores a statement's `OPTIONS` connect, `explain.rs` EXPLAIN ANALYZE and the message for a
 //!   missing table.
@@ -27,11 +28,15 @@
 //!   INSERT in one transaction of its own (`sqlite_insert.rs`).
 //! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
 //! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
-//!   text models' tokenizers, and the scoring of one record batch.
+//!   text models' tokenizers, what a file says of itself without a session (`header.rs`: its
+//!   inputs and outputs, producer, class labels), and the scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
-//!   (`element.rs`) and a model's inputs and outputs (`signature.rs`).
-//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`), and
-//!   the buffer that gathers `embed`'s input across record batches and files (`buffer.rs`).
+//!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
+//!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
+//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`), the
+//!   buffer that gathers `embed`'s input across record batches and files (`buffer.rs`), the
+//!   optimizer rule that computes each model call once per row (`once.rs`), and the short
+//!   default names of model columns (`names.rs`).
 //! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
 //!   Runtime's own quantizer does it (`onnx.rs`: ONNX's protobuf messages), and the provenance a
 //!   quantized model carries.
@@ -46,7 +51,7 @@
 //!   files.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper around the runner).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
-//!   statements piped to it.
+//!   statements piped to it; [`help`]: what `\?` and `\h` say.
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
@@ -78,6 +83,7 @@ pub mod database;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod help;
 pub mod limits;
 pub mod message;
 pub mod model;

@@ -23,6 +23,9 @@ pub enum OutputFormat {
     Json,
     /// One JSON object per line.
     Ndjson,
+    /// One block per row, a line per column (`name | value`), for rows too wide for a table
+    /// (as psql's expanded display, `\x` in the shell).
+    Vertical,
 }
 
 /// Prints the result of one statement. Statements that return no columns print nothing.
@@ -51,6 +54,7 @@ pub fn print_batches(
             writeln!(out, "{table}").map_err(io)?;
         }
         OutputFormat::Csv => write_csv(out, schema, batches)?,
+        OutputFormat::Vertical => write_vertical(out, schema, batches)?,
         OutputFormat::Json => {
             let mut writer = datafusion::arrow::json::ArrayWriter::new(&mut *out);
             for batch in batches {
@@ -102,6 +106,39 @@ fn cut(text: String) -> String {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text,
     }
+}
+
+/// Each row as a block: `-[ RECORD n ]`, then `name | value` per column, names aligned and
+/// values cut as a table's are.
+fn write_vertical(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
+    let io = |e: std::io::Error| Error::io("writing results", e);
+    let names: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| cut(f.name().clone()))
+        .collect();
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let options = FormatOptions::default().with_null("NULL");
+    let mut record = 0;
+    for batch in batches {
+        let formatters = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            record += 1;
+            writeln!(out, "-[ RECORD {record} ]").map_err(io)?;
+            for (name, formatter) in names.iter().zip(&formatters) {
+                let value = cut(formatter.value(row).to_string());
+                writeln!(out, "{name:<width$} | {value}").map_err(io)?;
+            }
+        }
+    }
+    if record == 0 {
+        writeln!(out, "(0 rows)").map_err(io)?;
+    }
+    Ok(())
 }
 
 /// CSV by hand over Arrow's display formatting, so that list and struct columns (which Arrow's
@@ -170,5 +207,9 @@ mod tests {
             "{table}"
         );
         assert!(print(OutputFormat::Csv).contains(&long));
+        let vertical = print(OutputFormat::Vertical);
+        assert!(vertical.starts_with("-[ RECORD 1 ]\ns | "), "{vertical}");
+        assert!(vertical.contains("-[ RECORD 2 ]\ns | short\n-[ RECORD 3 ]\ns | NULL\n"));
+        assert!(!vertical.contains(&"é".repeat(TABLE_CELL_CHARS + 1)));
     }
 }

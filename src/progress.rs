@@ -214,19 +214,24 @@ impl Drop for ProgressLine {
     }
 }
 
-/// "1200 rows scored, 410 rows/s, 2.9 s elapsed, about 2 s left of 2000 rows".
+/// "1,200 rows scored, 410 rows/s, 2.9 s elapsed, about 2 s left of 2,000 rows".
 fn progress(rows: u64, total: u64, elapsed: Duration) -> String {
     let rate = rows as f64 / elapsed.as_secs_f64();
     let mut line = format!(
-        "{rows} rows scored, {rate:.0} rows/s, {:.1} s elapsed",
+        "{} rows scored, {} rows/s, {:.1} s elapsed",
+        thousands(rows),
+        thousands(rate.round() as u64),
         elapsed.as_secs_f64()
     );
     if total > 0 && rows > 0 && rows <= total {
         let left = (total - rows) as f64 / rate.max(1e-9);
-        line.push_str(&format!(", about {left:.0} s left of {total} rows"));
+        line.push_str(&format!(
+            ", about {left:.0} s left of {} rows",
+            thousands(total)
+        ));
     } else if total > 0 && rows == 0 {
         // The first call is still running: what there is to do, before any rate.
-        line.push_str(&format!(", {total} rows to score"));
+        line.push_str(&format!(", {} rows to score", thousands(total)));
     }
     line
 }
@@ -241,4 +246,21 @@ fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
         };
     }
     plan.children().into_iter().map(leaf_rows).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_line_separates_thousands() {
+        assert_eq!(
+            progress(1_234_567, 10_000_000, Duration::from_secs(2)),
+            "1,234,567 rows scored, 617,284 rows/s, 2.0 s elapsed, about 14 s left of 10,000,000 rows"
+        );
+        assert_eq!(
+            progress(0, 2_500, Duration::from_secs(1)),
+            "0 rows scored, 0 rows/s, 1.0 s elapsed, 2,500 rows to score"
+        );
+    }
 }

@@ -23,7 +23,7 @@ use std::ops::ControlFlow;
 
 use datafusion::sql::parser::{CopyToSource, DFParser, DFParserBuilder, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
-    ObjectName, ObjectType, Query, Statement as SQLStatement, Visit, Visitor,
+    ObjectName, ObjectType, Query, Statement as SQLStatement, Visit, VisitMut, Visitor, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::Dialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
@@ -147,6 +147,22 @@ pub fn visit_sql<V: Visitor>(statement: &DFStatement, visitor: &mut V) -> Contro
     }
 }
 
+/// [`visit_sql`], changing what it visits.
+pub fn visit_sql_mut<V: VisitorMut>(
+    statement: &mut DFStatement,
+    visitor: &mut V,
+) -> ControlFlow<V::Break> {
+    match statement {
+        DFStatement::Statement(s) => s.visit(visitor),
+        DFStatement::CopyTo(copy) => match &mut copy.source {
+            CopyToSource::Query(query) => query.visit(visitor),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        DFStatement::Explain(explain) => visit_sql_mut(&mut explain.statement, visitor),
+        _ => ControlFlow::Continue(()),
+    }
+}
+
 /// DataFusion's statement, refused when it nests deeper than planning can go.
 fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
     let statement = df.parse_statement()?;
@@ -158,6 +174,8 @@ fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
     crate::limits::check_setting(&statement)?;
     crate::limits::check_unbounded(&statement)?;
     crate::limits::check_numbers(&statement)?;
+    let mut statement = statement;
+    crate::udf::names::name_model_columns(&mut statement);
     Ok(statement)
 }
 

@@ -348,13 +348,6 @@ impl Warehouse {
             .map_err(|e| Error::Usage(format!("{}quantized/{key}/: {e}", self.root)))
     }
 
-    /// Whether `url` is a file of a quantized model of this warehouse.
-    pub fn holds_quantized(&self, url: &Url) -> bool {
-        self.root
-            .join("quantized/")
-            .is_ok_and(|folder| url.as_str().starts_with(folder.as_str()))
-    }
-
     /// Writes one file under the warehouse whole (by rename locally, by one PUT in S3).
     pub async fn put_file(&self, url: &Url, bytes: Vec<u8>) -> Result<()> {
         let path = self.file(url)?;

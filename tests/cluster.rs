@@ -426,6 +426,20 @@ fn a_model_name_means_one_model_everywhere() {
     common::assert_same_rows(&on_cluster("c", &file, false), &want_linear, 0.0);
     std::fs::copy(&doubled, &file).unwrap();
     common::assert_same_rows(&on_cluster("c", &file, true), &want_doubled, 0.0);
+
+    // Rewritten without CREATE OR REPLACE MODEL: refused, on the cluster as in one process,
+    // until the statement takes the new bytes.
+    std::fs::copy(&linear, &file).unwrap();
+    let out = cluster.query_as("c", None, &scores);
+    common::assert_failure(
+        &out,
+        &[
+            "model 'm'",
+            "the file now has sha256",
+            "CREATE OR REPLACE MODEL m FROM '",
+        ],
+    );
+    common::assert_same_rows(&on_cluster("c", &file, true), &want_linear, 0.0);
 }
 
 /// An INSERT the executors carry out adds all of its rows when it succeeds, and none when it

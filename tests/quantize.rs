@@ -368,7 +368,11 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
     let out = cli(warehouse.path(), select);
     assert_failure(
         &out,
-        &["model 'churn8'", "the file now has sha256", "defined with"],
+        &[
+            "model 'churn8'",
+            "the file now has sha256",
+            "registered with",
+        ],
     );
     // CREATE OR REPLACE repairs it.
     let out = cli(warehouse.path(), &replace);

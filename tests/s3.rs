@@ -222,6 +222,43 @@ fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
 }
 
 #[test]
+fn a_model_rewritten_in_s3_after_create_model_is_refused_until_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    server.bucket("lake");
+    let local = dir.path().join("unused");
+    let in_wh = |sql: &str| {
+        run(
+            batchinfer(&server, &local),
+            &["--warehouse", "s3://lake/wh/", "query", "-e", sql],
+        )
+    };
+    let count = format!(
+        "SELECT count(predict('lin', {FEATURES})) AS n FROM 's3://data/features/part-1.parquet'"
+    );
+    assert_ok(&in_wh("CREATE MODEL lin FROM 's3://models/linear.onnx'"));
+    assert_eq!(assert_ok(&in_wh(&count)), "n\n10000\n");
+    // Retrained in place: other bytes at the same key.
+    server.put_file(
+        "models",
+        "linear.onnx",
+        Path::new("data/fixtures/linear_doubled.onnx"),
+    );
+    assert_failure(
+        &in_wh(&count),
+        &[
+            "model 'lin'",
+            "the file now has sha256",
+            "CREATE OR REPLACE MODEL lin FROM 's3://models/linear.onnx'",
+        ],
+    );
+    assert_ok(&in_wh(
+        "CREATE OR REPLACE MODEL lin FROM 's3://models/linear.onnx'",
+    ));
+    assert_eq!(assert_ok(&in_wh(&count)), "n\n10000\n");
+}
+
+#[test]
 fn missing_objects_buckets_and_models_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let server = server_with_data(dir.path());

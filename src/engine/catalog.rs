@@ -35,7 +35,14 @@ impl Engine {
                 // Defined in the warehouse first: a model this process scores with is one the
                 // warehouse names.
                 self.persist_models(&name, Some(&model)).await?;
+                let created = format!(
+                    "model '{name}' {} from {} (sha256 {})",
+                    if or_replace { "defined" } else { "created" },
+                    model.source,
+                    model.sha256
+                );
                 self.registry.insert_loaded(&name, model);
+                eprintln!("{created}");
                 if let Some(message) = quantized {
                     eprintln!("model '{name}' {message}");
                 }
@@ -58,6 +65,9 @@ impl Engine {
                     });
                 }
                 self.persist_models(&name, None).await?;
+                if known || unusable {
+                    eprintln!("model '{name}' dropped");
+                }
                 self.empty()
             }
             ModelStatement::Show => Ok(self.results.read_batch(models_batch(&self.registry)?)?),
@@ -156,7 +166,9 @@ impl Engine {
             warn(format!("a model definition is left out: {why}"));
         }
         for name in self.folder_models.iter() {
-            if let Some(definition) = definitions.models.get(name) {
+            if let Some(definition) = definitions.models.get(name)
+                && !self.same_model(name, definition)
+            {
                 warn(self.hidden_warning(name, definition));
             }
         }
@@ -167,13 +179,12 @@ impl Engine {
                 continue;
             }
             let source = ModelSource::parse(&definition.source).map_err(Error::Usage)?;
-            // A model the warehouse itself holds (a quantized one) is checked to be the file
-            // that was written.
+            // A registered model is the bytes that were registered: a file rewritten since is
+            // refused when it is loaded, here and on a cluster's executors, until CREATE OR
+            // REPLACE MODEL takes the new one.
             match &definition.sha256 {
-                Some(sha256) if warehouse.holds_quantized(source.url()) => {
-                    self.registry.register_pinned(name, source, sha256)
-                }
-                _ => self.registry.register(name, source),
+                Some(sha256) => self.registry.register_pinned(name, source, sha256),
+                None => self.registry.register(name, source),
             }
             seen.insert(name.clone(), definition.clone());
         }
@@ -187,6 +198,17 @@ impl Engine {
             kept
         });
         Ok(())
+    }
+
+    /// Whether the file of `--models` named `name` is the model `definition` defines: the same
+    /// source, or bytes of the sha256 it was defined with.
+    fn same_model(&self, name: &str, definition: &Definition) -> bool {
+        let source = self.registry.source(name).map(|s| s.to_string());
+        source.as_deref() == Some(definition.source.as_str())
+            || definition
+                .sha256
+                .as_ref()
+                .is_some_and(|sha256| self.registry.sha256_of(name).as_ref() == Some(sha256))
     }
 
     /// The warning of a warehouse model hidden by a file of `--models` of the same name.

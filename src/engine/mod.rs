@@ -48,6 +48,7 @@ use crate::warehouse::{Definition, Warehouse, check_name};
 
 mod catalog;
 mod explain;
+mod lineage;
 mod options;
 mod quantize;
 mod refresh;
@@ -388,7 +389,8 @@ impl Engine {
     }
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
-    pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
+    pub async fn execute(&self, mut statement: DFStatement) -> Result<DataFrame> {
+        crate::udf::by_name::bind_by_name(&mut statement, &self.registry)?;
         let plan = match self.ctx.state().statement_to_plan(statement).await {
             Ok(plan) => plan,
             Err(e) => return Err(self.explain_missing_table(e).await),

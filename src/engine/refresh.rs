@@ -353,15 +353,14 @@ impl Engine {
         let df = self.execute(statement).await?;
         let plan = df.logical_plan().clone();
         let source = row_wise_source(&plan, name)?;
-        let models = self
-            .models_in(&plan)
+        let models = super::lineage::models_in(&self.registry, &plan)
             .into_iter()
             .map(|m| (m.name.clone(), m.sha256.clone()))
             .collect();
         // The scan's projection is known once the plan is optimized.
         let read = read_columns(&self.ctx.state().optimize(&plan)?, &source.schema);
         Ok(Planned {
-            models_json: self.models_used(&plan)?,
+            models_json: super::lineage::models_used(&self.registry, &plan)?,
             schema: df.schema().inner().clone(),
             read,
             plan,
@@ -503,7 +502,7 @@ impl Engine {
         let mut options = self.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
         for (key, value) in [
-            ("batchinfer.models", planned.models_json.clone()),
+            (super::lineage::MODELS_KEY, planned.models_json.clone()),
             ("batchinfer.inputs", inputs),
         ] {
             options
@@ -688,6 +687,8 @@ impl<'e> ViewSettings<'e> {
             return Ok(guard);
         }
         engine.update_options(|options| {
+            // A view kept before it kept `nulls` scored NULL features as NULL.
+            options.nulls = Default::default();
             for (key, value) in settings {
                 datafusion::config::ExtensionOptions::set(options, key, value)?;
             }
@@ -706,6 +707,7 @@ impl Drop for ViewSettings<'_> {
             options.on_error = before.on_error;
             options.rejects = before.rejects;
             options.max_errors = before.max_errors;
+            options.nulls = before.nulls;
             Ok(())
         });
     }

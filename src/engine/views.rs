@@ -304,7 +304,12 @@ impl Engine {
                 Arc::new(UInt64Array::from(
                     totals.iter().map(|t| t.1).collect::<Vec<_>>(),
                 )),
-                column(views.iter().map(|v| Some(view_state(v))).collect()),
+                column(
+                    views
+                        .iter()
+                        .map(|v| Some(view_state(v, &self.registry)))
+                        .collect(),
+                ),
                 column(
                     views
                         .iter()
@@ -535,8 +540,17 @@ fn view_table(
     Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
-/// Whether a view is current, being rebuilt, or not yet refreshed.
-fn view_state(view: &Manifest) -> String {
+/// Whether a view is current, being rebuilt, not yet refreshed, or holds rows of another query
+/// or of a model since redefined.
+fn view_state(view: &Manifest, registry: &crate::model::ModelRegistry) -> String {
+    let changed = |current: &crate::view::Generation| -> Vec<String> {
+        current
+            .models
+            .iter()
+            .filter(|(name, sha256)| registry.sha256_of(name).is_some_and(|now| now != **sha256))
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
     match (&view.current, &view.pending) {
         (_, Some(pending)) => {
             let files: usize = pending.units.iter().map(|u| u.inputs.len()).sum();
@@ -546,7 +560,10 @@ fn view_state(view: &Manifest) -> String {
         (Some(current), None) if current.query != view.query => {
             "query changed: REFRESH to rebuild".into()
         }
-        (Some(_), None) => "current".into(),
+        (Some(current), None) => match changed(current)[..] {
+            [] => "current".into(),
+            ref models => format!("model changed ({}): REFRESH to rebuild", models.join(", ")),
+        },
     }
 }
 

@@ -2,11 +2,8 @@
 //! process or on a cluster ([`crate::cluster::Placement::write_to`]), committed as their store
 //! commits ([`crate::storage`]).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::{Schema, UInt64Type};
@@ -16,14 +13,13 @@ use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::execution::context::SessionContext;
-use datafusion::logical_expr::{Expr, LogicalPlan};
-use datafusion::scalar::ScalarValue;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::{ExplainStatement, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
     CreateTable, Ident, ObjectName, Statement as SQLStatement, TableObject,
 };
 
-use super::{Engine, table_name};
+use super::{Engine, lineage, table_name};
 use crate::error::{Error, Result};
 use crate::storage::CommittedWrite;
 use crate::warehouse::Warehouse;
@@ -120,7 +116,7 @@ impl Engine {
             let df = if analyze {
                 self.explain_analyze(statement).await?
             } else {
-                self.with_row_groups_sized(self.execute(statement).await?)
+                self.copy_planned(self.execute(statement).await?)?
             };
             let batches = df.collect().await?;
             self.check_rejects_budget().await?;
@@ -147,12 +143,24 @@ impl Engine {
         options
     }
 
-    /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]); what its
-    /// statement's `OPTIONS` set still wins. Any other statement as it is.
-    fn with_row_groups_sized(&self, df: DataFrame) -> DataFrame {
+    /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]; what its
+    /// statement's `OPTIONS` set still wins) and, into Parquet, the models that produced its
+    /// rows in each file's metadata (`batchinfer.models`, as CREATE TABLE writes). Any other
+    /// statement as it is.
+    fn copy_planned(&self, df: DataFrame) -> Result<DataFrame> {
         let LogicalPlan::Copy(copy) = df.logical_plan() else {
-            return df;
+            return Ok(df);
         };
+        let mut copy = copy.clone();
+        if copy.file_type.get_ext().eq_ignore_ascii_case("csv") {
+            lineage::csv_columns(copy.input.schema().as_arrow())?;
+        }
+        if copy.file_type.get_ext().eq_ignore_ascii_case("parquet") {
+            copy.options.insert(
+                format!("format.metadata::{}", lineage::MODELS_KEY),
+                lineage::models_used(&self.registry, &copy.input)?,
+            );
+        }
         let configured = self
             .ctx
             .state_ref()
@@ -163,9 +171,6 @@ impl Engine {
             .parquet
             .max_row_group_size;
         let rows = row_group_rows(copy.input.schema().as_arrow(), configured);
-        if rows == configured {
-            return df;
-        }
         let mut state = self.ctx.state();
         state
             .config_mut()
@@ -173,8 +178,7 @@ impl Engine {
             .execution
             .parquet
             .max_row_group_size = rows;
-        let plan = df.logical_plan().clone();
-        DataFrame::new(state, plan)
+        Ok(DataFrame::new(state, LogicalPlan::Copy(copy)))
     }
 
     /// CREATE TABLE name AS query, into the warehouse, with the models and model hashes that
@@ -208,12 +212,12 @@ impl Engine {
         let df = self
             .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
             .await?;
-        let models = self.models_used(df.logical_plan())?;
+        let models = lineage::models_used(&self.registry, df.logical_plan())?;
         let schema = df.schema().inner().clone();
         let mut options = self.parquet_options(&schema);
         options
             .key_value_metadata
-            .insert("batchinfer.models".to_string(), Some(models.clone()));
+            .insert(lineage::MODELS_KEY.to_string(), Some(models.clone()));
         let empty_file = empty_table_file(schema.clone(), &models)?;
         let stores = self.registry.stores();
         let table = warehouse.begin_table(&name, ct.or_replace, |target| {
@@ -265,54 +269,6 @@ impl Engine {
         )?;
         Ok(self.results.read_batch(batch)?)
     }
-
-    /// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
-    /// quantized model the quantization and the sha256 of the model it was made from.
-    pub(super) fn models_used(&self, plan: &LogicalPlan) -> Result<String> {
-        let models: Vec<serde_json::Value> = self
-            .models_in(plan)
-            .iter()
-            .map(|m| {
-                let mut model = serde_json::json!({
-                    "name": m.name,
-                    "sha256": m.sha256,
-                    "source": m.source.to_string(),
-                });
-                if let Some(q) = &m.quantized {
-                    model["quantization"] = q.method.clone().into();
-                    model["quantized_from_sha256"] = q.from_sha256.clone().into();
-                }
-                model
-            })
-            .collect();
-        Ok(serde_json::Value::Array(models).to_string())
-    }
-
-    /// The models a plan calls by literal name.
-    pub(super) fn models_in(&self, plan: &LogicalPlan) -> Vec<Arc<crate::model::Model>> {
-        let mut names = BTreeMap::new();
-        // Nothing in the walk fails.
-        let _ = plan.apply(|node| {
-            node.apply_expressions(|expr| {
-                expr.apply(|e| {
-                    if let Expr::ScalarFunction(f) = e
-                        && matches!(f.name(), "predict" | "embed")
-                        && let Some(Expr::Literal(
-                            ScalarValue::Utf8(Some(n)) | ScalarValue::Utf8View(Some(n)),
-                            _,
-                        )) = f.args.first()
-                    {
-                        names.insert(n.clone(), ());
-                    }
-                    Ok(TreeNodeRecursion::Continue)
-                })
-            })
-        });
-        names
-            .keys()
-            .filter_map(|n| self.registry.get(n).ok())
-            .collect()
-    }
 }
 
 /// The rows a write reports in `counts` (its `count` column).
@@ -334,7 +290,7 @@ fn empty_table_file(
     use datafusion::parquet::file::properties::WriterProperties;
     let props = WriterProperties::builder()
         .set_key_value_metadata(Some(vec![KeyValue::new(
-            "batchinfer.models".to_string(),
+            lineage::MODELS_KEY.to_string(),
             models.to_string(),
         )]))
         .build();

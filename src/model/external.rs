@@ -237,7 +237,7 @@ fn skip_group(buf: &mut &[u8], number: u64) -> Option<()> {
     Some(())
 }
 
-fn varint(buf: &mut &[u8]) -> Option<u64> {
+pub(super) fn varint(buf: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let (&byte, rest) = buf.split_first()?;

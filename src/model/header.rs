@@ -181,3 +181,91 @@ fn varint_field(message: &[u8], number: u64) -> Result<Option<u64>, String> {
     }
     Ok(found)
 }
+
+/// What DESCRIBE MODEL says of a model beside its inputs and outputs: who made it, its doc
+/// string, the operator sets it needs, and a classifier's class labels.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct About {
+    /// `producer_name` and `producer_version`, as one text ("skl2onnx 1.20.0").
+    pub producer: String,
+    pub doc_string: String,
+    /// Each operator set: domain ("" is ONNX's own, shown as `ai.onnx`) and version.
+    pub opsets: Vec<(String, i64)>,
+    /// The class labels of the graph's classifier (`classlabels_strings` or
+    /// `classlabels_int64s` or `classlabels_ints` of a node of the `ai.onnx.ml` domain), in order.
+    pub labels: Vec<String>,
+}
+
+/// The [`About`] of `model` (a serialized `ModelProto`).
+pub fn about(model: &[u8]) -> Result<About, String> {
+    let mut about = About::default();
+    let (mut name, mut version) = (String::new(), String::new());
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    for (field, value) in Fields(model) {
+        match (field?, value) {
+            (2, Value::Bytes(b)) => name = text(b),
+            (3, Value::Bytes(b)) => version = text(b),
+            (6, Value::Bytes(b)) => about.doc_string = text(b),
+            // OperatorSetIdProto { domain = 1, version = 2 }
+            (8, Value::Bytes(opset)) => {
+                let (mut domain, mut version) = (String::new(), 0);
+                for (field, value) in Fields(opset) {
+                    match (field?, value) {
+                        (1, Value::Bytes(b)) => domain = text(b),
+                        (2, Value::Varint(v)) => version = v as i64,
+                        _ => {}
+                    }
+                }
+                if !about.opsets.contains(&(domain.clone(), version)) {
+                    about.opsets.push((domain, version));
+                }
+            }
+            (7, Value::Bytes(graph)) => about.labels = class_labels(graph)?,
+            _ => {}
+        }
+    }
+    about.producer = format!("{name} {version}").trim().to_string();
+    Ok(about)
+}
+
+/// The class labels of the first node of `graph` that declares some (GraphProto.node = 1;
+/// NodeProto.attribute = 5; AttributeProto { name = 1, ints = 8, strings = 9 }).
+fn class_labels(graph: &[u8]) -> Result<Vec<String>, String> {
+    for (field, value) in Fields(graph) {
+        let (1, Value::Bytes(node)) = (field?, value) else {
+            continue;
+        };
+        for (field, value) in Fields(node) {
+            let (5, Value::Bytes(attribute)) = (field?, value) else {
+                continue;
+            };
+            let name = string_field(attribute, 1)?;
+            if !matches!(
+                name.as_str(),
+                "classlabels_strings" | "classlabels_int64s" | "classlabels_ints"
+            ) {
+                continue;
+            }
+            let mut labels = Vec::new();
+            for (field, value) in Fields(attribute) {
+                match (field?, value) {
+                    (8, Value::Varint(v)) => labels.push((v as i64).to_string()),
+                    // Packed ints.
+                    (8, Value::Bytes(mut packed)) => {
+                        while !packed.is_empty() {
+                            let v = super::external::varint(&mut packed)
+                                .ok_or("a class label list ends early")?;
+                            labels.push((v as i64).to_string());
+                        }
+                    }
+                    (9, Value::Bytes(b)) => labels.push(String::from_utf8_lossy(b).into_owned()),
+                    _ => {}
+                }
+            }
+            if !labels.is_empty() {
+                return Ok(labels);
+            }
+        }
+    }
+    Ok(Vec::new())
+}

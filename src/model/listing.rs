@@ -106,6 +106,27 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
         model.signature.output_type.to_string(),
         String::new(),
     ]);
+    {
+        let about = &model.about;
+        let opsets: Vec<String> = about
+            .opsets
+            .iter()
+            .map(|(domain, version)| {
+                let domain = if domain.is_empty() { "ai.onnx" } else { domain };
+                format!("{domain} {version}")
+            })
+            .collect();
+        for (name, value) in [
+            ("labels", about.labels.join(", ")),
+            ("producer", about.producer.clone()),
+            ("opsets", opsets.join(", ")),
+            ("doc string", about.doc_string.clone()),
+        ] {
+            if !value.is_empty() {
+                rows.push(["model".into(), name.into(), value, String::new()]);
+            }
+        }
+    }
     if let Some(q) = &model.quantized {
         for (name, value) in [
             ("method", &q.method),

@@ -53,6 +53,8 @@ pub struct Model {
     pub text: Option<text::TextConfig>,
     /// What the model was quantized from, for a model batchinfer quantized.
     pub quantized: Option<crate::quantize::Provenance>,
+    /// Its producer, doc string, operator sets and class labels, for DESCRIBE MODEL.
+    pub about: header::About,
     pool: SessionPool,
 }
 
@@ -241,6 +243,7 @@ impl Model {
             stats: ModelStats::default(),
             text: None,
             quantized,
+            about: header::about(&bytes).unwrap_or_default(),
             pool,
         })
     }

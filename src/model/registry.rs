@@ -78,6 +78,28 @@ pub struct ModelRegistry {
     loads: Arc<AtomicU64>,
     /// Models of cluster clients' definitions, by content (a scheduler's or executor's).
     by_content: ByContent,
+    /// Where models come from, for the message of an unknown one.
+    origins: String,
+}
+
+/// Where the models of an engine configured by `config` come from, as a person reads it.
+fn origins(config: &EngineConfig) -> String {
+    let folder = match &config.models_dir {
+        Some(dir) => format!("the files of --models {}", dir.display()),
+        None => "the files of --models DIR (none given)".to_string(),
+    };
+    let warehouse = match &config.warehouse {
+        Some(w) if w.is_relative() && !w.to_string_lossy().contains("://") => {
+            std::env::current_dir().map_or_else(|_| w.clone(), |cwd| cwd.join(w))
+        }
+        Some(w) => w.clone(),
+        None => return format!("models are {folder}"),
+    };
+    format!(
+        "models are {folder} and those CREATE MODEL defined in the warehouse {} \
+         (--warehouse DIR or BATCHINFER_WAREHOUSE names another)",
+        warehouse.display()
+    )
 }
 
 impl ModelRegistry {
@@ -96,6 +118,7 @@ impl ModelRegistry {
                 varying_shapes: false,
                 device: config.device,
             },
+            origins: origins(config),
         }
     }
 
@@ -195,6 +218,7 @@ impl ModelRegistry {
             stores: self.stores.clone(),
             loads: self.loads.clone(),
             by_content: self.by_content.clone(),
+            origins: self.origins.clone(),
         }))
     }
 
@@ -310,6 +334,19 @@ impl ModelRegistry {
         })
     }
 
+    /// The sha256 model `name` scores with now: the one it was registered with, else that of
+    /// its loaded bytes, else that of its file; None for a model not registered or unreadable.
+    pub fn sha256_of(&self, name: &str) -> Option<String> {
+        let entry = self.read().get(name).cloned()?;
+        if let Some(sha256) = &entry.sha256 {
+            return Some(sha256.clone());
+        }
+        if let Some(model) = entry.models().first() {
+            return Some(model.sha256.clone());
+        }
+        self.listing(name).ok().map(|l| l.sha256)
+    }
+
     /// The model `name`, loading it on first use.
     pub fn get(&self, name: &str) -> Result<Arc<Model>> {
         self.get_on(name, None)
@@ -334,9 +371,9 @@ impl ModelRegistry {
         let Some(entry) = entry else {
             let names = self.names();
             let available = if names.is_empty() {
-                "no models are registered (pass --models DIR)".to_string()
+                format!("no models are registered; {}", self.origins)
             } else {
-                format!("the models are: {}", names.join(", "))
+                format!("the models are: {}; {}", names.join(", "), self.origins)
             };
             return Err(Error::UnknownModel {
                 name: name.to_string(),
@@ -369,10 +406,10 @@ impl ModelRegistry {
                 model: name.to_string(),
                 path: entry.source.to_string(),
                 message: format!(
-                    "the file now has sha256 {}, but the model was defined with sha256 \
-                     {expected}: it changed since (run CREATE OR REPLACE MODEL again to use the \
-                     new file)",
-                    model.sha256
+                    "the file now has sha256 {}, but the model was registered with sha256 \
+                     {expected}: the file changed since. To score with the new file, run \
+                     CREATE OR REPLACE MODEL {name} FROM '{}'",
+                    model.sha256, entry.source
                 ),
             });
         }

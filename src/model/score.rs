@@ -16,6 +16,7 @@ use crate::config::OnError;
 use crate::error::{Error, Result};
 use crate::stop::StopToken;
 use crate::tensor::input::{InputBinding, InputTensor, prepare};
+use crate::tensor::nulls::{Nulls, nan_for_nulls};
 use crate::tensor::output::to_array;
 
 /// How a batch is cut into model calls, and what a failing call does.
@@ -27,6 +28,8 @@ pub struct ScoreOptions {
     pub on_error: OnError,
     /// Stop signals: looked at before each call.
     pub stop: StopToken,
+    /// What a NULL feeding a float input is: NULL (the row is not scored) or NaN.
+    pub nulls: Nulls,
 }
 
 /// A batch scored: the results, how many rows went to the model, and the rows it failed on (by
@@ -59,6 +62,21 @@ pub fn score(
     if rows == 0 {
         return Ok(done(new_empty_array(out_type), 0, Vec::new()));
     }
+    let filled;
+    let columns = match options.nulls {
+        Nulls::Null => columns,
+        Nulls::Nan => {
+            filled = nan_for_nulls(&model.signature, binding, columns).map_err(|message| {
+                Error::Inference {
+                    model: model.name.clone(),
+                    first_row: 0,
+                    end_row: rows,
+                    message,
+                }
+            })?;
+            &filled[..]
+        }
+    };
     let valid = columns.iter().fold(None::<NullBuffer>, |acc, c| {
         NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
     });

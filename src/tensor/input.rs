@@ -35,20 +35,23 @@ pub struct InputBinding {
 }
 
 impl InputBinding {
+    /// For each input of `signature`, the column (of those named `names`) that feeds it, where
+    /// every column is named after a different input of a model of several inputs (in any order,
+    /// case aside) and that order is another than given; None to bind by position. A column
+    /// named after one input that would feed another by position is an error naming both.
+    pub fn order_by_name(
+        signature: &ModelSignature,
+        names: &[&str],
+    ) -> Result<Option<Vec<usize>>, String> {
+        Ok(named_order(signature, names)?
+            .filter(|order| order.iter().enumerate().any(|(i, &c)| i != c)))
+    }
+
     /// Binds `args` (the types of the feature columns, model name excluded) to the inputs of
     /// `signature`, or says why they do not fit.
     pub fn plan(signature: &ModelSignature, args: &[DataType]) -> Result<Self, String> {
         let inputs = &signature.inputs;
-        let mismatch = |why: String| {
-            format!(
-                "{why}\nThe model's inputs are:\n{}\nGiven: ({})",
-                signature.describe_inputs(),
-                args.iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
+        let mismatch = |why: String| explained(signature, args, why);
         if args.is_empty() {
             return Err(mismatch("no feature columns were given".to_string()));
         }
@@ -84,6 +87,64 @@ impl InputBinding {
         }
         Ok(binding)
     }
+}
+
+/// Why `args` do not fit `signature`, with the model's inputs and the types given.
+fn explained(signature: &ModelSignature, args: &[DataType], why: String) -> String {
+    format!(
+        "{why}\nThe model's inputs are:\n{}\nGiven: ({})",
+        signature.describe_inputs(),
+        args.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// For each input of `signature`, the column named after it, when every column is named after
+/// a different input of a model of several inputs; None to bind by position; an error where a
+/// column named after one input would feed another by position.
+fn named_order(signature: &ModelSignature, names: &[&str]) -> Result<Option<Vec<usize>>, String> {
+    let inputs = &signature.inputs;
+    // A model of one input, or a count that does not fit: positional binding says what is wrong.
+    if inputs.len() < 2 || names.len() != inputs.len() {
+        return Ok(None);
+    }
+    let input_named = |name: &str| {
+        inputs.iter().position(|i| i.name == name).or_else(|| {
+            inputs
+                .iter()
+                .position(|i| i.name.eq_ignore_ascii_case(name))
+        })
+    };
+    let named: Vec<Option<usize>> = names.iter().map(|n| input_named(n)).collect();
+    let mut order = vec![None; inputs.len()];
+    for (column, input) in named.iter().enumerate() {
+        if let Some(i) = *input
+            && order[i].is_none()
+        {
+            order[i] = Some(column);
+        }
+    }
+    if order.iter().all(Option::is_some) {
+        return Ok(Some(order.into_iter().flatten().collect()));
+    }
+    for (column, input) in named.iter().enumerate() {
+        if let Some(i) = *input
+            && i != column
+        {
+            return Err(format!(
+                "column {} '{}' is named after input '{}' but would feed input '{}' by position; \
+                 name every column after a different input to bind them by name (in any order), \
+                 or give them in the model's order",
+                column + 1,
+                names[column],
+                inputs[i].name,
+                inputs[column].name
+            ));
+        }
+    }
+    Ok(None)
 }
 
 fn is_list(t: &DataType) -> bool {
@@ -421,8 +482,76 @@ fn convert(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> {
         safe: false,
         ..Default::default()
     };
-    cast_with_options(array, target, &options)
-        .map_err(|e| format!("cannot convert {} to {target}: {e}", array.data_type()))
+    let converted = cast_with_options(array, target, &options)
+        .map_err(|e| format!("cannot convert {} to {target}: {e}", array.data_type()))?;
+    check_fits(array, &converted)?;
+    Ok(converted)
+}
+
+/// Refuses a finite value that became infinite on the way to a narrower float (1e40 into a
+/// float input): Arrow's cast rounds it to infinity without a word.
+pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
+    use datafusion::arrow::datatypes::{Float16Type, Float32Type, Float64Type};
+    // A fraction into an integer input: Arrow's cast drops it without a word.
+    if to.data_type().is_integer() && from.data_type().is_floating() {
+        let before = cast_with_options(from, &DataType::Float64, &CastOptions::default())
+            .map_err(|e| e.to_string())?;
+        let before = before.as_primitive::<Float64Type>();
+        if let Some(v) = before.iter().flatten().find(|v| v.fract() != 0.0) {
+            return Err(format!(
+                "the value {v} is not a whole number, and the input takes {} (round it in the \
+                 query: round(x))",
+                to.data_type()
+            ));
+        }
+        return Ok(());
+    }
+    let overflowed = match to.data_type() {
+        DataType::Float32 => to
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .any(|v| v.is_infinite()),
+        DataType::Float16 => to
+            .as_primitive::<Float16Type>()
+            .values()
+            .iter()
+            .any(|v| v.is_infinite()),
+        _ => false,
+    };
+    if !overflowed {
+        return Ok(());
+    }
+    let before = cast_with_options(from, &DataType::Float64, &CastOptions::default())
+        .map_err(|e| e.to_string())?;
+    let after = cast_with_options(to, &DataType::Float64, &CastOptions::default())
+        .map_err(|e| e.to_string())?;
+    let (before, after) = (
+        before.as_primitive::<Float64Type>(),
+        after.as_primitive::<Float64Type>(),
+    );
+    for i in 0..after.len() {
+        if after.is_valid(i) && after.value(i).is_infinite() && before.value(i).is_finite() {
+            return Err(format!(
+                "the value {:e} does not fit {} (its largest value is {})",
+                before.value(i),
+                element_of(to.data_type()),
+                if *to.data_type() == DataType::Float16 {
+                    "65504"
+                } else {
+                    "3.4028235e38"
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn element_of(t: &DataType) -> &'static str {
+    match t {
+        DataType::Float16 => "float16",
+        _ => "float",
+    }
 }
 
 /// Packs k columns of one element type side by side: row i is `[c0[i], c1[i], ...]`.

@@ -5,6 +5,7 @@
 
 pub mod element;
 pub mod input;
+pub mod nulls;
 pub mod output;
 pub mod signature;
 

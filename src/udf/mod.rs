@@ -1,12 +1,16 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
 pub mod buffer;
+pub mod by_name;
 pub mod embed;
+pub mod names;
+pub mod once;
 pub mod predict;
 pub mod predict_table;
 pub mod vector;
 
 pub use embed::EmbedUdf;
+pub use once::ModelCallsOnce;
 pub use predict::PredictUdf;
 pub use predict_table::PredictTableFunction;
 pub use vector::CosineSimilarity;

@@ -44,18 +44,20 @@ impl PredictUdf {
     fn bind(
         &self,
         name: &str,
-        feature_types: &[DataType],
+        features: &[FieldRef],
         config: Option<&ConfigOptions>,
     ) -> Result<(Arc<crate::model::Model>, InputBinding)> {
         let model = self
             .registry
             .resolve(name, super::device_of(config), config)?;
-        let binding = InputBinding::plan(&model.signature, feature_types).map_err(|message| {
-            Error::Binding {
+        // By position: columns named after the inputs were put in their order before planning
+        // (`super::by_name`).
+        let types: Vec<DataType> = features.iter().map(|f| f.data_type().clone()).collect();
+        let binding =
+            InputBinding::plan(&model.signature, &types).map_err(|message| Error::Binding {
                 model: name.to_string(),
                 message,
-            }
-        })?;
+            })?;
         Ok((model, binding))
     }
 }
@@ -85,13 +87,8 @@ impl ScalarUDFImpl for PredictUdf {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
-        let features: Vec<DataType> = args
-            .arg_fields
-            .iter()
-            .skip(1)
-            .map(|f| f.data_type().clone())
-            .collect();
-        let (model, _) = self.bind(&name, &features, None)?;
+        let features = args.arg_fields.get(1..).unwrap_or_default();
+        let (model, _) = self.bind(&name, features, None)?;
         Ok(Arc::new(Field::new(
             self.name(),
             model.signature.output_type.clone(),
@@ -109,20 +106,20 @@ impl ScalarUDFImpl for PredictUdf {
             .iter()
             .map(|a| a.to_array(rows))
             .collect::<Result<Vec<_>>>()?;
-        let types: Vec<DataType> = columns.iter().map(|c| c.data_type().clone()).collect();
+        let features = args.arg_fields.get(1..).unwrap_or_default();
         let session = args.config_options.extensions.get::<BatchInferOptions>();
-        let (model, binding) = self.bind(&name, &types, Some(&args.config_options))?;
+        let (model, binding) = self.bind(&name, features, Some(&args.config_options))?;
         let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
             max_rows: o.batch_size,
             on_error: o.on_error,
             stop: o.stop(),
+            nulls: o.nulls,
         });
         let scoring = score(&model, &binding, &columns, rows, options)?;
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
-                let fields = args.arg_fields.get(1..).unwrap_or_default();
                 let stores = self.registry.stores();
-                rejects::keep(stores, session, &model, fields, &columns, &scoring.failed)?;
+                rejects::keep(stores, session, &model, features, &columns, &scoring.failed)?;
             }
             rejects::count(session, &name, scoring.scored, &scoring.failed)?;
         }

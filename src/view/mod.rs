@@ -69,7 +69,7 @@ pub struct Manifest {
 }
 
 /// The `batchinfer.*` settings a view keeps from its CREATE.
-pub const VIEW_SETTINGS: [&str; 3] = ["on_error", "rejects", "max_errors"];
+pub const VIEW_SETTINGS: [&str; 4] = ["on_error", "rejects", "max_errors", "nulls"];
 
 /// A file of the view's folder that a commit took out of the view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

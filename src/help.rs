@@ -1,0 +1,164 @@
+//! What the shell's `\?` and `\h` say: its commands, and batchinfer's functions and statements,
+//! each with an example. DataFusion's own functions are listed by `SHOW FUNCTIONS`.
+
+/// `\?`: the shell's commands.
+pub const COMMANDS: &str = "\
+\\?              this list
+\\h              batchinfer's functions and statements
+\\h NAME         one of them (DataFusion's functions: SHOW FUNCTIONS LIKE 'abs')
+\\d              the tables
+\\d NAME         the columns of table NAME
+\\timing         the summary line after each statement (rows, time, rows scored), on or off
+\\x              one line per column (for wide rows), on or off
+\\pset format F  how results print: table, csv, json, ndjson, vertical
+\\q              quit (or Ctrl-D)
+
+Statements end with ';'. Ctrl-C stops the running statement; what it wrote is discarded.";
+
+/// One topic of `\h`: the names it answers to, and its text.
+struct Topic {
+    names: &'static [&'static str],
+    text: &'static str,
+}
+
+const TOPICS: &[Topic] = &[
+    Topic {
+        names: &["predict"],
+        text: "\
+predict('model', column, ...): the model's output for each row
+  One column per model input (bound by name when every column is named after an input), or
+  scalar columns packed into one input. A model of several outputs returns a struct: read its
+  fields with ['label'], ['probabilities'][2]. A row with a NULL feature gets NULL
+  (SET batchinfer.nulls = 'nan' feeds NaN to float inputs instead).
+  SELECT id, predict('churn', city, age, spend)['label'] AS churns FROM 'customers.parquet';",
+    },
+    Topic {
+        names: &["embed"],
+        text: "\
+embed('model', text): a text model's embedding of each row (a list of floats)
+  The model is a folder with model.onnx and tokenizer.json.
+  SELECT id, embed('minilm', sentence) AS v FROM 'sentences.parquet';",
+    },
+    Topic {
+        names: &["predict_table"],
+        text: "\
+predict_table('model', 'table or path'): every column of the table plus one per model output,
+  each model input bound to the column of its name.
+  SELECT id, label, probabilities FROM predict_table('churn', 'customers.parquet');",
+    },
+    Topic {
+        names: &["cosine_similarity"],
+        text: "\
+cosine_similarity(a, b): the cosine of two vectors (lists of floats) of one length
+  SELECT cosine_similarity(embed('minilm', q), embed('minilm', d)) AS s FROM 'pairs.parquet';",
+    },
+    Topic {
+        names: &["models"],
+        text: "\
+models(): one row per model (as SHOW MODELS), to query
+  SELECT name, sha256 FROM models() WHERE name LIKE 'churn%';",
+    },
+    Topic {
+        names: &["batchinfer_rejects"],
+        text: "\
+batchinfer_rejects(): the rows models failed on with SET batchinfer.on_error = 'reject'
+  SELECT model, error, inputs FROM batchinfer_rejects();",
+    },
+    Topic {
+        names: &["create model", "model", "create or replace model"],
+        text: "\
+CREATE [OR REPLACE] MODEL name FROM 'path or URL' [OPTIONS ('quantize' 'int8')]
+  Defines a model in the warehouse, kept with its file's sha256: a file rewritten since is
+  refused until CREATE OR REPLACE MODEL takes it.
+  CREATE MODEL late FROM 'models/late.onnx';",
+    },
+    Topic {
+        names: &["drop model"],
+        text: "DROP MODEL [IF EXISTS] name: removes a model's definition from the warehouse.",
+    },
+    Topic {
+        names: &["show models"],
+        text: "SHOW MODELS: each model, its source, inputs, outputs, size and sha256.",
+    },
+    Topic {
+        names: &["describe model", "describe"],
+        text: "\
+DESCRIBE MODEL name: the model's inputs and outputs, what predict returns, its class labels,
+  producer, operator sets and doc string.",
+    },
+    Topic {
+        names: &["create materialized view", "materialized view", "view"],
+        text: "\
+CREATE [OR REPLACE] MATERIALIZED VIEW name AS query
+  A query over files kept scored in the warehouse; REFRESH scores only the files that are new.
+  CREATE MATERIALIZED VIEW scores AS SELECT id, predict('churn', city, age, spend)['label'] AS l
+  FROM 'customers/';",
+    },
+    Topic {
+        names: &["refresh materialized view", "refresh"],
+        text: "\
+REFRESH MATERIALIZED VIEW name: scores the view's new input files (all of them when its query
+  or a model it uses changed), and takes out the rows of files that are gone.",
+    },
+    Topic {
+        names: &["show materialized views"],
+        text: "SHOW MATERIALIZED VIEWS: each view, its inputs, rows and state (current, model changed, ...).",
+    },
+    Topic {
+        names: &["drop materialized view"],
+        text: "DROP MATERIALIZED VIEW [IF EXISTS] name: removes the view and its files.",
+    },
+    Topic {
+        names: &["set", "settings"],
+        text: "\
+SET batchinfer.NAME = 'value': batch_size, on_error ('fail', 'null', 'reject'), nulls ('null',
+  'nan'), max_errors, rejects, token_budget, device, files_per_commit, max_footer_bytes.
+  SHOW ALL lists them with what each does.",
+    },
+];
+
+/// `\h NAME`'s text for one of batchinfer's functions or statements; None for another name.
+pub fn topic(name: &str) -> Option<&'static str> {
+    let name = name.trim().trim_end_matches(';').to_ascii_lowercase();
+    let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
+    TOPICS
+        .iter()
+        .find(|t| t.names.contains(&name.as_str()))
+        .map(|t| t.text)
+}
+
+/// `\h`: batchinfer's functions and statements, one line each.
+pub fn index() -> String {
+    let mut text = String::from("batchinfer's functions and statements (\\h NAME for one):\n");
+    for topic in TOPICS {
+        let first = topic.text.lines().next().unwrap_or_default();
+        text.push_str("  ");
+        text.push_str(first);
+        text.push('\n');
+    }
+    text.push_str("DataFusion's SQL functions: SHOW FUNCTIONS, or SHOW FUNCTIONS LIKE 'abs'.");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_and_statement_has_a_topic() {
+        for name in [
+            "predict",
+            "PREDICT",
+            "embed",
+            "predict_table",
+            "create model",
+            "Describe  Model",
+            "refresh materialized view",
+            "set",
+        ] {
+            assert!(topic(name).is_some(), "{name}");
+        }
+        assert!(topic("abs").is_none());
+        assert!(index().contains("predict('model', column, ...)"));
+    }
+}

@@ -1,0 +1,128 @@
+//! What a NULL in a float input becomes: `SET batchinfer.nulls = 'null' | 'nan'`.
+//!
+//! By default a row with a NULL feature gets a NULL result, unscored. Models trained with
+//! missing values (scikit-learn's gradient boosting and trees take NaN as "missing") expect NaN
+//! instead: with `'nan'`, a NULL in a column that feeds a float input (float16, float, double) is
+//! NaN to the model, and the row is scored. Inputs of other types keep NULL in, NULL out.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type,
+};
+use datafusion::common::config::{ConfigField, Visit};
+use datafusion::error::DataFusionError;
+
+use super::element::element_arrow_type;
+use super::input::{InputBinding, InputSource};
+use super::signature::ModelSignature;
+
+/// `SET batchinfer.nulls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Nulls {
+    /// A row with a NULL feature gets a NULL result (the default).
+    #[default]
+    Null,
+    /// A NULL feeding a float input is NaN to the model.
+    Nan,
+}
+
+impl std::fmt::Display for Nulls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Nulls::Null => "null",
+            Nulls::Nan => "nan",
+        })
+    }
+}
+
+impl ConfigField for Nulls {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+        *self = match value.trim().to_ascii_lowercase().as_str() {
+            "null" => Nulls::Null,
+            "nan" => Nulls::Nan,
+            other => {
+                return Err(DataFusionError::Configuration(format!(
+                    "batchinfer.nulls must be 'null' (a row with a NULL feature gets NULL) or \
+                     'nan' (a NULL feeding a float input is NaN), not '{other}'"
+                )));
+            }
+        };
+        Ok(())
+    }
+
+    fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
+        *self = Nulls::Null;
+        Ok(())
+    }
+}
+
+/// `column` (a scalar column feeding an input whose Arrow element type is `target`) with its
+/// NULLs as NaN, converted to `target`, where `target` is a float type and the column has
+/// NULLs; None where nothing changes.
+pub fn nan_for_null(column: &ArrayRef, target: &DataType) -> Result<Option<ArrayRef>, String> {
+    if column.logical_null_count() == 0 || column.data_type().is_nested() {
+        return Ok(None);
+    }
+    let cast = |c: &ArrayRef| {
+        let options = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let converted = cast_with_options(c, target, &options)
+            .map_err(|e| format!("cannot convert {} to {target}: {e}", c.data_type()))?;
+        super::input::check_fits(c, &converted)?;
+        Ok::<_, String>(converted)
+    };
+    Ok(match target {
+        DataType::Float16 => Some(filled::<Float16Type>(
+            &cast(column)?,
+            <Float16Type as ArrowPrimitiveType>::Native::NAN,
+        )),
+        DataType::Float32 => Some(filled::<Float32Type>(&cast(column)?, f32::NAN)),
+        DataType::Float64 => Some(filled::<Float64Type>(&cast(column)?, f64::NAN)),
+        _ => None,
+    })
+}
+
+fn filled<T: ArrowPrimitiveType>(column: &ArrayRef, nan: T::Native) -> ArrayRef {
+    let values = column.as_primitive::<T>();
+    let filled: PrimitiveArray<T> = values.iter().map(|v| Some(v.unwrap_or(nan))).collect();
+    Arc::new(filled)
+}
+
+/// `columns` as the model sees them with `SET batchinfer.nulls = 'nan'`: each scalar column
+/// that feeds a float input of `signature` (through `binding`) with its NULLs as NaN.
+pub fn nan_for_nulls(
+    signature: &ModelSignature,
+    binding: &InputBinding,
+    columns: &[ArrayRef],
+) -> Result<Vec<ArrayRef>, String> {
+    let mut columns = columns.to_vec();
+    for (input, source) in signature.inputs.iter().zip(&binding.sources) {
+        let Some(target) = input.element.and_then(element_arrow_type) else {
+            continue;
+        };
+        let feeding = match source {
+            InputSource::Column(c) => std::slice::from_ref(c),
+            InputSource::Packed(cs) => cs.as_slice(),
+        };
+        for &c in feeding {
+            let Some(column) = columns.get(c) else {
+                continue;
+            };
+            if let Some(filled) =
+                nan_for_null(column, &target).map_err(|e| format!("input '{}': {e}", input.name))?
+            {
+                columns[c] = filled;
+            }
+        }
+    }
+    Ok(columns)
+}
