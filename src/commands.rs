@@ -72,7 +72,7 @@ pub(crate) async fn backslash(
                 Some(text) => println!("{text}"),
                 None => eprintln!(
                     "'{name}' is not one of batchinfer's functions or statements (\\h lists them); \
-                     SHOW FUNCTIONS LIKE '{name}' describes DataFusion's"
+                     SHOW FUNCTIONS LIKE '{name}' describes DataFusion's functions"
                 ),
             }
             return true;

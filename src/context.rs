@@ -88,6 +88,7 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         .with_batch_size(config.batch_size)
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
+        .set_bool(LEAF_PUSHDOWN, false)
         // Files a COPY to a folder writes at once. Each holds a row group being encoded and, on
         // S3, up to 8 parts of 10 MiB in flight (object_store's `BufWriter`), so this number sets
         // the memory of a large write; one file per partition keeps every core busy.
@@ -113,6 +114,13 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         )
 }
 
+/// DataFusion 55 moves struct field accesses (`predict(...)['label']`) towards the scan. It then
+/// copies the expression under them into each access, a model call among them, and fails to
+/// plan a subquery that renames columns (`SELECT p['a'], p['b'] FROM (SELECT x AS y, y AS x
+/// ...)`: "ambiguous field"). What it gains, reading one leaf of a struct column, batchinfer's
+/// reader does not use.
+const LEAF_PUSHDOWN: &str = "datafusion.optimizer.enable_leaf_expression_pushdown";
+
 /// Rows per Parquet row group written, unless set otherwise (DataFusion: 1Mi); fewer for wide
 /// rows (see `engine/write.rs`).
 pub const ROW_GROUP_ROWS: usize = 256 * 1024;
@@ -123,6 +131,7 @@ pub fn cluster_session_config() -> SessionConfig {
     SessionConfig::new_with_ballista()
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
+        .set_bool(LEAF_PUSHDOWN, false)
 }
 
 /// The runtime of a session: `stores` for every path, and with a memory limit a fair pool of

@@ -131,7 +131,9 @@ pub fn topic(name: &str) -> Option<&'static str> {
 pub fn index() -> String {
     let mut text = String::from("batchinfer's functions and statements (\\h NAME for one):\n");
     for topic in TOPICS {
-        let first = topic.text.lines().next().unwrap_or_default();
+        // The form of each, before what it does.
+        let line = topic.text.lines().next().unwrap_or_default();
+        let first = line.split_once(": ").map_or(line, |(form, _)| form);
         text.push_str("  ");
         text.push_str(first);
         text.push('\n');

@@ -115,6 +115,27 @@ fn a_model_call_is_computed_once_per_row_however_many_of_its_fields_are_read() {
             ),
             1,
         ),
+        // A window's ordering and the same field selected.
+        (
+            format!(
+                "SELECT id, row_number() OVER (ORDER BY {LATE}['probabilities'][2] DESC) AS r, {LATE}['probabilities'][2] AS p FROM {FLIGHTS}"
+            ),
+            ROWS,
+        ),
+        // Grouping sets over a field.
+        (
+            format!(
+                "SELECT {LATE}['label'] AS l, count(*) AS n FROM {FLIGHTS} GROUP BY ROLLUP ({LATE}['label'])"
+            ),
+            3,
+        ),
+        // Two fields over columns a subquery renamed.
+        (
+            format!(
+                "SELECT {LATE}['label'] AS l, {LATE}['probabilities'][2] AS p FROM (SELECT carrier, origin, dest, month, hour, distance, wind_speed AS temp, temp AS wind_speed FROM {FLIGHTS}) v"
+            ),
+            ROWS,
+        ),
         // The same call twice.
         (
             format!("SELECT {LATE}, {LATE} AS again FROM {FLIGHTS}"),

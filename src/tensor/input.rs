@@ -493,7 +493,11 @@ fn convert(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> {
 pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
     use datafusion::arrow::datatypes::{Float16Type, Float32Type, Float64Type};
     // A fraction into an integer input: Arrow's cast drops it without a word.
-    if to.data_type().is_integer() && from.data_type().is_floating() {
+    let fractional = |t: &DataType| {
+        t.is_floating()
+            || matches!(t, DataType::Decimal128(_, s) | DataType::Decimal256(_, s) if *s > 0)
+    };
+    if to.data_type().is_integer() && fractional(from.data_type()) {
         let before = cast_with_options(from, &DataType::Float64, &CastOptions::default())
             .map_err(|e| e.to_string())?;
         let before = before.as_primitive::<Float64Type>();

@@ -9,9 +9,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float16Type, Float32Type, Float64Type,
-};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type};
 use datafusion::common::config::{ConfigField, Visit};
 use datafusion::error::DataFusionError;
 
@@ -64,31 +62,17 @@ impl ConfigField for Nulls {
 }
 
 /// `column` (a scalar column feeding an input whose Arrow element type is `target`) with its
-/// NULLs as NaN, converted to `target`, where `target` is a float type and the column has
-/// NULLs; None where nothing changes.
+/// NULLs as NaN, where `target` is a float type and the column has NULLs; None where nothing
+/// changes. The values are kept as doubles: the conversion to the input's type, and its check
+/// that each value fits, come later, call by call, so that one value that does not fit fails its
+/// row alone where `on_error` says so.
 pub fn nan_for_null(column: &ArrayRef, target: &DataType) -> Result<Option<ArrayRef>, String> {
-    if column.logical_null_count() == 0 || column.data_type().is_nested() {
+    if column.logical_null_count() == 0 || column.data_type().is_nested() || !target.is_floating() {
         return Ok(None);
     }
-    let cast = |c: &ArrayRef| {
-        let options = CastOptions {
-            safe: false,
-            ..Default::default()
-        };
-        let converted = cast_with_options(c, target, &options)
-            .map_err(|e| format!("cannot convert {} to {target}: {e}", c.data_type()))?;
-        super::input::check_fits(c, &converted)?;
-        Ok::<_, String>(converted)
-    };
-    Ok(match target {
-        DataType::Float16 => Some(filled::<Float16Type>(
-            &cast(column)?,
-            <Float16Type as ArrowPrimitiveType>::Native::NAN,
-        )),
-        DataType::Float32 => Some(filled::<Float32Type>(&cast(column)?, f32::NAN)),
-        DataType::Float64 => Some(filled::<Float64Type>(&cast(column)?, f64::NAN)),
-        _ => None,
-    })
+    let doubles = cast_with_options(column, &DataType::Float64, &CastOptions::default())
+        .map_err(|e| format!("cannot convert {} to {target}: {e}", column.data_type()))?;
+    Ok(Some(filled::<Float64Type>(&doubles, f64::NAN)))
 }
 
 fn filled<T: ArrowPrimitiveType>(column: &ArrayRef, nan: T::Native) -> ArrayRef {

@@ -2,7 +2,7 @@
 //! column `predict_late` (`embed('minilm', text)`: `embed_minilm`; a field read from the
 //! prediction, `predict('late', ...)['label']`: `predict_late_label`), instead of DataFusion's
 //! name spelling out every argument. A name that another column of the same select list has
-//! (or would get) is left to DataFusion, so names stay unique.
+//! (or would get), or in a select list with a `*`, is left to DataFusion, so names stay unique.
 
 use std::ops::ControlFlow;
 
@@ -40,6 +40,15 @@ fn name_in(body: &mut SetExpr) {
 }
 
 fn name_items(items: &mut [SelectItem]) {
+    // The columns a `*` brings are not known here: a short name could be one of them.
+    if items.iter().any(|item| {
+        matches!(
+            item,
+            SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+        )
+    }) {
+        return;
+    }
     let taken: Vec<String> = items
         .iter()
         .filter_map(|item| match item {
@@ -148,6 +157,10 @@ mod tests {
         assert_eq!(
             named("SELECT predict('m', a), x AS predict_m FROM t"),
             "SELECT predict('m', a), x AS predict_m FROM t"
+        );
+        assert_eq!(
+            named("SELECT *, predict('m', a) FROM t"),
+            "SELECT *, predict('m', a) FROM t"
         );
         assert_eq!(
             named("COPY (SELECT embed('minilm', text) FROM t) TO 'o.parquet'"),

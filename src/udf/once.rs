@@ -3,9 +3,9 @@
 //!
 //! DataFusion treats `get_field` as free and copies the expression under it wherever a field
 //! is read: `predict(..)['label']` and `predict(..)['probabilities']` become two calls
-//! (common-subexpression elimination skips field accesses, and the rules that push field
-//! accesses towards the scan inline the call into each one), and a filter pushed below the
-//! projection that computes a call computes it a second time. Scoring twice doubles the time
+//! (common-subexpression elimination skips field accesses; the rules that push field accesses
+//! towards the scan, which inline the call into each one, are off: see `crate::context`), and a
+//! filter pushed below the projection that computes a call computes it a second time. Scoring twice doubles the time
 //! and, for a model that costs money per call, the bill.
 //!
 //! A sort evaluates its keys again where it merges partitions and in a top-k, and an aggregate
@@ -63,6 +63,15 @@ impl OptimizerRule for ModelCallsOnce {
         let (true, [input]) = (reads_rows, &plan.inputs()[..]) else {
             return Ok(Transformed::no(plan));
         };
+        // Grouping sets name their columns after the whole set: left as DataFusion plans them.
+        if let LogicalPlan::Aggregate(aggregate) = &plan
+            && aggregate
+                .group_expr
+                .iter()
+                .any(|e| matches!(e, Expr::GroupingSet(_)))
+        {
+            return Ok(Transformed::no(plan));
+        }
         let here = calls_in(&plan.expressions());
         let mut input = (*input).clone();
         let mut read: Vec<(Expr, Column)> = Vec::new();
@@ -140,7 +149,11 @@ fn expose(
                 .ok()
                 .map(|p| (LogicalPlan::Projection(p), column))
         }
-        LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => {
+        // Nodes that pass their input's columns up (a window adds its own after them).
+        LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Window(_) => {
             let [input] = plan.inputs()[..] else {
                 return Ok(None);
             };
@@ -148,7 +161,8 @@ fn expose(
                 let column = fresh_column(config);
                 let computed = [(call.clone(), column.clone())];
                 let inner = computing(&computed, Arc::new(input.clone()))?;
-                let exprs = reading_all(plan, plan.expressions(), &computed, false)?;
+                let keep_names = matches!(plan, LogicalPlan::Window(_));
+                let exprs = reading_all(plan, plan.expressions(), &computed, keep_names)?;
                 Some((plan.with_new_exprs(exprs, vec![inner])?, column))
             } else {
                 match expose(input, call, config)? {
