@@ -13,6 +13,8 @@ use common::{DEADLINE, assert_failure, assert_ok, bin, output_within, stderr, st
 
 const LATE: &str =
     "predict('late', carrier, origin, dest, month, hour, distance, temp, wind_speed)";
+/// The same call, its columns qualified by the alias `x`.
+const LATE_X: &str = "predict('late', x.carrier, x.origin, x.dest, x.month, x.hour, x.distance, x.temp, x.wind_speed)";
 const FLIGHTS: &str = "'data/sample/flights/'";
 const ROWS: u64 = 3_000;
 
@@ -136,6 +138,13 @@ fn a_model_call_is_computed_once_per_row_however_many_of_its_fields_are_read() {
             ),
             ROWS,
         ),
+        // A table alias, with a filter pushed below it that reads the columns by their own names.
+        (
+            format!(
+                "SELECT id, {LATE}['label'] AS l FROM {FLIGHTS} x WHERE {LATE}['probabilities'][2] > 0"
+            ),
+            ROWS,
+        ),
         // The same call twice.
         (
             format!("SELECT {LATE}, {LATE} AS again FROM {FLIGHTS}"),
@@ -156,6 +165,18 @@ fn a_model_call_is_computed_once_per_row_however_many_of_its_fields_are_read() {
             assert_eq!(returned, *rows, "{sql}\n{}", stderr(&out));
         }
     }
+
+    // And the values are the model's: the aliased, filtered shape against scikit-learn.
+    let out = timed(
+        wh,
+        &[
+            "SET batchinfer.nulls = 'nan'",
+            &format!(
+                "SELECT x.id, {LATE_X}['probabilities'][2] AS p FROM {FLIGHTS} x WHERE {LATE}['label'] >= 0"
+            ),
+        ],
+    );
+    common::assert_same_rows(&common::rows(&assert_ok(&out)), &reference(), 1e-5);
 
     // EXPLAIN ANALYZE counts the rows scored too.
     let out = timed(

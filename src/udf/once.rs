@@ -174,16 +174,37 @@ fn expose(
                 }
             }
         }
-        LogicalPlan::SubqueryAlias(alias) => match expose(&alias.input, call, config)? {
-            Some((input, column)) => {
-                let aliased = SubqueryAlias::try_new(Arc::new(input), alias.alias.clone())?;
-                let column = Column::new(Some(alias.alias.clone()), column.name);
-                Some((LogicalPlan::SubqueryAlias(aliased), column))
+        // Below an alias the call reads the columns under their own names (a filter pushed
+        // below `FROM t AS x` reads `t.a` where the select list reads `x.a`).
+        LogicalPlan::SubqueryAlias(alias) => {
+            match expose(&alias.input, &unaliased(call, alias)?, config)? {
+                Some((input, column)) => {
+                    let aliased = SubqueryAlias::try_new(Arc::new(input), alias.alias.clone())?;
+                    let column = Column::new(Some(alias.alias.clone()), column.name);
+                    Some((LogicalPlan::SubqueryAlias(aliased), column))
+                }
+                None => None,
             }
-            None => None,
-        },
+        }
         _ => None,
     })
+}
+
+/// `call` as the input of `alias` names its columns: each column of the alias's schema read as
+/// the input's column at the same place.
+fn unaliased(call: &Expr, alias: &SubqueryAlias) -> Result<Expr> {
+    let inner = alias.input.schema();
+    call.clone()
+        .transform(|e| match &e {
+            Expr::Column(c) => match alias.schema.maybe_index_of_column(c) {
+                Some(i) => Ok(Transformed::yes(Expr::Column(Column::from(
+                    inner.qualified_field(i),
+                )))),
+                None => Ok(Transformed::no(e)),
+            },
+            _ => Ok(Transformed::no(e)),
+        })
+        .map(|t| t.data)
 }
 
 /// `expr` without its aliases.
