@@ -121,11 +121,7 @@ fn write_vertical(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatc
     let options = FormatOptions::default().with_null("NULL");
     let mut record = 0;
     for batch in batches {
-        let formatters = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let formatters = formatters(batch, &options)?;
         for row in 0..batch.num_rows() {
             record += 1;
             writeln!(out, "-[ RECORD {record} ]").map_err(io)?;
@@ -141,6 +137,18 @@ fn write_vertical(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatc
     Ok(())
 }
 
+/// A formatter for each column of `batch`.
+fn formatters<'a>(
+    batch: &'a RecordBatch,
+    options: &'a FormatOptions,
+) -> Result<Vec<ArrayFormatter<'a>>> {
+    Ok(batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), options))
+        .collect::<std::result::Result<Vec<_>, _>>()?)
+}
+
 /// CSV by hand over Arrow's display formatting, so that list and struct columns (which Arrow's
 /// CSV writer refuses) print too.
 fn write_csv(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
@@ -153,11 +161,7 @@ fn write_csv(out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -
     writeln!(out, "{}", header.join(",")).map_err(io)?;
     let options = FormatOptions::default();
     for batch in batches {
-        let formatters = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let formatters = formatters(batch, &options)?;
         for row in 0..batch.num_rows() {
             let cells: Vec<String> = formatters
                 .iter()
