@@ -33,7 +33,7 @@ fn warn_if_exposed(role: &str, ip: std::net::IpAddr) {
             "warning: this {role} listens on {ip}, beyond this machine, and has no \
              authentication: anyone who reaches its ports can run queries with this cluster's \
              models, files and credentials. Keep the cluster on a private network (a VPC subnet, \
-             a firewall that admits only the cluster's machines), as the README says."
+             a firewall that admits only the cluster's machines), as docs/cluster.md says."
         );
     }
 }

@@ -122,7 +122,7 @@ impl Engine {
     /// Models of `--models` among `names` whose file was written again since this process
     /// loaded them are loaded again from it: a refresh that runs for days (`batchinfer refresh
     /// --every`) scores with the file there is, as a new process would. (A statement in a
-    /// shell keeps the model it loaded, as said in the README.)
+    /// shell keeps the model it loaded, as said in docs/catalog.md.)
     pub(super) async fn reload_changed_folder_models<'a>(
         &self,
         names: impl Iterator<Item = &'a String>,

@@ -4,7 +4,7 @@
 //! `https://`; `cloud.rs` says which scheme is which store).
 //!
 //! Each store is configured from the environment as object_store's `from_env` reads it (the
-//! README has one table per store): `AWS_*` for S3 (with the AWS SDK's credential chain for
+//! docs/storage.md has one table per store): `AWS_*` for S3 (with the AWS SDK's credential chain for
 //! profiles, SSO and instance metadata), `GOOGLE_*` for Google Cloud Storage, `AZURE_*` for
 //! Azure, and per table with SQL `OPTIONS ('aws.region' '...')`, `('gcp.service_account_key'
 //! '...')`, `('azure.account_name' '...')` on `CREATE EXTERNAL TABLE` and `COPY ... TO`. A
