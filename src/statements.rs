@@ -174,8 +174,6 @@ fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
     crate::limits::check_setting(&statement)?;
     crate::limits::check_unbounded(&statement)?;
     crate::limits::check_numbers(&statement)?;
-    let mut statement = statement;
-    crate::udf::names::name_model_columns(&mut statement);
     Ok(statement)
 }
 

@@ -391,6 +391,7 @@ impl Engine {
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
     pub async fn execute(&self, mut statement: DFStatement) -> Result<DataFrame> {
         crate::udf::by_name::bind_by_name(&mut statement, &self.registry)?;
+        crate::udf::names::name_model_columns(&mut statement);
         let plan = match self.ctx.state().statement_to_plan(statement).await {
             Ok(plan) => plan,
             Err(e) => return Err(self.explain_missing_table(e).await),
