@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates src/quantize/onnx.rs (ONNX's protobuf messages as prost types) from
-# src/quantize/onnx-ml.proto, with prost-build and protox (a protobuf compiler in Rust, so no
+# Regenerates src/onnx/proto.rs (ONNX's protobuf messages as prost types) from
+# src/onnx/onnx-ml.proto, with prost-build and protox (a protobuf compiler in Rust, so no
 # protoc is needed), in a throwaway crate: neither is a dependency of batchinfer.
 #
 #   scripts/onnx_proto.sh
@@ -25,6 +25,7 @@ fn main() {
     prost_build::Config::new().out_dir(&dir).compile_fds(fds).unwrap();
 }
 RUST
-(cd "$work" && CARGO_TARGET_DIR="$work/target" cargo run -q -- "$root/src/quantize")
+(cd "$work" && CARGO_TARGET_DIR="$work/target" cargo run -q -- "$root/src/onnx")
+mv "$root/src/onnx/onnx.rs" "$root/src/onnx/proto.rs"
 cd "$root" && cargo fmt
-echo "wrote src/quantize/onnx.rs"
+echo "wrote src/onnx/proto.rs"

@@ -21,9 +21,10 @@ use datafusion_cli::object_storage::AwsOptions;
 
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
-use crate::limits::TableSchemaLimits;
 use crate::model::ModelRegistry;
 use crate::model::listing::ModelsFunction;
+use crate::statement_context::StatementContext;
+use crate::statements::limits::TableSchemaLimits;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{CosineSimilarity, EmbedUdf, ModelCallsOnce, PredictTableFunction, PredictUdf};
@@ -88,6 +89,7 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         .with_batch_size(config.batch_size)
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
+        .with_option_extension(StatementContext::default())
         .set_bool(LEAF_PUSHDOWN, false)
         // Files a COPY to a folder writes at once. Each holds a row group being encoded and, on
         // S3, up to 8 parts of 10 MiB in flight (object_store's `BufWriter`), so this number sets
@@ -131,6 +133,7 @@ pub fn cluster_session_config() -> SessionConfig {
     SessionConfig::new_with_ballista()
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
+        .with_option_extension(StatementContext::default())
         .set_bool(LEAF_PUSHDOWN, false)
 }
 

@@ -16,74 +16,14 @@
 //!    CPU build (see [`crate::runtime`]).
 
 use std::ffi::{c_char, c_int};
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::OnceLock;
 
 use ort::environment::Environment;
 
+pub use crate::config::{Device, Target};
 use crate::error::Error;
 use crate::runtime;
-
-/// The device asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Device {
-    #[default]
-    Cpu,
-    /// The NVIDIA GPU with this number (as `nvidia-smi` counts them).
-    Cuda(u32),
-    /// CUDA (GPU 0) where available, else the CPU.
-    Auto,
-}
-
-impl FromStr for Device {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim().to_ascii_lowercase();
-        match t.as_str() {
-            "cpu" => Ok(Device::Cpu),
-            "auto" => Ok(Device::Auto),
-            "cuda" | "gpu" => Ok(Device::Cuda(0)),
-            _ => t
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| {
-                    format!("device '{s}': expected cpu, cuda, cuda:N (N = 0, 1, ...) or auto")
-                }),
-        }
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-            Device::Auto => write!(f, "auto"),
-        }
-    }
-}
-
-/// Where models run, `auto` decided: the one value every question about the device is asked of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Target {
-    #[default]
-    Cpu,
-    /// The NVIDIA GPU with this number.
-    Cuda(u32),
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Cpu => write!(f, "cpu"),
-            Target::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
 
 impl Device {
     /// Where models run when this device is asked for: `auto` is CUDA (GPU 0) where the driver

@@ -104,3 +104,26 @@ impl From<Error> for DataFusionError {
         }
     }
 }
+
+/// What a panic said: its message, with where it happened when the panic hook recorded it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let said = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string());
+    match LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(recorded) => recorded,
+        None => said,
+    }
+}
+
+/// The message and place of the last panic, as the hook [`record_panics`] saw it.
+static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Panics are recorded, not printed: the statement they end reports them as one error.
+pub fn record_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.to_string());
+    }));
+}

@@ -26,7 +26,10 @@
 //! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
 //!   SQLITE`): where to connect, the providers of datafusion-table-providers, and SQLite's
 //!   INSERT in one transaction of its own (`sqlite_insert.rs`).
-//! - [`config`]: [`EngineConfig`] (fixed at start) and `SET batchinfer.*` options.
+//! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`]
+//!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
+//! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
+//!   cluster client sends), set by the engine for each statement; no `SET` changes it.
 //! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
 //!   text models' tokenizers, what a file says of itself without a session (`header.rs`: its
 //!   inputs and outputs, producer, class labels), and the scoring of one record batch.
@@ -37,22 +40,25 @@
 //!   buffer that gathers `embed`'s input across record batches and files (`buffer.rs`), the
 //!   optimizer rule that computes each model call once per row (`once.rs`), and the short
 //!   default names of model columns (`names.rs`).
+//! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated) and the
+//!   external data files a model names (`external.rs`).
 //! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
-//!   Runtime's own quantizer does it (`onnx.rs`: ONNX's protobuf messages), and the provenance a
-//!   quantized model carries.
+//!   Runtime's own quantizer does it, and the provenance a quantized model carries.
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
 //! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
 //!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
-//!   piped standard input and the shell; stop signals, and panics reported as errors.
+//!   piped standard input and the shell; stop signals.
 //! - [`schedule`]: `batchinfer refresh VIEW`, once, `--every` so often or `--watch`ing for new
 //!   files.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper around the runner).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
-//! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too.
+//! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
+//!   what is refused before it is tried (`limits.rs`: expressions too deep, lists too long per
+//!   row), so that no input can crash batchinfer or exhaust its memory.
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
 //! - [`storage`]: every path, local or in an object store, answered here: where a location
@@ -69,11 +75,10 @@
 //!   (`engine/views.rs`, `engine/refresh.rs`), the manifests commit in storage (`manifest.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
 //!   (a folder or a prefix in S3, Google Cloud Storage or Azure).
-//! - [`error`]: the crate's error type; [`message`]: an error as a person reads it.
+//! - [`error`]: the crate's error type, and panics reported as errors; [`message`]: an error as a
+//!   person reads it.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
-//! - [`limits`]: what is refused before it is tried (expressions too deep, lists too long per
-//!   row), so that no input can crash batchinfer or exhaust its memory.
 
 pub mod cluster;
 pub mod commands;
@@ -84,9 +89,9 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod help;
-pub mod limits;
 pub mod message;
 pub mod model;
+pub mod onnx;
 pub mod output;
 pub mod progress;
 pub mod quantize;
@@ -96,6 +101,7 @@ pub mod runtime;
 pub mod scan;
 pub mod schedule;
 pub mod shell;
+pub mod statement_context;
 pub mod statements;
 pub mod stop;
 pub mod storage;

@@ -128,7 +128,8 @@ enum Command {
         bind: SocketAddr,
         /// How long a query that comes when no executor is registered waits for one before it
         /// fails
-        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        #[arg(long, default_value_t = 30, value_name = "SECONDS",
+              value_parser = clap::value_parser!(u64).range(0..=batchinfer::cluster::MAX_EXECUTOR_WAIT_SECONDS))]
         executor_wait: u64,
     },
     /// Run a cluster executor, which runs the tasks a scheduler gives it, until stopped
@@ -152,7 +153,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    batchinfer::runner::record_panics();
+    batchinfer::error::record_panics();
     if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
         // SAFETY: no other thread exists yet. ONNX Runtime reads it when it is loaded.
         unsafe { std::env::set_var("ORT_DISABLE_TELEMETRY", "1") };
@@ -179,7 +180,7 @@ fn main() -> ExitCode {
     match main.map(|thread| thread.join()) {
         Ok(Ok(code)) => code,
         Ok(Err(panic)) => {
-            let message = batchinfer::runner::panic_message(panic.as_ref());
+            let message = batchinfer::error::panic_message(panic.as_ref());
             eprintln!("Error: {}", Error::Internal(message));
             ExitCode::FAILURE
         }

@@ -11,8 +11,6 @@
 //! stopped by its budget keeps the rejects it found.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -22,68 +20,11 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef,
 use datafusion::parquet::arrow::ArrowWriter;
 
 use crate::config::BatchInferOptions;
+pub use crate::config::{ErrorBudget, SHARE_AFTER};
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::statement_context::StatementContext;
 use crate::storage::StoreRegistry;
-
-/// How many failed rows a statement may have: `'100'` (a count) or `'0.5%'` (a share of the rows
-/// scored, checked once at least [`SHARE_AFTER`] rows were).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ErrorBudget {
-    Count(u64),
-    /// A fraction, 0 to 1.
-    Share(f64),
-}
-
-/// Rows scored before a share budget is checked: the first failures of a statement say little
-/// about its share.
-pub const SHARE_AFTER: u64 = 1_000;
-
-impl FromStr for ErrorBudget {
-    type Err = String;
-
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
-        let text = text.trim();
-        let bad = || {
-            format!(
-                "batchinfer.max_errors '{text}': expected a count of rows ('100') or a share of \
-                 the rows scored ('0.5%')"
-            )
-        };
-        match text.strip_suffix('%') {
-            Some(percent) => {
-                let p: f64 = percent.trim().parse().map_err(|_| bad())?;
-                if !(0.0..=100.0).contains(&p) {
-                    return Err(bad());
-                }
-                Ok(ErrorBudget::Share(p / 100.0))
-            }
-            None => text.parse().map(ErrorBudget::Count).map_err(|_| bad()),
-        }
-    }
-}
-
-impl fmt::Display for ErrorBudget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ErrorBudget::Count(n) => write!(f, "{n}"),
-            // As written, without the float's noise (0.9, not 0.9000000000000001).
-            ErrorBudget::Share(share) => write!(f, "{}%", (share * 100.0 * 1e9).round() / 1e9),
-        }
-    }
-}
-
-impl ErrorBudget {
-    /// Whether `failed` of `scored` rows is past the budget.
-    pub fn exceeded(self, scored: u64, failed: u64) -> bool {
-        match self {
-            ErrorBudget::Count(n) => failed > n,
-            ErrorBudget::Share(share) => {
-                scored >= SHARE_AFTER && failed as f64 > share * scored as f64
-            }
-        }
-    }
-}
 
 /// What one statement's model calls in this process have scored and failed on so far.
 #[derive(Debug, Default)]
@@ -102,6 +43,7 @@ static TALLY: Mutex<BTreeMap<String, Tally>> = Mutex::new(BTreeMap::new());
 /// `batchinfer.max_errors`: the error gives the count and the first messages.
 pub fn count(
     options: &BatchInferOptions,
+    statement: &StatementContext,
     model: &str,
     scored: usize,
     failed: &[(usize, String)],
@@ -110,7 +52,7 @@ pub fn count(
         return Ok(());
     };
     let mut tallies = TALLY.lock().unwrap_or_else(|p| p.into_inner());
-    let tally = tallies.entry(options.statement.clone()).or_default();
+    let tally = tallies.entry(statement.id.clone()).or_default();
     tally.scored += scored as u64;
     tally.failed += failed.len() as u64;
     for (_, message) in failed {
@@ -161,7 +103,7 @@ static FILES: AtomicU64 = AtomicU64::new(0);
 /// failed on to the statement's rejects folder, with the model's messages.
 pub fn keep(
     stores: &StoreRegistry,
-    options: &BatchInferOptions,
+    statement: &StatementContext,
     model: &Model,
     fields: &[FieldRef],
     columns: &[ArrayRef],
@@ -181,8 +123,8 @@ pub fn keep(
     let repeat = |text: &str| Arc::new(StringArray::from(vec![text; rows])) as ArrayRef;
     let mut meta = meta_fields();
     let mut arrays: Vec<ArrayRef> = vec![
-        repeat(&options.statement),
-        repeat(&options.statement_text),
+        repeat(&statement.id),
+        repeat(&statement.text),
         Arc::new(TimestampMicrosecondArray::from(vec![now; rows]).with_timezone("UTC")),
         repeat(&model.name),
         repeat(&model.sha256),
@@ -206,7 +148,7 @@ pub fn keep(
         .write(&batch)
         .and_then(|()| writer.close().map(drop))
         .map_err(|e| Error::Usage(e.to_string()))?;
-    let folder = statement_folder(options)?;
+    let folder = statement_folder(statement)?;
     // A model's name is a name (CREATE MODEL, --models and the warehouse check it); one that
     // came otherwise (a cluster client's definitions) is not put in a path.
     let name = match crate::storage::check_name("model", &model.name) {
@@ -225,12 +167,16 @@ pub fn keep(
 }
 
 /// The folder of the statement at hand's rejects: `REJECTS/STATEMENT/`.
-pub fn statement_folder(options: &BatchInferOptions) -> Result<url::Url> {
-    let root = crate::storage::folder_location(&options.rejects)?;
-    let id = if options.statement.is_empty() {
+pub fn statement_folder(statement: &StatementContext) -> Result<url::Url> {
+    let root = match statement.rejects.as_str() {
+        "" => "rejects/",
+        set => set,
+    };
+    let root = crate::storage::folder_location(root)?;
+    let id = if statement.id.is_empty() {
         "statement"
     } else {
-        options.statement.as_str()
+        statement.id.as_str()
     };
     // A name, never a path: the id comes with the query (a cluster's executors read the
     // client's), and no id may reach outside the rejects folder.
@@ -296,7 +242,7 @@ impl datafusion::catalog::TableFunctionImpl for RejectsFunction {
             .config()
             .options()
             .extensions
-            .get::<BatchInferOptions>()
+            .get::<StatementContext>()
             .map(|o| o.rejects.clone())
             .filter(|r| !r.is_empty())
             .unwrap_or_else(|| "rejects/".to_string());
@@ -363,16 +309,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rejects = format!("{}/rejects/", dir.path().display());
         for id in ["../../escaped", "a/b", "..", "%2e%2e", "/tmp/x", "a?b"] {
-            let options = BatchInferOptions {
+            let options = StatementContext {
                 rejects: rejects.clone(),
-                statement: id.to_string(),
+                id: id.to_string(),
                 ..Default::default()
             };
             assert!(statement_folder(&options).is_err(), "{id}");
         }
-        let options = BatchInferOptions {
+        let options = StatementContext {
             rejects,
-            statement: statement_id(),
+            id: statement_id(),
             ..Default::default()
         };
         let folder = statement_folder(&options).unwrap();

@@ -44,7 +44,7 @@ impl Runner<'_> {
         // with an error, not the process or the shell.
         let work = AssertUnwindSafe(run_with_progress(self.engine, statement)).catch_unwind();
         let report = tokio::select! {
-            report = work => match report.map_err(|panic| Error::Internal(panic_message(&panic)))? {
+            report = work => match report.map_err(|panic| Error::Internal(crate::error::panic_message(&panic)))? {
                 Ok(report) => report,
                 // A model stopped between micro-batches: the statement ends as cancelled.
                 Err(e) => match stop.requested() {
@@ -178,29 +178,6 @@ async fn cancelled(signal: &'static str) -> Result<()> {
         )));
     }
     Err(Error::Cancelled(signal))
-}
-
-/// What a panic said: its message, with where it happened when the panic hook recorded it.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    let said = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".to_string());
-    match LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        Some(recorded) => recorded,
-        None => said,
-    }
-}
-
-/// The message and place of the last panic, as the hook [`record_panics`] saw it.
-static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-
-/// Panics are recorded, not printed: the statement they end reports them as one error.
-pub fn record_panics() {
-    std::panic::set_hook(Box::new(|info| {
-        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.to_string());
-    }));
 }
 
 /// How many stop signals a running statement has answered (by stopping).

@@ -376,6 +376,42 @@ fn a_scheduler_without_executors_fails_a_query_within_its_wait() {
     );
 }
 
+/// The same with the scheduler's default `--executor-wait` (30 s): the client waits for its
+/// answer, rather than give up first with a raw timeout.
+#[test]
+fn with_default_settings_a_query_hears_that_no_executor_is_registered() {
+    let cluster = Cluster::start_with(0, None, &[]);
+    let started = Instant::now();
+    let out = cluster.query(None, "SELECT 1 AS x");
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no executor registered (waited 30 s)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Timeout expired"), "{stderr}");
+    assert!(took >= Duration::from_secs(30), "took {took:?}");
+}
+
+/// A database table on a cluster is refused with the flag that runs it in one process.
+#[test]
+fn a_database_table_on_a_cluster_names_the_flag_to_leave_out() {
+    // Refused by the client, before any executor could be needed.
+    let cluster = Cluster::start(0, None);
+    let out = cluster.query(
+        None,
+        "CREATE EXTERNAL TABLE events STORED AS SQLITE LOCATION 'events.db' \
+         OPTIONS ('table' 'events')",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("is read in one process") && stderr.contains("without --remote"),
+        "{stderr}"
+    );
+}
+
 /// Two clients define the model `m` differently on one cluster, one after the other and back:
 /// each gets its own model's scores, whatever the executors loaded first. Then one client
 /// replaces its model's file and runs CREATE OR REPLACE MODEL: the new file's scores.

@@ -1,72 +1,20 @@
 //! The client's side: where an engine's statements run ([`Placement`]), and the address of a
 //! cluster's scheduler ([`Remote`], what `--remote df://host:port` parses into).
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-use ballista_core::extension::SessionStateExt;
+use ballista_core::config::BALLISTA_CLIENT_GRPC_TIMEOUT_SECONDS;
+use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::{SessionContext, SessionState};
 
-use crate::config::BatchInferOptions;
+pub use crate::config::Remote;
 use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::scan::StreamingParquetRule;
+use crate::statement_context::StatementContext;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
 use crate::udf::buffer::EmbedBufferRule;
-
-/// A cluster's scheduler: `df://host:port` (or `host:port`; the port defaults to 50050).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Remote {
-    host: String,
-    port: u16,
-}
-
-impl FromStr for Remote {
-    type Err = String;
-
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
-        let address = text
-            .strip_prefix("df://")
-            .unwrap_or(text)
-            .trim_end_matches('/');
-        let (host, port) = match address.rsplit_once(':') {
-            Some((host, port)) => (host, port.parse::<u16>().ok()),
-            None => (address, Some(50050)),
-        };
-        match port {
-            Some(port) if !host.is_empty() => Ok(Remote {
-                host: host.to_string(),
-                port,
-            }),
-            _ => Err(format!(
-                "'{text}' is not a scheduler address: expected df://HOST:PORT"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Remote {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "df://{}:{}", self.host, self.port)
-    }
-}
-
-impl Remote {
-    /// The scheduler's gRPC address, as Ballista's client wants it.
-    pub fn grpc_url(&self) -> String {
-        format!("http://{}:{}", self.host, self.port)
-    }
-
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
 
 /// Where an engine's statements run: in this process, or on a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +40,19 @@ impl Placement {
                 .with_physical_optimizer_rules(EmbedBufferRule::among_default_rules())
                 .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
                 .build(),
-            Placement::Cluster(remote) => state.build().upgrade_for_ballista(remote.grpc_url())?,
+            Placement::Cluster(remote) => {
+                // Long enough for the scheduler to wait its `--executor-wait` for an executor
+                // and say that none came, rather than the client give up first.
+                let state = state.build();
+                let config = state.config().clone().upgrade_for_ballista().set_u64(
+                    BALLISTA_CLIENT_GRPC_TIMEOUT_SECONDS,
+                    super::CLIENT_TIMEOUT_SECONDS,
+                );
+                SessionStateBuilder::new_from_existing(state)
+                    .with_config(config)
+                    .build()
+                    .upgrade_for_ballista(remote.grpc_url())?
+            }
         })
     }
 
@@ -108,7 +68,7 @@ impl Placement {
                 .config_mut()
                 .options_mut()
                 .extensions
-                .get_mut::<BatchInferOptions>()
+                .get_mut::<StatementContext>()
             {
                 options.models = models;
             }
@@ -147,7 +107,7 @@ impl Placement {
             Placement::InProcess => Ok(()),
             Placement::Cluster(remote) => Err(crate::error::Error::Usage(format!(
                 "{what} is read in one process, not by the cluster at {remote}: run batchinfer \
-                 without --cluster for it, or COPY it to Parquet first"
+                 without --remote for it, or COPY it to Parquet first"
             ))),
         }
     }

@@ -5,7 +5,7 @@
 //!
 //! Every process registers batchinfer's functions over a model registry of its own, filled from
 //! its `--models` and `--warehouse` and from the definitions the client sends with each query (the
-//! session option `batchinfer.models`: each model's source and sha256, see
+//! session option `batchinfer_statement.models`: each model's source and sha256, see
 //! [`crate::model::shared`]): models come from S3 or from paths that are the same on every
 //! machine. Each process loads a model once and shares it across its tasks.
 
@@ -24,6 +24,12 @@ use crate::error::Error;
 pub const EXECUTOR_TIMEOUT_SECONDS: u64 = 20;
 /// How often an executor tells the scheduler it is alive.
 pub const HEARTBEAT_SECONDS: u64 = 5;
+/// The longest a scheduler's `--executor-wait` may be: less than [`CLIENT_TIMEOUT_SECONDS`], so
+/// that a client hears why no executor runs its query.
+pub const MAX_EXECUTOR_WAIT_SECONDS: u64 = 100;
+/// How long a client waits for the scheduler to answer one request (Ballista: 20 s), a query's
+/// planning on the scheduler among them: it loads the query's models, and waits for an executor.
+pub const CLIENT_TIMEOUT_SECONDS: u64 = 120;
 
 /// A cluster process answers whoever reaches its port: it has no authentication. Said at start
 /// whenever it listens beyond this machine.

@@ -14,9 +14,10 @@ use datafusion::prelude::SessionConfig;
 
 use super::node::Node;
 use super::{EXECUTOR_TIMEOUT_SECONDS, cluster_error, warn_if_exposed};
-use crate::config::{BatchInferOptions, EngineConfig};
+use crate::config::EngineConfig;
 use crate::context::{cluster_session_config, cluster_state};
 use crate::error::Result;
+use crate::statement_context::StatementContext;
 
 /// A scheduler's node, and its cluster's executors once it runs.
 struct Scheduler {
@@ -31,8 +32,8 @@ impl Scheduler {
         if let Some(executors) = self.executors.get() {
             executors.wait_for_one()?;
         }
-        let registry = match config.options().extensions.get::<BatchInferOptions>() {
-            Some(options) => self.node.registry.for_session(&options.models)?,
+        let registry = match config.options().extensions.get::<StatementContext>() {
+            Some(statement) => self.node.registry.for_session(&statement.models)?,
             None => self.node.registry.clone(),
         };
         cluster_state(config, &self.node.stores, &registry)

@@ -81,7 +81,7 @@ impl Engine {
     /// Refuses to redefine or drop a model of `--models`: it is a file, read again by every
     /// process, which would hide the warehouse's definition from the next one.
     fn check_not_a_folder_model(&self, name: &str) -> Result<()> {
-        if !self.folder_models.contains(name) {
+        if !self.seen.folder_models.contains(name) {
             return Ok(());
         }
         let file = self
@@ -127,12 +127,13 @@ impl Engine {
         &self,
         names: impl Iterator<Item = &'a String>,
     ) -> Result<()> {
-        for name in names.filter(|n| self.folder_models.contains(*n)) {
+        for name in names.filter(|n| self.seen.folder_models.contains(*n)) {
             let Some(source) = self.registry.source(name) else {
                 continue;
             };
             let version = self.registry.stores().file_version(source.url()).await?;
             let mut seen = self
+                .seen
                 .folder_versions
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
@@ -152,20 +153,16 @@ impl Engine {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        self.opened
+        self.seen
+            .opened
             .get_or_try_init(|| warehouse.move_legacy_models())
             .await?;
         let definitions = warehouse.definitions().await?;
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        let mut warn = |warning: String| {
-            if warned.insert(warning.clone()) {
-                eprintln!("warning: {warning}");
-            }
-        };
+        let warn = |warning: String| self.seen.warn_once(warning);
         for why in definitions.unusable.values() {
             warn(format!("a model definition is left out: {why}"));
         }
-        for name in self.folder_models.iter() {
+        for name in self.seen.folder_models.iter() {
             if let Some(definition) = definitions.models.get(name)
                 && !self.same_model(name, definition)
             {
@@ -175,7 +172,7 @@ impl Engine {
         let defined = definitions.models;
         let mut seen = self.seen_models();
         for (name, definition) in &defined {
-            if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
+            if self.seen.folder_models.contains(name) || seen.get(name) == Some(definition) {
                 continue;
             }
             let source = ModelSource::parse(&definition.source).map_err(Error::Usage)?;
@@ -231,6 +228,7 @@ impl Engine {
             return Ok(());
         };
         if !self
+            .seen
             .tables_attached
             .load(std::sync::atomic::Ordering::Relaxed)
         {
@@ -288,10 +286,7 @@ impl Engine {
                         "the warehouse's table '{name}' cannot be read and is left out: {}",
                         display_error(&e.into())
                     );
-                    let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-                    if warned.insert(warning.clone()) {
-                        eprintln!("warning: {warning}");
-                    }
+                    self.seen.warn_once(warning);
                 }
             }
         }
@@ -301,11 +296,11 @@ impl Engine {
     pub(super) fn seen_tables(
         &self,
     ) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
-        self.seen_tables.lock().unwrap_or_else(|p| p.into_inner())
+        self.seen.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
-        self.seen_models.lock().unwrap_or_else(|p| p.into_inner())
+        self.seen.models.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `name` is registered as the warehouse's table of that name (not an external
@@ -362,5 +357,40 @@ pub(super) async fn model_source(
             "model '{name}': no model at '{source}': expected an .onnx file or a folder holding \
              model.onnx; {url} does not exist, or is a folder without model.onnx"
         ))),
+    }
+}
+
+/// What a process has seen of the warehouse's catalog, kept so that each statement registers
+/// only what changed, and says each warning once.
+#[derive(Default)]
+pub(super) struct Seen {
+    /// The models of `--models`: files, which every process reads again, so not redefined by
+    /// statements (a definition kept in the warehouse would be hidden by the file in the next).
+    pub(super) folder_models: BTreeSet<String>,
+    /// The warehouse's model definitions as this process last read or wrote them.
+    pub(super) models: Mutex<BTreeMap<String, Definition>>,
+    /// The warnings of model definitions already given.
+    pub(super) warned: Mutex<BTreeSet<String>>,
+    /// Set once the warehouse has been opened: its legacy layout moved.
+    pub(super) opened: tokio::sync::OnceCell<()>,
+    /// Whether the warehouse's tables are registered by name ([`Engine::open`]), and kept up
+    /// to date before each statement.
+    pub(super) tables_attached: std::sync::atomic::AtomicBool,
+    /// The warehouse tables registered by name, with the version each was registered at
+    /// ([`crate::storage::Tables::version`]).
+    pub(super) tables: Mutex<BTreeMap<String, Option<String>>>,
+    /// The materialized views registered by name, with the manifest version of each.
+    pub(super) views: Mutex<BTreeMap<String, String>>,
+    /// The file version of each `--models` model a refresh used, as first seen.
+    pub(super) folder_versions: Mutex<BTreeMap<String, Option<String>>>,
+}
+
+impl Seen {
+    /// Says `warning` on standard error, unless it was said before.
+    pub(super) fn warn_once(&self, warning: String) {
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if warned.insert(warning.clone()) {
+            eprintln!("warning: {warning}");
+        }
     }
 }

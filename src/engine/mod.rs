@@ -41,10 +41,12 @@ use crate::error::{Error, Result};
 use crate::message::display_error;
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
+use crate::statement_context::StatementContext;
 use crate::statements::{ModelStatement, Statement, parse};
 use crate::storage::{StoreRegistry, is_object_store_url, location_url};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
 use crate::warehouse::{Definition, Warehouse, check_name};
+use catalog::Seen;
 
 mod catalog;
 mod explain;
@@ -71,27 +73,8 @@ pub struct Engine {
     tables: Arc<ResolvedTables>,
     /// Where statements run: this process, or a cluster.
     placement: Placement,
-    /// The models of `--models`: files, which every process reads again, so not redefined by
-    /// statements (a definition kept in the warehouse would be hidden by the file in the next).
-    folder_models: BTreeSet<String>,
-    /// The warehouse's model definitions as this process last read or wrote them.
-    seen_models: Mutex<BTreeMap<String, Definition>>,
-    /// The warnings of model definitions already given.
-    warned: Mutex<BTreeSet<String>>,
-    /// Set once the warehouse has been opened: its legacy layout moved.
-    opened: tokio::sync::OnceCell<()>,
-    /// Whether the warehouse's tables are registered by name ([`Engine::open`]), and kept up
-    /// to date before each statement.
-    tables_attached: std::sync::atomic::AtomicBool,
-    /// The warehouse tables registered by name, with the version each was registered at
-    /// ([`crate::storage::Tables::version`]).
-    seen_tables: Mutex<BTreeMap<String, Option<String>>>,
-    /// The materialized views registered by name, with the manifest version of each.
-    seen_views: Mutex<BTreeMap<String, String>>,
-    /// The file version of each `--models` model a refresh used, as first seen.
-    folder_versions: Mutex<BTreeMap<String, Option<String>>>,
-    /// Where the statement at hand keeps its rejects, if it keeps them.
-    rejects_folder: Mutex<Option<url::Url>>,
+    /// What this process has seen of the warehouse's models, tables and views.
+    seen: Seen,
 }
 
 impl Engine {
@@ -123,15 +106,10 @@ impl Engine {
             registry,
             config,
             warehouse,
-            folder_models,
-            seen_models: Mutex::new(BTreeMap::new()),
-            warned: Mutex::new(BTreeSet::new()),
-            opened: tokio::sync::OnceCell::new(),
-            tables_attached: std::sync::atomic::AtomicBool::new(false),
-            seen_tables: Mutex::new(BTreeMap::new()),
-            seen_views: Mutex::new(BTreeMap::new()),
-            folder_versions: Mutex::new(BTreeMap::new()),
-            rejects_folder: Mutex::new(None),
+            seen: Seen {
+                folder_models,
+                ..Seen::default()
+            },
         })
     }
 
@@ -143,6 +121,7 @@ impl Engine {
             warehouse.remove_abandoned();
         }
         engine
+            .seen
             .tables_attached
             .store(true, std::sync::atomic::Ordering::Relaxed);
         engine.refresh_tables().await?;
@@ -217,24 +196,15 @@ impl Engine {
     /// What each statement begins with: the warehouse's models and tables (and views) as they
     /// are now, and the models shared with a cluster.
     async fn before_statement(&self) -> Result<()> {
-        // Until the statement is tagged, it keeps no rejects.
-        *self
-            .rejects_folder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        // Its scoring stops at a signal that comes from now on, not at one that came before.
-        if let Some(options) = self
-            .ctx
-            .state_ref()
-            .write()
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<BatchInferOptions>()
-        {
-            options.stop_signals_before = crate::stop::signals();
-            crate::storage::footer::set_max_footer_bytes(options.max_footer_bytes);
-        }
+        // A statement of its own, which keeps no rejects until it is tagged, and whose scoring
+        // stops at a signal that comes from now on, not at one that came before.
+        self.update_statement(|statement| {
+            *statement = StatementContext {
+                stop_signals_before: crate::stop::signals(),
+                ..StatementContext::default()
+            }
+        });
+        crate::storage::footer::set_max_footer_bytes(self.batchinfer_options().max_footer_bytes);
         self.refresh_models().await?;
         self.refresh_tables().await?;
         self.placement.share_models(&self.ctx, &self.registry)
@@ -250,7 +220,7 @@ impl Engine {
             .options()
             .extensions
             .get::<BatchInferOptions>()
-            .and_then(BatchInferOptions::device);
+            .and_then(|options| options.device.map(crate::device::Device::resolve));
         if let Some(device) = device
             && device != self.registry.device()
         {

@@ -436,7 +436,7 @@ impl Engine {
             std::panic::AssertUnwindSafe(self.score_unit(folder, generation, planned, work))
                 .catch_unwind()
                 .await
-                .unwrap_or_else(|panic| Err(Error::Internal(crate::runner::panic_message(&panic))));
+                .unwrap_or_else(|panic| Err(Error::Internal(crate::error::panic_message(&panic))));
         let Err(e) = scored else {
             return scored;
         };

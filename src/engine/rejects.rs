@@ -28,18 +28,7 @@ impl Engine {
             text.truncate(end);
             text.push('…');
         }
-        let state = self.ctx.state_ref();
-        let mut state = state.write();
-        let Some(options) = state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<BatchInferOptions>()
-        else {
-            return Ok(());
-        };
-        options.statement = statement_id();
-        options.statement_text = text;
+        let options = self.batchinfer_options();
         let rejects = match (&*options.rejects, &self.warehouse) {
             ("", Some(warehouse)) => warehouse.rejects_location()?,
             ("", None) => "rejects/".to_string(),
@@ -88,18 +77,49 @@ impl Engine {
                 .check_folder(&url)
                 .map_err(unusable)?;
         }
-        options.rejects = crate::storage::display_location(&url);
-        *self.rejects_folder() = (options.on_error == OnError::Reject)
-            .then(|| statement_folder(options))
-            .transpose()?;
+        self.update_statement(|statement| {
+            statement.id = statement_id();
+            statement.text = text;
+            statement.rejects = crate::storage::display_location(&url);
+            statement.keeps_rejects = options.on_error == OnError::Reject;
+        });
         Ok(())
     }
 
     /// The rejects folder of the statement at hand, as it was tagged (None: it keeps none).
-    fn rejects_folder(&self) -> std::sync::MutexGuard<'_, Option<url::Url>> {
-        self.rejects_folder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    fn rejects_folder(&self) -> Result<Option<url::Url>> {
+        let statement = self.statement();
+        statement
+            .keeps_rejects
+            .then(|| statement_folder(&statement))
+            .transpose()
+    }
+
+    /// The statement at hand, as it was tagged.
+    pub(super) fn statement(&self) -> StatementContext {
+        let state = self.ctx.state_ref();
+        let state = state.read();
+        state
+            .config()
+            .options()
+            .extensions
+            .get::<StatementContext>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Changes the statement at hand with `change`.
+    pub(super) fn update_statement(&self, change: impl FnOnce(&mut StatementContext)) {
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        if let Some(statement) = state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<StatementContext>()
+        {
+            change(statement);
+        }
     }
 
     /// The session's `batchinfer.max_errors`.
@@ -141,7 +161,7 @@ impl Engine {
     /// The rows the statement that just ran rejected, per model, and the folder they are in
     /// (nothing unless `on_error = 'reject'`): counted from the files, wherever they were written.
     pub async fn statement_rejects(&self) -> Result<(Vec<(String, u64)>, String)> {
-        let Some(folder) = self.rejects_folder().clone() else {
+        let Some(folder) = self.rejects_folder()? else {
             return Ok((Vec::new(), String::new()));
         };
         let counts = self.registry.stores().count_rejects(&folder).await?;

@@ -357,10 +357,7 @@ impl Engine {
                     "materialized view '{name}' cannot be read and is left out: {}",
                     display_error(&e)
                 );
-                let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-                if warned.insert(warning.clone()) {
-                    eprintln!("warning: {warning}");
-                }
+                self.seen.warn_once(warning);
             }
         }
         Ok(())
@@ -483,7 +480,7 @@ impl Engine {
 
     /// The views registered by name, with the manifest version each was registered at.
     pub(super) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
-        self.seen_views.lock().unwrap_or_else(|p| p.into_inner())
+        self.seen.views.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

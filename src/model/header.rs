@@ -4,7 +4,7 @@
 
 use ort::value::TensorElementType as E;
 
-use super::external::{Fields, Value};
+use crate::onnx::external::{Fields, Value};
 use crate::tensor::signature::TensorSpec;
 
 /// A model's declared interface.
@@ -253,7 +253,7 @@ fn class_labels(graph: &[u8]) -> Result<Vec<String>, String> {
                     // Packed ints.
                     (8, Value::Bytes(mut packed)) => {
                         while !packed.is_empty() {
-                            let v = super::external::varint(&mut packed)
+                            let v = crate::onnx::external::varint(&mut packed)
                                 .ok_or("a class label list ends early")?;
                             labels.push((v as i64).to_string());
                         }

@@ -4,7 +4,6 @@
 //! (its signature and its session) is shared by every partition of every query.
 
 pub mod embed;
-pub mod external;
 pub mod header;
 pub mod listing;
 mod pool;
@@ -61,19 +60,19 @@ pub struct Model {
 /// A model file's bytes with the external data files it names, read from its folder.
 pub struct ModelFiles {
     pub bytes: Arc<[u8]>,
-    pub external: external::ExternalFiles,
+    pub external: crate::onnx::external::ExternalFiles,
 }
 
 impl ModelFiles {
     /// Reads the model at `source` and its external data; errors are the reason alone.
     pub fn read(source: &ModelSource, stores: &StoreRegistry) -> std::result::Result<Self, String> {
-        let bytes: Arc<[u8]> = source.read(stores, source::MODEL_CAP)?.into();
-        let mut files = external::ExternalFiles::new();
-        for location in external::locations(&bytes)? {
-            external::check_location(&location)?;
+        let bytes: Arc<[u8]> = source.read(stores, crate::onnx::MODEL_CAP)?.into();
+        let mut files = crate::onnx::external::ExternalFiles::new();
+        for location in crate::onnx::external::locations(&bytes)? {
+            crate::onnx::external::check_location(&location)?;
             let file = source.beside(&location);
             let data = file
-                .read(stores, external::EXTERNAL_CAP)
+                .read(stores, crate::onnx::external::EXTERNAL_CAP)
                 .map_err(|e| format!("its external data: {e}"))?;
             files.push((location, data.into()));
         }
@@ -85,7 +84,7 @@ impl ModelFiles {
 
     /// The model's sha256 (with its external data), as [`Model::sha256`].
     pub fn sha256(&self) -> String {
-        external::sha256(&self.bytes, &self.external)
+        crate::onnx::external::sha256(&self.bytes, &self.external)
     }
 }
 
@@ -192,7 +191,7 @@ impl Model {
         name: &str,
         source: ModelSource,
         bytes: Arc<[u8]>,
-        files: external::ExternalFiles,
+        files: crate::onnx::external::ExternalFiles,
         options: SessionOptions,
     ) -> Result<Model> {
         let load_error = |message: String| Error::ModelLoad {
@@ -202,7 +201,7 @@ impl Model {
         };
         // Every file it names must be given: ONNX Runtime would look for any other in the
         // working directory.
-        for location in external::locations(&bytes).map_err(load_error)? {
+        for location in crate::onnx::external::locations(&bytes).map_err(load_error)? {
             if !files.iter().any(|(given, _)| given == &location) {
                 return Err(load_error(format!(
                     "it keeps data in '{location}', which was not read with it"
@@ -212,7 +211,7 @@ impl Model {
         let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
         // The sha256 is computed while ONNX Runtime builds the session.
         let (sha256, pool) = std::thread::scope(|scope| {
-            let sha256 = scope.spawn(|| external::sha256(&bytes, &files));
+            let sha256 = scope.spawn(|| crate::onnx::external::sha256(&bytes, &files));
             let pool = SessionPool::new(&bytes, files.clone(), options);
             let sha256 = sha256
                 .join()

@@ -22,9 +22,9 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynValue;
 
-use super::external::ExternalFiles;
 use crate::config::GraphOptimization;
 use crate::device::Target;
+use crate::onnx::external::ExternalFiles;
 use crate::stop::StopToken;
 
 /// How the session of a model is built and run.

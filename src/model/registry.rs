@@ -223,16 +223,14 @@ impl ModelRegistry {
     }
 
     /// The model `name` on `device` as the query's session defines it: through the definitions a
-    /// cluster client sent (`batchinfer.models` in `config`) when they name it, else by name.
+    /// cluster client sent (`batchinfer_statement.models` in `config`) when they name it, else by name.
     pub fn resolve(
         &self,
         name: &str,
         device: Option<Target>,
         config: Option<&datafusion::config::ConfigOptions>,
     ) -> Result<Arc<Model>> {
-        let shared = config
-            .and_then(|c| c.extensions.get::<crate::config::BatchInferOptions>())
-            .map(|o| &o.models);
+        let shared = crate::statement_context::StatementContext::of(config).map(|s| &s.models);
         if let Some(model) = shared.and_then(|models| models.get(name)) {
             let entry = self.shared_entry(model)?;
             return self.load(name, &entry, device);
@@ -316,7 +314,7 @@ impl ModelRegistry {
         let Some(header) = super::header::read(&files.bytes).map_err(unreadable)? else {
             return self.get(name).map(|m| Listed::of(&m));
         };
-        let sha256 = super::external::sha256(&files.bytes, &files.external);
+        let sha256 = crate::onnx::external::sha256(&files.bytes, &files.external);
         if let Some(expected) = &entry.sha256
             && expected != &sha256
         {

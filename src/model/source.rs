@@ -9,8 +9,7 @@ use url::Url;
 use crate::message::display_error;
 use crate::storage::{StoreRegistry, location_url};
 
-/// The largest model file read: ONNX's protobuf encoding ends at 2 GiB.
-pub const MODEL_CAP: u64 = 2 << 30;
+pub use crate::onnx::MODEL_CAP;
 /// The largest `tokenizer.json` read.
 pub const TOKENIZER_CAP: u64 = 256 << 20;
 /// The largest configuration file beside a model read (`config.json`, `batchinfer.json`, ...).

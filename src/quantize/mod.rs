@@ -34,8 +34,6 @@
 //! own `onnx-ml.proto` by `scripts/onnx_proto.sh`).
 
 mod arith;
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-mod onnx;
 mod rewrite;
 
 use std::collections::HashSet;
@@ -44,10 +42,10 @@ use std::fmt;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use onnx::tensor_proto::{DataLocation, DataType};
-use onnx::{GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+use crate::onnx::proto::tensor_proto::{DataLocation, DataType};
+use crate::onnx::proto::{GraphProto, ModelProto, StringStringEntryProto, TensorProto};
 
-use crate::model::external::ExternalFiles;
+use crate::onnx::external::ExternalFiles;
 
 /// The quantization batchinfer does: `OPTIONS ('quantize' 'int8')`.
 pub const INT8: &str = "int8";
@@ -204,13 +202,13 @@ pub fn quantize(
         });
     }
     let bytes = model.encode_to_vec();
-    if bytes.len() as u64 >= crate::model::source::MODEL_CAP {
+    if bytes.len() as u64 >= crate::onnx::MODEL_CAP {
         return Err(format!(
             "the quantized model would be {} bytes, over ONNX's 2 GiB for one file",
             bytes.len()
         ));
     }
-    if let Some(location) = crate::model::external::locations(&bytes)?.first() {
+    if let Some(location) = crate::onnx::external::locations(&bytes)?.first() {
         return Err(format!(
             "it keeps data in '{location}' for a tensor int8 quantization does not read (a \
              sparse tensor, a function or training information)"
@@ -379,12 +377,15 @@ pub fn provenance_of(bytes: &[u8]) -> Option<Provenance> {
 
 #[cfg(test)]
 mod tests {
-    use super::onnx::{OperatorSetIdProto, ValueInfoProto};
     use super::rewrite::{f32_bytes, node, tensor};
     use super::*;
+    use crate::onnx::proto::{OperatorSetIdProto, ValueInfoProto};
 
     /// A model of `nodes` over the float initializers `weights` (name, rows, columns).
-    fn model(nodes: Vec<onnx::NodeProto>, weights: &[(&str, i64, i64)]) -> ModelProto {
+    fn model(
+        nodes: Vec<crate::onnx::proto::NodeProto>,
+        weights: &[(&str, i64, i64)],
+    ) -> ModelProto {
         let initializer = weights
             .iter()
             .map(|&(name, k, n)| {
@@ -473,11 +474,13 @@ mod tests {
             ..Default::default()
         };
         let mut branch_node = node("If", "if", &["c"], &["z_out"]);
-        branch_node.attribute.push(onnx::AttributeProto {
-            name: Some("then_branch".into()),
-            g: Some(branch.clone()),
-            ..Default::default()
-        });
+        branch_node
+            .attribute
+            .push(crate::onnx::proto::AttributeProto {
+                name: Some("then_branch".into()),
+                g: Some(branch.clone()),
+                ..Default::default()
+            });
         let nodes = vec![
             node("MatMul", "a", &["x", "w"], &["y1"]),
             node("MatMul", "b", &["x", "v"], &["y2"]),
@@ -548,7 +551,7 @@ mod tests {
 
     #[test]
     fn fused_nodes_onnx_runtime_has_no_int8_form_for_stay_float() {
-        let microsoft = |mut n: onnx::NodeProto| {
+        let microsoft = |mut n: crate::onnx::proto::NodeProto| {
             n.domain = Some("com.microsoft".into());
             n
         };

@@ -8,9 +8,9 @@ use super::MIN_INNER;
 /// ONNX Runtime's operator domain.
 const MICROSOFT: &str = "com.microsoft";
 use super::arith::{quantize_columns, quantize_table};
-use super::onnx::attribute_proto::AttributeType;
-use super::onnx::tensor_proto::DataType;
-use super::onnx::{AttributeProto, GraphProto, NodeProto, TensorProto};
+use crate::onnx::proto::attribute_proto::AttributeType;
+use crate::onnx::proto::tensor_proto::DataType;
+use crate::onnx::proto::{AttributeProto, GraphProto, NodeProto, TensorProto};
 
 /// Why a MatMul or Gemm was left in float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -6,9 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The default of `batchinfer.max_footer_bytes`: well above the metadata of very wide tables
-/// with thousands of row groups.
-pub const DEFAULT_MAX_FOOTER_BYTES: u64 = 256 << 20;
+pub use crate::config::DEFAULT_MAX_FOOTER_BYTES;
 
 /// The cap in force: the process's, set from the session's `batchinfer.max_footer_bytes` as
 /// each statement starts (stores are shared by every statement of a process).

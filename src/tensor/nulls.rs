@@ -10,56 +10,12 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float64Type};
-use datafusion::common::config::{ConfigField, Visit};
-use datafusion::error::DataFusionError;
+
+pub use crate::config::Nulls;
 
 use super::element::element_arrow_type;
 use super::input::{InputBinding, InputSource};
 use super::signature::ModelSignature;
-
-/// `SET batchinfer.nulls`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Nulls {
-    /// A row with a NULL feature gets a NULL result (the default).
-    #[default]
-    Null,
-    /// A NULL feeding a float input is NaN to the model.
-    Nan,
-}
-
-impl std::fmt::Display for Nulls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Nulls::Null => "null",
-            Nulls::Nan => "nan",
-        })
-    }
-}
-
-impl ConfigField for Nulls {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-        *self = match value.trim().to_ascii_lowercase().as_str() {
-            "null" => Nulls::Null,
-            "nan" => Nulls::Nan,
-            other => {
-                return Err(DataFusionError::Configuration(format!(
-                    "batchinfer.nulls must be 'null' (a row with a NULL feature gets NULL) or \
-                     'nan' (a NULL feeding a float input is NaN), not '{other}'"
-                )));
-            }
-        };
-        Ok(())
-    }
-
-    fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
-        *self = Nulls::Null;
-        Ok(())
-    }
-}
 
 /// `column` (a scalar column feeding an input whose Arrow element type is `target`) with its
 /// NULLs as NaN, where `target` is a float type and the column has NULLs; None where nothing

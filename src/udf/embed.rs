@@ -25,6 +25,7 @@ use crate::error::Error;
 use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
 use crate::model::{Model, ModelRegistry};
 use crate::rejects;
+use crate::statement_context::StatementContext;
 
 /// The `embed` scalar function over a [`ModelRegistry`].
 #[derive(Debug)]
@@ -113,6 +114,8 @@ impl ScalarUDFImpl for EmbedUdf {
         let rows = args.number_rows;
         let text_array = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
         let session = args.config_options.extensions.get::<BatchInferOptions>();
+        let untagged = StatementContext::default();
+        let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let (model, dim) = self.model(&name, text_array.data_type(), Some(&args.config_options))?;
         let texts = text_array.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
@@ -120,7 +123,7 @@ impl ScalarUDFImpl for EmbedUdf {
             token_budget: session
                 .and_then(|o| o.token_budget)
                 .unwrap_or_else(|| model.device().token_budget()),
-            stop: session.map(|o| o.stop()).unwrap_or_default(),
+            stop: statement.stop(),
             ..EmbedOptions::default()
         };
         let on_error = session.map_or(OnError::Fail, |o| o.on_error);
@@ -161,9 +164,9 @@ impl ScalarUDFImpl for EmbedUdf {
                 let fields = args.arg_fields.get(1..2).unwrap_or_default();
                 let columns = [text_array.clone()];
                 let stores = self.registry.stores();
-                rejects::keep(stores, session, &model, fields, &columns, &failed)?;
+                rejects::keep(stores, statement, &model, fields, &columns, &failed)?;
             }
-            rejects::count(session, &name, present.len(), &failed)?;
+            rejects::count(session, statement, &name, present.len(), &failed)?;
         }
         let item = Arc::new(Field::new_list_field(DataType::Float32, true));
         // NULL under a NULL text and under a text the model failed on.

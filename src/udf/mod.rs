@@ -57,5 +57,6 @@ pub(crate) fn device_of(
     config?
         .extensions
         .get::<crate::config::BatchInferOptions>()?
-        .device()
+        .device
+        .map(crate::device::Device::resolve)
 }

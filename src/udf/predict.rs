@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
 use crate::rejects;
+use crate::statement_context::StatementContext;
 use crate::tensor::input::InputBinding;
 
 /// The `predict` scalar function over a [`ModelRegistry`].
@@ -108,20 +109,29 @@ impl ScalarUDFImpl for PredictUdf {
             .collect::<Result<Vec<_>>>()?;
         let features = args.arg_fields.get(1..).unwrap_or_default();
         let session = args.config_options.extensions.get::<BatchInferOptions>();
+        let untagged = StatementContext::default();
+        let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let (model, binding) = self.bind(&name, features, Some(&args.config_options))?;
         let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
             max_rows: o.batch_size,
             on_error: o.on_error,
-            stop: o.stop(),
+            stop: statement.stop(),
             nulls: o.nulls,
         });
         let scoring = score(&model, &binding, &columns, rows, options)?;
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 let stores = self.registry.stores();
-                rejects::keep(stores, session, &model, features, &columns, &scoring.failed)?;
+                rejects::keep(
+                    stores,
+                    statement,
+                    &model,
+                    features,
+                    &columns,
+                    &scoring.failed,
+                )?;
             }
-            rejects::count(session, &name, scoring.scored, &scoring.failed)?;
+            rejects::count(session, statement, &name, scoring.scored, &scoring.failed)?;
         }
         let result = scoring.result;
         if result.data_type() != args.return_field.data_type() {

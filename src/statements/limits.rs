@@ -42,7 +42,7 @@ pub fn check_depth(statement: &DFStatement) -> Result<()> {
         deepest: 0,
         tables: 0,
     };
-    match crate::statements::visit_sql(statement, &mut depth) {
+    match super::visit_sql(statement, &mut depth) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(()) => Err(Error::Usage(format!(
             "expression too deep: the statement nests expressions, subqueries, set operations or \
@@ -206,6 +206,11 @@ pub fn check_setting(statement: &DFStatement) -> Result<()> {
         return Ok(());
     };
     let name = variable.to_string().to_ascii_lowercase();
+    if let Some(part) = name.strip_prefix(&format!("{}.", crate::statement_context::PREFIX)) {
+        return Err(Error::Usage(format!(
+            "{name} cannot be SET: batchinfer sets the statement's {part} for each statement"
+        )));
+    }
     let Some((_, most)) = BOUNDED_SETTINGS.iter().find(|(key, _)| *key == name) else {
         return Ok(());
     };

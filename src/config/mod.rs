@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-pub use crate::device::{Device, Target};
+mod values;
+
+pub use values::*;
 
 use std::any::Any;
 
@@ -32,7 +34,7 @@ pub struct EngineConfig {
     /// Where model definitions and `CREATE TABLE ... AS` tables persist (None: in memory only).
     pub warehouse: Option<PathBuf>,
     /// A Ballista scheduler (`df://host:port`) to run queries on, instead of this process.
-    pub remote: Option<crate::cluster::Remote>,
+    pub remote: Option<Remote>,
     /// Where models run: the CPU, a CUDA GPU, or `auto`.
     pub device: Target,
 }
@@ -117,51 +119,27 @@ pub struct BatchInferOptions {
     pub on_error: OnError,
     /// What a NULL feeding a float input is to the model: 'null' (the row gets NULL, unscored)
     /// or 'nan'.
-    pub nulls: crate::tensor::nulls::Nulls,
+    pub nulls: Nulls,
     /// embed: most tokens (rows x padded length) per model call, rows sorted by length (0: no
     /// sorting, calls of 32 rows in the input's order). Unset: 256 on the CPU, 16,384 on a GPU.
     pub token_budget: Option<usize>,
     /// Where models run for this session's queries (unset: the engine's `--device`).
     pub device: Option<Device>,
-    /// Model definitions (name -> source and sha256) that a cluster client sends with each query,
-    /// so that the scheduler and the executors resolve model names as it does.
-    pub models: crate::model::SharedModels,
     /// Local Parquet files are read by batchinfer's streaming reader (page by page, row groups
     /// split across partitions); false: by DataFusion's reader (whole row groups at once).
     pub streaming_scan: bool,
     /// Where rejected rows go (`on_error = 'reject'`): a folder or an object store prefix
-    /// (empty: the warehouse's `rejects/`). Made absolute by the engine before each statement.
+    /// (empty: the warehouse's `rejects/`).
     pub rejects: String,
     /// How many failed rows a statement may have before it stops: a count or a share of the rows
     /// scored (unset: no limit).
-    pub max_errors: Option<crate::rejects::ErrorBudget>,
+    pub max_errors: Option<ErrorBudget>,
     /// Materialized views: the most input files a refresh scores between two commits (fewer:
     /// less work lost when a refresh is killed; more: fewer commits).
     pub files_per_commit: usize,
     /// The largest Parquet footer (metadata) read, in bytes: a file claiming more is refused
     /// before anything is allocated for it.
     pub max_footer_bytes: u64,
-    /// The statement at hand, as the engine tags it before planning: its id and its text (for
-    /// the rejects it leaves).
-    pub statement: String,
-    pub statement_text: String,
-    /// Stop signals received when the statement was tagged ([`crate::stop`]): its scoring
-    /// loops stop at any later one. Not a setting: each process counts its own.
-    pub stop_signals_before: u64,
-}
-
-impl BatchInferOptions {
-    /// The statement's view of stop signals.
-    pub fn stop(&self) -> crate::stop::StopToken {
-        crate::stop::StopToken::after(self.stop_signals_before)
-    }
-}
-
-impl BatchInferOptions {
-    /// The device set for this session, if any.
-    pub fn device(&self) -> Option<Target> {
-        self.device.map(Device::resolve)
-    }
 }
 
 impl Default for BatchInferOptions {
@@ -172,15 +150,11 @@ impl Default for BatchInferOptions {
             nulls: Default::default(),
             token_budget: None,
             device: None,
-            models: Default::default(),
             streaming_scan: true,
             rejects: String::new(),
             max_errors: None,
             files_per_commit: 64,
-            max_footer_bytes: crate::storage::footer::DEFAULT_MAX_FOOTER_BYTES,
-            statement: String::new(),
-            statement_text: String::new(),
-            stop_signals_before: 0,
+            max_footer_bytes: DEFAULT_MAX_FOOTER_BYTES,
         }
     }
 }
@@ -227,7 +201,6 @@ impl BatchInferOptions {
                 self.device = Some(value.parse().map_err(DataFusionError::Configuration)?);
                 Ok(())
             }
-            "models" => self.models.set(key, value),
             "streaming_scan" => self.streaming_scan.set(key, value),
             "rejects" => self.rejects.set(key, value),
             "max_errors" => {
@@ -252,8 +225,6 @@ impl BatchInferOptions {
                     parse_size(value).map_err(DataFusionError::Configuration)? as u64;
                 Ok(())
             }
-            "statement" => self.statement.set(key, value),
-            "statement_text" => self.statement_text.set(key, value),
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
                  nulls, token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
@@ -312,11 +283,6 @@ impl BatchInferOptions {
             Some(device) => v.some("batchinfer.device", device, about),
             None => v.none("batchinfer.device", about),
         }
-        self.models.visit(
-            v,
-            "batchinfer.models",
-            "Model definitions (JSON: name -> source and sha256) a cluster client sends with each query.",
-        );
         self.streaming_scan.visit(
             v,
             "batchinfer.streaming_scan",
@@ -341,16 +307,6 @@ impl BatchInferOptions {
             v,
             "batchinfer.max_footer_bytes",
             "The largest Parquet footer (file metadata) read, in bytes ('256M', '1G'): a file claiming more is refused.",
-        );
-        self.statement.visit(
-            v,
-            "batchinfer.statement",
-            "The id of the statement at hand (set by batchinfer for its rejects).",
-        );
-        self.statement_text.visit(
-            v,
-            "batchinfer.statement_text",
-            "The text of the statement at hand (set by batchinfer for its rejects).",
         );
         entries.0
     }
@@ -407,66 +363,4 @@ impl ConfigField for OnError {
 
 impl ConfigExtension for BatchInferOptions {
     const PREFIX: &'static str = "batchinfer";
-}
-
-/// Parses a size such as `512M`, `2G`, `1.5g`, `100000` (bytes; K, M, G, T are powers of 1024).
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale: f64 = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches(['B', 'I'])
-    {
-        "" => 1.0,
-        "K" => 1024.0,
-        "M" => 1024.0 * 1024.0,
-        "G" => 1024.0 * 1024.0 * 1024.0,
-        "T" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => {
-            return Err(format!(
-                "'{text}' is not a size: use a number with K, M, G or T"
-            ));
-        }
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size: use a number with K, M, G or T"))?;
-    if !(value.is_finite() && value > 0.0) {
-        return Err(format!("'{text}' is not a positive size"));
-    }
-    let bytes = value * scale;
-    if bytes < 1.0 {
-        return Err(format!("'{text}' is less than one byte"));
-    }
-    if bytes > MAX_SIZE as f64 {
-        return Err(format!(
-            "'{text}' is more memory than any machine has (at most {}T)",
-            MAX_SIZE >> 40
-        ));
-    }
-    Ok(bytes as usize)
-}
-
-/// The largest size [`parse_size`] accepts: 1 PiB.
-const MAX_SIZE: usize = 1 << 50;
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
-        assert!(parse_size("99999999999999999999G").is_err());
-        assert!(parse_size("0.1").is_err());
-        assert_eq!(parse_size("1024T"), Ok(1 << 50));
-    }
 }

@@ -158,7 +158,7 @@ fn walk_tensor(tensor: &[u8], found: &mut Vec<String>) -> Result<(), String> {
 }
 
 /// One field's value in the protobuf wire format.
-pub(super) enum Value<'a> {
+pub(crate) enum Value<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
     Fixed,
@@ -167,7 +167,7 @@ pub(super) enum Value<'a> {
 /// The fields of one protobuf message: (field number, value), or an error where the bytes end
 /// early or are not protobuf. Groups (a wire format ONNX does not use, which a parser still
 /// accepts) are skipped whole.
-pub(super) struct Fields<'a>(pub(super) &'a [u8]);
+pub(crate) struct Fields<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Iterator for Fields<'a> {
     type Item = (Result<u64, String>, Value<'a>);
@@ -237,7 +237,7 @@ fn skip_group(buf: &mut &[u8], number: u64) -> Option<()> {
     Some(())
 }
 
-pub(super) fn varint(buf: &mut &[u8]) -> Option<u64> {
+pub(crate) fn varint(buf: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let (&byte, rest) = buf.split_first()?;

@@ -19,6 +19,8 @@
 //! ```
 //! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
+pub mod limits;
+
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::{CopyToSource, DFParser, DFParserBuilder, Statement as DFStatement};
@@ -107,9 +109,9 @@ impl Statement {
 const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quantize' 'int8')]";
 
 /// The statements of a script, separated by `;` (empty ones dropped). A statement whose
-/// expressions nest too deep is refused here ([`crate::limits::check_depth`]).
+/// expressions nest too deep is refused here ([`limits::check_depth`]).
 pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
-    crate::limits::check_two_way_calls(script, dialect)?;
+    limits::check_two_way_calls(script, dialect)?;
     let mut df = DFParserBuilder::new(script).with_dialect(dialect).build()?;
     let mut statements = Vec::new();
     loop {
@@ -166,14 +168,14 @@ pub fn visit_sql_mut<V: VisitorMut>(
 /// DataFusion's statement, refused when it nests deeper than planning can go.
 fn sql_statement(df: &mut DFParser<'_>) -> Result<DFStatement> {
     let statement = df.parse_statement()?;
-    if let Err(e) = crate::limits::check_depth(&statement) {
+    if let Err(e) = limits::check_depth(&statement) {
         // Dropping a tree that deep would overflow the stack as planning it would.
         std::mem::forget(statement);
         return Err(e);
     }
-    crate::limits::check_setting(&statement)?;
-    crate::limits::check_unbounded(&statement)?;
-    crate::limits::check_numbers(&statement)?;
+    limits::check_setting(&statement)?;
+    limits::check_unbounded(&statement)?;
+    limits::check_numbers(&statement)?;
     Ok(statement)
 }
 

@@ -1,0 +1,225 @@
+//! The statement at hand, as the engine tags it before planning: its id and text (kept with its
+//! rejects), where its rejects go, the model definitions a cluster client sends with it, and the
+//! stop signals that came before it. Not settings: the engine sets them for each statement, and
+//! `SET batchinfer_statement.*` is refused ([`crate::statements::limits::check_setting`]). They
+//! travel with the query as session options (prefix `batchinfer_statement`), so that a cluster's
+//! scheduler and executors see the statement as its client does.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
+use datafusion::error::DataFusionError;
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::stop::StopToken;
+
+/// The statement at hand (see the module's text).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatementContext {
+    /// Its id: the name of its rejects' folder.
+    pub id: String,
+    /// Its text, secrets blanked, shortened (kept with its rejects).
+    pub text: String,
+    /// Where rejected rows go: `batchinfer.rejects` made absolute, or the warehouse's `rejects/`.
+    pub rejects: String,
+    /// Model definitions (name -> source and sha256) that a cluster client sends with each
+    /// query, so that the scheduler and the executors resolve model names as it does.
+    pub models: SharedModels,
+    /// Stop signals received when the statement was tagged ([`crate::stop`]): its scoring loops
+    /// stop at any later one. Each process counts its own, so this one does not travel.
+    pub stop_signals_before: u64,
+    /// Whether it keeps its rejected rows (`on_error = 'reject'` when it was tagged), as the
+    /// engine that tagged it counts them when it ends.
+    pub keeps_rejects: bool,
+}
+
+/// The prefix of the statement's entries among a session's options.
+pub const PREFIX: &str = "batchinfer_statement";
+
+impl StatementContext {
+    /// The statement's view of stop signals.
+    pub fn stop(&self) -> StopToken {
+        StopToken::after(self.stop_signals_before)
+    }
+
+    /// The statement at hand in a session's options (the default where none was tagged).
+    pub fn of(config: Option<&datafusion::config::ConfigOptions>) -> Option<&StatementContext> {
+        config?.extensions.get::<StatementContext>()
+    }
+}
+
+impl ConfigExtension for StatementContext {
+    const PREFIX: &'static str = PREFIX;
+}
+
+impl ExtensionOptions for StatementContext {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> datafusion::error::Result<()> {
+        match key {
+            "id" => self.id = value.to_string(),
+            "text" => self.text = value.to_string(),
+            "rejects" => self.rejects = value.to_string(),
+            "models" => self.models = SharedModels::parse(value)?,
+            _ => {
+                return Err(DataFusionError::Configuration(format!(
+                    "{PREFIX}.{key} is not a part of a statement"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        let entry = |key: &str, value: String, description: &'static str| ConfigEntry {
+            key: format!("{PREFIX}.{key}"),
+            value: Some(value),
+            description,
+        };
+        vec![
+            entry("id", self.id.clone(), "The id of the statement at hand."),
+            entry(
+                "text",
+                self.text.clone(),
+                "The text of the statement at hand.",
+            ),
+            entry(
+                "rejects",
+                self.rejects.clone(),
+                "Where the statement's rejected rows go.",
+            ),
+            entry(
+                "models",
+                self.models.to_json(),
+                "The model definitions (JSON: name -> source and sha256) the statement's client \
+                 resolves names with.",
+            ),
+        ]
+    }
+}
+
+/// One model as a client defines it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SharedModel {
+    /// A path (the same on every machine) or an object store's URL (`s3://`, `gs://`, ...).
+    pub source: String,
+    /// The sha256 of the bytes the client loaded; `None` for a model it has not loaded.
+    pub sha256: Option<String>,
+}
+
+/// The definitions a client sends with a query: name -> model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedModels(pub BTreeMap<String, SharedModel>);
+
+impl SharedModels {
+    /// The definitions in the JSON of `batchinfer_statement.models` (empty text: none). A name
+    /// mapped to a plain string is a source without a hash.
+    pub fn parse(text: &str) -> Result<Self> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        let invalid =
+            |why: String| Error::Internal(format!("{PREFIX}.models is not usable: {why}"));
+        let json: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let Value::Object(map) = json else {
+            return Err(invalid("expected an object of model definitions".into()));
+        };
+        let mut models = BTreeMap::new();
+        for (name, definition) in map {
+            let model = match &definition {
+                Value::String(source) => SharedModel {
+                    source: source.clone(),
+                    sha256: None,
+                },
+                Value::Object(fields) => SharedModel {
+                    source: fields
+                        .get("source")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid(format!("model '{name}' has no source")))?
+                        .to_string(),
+                    sha256: fields
+                        .get("sha256")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                },
+                _ => return Err(invalid(format!("model '{name}' is not a definition"))),
+            };
+            models.insert(name, model);
+        }
+        Ok(SharedModels(models))
+    }
+
+    /// The JSON a client sends.
+    pub fn to_json(&self) -> String {
+        let map: serde_json::Map<String, Value> = self
+            .0
+            .iter()
+            .map(|(name, m)| {
+                (
+                    name.clone(),
+                    json!({"source": m.source, "sha256": m.sha256}),
+                )
+            })
+            .collect();
+        Value::Object(map).to_string()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&SharedModel> {
+        self.0.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definitions_round_trip_and_plain_sources_parse() {
+        let mut models = SharedModels::default();
+        models.0.insert(
+            "churn".into(),
+            SharedModel {
+                source: "s3://m/churn.onnx".into(),
+                sha256: Some("ab".into()),
+            },
+        );
+        assert_eq!(SharedModels::parse(&models.to_json()).unwrap(), models);
+        let plain = SharedModels::parse(r#"{"x": "/m/x.onnx"}"#).unwrap();
+        assert_eq!(plain.get("x").unwrap().sha256, None);
+        assert!(SharedModels::parse("[1]").is_err());
+        assert!(SharedModels::parse("").unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn a_statement_travels_as_its_entries() {
+        let mut statement = StatementContext {
+            id: "s1".into(),
+            text: "SELECT 1".into(),
+            rejects: "/tmp/rejects/".into(),
+            stop_signals_before: 3,
+            ..Default::default()
+        };
+        statement.models = SharedModels::parse(r#"{"x": "/m/x.onnx"}"#).unwrap();
+        let mut copy = StatementContext::default();
+        for entry in statement.entries() {
+            let key = entry.key.strip_prefix("batchinfer_statement.").unwrap();
+            copy.set(key, &entry.value.unwrap()).unwrap();
+        }
+        assert_eq!(copy.stop_signals_before, 0);
+        copy.stop_signals_before = 3;
+        assert_eq!(copy, statement);
+        assert!(copy.set("nulls", "nan").is_err());
+    }
+}
