@@ -185,7 +185,7 @@ impl Model {
         Ok(model)
     }
 
-    /// Loads a model from its bytes and the external data files it names (see [`external`]);
+    /// Loads a model from its bytes and the external data files it names (see [`crate::onnx::external`]);
     /// `source` says where they came from, for messages.
     pub fn from_bytes(
         name: &str,

@@ -7,6 +7,7 @@ pub mod element;
 pub mod input;
 pub mod nulls;
 pub mod output;
+pub mod prepare;
 pub mod signature;
 
 /// Calls `$body` with `$t` bound to the Arrow primitive type of a numeric ONNX element type, or

@@ -1,9 +1,14 @@
 //! The rewrite of a graph's nodes: each MatMul, Gemm and Gather that can be quantized replaced
 //! by its int8 form, in place (the graph stays in topological order), the other nodes kept.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use super::MIN_INNER;
+
+mod gather;
+pub use super::counts::{Counts, Left};
+use super::graph::{attribute, floats, names_used};
+pub use super::graph::{f32_bytes, node, tensor};
 
 /// ONNX Runtime's operator domain.
 const MICROSOFT: &str = "com.microsoft";
@@ -11,98 +16,6 @@ use super::arith::{quantize_columns, quantize_table};
 use crate::onnx::proto::attribute_proto::AttributeType;
 use crate::onnx::proto::tensor_proto::DataType;
 use crate::onnx::proto::{AttributeProto, GraphProto, NodeProto, TensorProto};
-
-/// Why a MatMul or Gemm was left in float.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Left {
-    NotConstant,
-    NotFloat32,
-    NotMatrix,
-    FewRows,
-    NotFinite,
-    Unusual,
-}
-
-impl Left {
-    fn text(self) -> String {
-        match self {
-            Left::NotConstant => "a weight computed by the graph (not a constant)".into(),
-            Left::NotFloat32 => "a weight that is not float32".into(),
-            Left::NotMatrix => "a weight that is not a matrix (two dimensions)".into(),
-            Left::FewRows => format!("a weight of fewer than {MIN_INNER} rows"),
-            Left::NotFinite => "a weight with NaN or infinite values".into(),
-            Left::Unusual => {
-                "an unusual form (a transposed input, missing inputs or outputs)".into()
-            }
-        }
-    }
-}
-
-/// What the rewrite did.
-#[derive(Debug, Default)]
-pub struct Counts {
-    pub matmul: usize,
-    pub matmul_done: usize,
-    pub gemm: usize,
-    pub gemm_done: usize,
-    pub gather_done: usize,
-    pub embed_done: usize,
-    pub attention: usize,
-    pub attention_done: usize,
-    pub left: BTreeMap<Left, usize>,
-}
-
-impl Counts {
-    /// `18 of 24 MatMul, 3 Gather`.
-    pub fn text(&self) -> String {
-        let mut parts = Vec::new();
-        if self.matmul > 0 {
-            parts.push(format!("{} of {} MatMul", self.matmul_done, self.matmul));
-        }
-        if self.gemm > 0 {
-            parts.push(format!("{} of {} Gemm", self.gemm_done, self.gemm));
-        }
-        if self.attention > 0 {
-            parts.push(format!(
-                "{} of {} Attention",
-                self.attention_done, self.attention
-            ));
-        }
-        if self.gather_done > 0 {
-            parts.push(format!("{} Gather", self.gather_done));
-        }
-        if self.embed_done > 0 {
-            parts.push(format!("{} EmbedLayerNormalization", self.embed_done));
-        }
-        parts.join(", ")
-    }
-
-    /// Why nothing was quantized.
-    pub fn why_none(&self) -> String {
-        if self.matmul + self.gemm + self.attention == 0 {
-            let tables = if self.gather_done + self.embed_done > 0 {
-                "; its embedding tables alone would make it smaller, not faster"
-            } else {
-                ""
-            };
-            return format!(
-                "it has no MatMul, Gemm or Attention node (int8 quantization speeds up those){tables}"
-            );
-        }
-        let reasons: Vec<String> = self
-            .left
-            .iter()
-            .map(|(why, n)| format!("{n} read {}", why.text()))
-            .collect();
-        format!(
-            "of its {} MatMul, {} Gemm and {} Attention node(s), {}",
-            self.matmul,
-            self.gemm,
-            self.attention,
-            reasons.join(", ")
-        )
-    }
-}
 
 /// A quantized weight: the names of its 8-bit values, scales and zero points.
 #[derive(Clone)]
@@ -139,76 +52,6 @@ pub struct Rewrite {
     pub nodes: Vec<NodeProto>,
     pub initializers: Vec<TensorProto>,
     pub counts: Counts,
-}
-
-/// Every name a graph and its subgraphs use.
-fn names_used(graph: &GraphProto, names: &mut HashSet<String>) {
-    super::visit_graphs(graph, false, &mut |g, _| {
-        for node in &g.node {
-            names.extend(node.input.iter().chain(&node.output).cloned());
-            names.extend(node.name.clone());
-        }
-        let infos = g.input.iter().chain(&g.output).chain(&g.value_info);
-        names.extend(infos.filter_map(|info| info.name.clone()));
-        names.extend(g.initializer.iter().filter_map(|t| t.name.clone()));
-    });
-}
-
-/// The float values of a tensor: `Err` when it is not float32 or not all finite.
-fn floats(tensor: &TensorProto) -> Result<Vec<f32>, Left> {
-    if tensor.data_type != Some(DataType::Float as i32) {
-        return Err(Left::NotFloat32);
-    }
-    let count = tensor
-        .dims
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
-        .ok_or(Left::NotMatrix)?;
-    let values: Vec<f32> = match &tensor.raw_data {
-        Some(raw) => raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        None => tensor.float_data.clone(),
-    };
-    if values.len() != count {
-        return Err(Left::Unusual);
-    }
-    if !values.iter().all(|v| v.is_finite()) {
-        return Err(Left::NotFinite);
-    }
-    Ok(values)
-}
-
-pub fn tensor(name: &str, data_type: DataType, dims: &[i64], raw: Vec<u8>) -> TensorProto {
-    TensorProto {
-        name: Some(name.to_string()),
-        data_type: Some(data_type as i32),
-        dims: dims.to_vec(),
-        raw_data: Some(raw),
-        ..Default::default()
-    }
-}
-
-pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.to_string()),
-        name: Some(name.to_string()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        domain: Some(String::new()),
-        ..Default::default()
-    }
-}
-
-fn attribute<'n>(node: &'n NodeProto, name: &str) -> Option<&'n AttributeProto> {
-    node.attribute
-        .iter()
-        .find(|a| a.name.as_deref() == Some(name))
 }
 
 impl Rewrite {
@@ -561,113 +404,5 @@ impl Rewrite {
         ];
         self.nodes.push(quantized);
         Ok(())
-    }
-
-    /// The constant float tensor `name` as uint8 (a table: one scale and zero point), once.
-    fn table(&mut self, graph: &GraphProto, name: &str) -> Option<Weight> {
-        let key = Key::Table(name.to_string());
-        if let Some(found) = self.weights.get(&key) {
-            return Some(found.clone());
-        }
-        let float = self.constant(graph, name)?;
-        let dims = float.dims.clone();
-        let values = floats(float).ok()?;
-        let (q, scale, zero) = quantize_table(&values);
-        let weight = Weight {
-            values: self.name(&format!("{name}_quantized")),
-            scales: self.name(&format!("{name}_scale")),
-            zeros: self.name(&format!("{name}_zero_point")),
-        };
-        self.initializers
-            .push(tensor(&weight.values, DataType::Uint8, &dims, q));
-        self.initializers.push(tensor(
-            &weight.scales,
-            DataType::Float,
-            &[],
-            f32_bytes(&[scale]),
-        ));
-        self.initializers
-            .push(tensor(&weight.zeros, DataType::Uint8, &[], vec![zero]));
-        self.weights.insert(key, weight.clone());
-        self.replaced.insert(name.to_string());
-        Some(weight)
-    }
-
-    fn gather(&mut self, gather: &NodeProto, graph: &GraphProto) -> bool {
-        let ([table, indices], Some(output)) = (&gather.input[..], gather.output.first()) else {
-            return false;
-        };
-        let Some(weight) = self.table(graph, table) else {
-            return false;
-        };
-        let quantized = self.name(&format!("{output}_quantized"));
-        let mut new = gather.clone();
-        new.input = vec![weight.values.clone(), indices.clone()];
-        new.output = vec![quantized.clone()];
-        self.nodes.push(new);
-        let name = self.name(&format!("{output}_DequantizeLinear"));
-        self.nodes.push(node(
-            "DequantizeLinear",
-            &name,
-            &[&quantized, &weight.scales, &weight.zeros],
-            &[output],
-        ));
-        true
-    }
-
-    /// ONNX Runtime's fused embedding layer (`com.microsoft` `EmbedLayerNormalization`: token,
-    /// segment and position tables, then LayerNormalization) as its `QEmbedLayerNormalization`,
-    /// every table and the normalization's gamma and beta in uint8, as the Python quantizer
-    /// writes it. One with position ids or a mask index type given stays float.
-    fn embed_layer_norm(&mut self, embed: &NodeProto, graph: &GraphProto) -> bool {
-        let input = |i: usize| embed.input.get(i).cloned().unwrap_or_default();
-        let known = embed
-            .attribute
-            .iter()
-            .all(|a| a.name.as_deref() == Some("epsilon"));
-        // QEmbedLayerNormalization has no `embedding_sum` output.
-        if embed.input.len() < 7 || embed.input.len() > 8 || embed.output.len() > 2 || !known {
-            return false;
-        }
-        let segments = !input(4).is_empty();
-        // Word, position, gamma and beta must be constants; the segment table when given.
-        let names = [input(2), input(3), input(5), input(6)];
-        let usable = |n: &String| self.constant(graph, n).is_some_and(|t| floats(t).is_ok());
-        if !names.iter().all(usable) || (segments && !usable(&input(4))) {
-            return false;
-        }
-        let mut tables = Vec::new();
-        for (i, name) in [2, 3, 4, 5, 6].into_iter().map(|i| (i, input(i))) {
-            if i == 4 && !segments {
-                tables.push(None);
-                continue;
-            }
-            match self.table(graph, &name) {
-                Some(table) => tables.push(Some(table)),
-                None => return false,
-            }
-        }
-        let part = |f: fn(&Weight) -> &String| -> Vec<String> {
-            tables
-                .iter()
-                .map(|t| t.as_ref().map(|t| f(t).clone()).unwrap_or_default())
-                .collect()
-        };
-        let mut quantized = embed.clone();
-        quantized.op_type = Some("QEmbedLayerNormalization".to_string());
-        let base = embed
-            .name
-            .clone()
-            .unwrap_or_else(|| "EmbedLayerNormalization".into());
-        quantized.name = Some(self.name(&format!("{base}_quant")));
-        quantized.input = [input(0), input(1)]
-            .into_iter()
-            .chain(part(|t| &t.values))
-            .chain([input(7)])
-            .chain(part(|t| &t.scales))
-            .chain(part(|t| &t.zeros))
-            .collect();
-        self.nodes.push(quantized);
-        true
     }
 }

@@ -1,0 +1,297 @@
+//! The engine's materialized-view statements ([`crate::view`]): CREATE, REFRESH, SHOW and DROP
+//! MATERIALIZED VIEW, and the registration of each view, by name, as the files its newest
+//! manifest lists.
+
+use datafusion::arrow::array::{ArrayRef, StringArray, TimestampMillisecondArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::empty::EmptyTable;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::sql::sqlparser::ast::Query;
+
+use super::refresh::Refreshed;
+use super::*;
+use crate::statements::ViewStatement;
+use crate::view::{Generation, Manifest, newest_view, now_ms};
+
+mod registered;
+mod show;
+
+use registered::*;
+use show::*;
+
+impl Engine {
+    pub(super) async fn run_view_statement(&self, statement: ViewStatement) -> Result<DataFrame> {
+        match statement {
+            ViewStatement::Create {
+                name,
+                query,
+                or_replace,
+                if_not_exists,
+            } => {
+                let name = object_name("view", &name)?;
+                self.create_view(&name, &query, or_replace, if_not_exists)
+                    .await
+            }
+            ViewStatement::Refresh { name } => {
+                let refreshed = self.refresh_view(&object_name("view", &name)?).await?;
+                self.register_views().await?;
+                Ok(self.results.read_batch(refreshed_batch(&refreshed)?)?)
+            }
+            ViewStatement::Show => self.show_views().await,
+            ViewStatement::Drop { name, if_exists } => {
+                let name = object_name("view", &name)?;
+                self.drop_view(&name, if_exists).await
+            }
+        }
+    }
+
+    /// DROP MATERIALIZED VIEW: a version saying so is created on top of the newest (so no
+    /// statement that read an older one can commit after it), then the files the dropped view's
+    /// last manifest names are removed, generation folder by generation folder: a view created
+    /// again meanwhile writes into folders of its own.
+    async fn drop_view(&self, name: &str, if_exists: bool) -> Result<DataFrame> {
+        let warehouse = self.view_warehouse()?;
+        let manifests = warehouse.view_manifests(name)?;
+        let (version, dropped) = loop {
+            let Some((version, bytes)) = live(manifests.latest().await?) else {
+                if if_exists {
+                    return self.empty();
+                }
+                return Err(Error::Usage(format!(
+                    "there is no materialized view '{name}'"
+                )));
+            };
+            let tombstone = Manifest::dropped(name).to_bytes()?;
+            if manifests.create(version + 1, tombstone).await? {
+                break (
+                    version + 1,
+                    Manifest::from_bytes(&bytes, "the view's manifest").ok(),
+                );
+            }
+        };
+        self.forget_view(name)?;
+        warehouse
+            .remove_view_data(name, version, dropped.as_ref())
+            .await?;
+        self.empty()
+    }
+
+    /// Runs REFRESH MATERIALIZED VIEW `name` as a statement of its own (as [`Engine::run`]
+    /// does): for `batchinfer refresh`.
+    pub async fn refresh(&self, name: &str) -> Result<Refreshed> {
+        crate::warehouse::check_name("view", name)?;
+        self.before_statement().await?;
+        let refreshed = self.refresh_view(name).await?;
+        self.register_views().await?;
+        Ok(refreshed)
+    }
+
+    /// CREATE MATERIALIZED VIEW: the definition kept, then the first refresh. When that fails,
+    /// the view is as it was before the statement (none, or the former definition).
+    async fn create_view(
+        &self,
+        name: &str,
+        query: &Query,
+        or_replace: bool,
+        if_not_exists: bool,
+    ) -> Result<DataFrame> {
+        let warehouse = self.view_warehouse()?;
+        let manifests = warehouse.view_manifests(name)?;
+        let latest = manifests.latest().await?;
+        let exists = live(latest.clone()).is_some();
+        if exists && if_not_exists {
+            return self.empty();
+        }
+        if exists && !or_replace {
+            return Err(Error::Usage(format!(
+                "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
+                 VIEW, or REFRESH MATERIALIZED VIEW {name})"
+            )));
+        }
+        if !exists
+            && !self.seen_views().contains_key(name)
+            && self.ctx.table_exist(TableReference::bare(name))?
+        {
+            return Err(Error::Usage(format!(
+                "a table named '{name}' exists; a materialized view needs a name of its own"
+            )));
+        }
+        // The files it reads are the same ones whatever the working folder of a later refresh.
+        let mut query = query.clone();
+        let mut unusable = None;
+        let mut literals = Vec::new();
+        let _ = datafusion::sql::sqlparser::ast::visit_relations_mut(&mut query, |relation| {
+            use datafusion::sql::sqlparser::ast::ObjectNamePart;
+            if let [ObjectNamePart::Identifier(ident)] = relation.0.as_mut_slice()
+                && ident.quote_style == Some('\'')
+            {
+                match crate::storage::absolute_location(&ident.value) {
+                    Ok(absolute) => {
+                        literals.push(absolute.clone());
+                        ident.value = absolute;
+                    }
+                    Err(e) => unusable = Some(e),
+                }
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        if let Some(e) = unusable {
+            return Err(e);
+        }
+        for literal in &literals {
+            crate::view::check::without_credentials(name, literal)?;
+        }
+        let query = &query;
+        // Refused now, before anything is kept, if it cannot be a view.
+        let df = self
+            .execute(DFStatement::Statement(Box::new(SQLStatement::Query(
+                Box::new(query.clone()),
+            ))))
+            .await?;
+        let source = crate::view::check::row_wise_source(df.logical_plan(), name)?;
+        crate::view::check::without_credentials(name, &source.shown())?;
+        let text = query.to_string();
+        let source_table = source.as_table(&literals)?;
+        let settings = self.view_settings_now()?;
+        // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
+        let mut latest = latest;
+        let before = loop {
+            // A manifest that cannot be read is replaced as if there were none, as is a drop.
+            let before = latest
+                .as_ref()
+                .and_then(|(_, bytes)| Manifest::from_bytes(bytes, "the view's manifest").ok())
+                .filter(|m| !m.dropped);
+            let manifest = Manifest {
+                dropped: false,
+                settings: settings.clone(),
+                format: crate::view::FORMAT,
+                name: name.to_string(),
+                source: source.shown(),
+                source_table: source_table.clone(),
+                created_ms: before.as_ref().map_or_else(now_ms, |b| b.created_ms),
+                refreshed_ms: before.as_ref().and_then(|b| b.refreshed_ms),
+                current: before.as_ref().and_then(|b| b.current.clone()),
+                // A rebuild for the former query is abandoned; one for this query goes on.
+                pending: before
+                    .as_ref()
+                    .and_then(|b| b.pending.clone())
+                    .filter(|p| p.query == text),
+                query: text.clone(),
+                retired: match &before {
+                    Some(b) => retire_abandoned(b, &text),
+                    // What an unreadable manifest held is unknown: every generation folder
+                    // there is now is the old view's, retired (a DROP removes them).
+                    None if exists => manifests
+                        .folders_under("data")
+                        .await?
+                        .into_iter()
+                        .map(|g| crate::view::Retired {
+                            path: format!("data/{g}"),
+                            at_ms: now_ms(),
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                },
+            };
+            let version = latest.as_ref().map_or(1, |(v, _)| v + 1);
+            if manifests.create(version, manifest.to_bytes()?).await? {
+                break before;
+            }
+            latest = manifests.latest().await?;
+            if live(latest.clone()).is_none() || !or_replace {
+                return Err(Error::Usage(format!(
+                    "materialized view '{name}' was created or dropped by another statement \
+                     meanwhile"
+                )));
+            }
+        };
+        match self.refresh_view(name).await {
+            Ok(refreshed) => {
+                self.register_views().await?;
+                self.rows_result(refreshed.rows_scored)
+            }
+            Err(e) => {
+                self.undo_create(name, &text, before).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a CREATE of `query` whose first refresh failed: no view, or the one there was (its
+    /// definition put back; what it held was never taken away). Unless another statement
+    /// redefined the view meanwhile: then it is left as that one made it.
+    async fn undo_create(&self, name: &str, query: &str, before: Option<Manifest>) {
+        let Ok(warehouse) = self.view_warehouse() else {
+            return;
+        };
+        let undone = async {
+            let manifests = warehouse.view_manifests(name)?;
+            // Tried again over what other statements commit meanwhile, as a refresh's commits.
+            for _ in 0..64 {
+                let Some((version, bytes)) = manifests.latest().await? else {
+                    return Ok(());
+                };
+                let mut now = Manifest::from_bytes(&bytes, "the view's manifest")?;
+                if now.query != query || now.dropped {
+                    return Ok(());
+                }
+                let Some(before) = &before else {
+                    return self.drop_view(name, true).await.map(|_| ());
+                };
+                now.query = before.query.clone();
+                now.source = before.source.clone();
+                now.source_table = before.source_table.clone();
+                now.pending = before.pending.clone();
+                now.settings = before.settings.clone();
+                if manifests.create(version + 1, now.to_bytes()?).await? {
+                    return Ok(());
+                }
+            }
+            Err(Error::Usage("its manifest kept changing".into()))
+        }
+        .await;
+        if let Err(e) = undone {
+            eprintln!(
+                "warning: materialized view '{name}' could not be put back as it was: {}",
+                display_error(&e)
+            );
+        }
+    }
+
+    /// The session's settings a view keeps ([`crate::view::VIEW_SETTINGS`]), a rejects folder
+    /// made absolute (so that any later refresh writes where this one would).
+    fn view_settings_now(&self) -> Result<BTreeMap<String, String>> {
+        let options = self.batchinfer_options();
+        let mut settings = BTreeMap::new();
+        for entry in datafusion::config::ExtensionOptions::entries(&options) {
+            let Some(key) = entry.key.strip_prefix("batchinfer.") else {
+                continue;
+            };
+            // Unset is kept too (as ''), so that no refreshing session's setting stands in.
+            let value = entry.value.or_else(|| Some(String::new()));
+            if let (true, Some(value)) = (crate::view::VIEW_SETTINGS.contains(&key), value) {
+                let value = match key {
+                    "rejects" if !value.is_empty() => crate::storage::absolute_location(&value)?,
+                    _ => value,
+                };
+                settings.insert(key.to_string(), value);
+            }
+        }
+        Ok(settings)
+    }
+}
+
+/// The files `before` retired, and those of its pending generation when a new query abandons it.
+fn retire_abandoned(before: &Manifest, query: &str) -> Vec<crate::view::Retired> {
+    let mut retired = before.retired.clone();
+    let at_ms = now_ms();
+    let abandoned = before.pending.iter().filter(|p| p.query != query);
+    retired.extend(abandoned.flat_map(|p| {
+        p.files().map(move |f| crate::view::Retired {
+            path: f.path.clone(),
+            at_ms,
+        })
+    }));
+    retired
+}
