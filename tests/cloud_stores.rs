@@ -315,6 +315,41 @@ fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
     assert!(!text.contains(wrong), "{text}");
 }
 
+/// docs/storage.md's Azure example, run against Azurite: its account and key in place of the
+/// example's, with the emulator's endpoint.
+#[test]
+fn the_storage_guides_azure_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = azurite_with_data(dir.path());
+    server.put_file(
+        "data",
+        "customers/part-0.parquet",
+        Path::new("data/sample/customers.parquet"),
+    );
+    let examples = common::examples_with("docs/storage.md", "az://");
+    assert_eq!(examples.len(), 1, "{examples:?}");
+    let example = examples[0].replace("'acme'", "'devstoreaccount1'").replace(
+        "'azure.access_key' '...'",
+        &format!(
+            "'azure.access_key' '{AZURE_KEY}', 'azure.endpoint' '{}/devstoreaccount1', \
+                 'azure.allow_http' 'true'",
+            server.url()
+        ),
+    );
+    assert!(example.contains(AZURE_KEY), "{example}");
+    let sql = format!("{example}\nSELECT count(*) AS n FROM customers;");
+    let out = run(batchinfer(dir.path()), &["query", "-e", &sql]);
+    let local = run(
+        batchinfer(dir.path()),
+        &[
+            "query",
+            "-e",
+            "SELECT count(*) AS n FROM 'data/sample/customers.parquet'",
+        ],
+    );
+    assert_eq!(assert_ok(&out), assert_ok(&local));
+}
+
 #[test]
 fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     let dir = tempfile::tempdir().unwrap();

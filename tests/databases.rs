@@ -105,6 +105,46 @@ fn postgres_rows_are_scored_and_written_back_as_the_same_job_over_parquet() {
     assert_eq!(labels.len(), 2, "both classes are predicted");
 }
 
+/// docs/databases.md's PostgreSQL example, run against the tests' server (its settings in place
+/// of the example's): the labels written are those of the same job over the Parquet file.
+#[test]
+fn the_databases_guides_postgres_example_runs() {
+    let Some(pg) = Postgres::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("customers.csv");
+    let out = run(
+        common::bin(),
+        "SELECT id, city, age, spend FROM 'data/sample/customers.parquet' ORDER BY id",
+    );
+    std::fs::write(&csv, assert_ok(&out)).unwrap();
+    pg.psql(
+        "CREATE TABLE customers (id bigint PRIMARY KEY, city text, age real, spend real);
+         CREATE TABLE churn_scores (id bigint, label bigint);",
+    );
+    pg.psql_with_input(
+        "\\copy customers FROM STDIN WITH (FORMAT csv, HEADER true)",
+        Some(&csv),
+    );
+    let examples = common::examples_with("docs/databases.md", "STORED AS POSTGRES");
+    assert_eq!(examples.len(), 1, "{examples:?}");
+    let example = examples[0]
+        .replace(
+            "OPTIONS ('host' 'db.internal', 'port' '5432', 'db' 'shop', 'user' 'app', 'pass' '...')",
+            &pg.options(),
+        )
+        .replace("postgres://app:...@db.internal:5432/shop", &pg.url());
+    assert!(!example.contains("db.internal"), "{example}");
+    assert_ok(&run(batchinfer(), &example));
+    let written = pg.psql("SELECT id, label FROM churn_scores ORDER BY id");
+    let from_parquet = run(
+        common::bin(),
+        "SELECT id, predict('churn', city, age, spend)['label'] AS label \
+         FROM 'data/sample/customers.parquet' ORDER BY id",
+    );
+    let expected = assert_ok(&from_parquet);
+    assert_eq!(format!("id,label\n{written}"), expected);
+}
+
 #[test]
 fn filters_and_projections_run_in_postgres() {
     let Some(pg) = Postgres::start() else { return };

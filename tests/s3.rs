@@ -174,6 +174,38 @@ fn external_table_options_name_the_endpoint_and_region() {
     assert_eq!(assert_ok(&out), "n\n40000\n");
 }
 
+/// docs/storage.md's S3 example, run as written against the tests' S3 server (its endpoint in
+/// place of the example's).
+#[test]
+fn the_storage_guides_s3_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with_data(dir.path());
+    server.put_file(
+        "data",
+        "customers/part-0.parquet",
+        Path::new("data/sample/customers.parquet"),
+    );
+    let examples = common::examples_with("docs/storage.md", "s3://");
+    assert_eq!(examples.len(), 1, "{examples:?}");
+    let example = examples[0].replace("http://minio:9000", &server.endpoint());
+    assert_ne!(example, examples[0], "the example names an endpoint");
+    let mut command = batchinfer(&server, &dir.path().join("wh"));
+    command
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_REGION");
+    let sql = format!("{example}\nSELECT count(*) AS n FROM customers;");
+    let out = run(command, &["query", "-e", &sql]);
+    let local = common::output_within(
+        common::bin().args([
+            "query",
+            "-e",
+            "SELECT count(*) AS n FROM 'data/sample/customers.parquet'",
+        ]),
+        common::DEADLINE,
+    );
+    assert_eq!(assert_ok(&out), assert_ok(&local));
+}
+
 #[test]
 fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
     let dir = tempfile::tempdir().unwrap();

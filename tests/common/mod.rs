@@ -245,3 +245,32 @@ pub fn assert_same_rows(got: &[(i64, Vec<f64>)], want: &[(i64, Vec<f64>)], toler
         }
     }
 }
+
+/// The ```sql blocks of a Markdown text, indented ones (in a list) too, without their indent.
+pub fn sql_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, Vec<String>)> = None;
+    for line in markdown.lines() {
+        let indent = line.len() - line.trim_start().len();
+        match &mut open {
+            None if line.trim_start() == "```sql" => open = Some((indent, Vec::new())),
+            Some((_, lines)) if line.trim_start() == "```" => {
+                blocks.push(lines.join("\n") + "\n");
+                open = None;
+            }
+            Some((at, lines)) => lines.push(line.get(*at..).unwrap_or("").to_string()),
+            None => {}
+        }
+    }
+    assert!(open.is_none(), "a ```sql block is not closed");
+    blocks
+}
+
+/// The ```sql examples of a document (`docs/storage.md`) that contain `mark`.
+pub fn examples_with(document: &str, mark: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(document).unwrap();
+    sql_blocks(&text)
+        .into_iter()
+        .filter(|sql| sql.contains(mark))
+        .collect()
+}
