@@ -188,33 +188,13 @@ pub fn statement_folder(statement: &StatementContext) -> Result<url::Url> {
 /// A new statement id: when it began (UTC, sortable), this process and a counter.
 pub fn statement_id() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let (secs, millis) = (now.as_secs(), now.subsec_millis());
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
     format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}-{millis:03}-{}-{}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
+        "{}-{}-{}",
+        chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now())
+            .format("%Y%m%d-%H%M%S-%3f"),
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// The civil date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// `batchinfer_rejects()`: every rejected row kept at the session's rejects location, with the
@@ -305,6 +285,14 @@ mod tests {
     }
 
     #[test]
+    fn statement_ids_begin_with_the_time_in_utc() {
+        let id = statement_id();
+        let now = chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now());
+        assert!(id.starts_with(&now.format("%Y%m%d-").to_string()), "{id}");
+        assert_ne!(statement_id(), statement_id());
+    }
+
+    #[test]
     fn a_statement_id_never_reaches_outside_the_rejects_folder() {
         let dir = tempfile::tempdir().unwrap();
         let rejects = format!("{}/rejects/", dir.path().display());
@@ -327,12 +315,5 @@ mod tests {
                 .path()
                 .starts_with(&format!("{}/rejects/", dir.path().display()))
         );
-    }
-
-    #[test]
-    fn days_are_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_787), (2026, 11, 30));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 }

@@ -168,40 +168,21 @@ fn clock(at: SystemTime) -> String {
 
 /// A duration as it was written: `90s`, `15m`, `2h`, `500ms`.
 fn show_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        ms if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
-        ms if ms % 60_000 == 0 && ms > 0 => format!("{}m", ms / 60_000),
-        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        ms => format!("{ms}ms"),
-    }
+    humantime::format_duration(d).to_string()
 }
 
-/// Parses `500ms`, `30s`, `15m`, `2h`, `1d` (a bare number: seconds); from 100 ms to 366 days.
+/// Parses `500ms`, `30s`, `15m`, `2h`, `1d`, `1h 30m` (humantime's durations; a bare number:
+/// seconds); from 100 ms to 366 days.
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    if unit.starts_with(['.', ',']) {
-        return Err(format!(
-            "'{text}' is not a duration: a whole number of ms, s, m, h or d (1500ms, not 1.5s)"
-        ));
-    }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration such as 30s, 15m or 2h"))?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "" | "s" => n.checked_mul(1000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        _ => return Err(format!("'{text}': the units are ms, s, m, h and d")),
+    let written = match text.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty() {
+        true => format!("{text}s"),
+        false => text.to_string(),
     };
-    match ms {
-        Some(ms) if (100..=366 * 86_400_000).contains(&ms) => Ok(Duration::from_millis(ms)),
+    let d = humantime::parse_duration(&written)
+        .map_err(|e| format!("'{text}' is not a duration such as 30s, 15m, 2h or 1500ms: {e}"))?;
+    match d {
+        d if (Duration::from_millis(100)..=Duration::from_secs(366 * 86_400)).contains(&d) => Ok(d),
         _ => Err(format!("'{text}' must be from 100ms to 366d")),
     }
 }
@@ -216,14 +197,17 @@ mod tests {
         assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5 minutes").is_err());
+        assert_eq!(parse_duration("5 minutes"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("5 fortnights").is_err());
         assert!(parse_duration("99999999999999999999d").is_err());
         assert_eq!(show_duration(Duration::from_secs(900)), "15m");
         assert_eq!(
             clock(SystemTime::UNIX_EPOCH + Duration::from_secs(3_723)),
             "1970-01-01 01:02:03 UTC"
         );
-        let e = parse_duration("1.5s").unwrap_err();
-        assert!(e.contains("whole number") && e.contains("1500ms"), "{e}");
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
+        let e = parse_duration("soon").unwrap_err();
+        assert!(e.contains("'soon' is not a duration such as 30s"), "{e}");
     }
 }

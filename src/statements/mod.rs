@@ -119,7 +119,7 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
         if df.parser.peek_token().token == Token::EOF {
             return Ok(statements);
         }
-        statements.push(match model_statement(&mut df.parser)? {
+        statements.push(match model_statement(&mut df)? {
             Some(statement) => Statement::Model(statement),
             None => match view_statement(&mut df.parser)? {
                 Some(statement) => Statement::View(statement),
@@ -288,7 +288,8 @@ fn keyword(token: &Token) -> Option<Keyword> {
 
 /// Recognizes and reads a model statement; `None` (nothing consumed) when the next statement is
 /// some other.
-fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
+fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
+    let parser = &mut df.parser;
     let peek = |parser: &Parser<'_>, n: usize| parser.peek_nth_token(n).token;
     let statement = match keyword(&peek(parser, 0)) {
         Some(Keyword::CREATE) => {
@@ -310,7 +311,7 @@ fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
                     "expected the model's path as a quoted string: {CREATE}"
                 )));
             };
-            let quantize = model_options(parser)?;
+            let quantize = model_options(df)?;
             ModelStatement::Create {
                 name,
                 source,
@@ -338,25 +339,25 @@ fn model_statement(parser: &mut Parser<'_>) -> Result<Option<ModelStatement>> {
     Ok(Some(statement))
 }
 
-/// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for.
-fn model_options(parser: &mut Parser<'_>) -> Result<Option<String>> {
-    if !parser.parse_keyword(Keyword::OPTIONS) {
+/// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for. Keys and
+/// values are read as DataFusion reads those of CREATE EXTERNAL TABLE.
+fn model_options(df: &mut DFParser<'_>) -> Result<Option<String>> {
+    use datafusion::sql::sqlparser::ast::Value;
+    if !df.parser.parse_keyword(Keyword::OPTIONS) {
         return Ok(None);
     }
     let expected = || Error::Usage(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
-    if !parser.consume_token(&Token::LParen) {
-        return Err(expected());
-    }
+    df.parser
+        .expect_token(&Token::LParen)
+        .map_err(|_| expected())?;
     let mut quantize;
     let mut seen = std::collections::HashSet::new();
     loop {
-        let text = |token: Token| match token {
-            Token::SingleQuotedString(s) => Some(s),
-            Token::Word(w) => Some(w.value),
-            _ => None,
+        let key = df.parse_option_key().map_err(|_| expected())?;
+        let value = match df.parse_option_value().map_err(|_| expected())? {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s,
+            other => other.to_string(),
         };
-        let key = text(parser.next_token().token).ok_or_else(expected)?;
-        let value = text(parser.next_token().token).ok_or_else(expected)?;
         if !seen.insert(key.to_ascii_lowercase()) {
             return Err(Error::Usage(format!("the option '{key}' is given twice")));
         }
@@ -376,10 +377,10 @@ fn model_options(parser: &mut Parser<'_>) -> Result<Option<String>> {
                 )));
             }
         }
-        if parser.consume_token(&Token::RParen) {
+        if df.parser.consume_token(&Token::RParen) {
             return Ok(quantize);
         }
-        if !parser.consume_token(&Token::Comma) {
+        if !df.parser.consume_token(&Token::Comma) {
             return Err(expected());
         }
     }
