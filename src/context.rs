@@ -101,14 +101,14 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         // Model outputs are mostly unique values (ids, scores, vectors): the Parquet writer tries a
         // dictionary for each column chunk and gives up only when it passes this size. 64 KiB
         // (DataFusion: 1 MiB) still holds the dictionary of a label or category column, and gives
-        // up on unique columns sooner: COPY of 10M scores 15% faster (benches/README.md).
+        // up on unique columns sooner: COPY of 10M scores 15% faster (`cargo bench --bench pipeline`).
         .set_usize(
             "datafusion.execution.parquet.dictionary_page_size_limit",
             64 * 1024,
         )
         // Row groups of 256Ki rows (DataFusion: 1Mi). The parallel writer holds the row group it
         // is encoding and the one it is writing out, so this bounds a write's memory: a 10M-row
-        // COPY of scores peaks 12 MiB lower, as fast (benches/README.md), and readers still get
+        // COPY of scores peaks 12 MiB lower, as fast (`cargo bench --bench pipeline`), and readers still get
         // row groups big enough to scan well.
         .set_usize(
             "datafusion.execution.parquet.max_row_group_size",
