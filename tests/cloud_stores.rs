@@ -4,6 +4,7 @@
 
 mod common;
 mod emulators;
+use common::random_rows;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -227,16 +228,6 @@ fn a_materialized_view_over_azure_scores_only_new_blobs() {
     let out = view("REFRESH MATERIALIZED VIEW scores; SELECT count(*) AS n FROM scores");
     let text = assert_ok(&out);
     assert!(text.ends_with("n\n40000\n"), "{text}");
-}
-
-/// Rows of ten random doubles (incompressible: each output file passes the 10 MiB after which
-/// it is uploaded in blocks), scored by `lookup`, which fails on the row `fail_at`.
-fn random_rows(rows: u64, fail_at: u64) -> String {
-    let features: Vec<String> = (0..10).map(|i| format!("random() AS f{i}")).collect();
-    format!(
-        "SELECT value AS id, {}, predict('lookup', CASE WHEN value = {fail_at} THEN 99 ELSE value % 10 END) AS q FROM range({rows})",
-        features.join(", ")
-    )
 }
 
 /// COPY and CREATE TABLE into Azure that fail on a model error after blocks of their blobs were

@@ -7,6 +7,7 @@
 mod common;
 mod fixtures;
 mod s3_server;
+use common::{lines_of, sha256_of};
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -36,23 +37,6 @@ fn piped(
     let out = lines_of(child.stdout.take().unwrap());
     let err = lines_of(child.stderr.take().unwrap());
     (child, stdin, out, err)
-}
-
-/// The lines `stream` prints, as they come; the channel closes with the stream.
-fn lines_of(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stream)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
 }
 
 /// Table names that are paths, or that would land on the warehouse's own files.
@@ -557,11 +541,6 @@ fn with_cache(cache: &Path) -> Command {
     command
 }
 
-fn sha256_of(path: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
-}
-
 #[test]
 fn what_is_loaded_is_what_was_checked() {
     let real = library_in(&real_cache());
@@ -744,7 +723,7 @@ fn a_check_made_ahead_serves_one_load_only() {
     }
     // SAFETY: as above; the byte changes, the page stays dirty, the file's times stay.
     unsafe { last.write_volatile(last.read_volatile() ^ 0xff) };
-    assert_ne!(sha256_of(&library), sha256_of(&library_in(&real_cache())));
+    assert_ne!(sha256_of(&library), sha256_of(library_in(&real_cache())));
     writeln!(
         stdin,
         "SELECT predict('linear', features) AS p FROM 'data/sample/vectors.parquet' LIMIT 1;"
@@ -771,7 +750,7 @@ fn a_check_made_ahead_serves_one_load_only() {
         after.iter().any(|l| l.contains("not the pinned")),
         "the changed library was loaded without being hashed again: {before:?} {after:?}"
     );
-    assert_eq!(sha256_of(&library), sha256_of(&library_in(&real_cache())));
+    assert_eq!(sha256_of(&library), sha256_of(library_in(&real_cache())));
 }
 
 #[test]
@@ -857,8 +836,8 @@ fn what_is_loaded_is_what_was_checked_for_the_text_model_too() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(common::stderr(&out).contains("does not match its pinned sha256s"));
     assert_eq!(
-        sha256_of(&folder.join("tokenizer.json")),
-        sha256_of(&real.join("tokenizer.json"))
+        sha256_of(folder.join("tokenizer.json")),
+        sha256_of(real.join("tokenizer.json"))
     );
     let leftovers: Vec<_> = snapshot(&cache.path().join("models"))
         .into_keys()

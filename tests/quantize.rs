@@ -7,6 +7,7 @@
 
 mod common;
 mod fixtures;
+use common::sha256_of;
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +15,6 @@ use batchinfer::message::display_error;
 use batchinfer::{Engine, EngineConfig};
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-use sha2::{Digest, Sha256};
 
 use common::{assert_failure, assert_ok, bin, output_within, run, stderr};
 
@@ -70,10 +70,6 @@ async fn quantized(engine: &Engine, name: &str, file: &str) -> String {
     datafusion::arrow::util::pretty::pretty_format_batches(&describe)
         .unwrap()
         .to_string()
-}
-
-fn sha256_of(path: &Path) -> String {
-    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
 }
 
 /// The quantized models' files under a warehouse.

@@ -7,6 +7,7 @@
 
 mod common;
 mod fixtures;
+use common::{parquet_files, sha256_of};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,17 +44,6 @@ fn read(paths: &[PathBuf]) -> Vec<RecordBatch> {
                 .map(Result::unwrap)
         })
         .collect()
-}
-
-fn parquet_files(folder: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .collect();
-    files.sort();
-    files
 }
 
 /// 20,000 rows of `id` and `idx = id % 10`, but 99 at the [`FAILING`] ids.
@@ -100,12 +90,6 @@ fn strings(batches: &[RecordBatch], column: &str) -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
-}
-
-fn sha256_of(path: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(std::fs::read(path).unwrap());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
@@ -165,7 +149,7 @@ fn rejected_rows_get_null_and_are_kept_with_their_inputs_and_the_models_message(
         let id = folder.file_name().unwrap().to_string_lossy().into_owned();
         assert!(strings(&rejects, "statement_id").iter().all(|s| *s == id));
         assert!(strings(&rejects, "model").iter().all(|m| m == model));
-        let sha = sha256_of(&format!("data/models/{model}.onnx"));
+        let sha = sha256_of(format!("data/models/{model}.onnx"));
         assert!(strings(&rejects, "model_sha256").iter().all(|s| *s == sha));
         assert!(
             strings(&rejects, "error")

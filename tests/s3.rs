@@ -3,6 +3,7 @@
 
 mod common;
 mod s3_server;
+use common::random_rows;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -481,16 +482,6 @@ fn open_uploads(server: &S3Server) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(".upload"))
         .collect()
-}
-
-/// Rows of ten random doubles (incompressible: each output file passes the 10 MiB after which
-/// its upload is sent in parts), scored by `lookup`, which fails on the row `fail_at`.
-fn random_rows(rows: u64, fail_at: u64) -> String {
-    let features: Vec<String> = (0..10).map(|i| format!("random() AS f{i}")).collect();
-    format!(
-        "SELECT value AS id, {}, predict('lookup', CASE WHEN value = {fail_at} THEN 99 ELSE value % 10 END) AS q FROM range({rows})",
-        features.join(", ")
-    )
 }
 
 /// Runs `args` while watching the server: whether parts of an upload were seen on it before the

@@ -5,8 +5,8 @@
 
 mod common;
 mod s3_server;
+use common::{lines_of, parquet_files};
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -203,21 +203,6 @@ fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
     assert_ok(&query(&wh, "DROP MATERIALIZED VIEW IF EXISTS scores"));
 }
 
-fn parquet_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            if entry.path().is_dir() {
-                stack.push(entry.path());
-            } else if entry.path().extension().is_some_and(|e| e == "parquet") {
-                files.push(entry.path());
-            }
-        }
-    }
-    files
-}
-
 /// A model replaced with other bytes: the next refresh scores everything again, as a new
 /// generation; one that fails leaves the old rows readable.
 #[test]
@@ -403,19 +388,6 @@ fn spawn_refresh(wh: &Path, files: usize, output: fn() -> Stdio) -> std::process
 /// Lines of a child's standard output, as they come.
 fn lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
     lines_of(child.stdout.take().unwrap())
-}
-
-/// Lines of `stream`, as they come.
-fn lines_of(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            if sender.send(line.unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
 }
 
 fn scheduled(wh: &Path, args: &[&str]) -> std::process::Child {

@@ -274,3 +274,54 @@ pub fn examples_with(document: &str, mark: &str) -> Vec<String> {
         .filter(|sql| sql.contains(mark))
         .collect()
 }
+
+/// The sha256 of a file, in hex.
+pub fn sha256_of(path: impl AsRef<Path>) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// The lines `stream` prints, as they come; the channel closes with the stream.
+pub fn lines_of(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stream)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// The Parquet files under `dir`, in its subfolders too, sorted.
+pub fn parquet_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            if entry.path().is_dir() {
+                stack.push(entry.path());
+            } else if entry.path().extension().is_some_and(|e| e == "parquet") {
+                files.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// A query of `rows` rows of ten random doubles (incompressible: each output file passes the
+/// 10 MiB after which an object store's upload goes in parts), scored by `lookup`, which fails on
+/// the row `fail_at`.
+pub fn random_rows(rows: u64, fail_at: u64) -> String {
+    let features: Vec<String> = (0..10).map(|i| format!("random() AS f{i}")).collect();
+    format!(
+        "SELECT value AS id, {}, predict('lookup', CASE WHEN value = {fail_at} THEN 99 ELSE value % 10 END) AS q FROM range({rows})",
+        features.join(", ")
+    )
+}
