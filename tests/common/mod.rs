@@ -325,3 +325,25 @@ pub fn random_rows(rows: u64, fail_at: u64) -> String {
         features.join(", ")
     )
 }
+
+/// `command` started with its input written by the test: the process, its input, and the lines
+/// of its output and of its errors as they come (each channel closes with its stream).
+pub fn piped(
+    command: &mut Command,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<String>,
+    std::sync::mpsc::Receiver<String>,
+) {
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let out = lines_of(child.stdout.take().unwrap());
+    let err = lines_of(child.stderr.take().unwrap());
+    (child, stdin, out, err)
+}
