@@ -22,12 +22,14 @@ use datafusion_cli::object_storage::AwsOptions;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::model::listing::ModelsFunction;
+use crate::rules::ModelCallsOnce;
 use crate::statement_context::StatementContext;
 use crate::statements::limits::TableSchemaLimits;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
-use crate::udf::{CosineSimilarity, EmbedUdf, ModelCallsOnce, PredictTableFunction, PredictUdf};
+use crate::udf::{
+    CosineSimilarity, EmbedUdf, ModelsFunction, PredictTableFunction, PredictUdf, RejectsFunction,
+};
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
 /// files or folders directly (`FROM 'data/sample/features.parquet'`), local or in S3 (the
@@ -71,7 +73,7 @@ pub fn build_context(
     );
     ctx.register_udtf(
         "batchinfer_rejects",
-        Arc::new(crate::rejects::RejectsFunction {
+        Arc::new(RejectsFunction {
             stores: registry.stores().clone(),
         }),
     );

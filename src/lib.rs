@@ -20,8 +20,7 @@
 //!   what each holds of stores and models (`node.rs`).
 //! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime,
 //!   functions).
-//! - [`scan`]: the streaming reader for local Parquet: the plan rule that uses it (`rule.rs`), the
-//!   exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
+//! - [`scan`]: the streaming reader for local Parquet: the exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
 //!   columns read from their leaf (`list.rs`) and the check of their levels (`levels.rs`).
 //! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
 //!   SQLITE`): where to connect, the providers of datafusion-table-providers, and SQLite's
@@ -36,10 +35,13 @@
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
-//! - [`udf`]: the SQL functions (`predict`, `embed`, `cosine_similarity`, `predict_table`), the
-//!   buffer that gathers `embed`'s input across record batches and files (`buffer.rs`), the
-//!   optimizer rule that computes each model call once per row (`once.rs`), and the short
-//!   default names of model columns (`names.rs`).
+//! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `cosine_similarity`,
+//!   `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on
+//!   the statement as written (`by_name.rs`), and the short default names of model columns
+//!   (`names.rs`).
+//! - [`rules`]: the rules added to DataFusion's planning, in one place: each model call once per
+//!   row (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
+//!   local Parquet read by the streaming reader (`streaming_scan.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated) and the
 //!   external data files a model names (`external.rs`).
 //! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
@@ -96,6 +98,7 @@ pub mod output;
 pub mod progress;
 pub mod quantize;
 pub mod rejects;
+pub mod rules;
 pub mod runner;
 pub mod runtime;
 pub mod scan;

@@ -11,10 +11,9 @@ use datafusion::execution::context::{SessionContext, SessionState};
 pub use crate::config::Remote;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::scan::StreamingParquetRule;
+use crate::rules::{EmbedBufferRule, StreamingParquetRule};
 use crate::statement_context::StatementContext;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
-use crate::udf::buffer::EmbedBufferRule;
 
 /// Where an engine's statements run: in this process, or on a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,8 +4,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::datasource::MemTable;
 
 use super::{Model, ModelRegistry};
 use crate::error::Result;
@@ -206,23 +204,4 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
             .collect::<StringArray>(),
     ));
     Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// `SELECT * FROM models()`: the registered models as a table.
-#[derive(Debug)]
-pub struct ModelsFunction {
-    pub registry: Arc<ModelRegistry>,
-}
-
-impl TableFunctionImpl for ModelsFunction {
-    fn call_with_args(
-        &self,
-        _args: TableFunctionArgs,
-    ) -> datafusion::error::Result<Arc<dyn TableProvider>> {
-        let batch = models_batch(&self.registry)?;
-        Ok(Arc::new(MemTable::try_new(
-            batch.schema(),
-            vec![vec![batch]],
-        )?))
-    }
 }

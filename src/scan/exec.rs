@@ -35,16 +35,16 @@ pub(super) const READ_AHEAD: usize = 2;
 /// page by page on a thread of its own.
 #[derive(Debug)]
 pub struct StreamingParquetExec {
-    pub(super) files: Arc<Vec<ScanFile>>,
-    pub(super) partitions: Vec<Vec<Unit>>,
+    pub(crate) files: Arc<Vec<ScanFile>>,
+    pub(crate) partitions: Vec<Vec<Unit>>,
     /// The columns read, and the projection that computes the output from them (None: the
     /// columns read are the output).
-    pub(super) read_schema: SchemaRef,
-    pub(super) projector: Option<Projector>,
-    pub(super) schema: SchemaRef,
-    pub(super) batch_size: usize,
-    pub(super) properties: Arc<PlanProperties>,
-    pub(super) metrics: ExecutionPlanMetricsSet,
+    pub(crate) read_schema: SchemaRef,
+    pub(crate) projector: Option<Projector>,
+    pub(crate) schema: SchemaRef,
+    pub(crate) batch_size: usize,
+    pub(crate) properties: Arc<PlanProperties>,
+    pub(crate) metrics: ExecutionPlanMetricsSet,
 }
 
 impl DisplayAs for StreamingParquetExec {

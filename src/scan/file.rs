@@ -13,21 +13,21 @@ use super::list::ListColumn;
 
 /// One file as this scan reads it.
 #[derive(Debug)]
-pub(super) struct ScanFile {
-    pub(super) path: PathBuf,
+pub(crate) struct ScanFile {
+    pub(crate) path: PathBuf,
     /// Footer metadata, with the table's column types as the schema to read.
-    pub(super) metadata: ArrowReaderMetadata,
+    pub(crate) metadata: ArrowReaderMetadata,
     /// The file's top-level columns arrow-rs's reader reads (None: none).
-    pub(super) mask: Option<ProjectionMask>,
+    pub(crate) mask: Option<ProjectionMask>,
     /// The `FixedSizeList` columns read by [`ListReader`] instead.
-    pub(super) lists: Vec<ListColumn>,
+    pub(crate) lists: Vec<ListColumn>,
     /// Where each column read comes from.
-    pub(super) columns: Vec<Source>,
+    pub(crate) columns: Vec<Source>,
 }
 
 /// Where a column read comes from: arrow-rs's batch (its position there) or a list reader.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Source {
+pub(crate) enum Source {
     Arrow(usize),
     List(usize),
 }
@@ -35,7 +35,7 @@ pub(super) enum Source {
 impl ScanFile {
     /// The file at `path` read as columns `names` of `table`, typed as `output`; None when the
     /// file cannot be read that way (DataFusion's reader then reads it, and reports any error).
-    pub(super) fn open(
+    pub(crate) fn open(
         path: PathBuf,
         table: &Schema,
         names: &[&str],

@@ -26,7 +26,7 @@ use super::levels::FullListPages;
 /// values handed over as the list's child without another pass. arrow-rs's general list reader
 /// builds validity bitmaps and walks every level for lists of any shape, 2.5x the time.
 #[derive(Debug, Clone)]
-pub(super) struct ListColumn {
+pub(crate) struct ListColumn {
     pub(super) leaf: usize,
     pub(super) size: usize,
     pub(super) item: FieldRef,

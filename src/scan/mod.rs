@@ -20,11 +20,9 @@
 //! batchinfer.streaming_scan = false` keeps it always).
 
 mod exec;
-mod file;
+pub(crate) mod file;
 mod levels;
-mod list;
-mod rule;
-mod units;
+pub(crate) mod list;
+pub(crate) mod units;
 
 pub use exec::StreamingParquetExec;
-pub use rule::StreamingParquetRule;

@@ -4,22 +4,22 @@ use std::ops::Range;
 
 /// Rows `rows` of row group `row_group` of file `file`.
 #[derive(Debug, Clone)]
-pub(super) struct Unit {
-    pub(super) file: usize,
-    pub(super) row_group: usize,
-    pub(super) rows: Range<usize>,
+pub(crate) struct Unit {
+    pub(crate) file: usize,
+    pub(crate) row_group: usize,
+    pub(crate) rows: Range<usize>,
     /// All rows of the row group.
-    pub(super) group_rows: usize,
+    pub(crate) group_rows: usize,
     /// Whether the row group may be split into row ranges: reading a range that starts inside
     /// it skips the rows before, and arrow-rs's skip fails on some valid DELTA_BINARY_PACKED
     /// columns ("delta*n overflow in skip"), so a row group with delta-encoded columns is read
     /// whole, by one partition.
-    pub(super) splittable: bool,
+    pub(crate) splittable: bool,
 }
 
 /// With fewer row groups than partitions, each is split into row ranges (of at least a batch)
 /// so that every partition has rows to read.
-pub(super) fn split_for(units: Vec<Unit>, partitions: usize, batch_size: usize) -> Vec<Unit> {
+pub(crate) fn split_for(units: Vec<Unit>, partitions: usize, batch_size: usize) -> Vec<Unit> {
     if units.is_empty() || units.len() >= partitions {
         return units;
     }
@@ -45,7 +45,7 @@ pub(super) fn split_for(units: Vec<Unit>, partitions: usize, batch_size: usize) 
 }
 
 /// `units` in order, in `partitions` consecutive runs of about equal rows.
-pub(super) fn deal(units: Vec<Unit>, partitions: usize) -> Vec<Vec<Unit>> {
+pub(crate) fn deal(units: Vec<Unit>, partitions: usize) -> Vec<Vec<Unit>> {
     let total: usize = units.iter().map(|u| u.rows.len()).sum();
     let mut out: Vec<Vec<Unit>> = vec![Vec::new(); partitions];
     let mut done = 0;

@@ -1,18 +1,19 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
-pub mod buffer;
 pub mod by_name;
 pub mod embed;
+pub mod models;
 pub mod names;
-pub mod once;
 pub mod predict;
 pub mod predict_table;
+pub mod rejects;
 pub mod vector;
 
 pub use embed::EmbedUdf;
-pub use once::ModelCallsOnce;
+pub use models::ModelsFunction;
 pub use predict::PredictUdf;
 pub use predict_table::PredictTableFunction;
+pub use rejects::RejectsFunction;
 pub use vector::CosineSimilarity;
 
 use datafusion::common::{ScalarValue, plan_err};

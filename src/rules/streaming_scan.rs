@@ -22,10 +22,10 @@ use datafusion::physical_plan::{
     ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
 };
 
-use super::exec::StreamingParquetExec;
-use super::file::ScanFile;
-use super::units::{Unit, deal, split_for};
 use crate::config::BatchInferOptions;
+use crate::scan::StreamingParquetExec;
+use crate::scan::file::ScanFile;
+use crate::scan::units::{Unit, deal, split_for};
 
 /// The plan rule: local Parquet scans become [`StreamingParquetExec`] where that is safe.
 #[derive(Debug, Default)]

@@ -26,7 +26,7 @@ use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, LogicalPlan, Projection, SubqueryAlias};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use super::{EmbedUdf, PredictUdf};
+use crate::udf::{EmbedUdf, PredictUdf};
 
 /// The optimizer rule: see the module's documentation.
 #[derive(Debug, Default)]
