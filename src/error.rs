@@ -60,6 +60,14 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// A cluster process (scheduler or executor) could not start or serve.
+    #[error("cluster: {0}")]
+    Cluster(#[source] Box<ballista_core::error::BallistaError>),
+
+    /// A model definition kept in the warehouse cannot be read: the file, and what is wrong.
+    #[error("{path} {problem}")]
+    Definition { path: String, problem: String },
+
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -186,10 +186,15 @@ impl Warehouse {
         let mut definitions = Definitions::default();
         for (name, text, path) in self.model_files().await? {
             let definition = text.and_then(|text| {
-                let json: Value = serde_json::from_str(&text)
-                    .map_err(|e| Error::Usage(format!("{path} is not valid JSON: {e}")))?;
+                let json: Value = serde_json::from_str(&text).map_err(|e| Error::Definition {
+                    path: path.clone(),
+                    problem: format!("is not valid JSON: {e}"),
+                })?;
                 let source = json.get("source").and_then(Value::as_str).ok_or_else(|| {
-                    Error::Usage(format!("{path} has no \"source\": not a model definition"))
+                    Error::Definition {
+                        path: path.clone(),
+                        problem: "has no \"source\": not a model definition".into(),
+                    }
                 })?;
                 Ok(Definition {
                     source: source.to_string(),

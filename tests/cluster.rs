@@ -376,6 +376,24 @@ fn a_scheduler_without_executors_fails_a_query_within_its_wait() {
     );
 }
 
+/// A scheduler whose port is taken stops with one error naming the cluster and the cause.
+#[test]
+fn a_scheduler_on_a_port_in_use_is_one_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = common::output_within(
+        bin().args(["scheduler", "--bind", &format!("127.0.0.1:{port}")]),
+        common::DEADLINE,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Error: cluster: ") && stderr.contains("Address already in use"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// The same with the scheduler's default `--executor-wait` (30 s): the client waits for its
 /// answer, rather than give up first with a raw timeout.
 #[test]

@@ -915,7 +915,15 @@ fn one_unreadable_model_definition_does_not_take_the_warehouse_with_it() {
     );
     let err = common::stderr(&out);
     assert!(
-        err.contains("warning: a model definition is left out") && err.contains("bad.json"),
+        err.contains("warning: a model definition is left out")
+            && err.contains("bad.json is not valid JSON"),
+        "{err}"
+    );
+    // One that is JSON but no definition says what it lacks.
+    std::fs::write(wh.join("models/bad.json"), r#"{"sha256": "ab"}"#).unwrap();
+    let err = common::stderr(&query(&wh, &score));
+    assert!(
+        err.contains(r#"bad.json has no "source": not a model definition"#),
         "{err}"
     );
     assert_ok(&query(&wh, "DROP MODEL IF EXISTS bad"));

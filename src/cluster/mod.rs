@@ -45,5 +45,5 @@ fn warn_if_exposed(role: &str, ip: std::net::IpAddr) {
 }
 
 fn cluster_error(e: ballista_core::error::BallistaError) -> Error {
-    Error::Usage(format!("cluster: {e}"))
+    Error::Cluster(Box::new(e))
 }
