@@ -5,6 +5,8 @@
 
 use super::*;
 
+use datafusion::common::config::ConfigExtension;
+
 use crate::config::OnError;
 use crate::rejects::{ErrorBudget, statement_folder, statement_id};
 
@@ -97,29 +99,15 @@ impl Engine {
 
     /// The statement at hand, as it was tagged.
     pub(super) fn statement(&self) -> StatementContext {
-        let state = self.ctx.state_ref();
-        let state = state.read();
-        state
-            .config()
-            .options()
-            .extensions
-            .get::<StatementContext>()
-            .cloned()
-            .unwrap_or_default()
+        self.session_options()
     }
 
     /// Changes the statement at hand with `change`.
     pub(super) fn update_statement(&self, change: impl FnOnce(&mut StatementContext)) {
-        let state = self.ctx.state_ref();
-        let mut state = state.write();
-        if let Some(statement) = state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<StatementContext>()
-        {
+        let _ = self.update_session_options(|statement: &mut StatementContext| {
             change(statement);
-        }
+            Ok(())
+        });
     }
 
     /// The session's `batchinfer.max_errors`.
@@ -132,30 +120,39 @@ impl Engine {
         &self,
         change: impl FnOnce(&mut BatchInferOptions) -> datafusion::error::Result<()>,
     ) -> Result<()> {
-        let state = self.ctx.state_ref();
-        let mut state = state.write();
-        match state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .get_mut::<BatchInferOptions>()
-        {
-            Some(options) => Ok(change(options)?),
-            None => Ok(()),
-        }
+        self.update_session_options(change)
     }
 
     /// The session's `batchinfer.*` options.
     pub(super) fn batchinfer_options(&self) -> BatchInferOptions {
+        self.session_options()
+    }
+
+    /// The session's options of one extension (its default where the session has none).
+    fn session_options<T: ConfigExtension + Clone + Default>(&self) -> T {
         let state = self.ctx.state_ref();
         let state = state.read();
         state
             .config()
             .options()
             .extensions
-            .get::<BatchInferOptions>()
+            .get::<T>()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Changes the session's options of one extension with `change` (nothing where the session
+    /// has none).
+    fn update_session_options<T: ConfigExtension>(
+        &self,
+        change: impl FnOnce(&mut T) -> datafusion::error::Result<()>,
+    ) -> Result<()> {
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        match state.config_mut().options_mut().extensions.get_mut::<T>() {
+            Some(options) => Ok(change(options)?),
+            None => Ok(()),
+        }
     }
 
     /// The rows the statement that just ran rejected, per model, and the folder they are in

@@ -205,7 +205,18 @@ pub fn check_setting(statement: &DFStatement) -> Result<()> {
     else {
         return Ok(());
     };
-    let name = variable.to_string().to_ascii_lowercase();
+    // The name as DataFusion reads it: quotes taken off each part (`"batchinfer_statement".id`
+    // and `"batchinfer_statement.id"` are `batchinfer_statement.id`).
+    let name = variable
+        .0
+        .iter()
+        .map(|part| match part.as_ident() {
+            Some(ident) => ident.value.clone(),
+            None => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+        .to_ascii_lowercase();
     if let Some(part) = name.strip_prefix(&format!("{}.", crate::statement_context::PREFIX)) {
         return Err(Error::Usage(format!(
             "{name} cannot be SET: batchinfer sets the statement's {part} for each statement"
