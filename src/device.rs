@@ -50,7 +50,7 @@ impl Device {
 
 /// GPU `n`'s name, once the driver reports it and the CUDA libraries are loaded; or what is
 /// missing.
-fn usable_gpu(n: u32) -> Result<String, String> {
+fn usable_gpu(n: u32) -> crate::error::Result<String> {
     let name = check_gpu(n)?;
     preload_cuda_libraries()?;
     Ok(name)
@@ -158,7 +158,7 @@ impl Target {
     }
 }
 
-fn cuda_error(device: Target, why: &str) -> Error {
+fn cuda_error(device: Target, why: impl std::fmt::Display) -> Error {
     Error::Runtime(format!("device {device} cannot be used: {why}"))
 }
 
@@ -190,15 +190,19 @@ pub const OPTIONAL_LIBRARIES: &[&str] = &[
 
 /// Asks the NVIDIA driver (`libcuda.so.1`) for the names of the GPUs, or says why there are none
 /// to use.
-pub fn gpus() -> Result<Vec<String>, String> {
+pub fn gpus() -> crate::error::Result<Vec<String>> {
     type CuInit = unsafe extern "C" fn(c_int) -> c_int;
     type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
     type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
     type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
     // SAFETY: loading the NVIDIA driver library runs its initializers, which expect nothing of us.
-    let driver = unsafe { libloading::Library::new("libcuda.so.1") }
-        .map_err(|e| format!("no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"))?;
-    let symbol = |name: &str, e: libloading::Error| format!("libcuda.so.1 has no {name}: {e}");
+    let driver = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| {
+        Error::Gpu(format!(
+            "no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"
+        ))
+    })?;
+    let symbol =
+        |name: &str, e: libloading::Error| Error::Gpu(format!("libcuda.so.1 has no {name}: {e}"));
     // SAFETY: the symbols are the CUDA driver API's, with these C signatures since CUDA 2.0.
     unsafe {
         let init = driver
@@ -215,16 +219,16 @@ pub fn gpus() -> Result<Vec<String>, String> {
             .map_err(|e| symbol("cuDeviceGetName", e))?;
         let status = init(0);
         if status != 0 {
-            return Err(format!(
+            return Err(Error::Gpu(format!(
                 "the NVIDIA driver is installed but cuInit failed with CUDA error {status} \
                  (100: no GPU visible; check nvidia-smi and CUDA_VISIBLE_DEVICES)"
-            ));
+            )));
         }
         let mut count: c_int = 0;
         if count_of(&mut count) != 0 || count <= 0 {
-            return Err(
+            return Err(Error::Gpu(
                 "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)".into(),
-            );
+            ));
         }
         let mut names = Vec::new();
         for ordinal in 0..count {
@@ -245,10 +249,10 @@ pub fn gpus() -> Result<Vec<String>, String> {
 }
 
 /// Checks that GPU `n` exists; its name.
-pub fn check_gpu(n: u32) -> Result<String, String> {
+pub fn check_gpu(n: u32) -> crate::error::Result<String> {
     let names = gpus()?;
     names.get(n as usize).cloned().ok_or_else(|| {
-        format!(
+        Error::Gpu(format!(
             "there is no GPU {n}: this machine has {} ({})",
             names.len(),
             names
@@ -257,7 +261,7 @@ pub fn check_gpu(n: u32) -> Result<String, String> {
                 .map(|(i, name)| format!("cuda:{i} {name}"))
                 .collect::<Vec<_>>()
                 .join(", ")
-        )
+        ))
     })
 }
 
@@ -377,17 +381,17 @@ fn find_in(folders: &[PathBuf], names: &[&'static str]) -> Result<Vec<PathBuf>, 
 
 /// Loads the CUDA libraries into the process, so that ONNX Runtime's CUDA provider finds them
 /// wherever they are installed (no `LD_LIBRARY_PATH` needed).
-pub fn preload_cuda_libraries() -> Result<(), String> {
+pub fn preload_cuda_libraries() -> crate::error::Result<()> {
     let folders = library_folders();
     let found = find_in(&folders, CUDA_LIBRARIES).map_err(|missing| {
-        format!(
+        Error::Gpu(format!(
             "the CUDA 13 libraries {} were not found (looked in BATCHINFER_CUDA_LIBS, CUDA_HOME, \
              LD_LIBRARY_PATH, /usr/local/cuda, the system's library folders and NVIDIA's PyPI \
              wheels in Python's site-packages). Install them, for example with `pip install \
              nvidia-cuda-runtime nvidia-cublas nvidia-curand` (CUDA 13), or set \
              BATCHINFER_CUDA_LIBS to their folders",
             missing.join(", ")
-        )
+        ))
     })?;
     for path in &found {
         preload(path)?;
@@ -400,8 +404,9 @@ pub fn preload_cuda_libraries() -> Result<(), String> {
     Ok(())
 }
 
-fn preload(path: &Path) -> Result<(), String> {
-    ort::util::preload_dylib(path).map_err(|e| format!("{} cannot be loaded: {e}", path.display()))
+fn preload(path: &Path) -> crate::error::Result<()> {
+    ort::util::preload_dylib(path)
+        .map_err(|e| Error::Gpu(format!("{} cannot be loaded: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -421,7 +426,7 @@ mod tests {
         assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
         assert_eq!("cuda:1".parse::<Device>().unwrap().to_string(), "cuda:1");
         for bad in ["tpu", "cuda:", "cuda:-1", "cuda:x", ""] {
-            let err = bad.parse::<Device>().unwrap_err();
+            let err = bad.parse::<Device>().unwrap_err().to_string();
             assert!(err.contains("expected cpu, cuda, cuda:N"), "{err}");
         }
     }

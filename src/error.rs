@@ -56,9 +56,91 @@ pub enum Error {
     #[error("cancelled by {0}: the statement stopped, and nothing it wrote was kept")]
     Cancelled(&'static str),
 
-    /// The command line or a SQL file was not usable.
+    /// The command line, or the terminal the shell reads, was not usable.
     #[error("{0}")]
     Usage(String),
+
+    /// A path or URL names no place batchinfer can read or write (`problem` is the whole sentence).
+    #[error("{problem}")]
+    Location { location: String, problem: String },
+
+    /// A store (S3, Google Cloud Storage, Azure, HTTP) cannot be connected or used as asked.
+    #[error("{problem}")]
+    Store { location: String, problem: String },
+
+    /// The warehouse, or a folder or file of it, cannot be used.
+    #[error("{problem}")]
+    Warehouse { path: String, problem: String },
+
+    /// A table cannot be created, replaced, dropped or written as the statement asks.
+    #[error("{problem}")]
+    Table { table: String, problem: String },
+
+    /// A PostgreSQL or SQLite table cannot be defined or reached.
+    #[error("{problem}")]
+    Database {
+        database: &'static str,
+        table: String,
+        problem: String,
+    },
+
+    /// A materialized view cannot be created, refreshed, read or dropped as the statement asks.
+    #[error("{problem}")]
+    View { view: String, problem: String },
+
+    /// A model cannot be defined, replaced, dropped or quantized as the statement asks.
+    #[error("{problem}")]
+    Model { model: String, problem: String },
+
+    /// A setting or an option has a value batchinfer cannot use.
+    #[error("{problem}")]
+    Setting { name: String, problem: String },
+
+    /// A statement asks for what batchinfer does not do (its shape, not its data).
+    #[error("{0}")]
+    Statement(String),
+
+    /// More bytes or rows than batchinfer reads or holds at once.
+    #[error("{what} is {size} {unit}, {limit}")]
+    TooLarge {
+        what: String,
+        size: u64,
+        unit: &'static str,
+        limit: String,
+    },
+
+    /// More rows failed than the error budget (`batchinfer.max_errors`) allows.
+    #[error("{problem}")]
+    ErrorBudget {
+        failed: u64,
+        budget: String,
+        problem: String,
+    },
+
+    /// Column values that cannot be a model's input tensor, or an output that cannot be a column.
+    #[error("{0}")]
+    Tensor(String),
+
+    /// A model file (its graph, its external data, its tokenizer files) that cannot be used.
+    #[error("{0}")]
+    ModelFile(String),
+
+    /// An error of ONNX Runtime's, as it says it.
+    #[error("{0}")]
+    Onnx(#[from] ort::Error),
+
+    /// A shared library (ONNX Runtime's, CUDA's), or the wheel or cache it comes from, that
+    /// cannot be used.
+    #[error("{0}")]
+    Library(String),
+
+    /// A GPU (CUDA) that was asked for cannot be used.
+    #[error("{0}")]
+    Gpu(String),
+
+    /// A Parquet file could not be written.
+    #[error(transparent)]
+    Parquet(#[from] datafusion::parquet::errors::ParquetError),
 
     /// A cluster process (scheduler or executor) could not start or serve.
     #[error("cluster: {0}")]
@@ -89,6 +171,75 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A path or URL that names no usable place (`location` with no password in it).
+    pub fn location(location: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Location {
+            location: location.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A store that cannot be connected or used as asked.
+    pub fn store(location: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Store {
+            location: location.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The warehouse, or a folder or file of it, that cannot be used.
+    pub fn warehouse(path: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Warehouse {
+            path: path.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A table that cannot be created, replaced, dropped or written.
+    pub fn table(table: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Table {
+            table: table.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A PostgreSQL or SQLite table that cannot be defined or reached.
+    pub fn database(
+        database: &'static str,
+        table: impl ToString,
+        problem: impl Into<String>,
+    ) -> Self {
+        Error::Database {
+            database,
+            table: table.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A materialized view that cannot be created, refreshed, read or dropped.
+    pub fn view(view: impl ToString, problem: impl Into<String>) -> Self {
+        Error::View {
+            view: view.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A model that cannot be defined, replaced, dropped or quantized.
+    pub fn model(model: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Model {
+            model: model.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A setting or an option whose value cannot be used.
+    pub fn setting(name: impl ToString, problem: impl Into<String>) -> Self {
+        Error::Setting {
+            name: name.to_string(),
+            problem: problem.into(),
+        }
+    }
+
     /// An I/O error with what was being done and to which path.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -42,8 +42,10 @@
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: each model call once per
 //!   row (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
 //!   local Parquet read by the streaming reader (`streaming_scan.rs`).
-//! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated) and the
-//!   external data files a model names (`external.rs`).
+//! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the
+//!   subsets of them read of a model without its weights (`outline.rs`: its interface, metadata,
+//!   class labels and where its tensors keep their data) and the external data files a model
+//!   names (`external.rs`).
 //! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
 //!   Runtime's own quantizer does it, and the provenance a quantized model carries.
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).

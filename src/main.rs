@@ -223,23 +223,28 @@ fn run(cli: Cli) -> ExitCode {
     }
 }
 
-async fn main_inner(cli: Cli) -> Result<()> {
-    let args = cli.engine;
+/// The engine's configuration from the command line, the device decided once here: everything
+/// after asks the resolved device.
+fn engine_config(args: &EngineArgs) -> EngineConfig {
     let defaults = EngineConfig::default();
-    // Decided once, here: everything after asks the resolved device.
     let device = args.device.resolve();
-    let config = EngineConfig {
-        models_dir: args.models,
+    EngineConfig {
+        models_dir: args.models.clone(),
         target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
         sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
         intra_threads: args.threads.unwrap_or(defaults.intra_threads),
         batch_size: args.batch_rows.unwrap_or_else(|| device.batch_rows()),
         optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
-        warehouse: Some(args.warehouse),
-        remote: args.remote,
+        warehouse: Some(args.warehouse.clone()),
+        remote: args.remote.clone(),
         device,
-    };
+    }
+}
+
+async fn main_inner(cli: Cli) -> Result<()> {
+    let args = cli.engine;
+    let config = engine_config(&args);
     match cli.command {
         Some(Command::Scheduler {
             bind,
@@ -313,11 +318,11 @@ const MAX_PARALLEL: usize = 1024;
 const MAX_BATCH_ROWS: usize = 1 << 24;
 
 /// A parser of a count from 1 to `max`.
-fn count(max: usize) -> impl Fn(&str) -> std::result::Result<usize, String> + Clone {
+fn count(max: usize) -> impl Fn(&str) -> Result<usize> + Clone {
     move |text| match text.parse::<usize>() {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
-        Ok(_) => Err(format!("must be from 1 to {max}")),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => Err(Error::Usage(format!("must be from 1 to {max}"))),
+        Err(e) => Err(Error::Usage(e.to_string())),
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use datafusion::arrow::util::pretty::pretty_format_batches_with_options;
+use datafusion_cli::print_format::PrintFormat;
+use datafusion_cli::print_options::MaxRows;
 
 use crate::error::{Error, Result};
 
@@ -28,7 +29,9 @@ pub enum OutputFormat {
     Vertical,
 }
 
-/// Prints the result of one statement. Statements that return no columns print nothing.
+/// Prints the result of one statement. Statements that return no columns print nothing. The
+/// table, JSON and NDJSON are datafusion-cli's printing (the table's cells cut first); CSV with
+/// lists and structs in it, and the vertical display, are this module's.
 pub fn print_batches(
     out: &mut dyn Write,
     format: OutputFormat,
@@ -39,40 +42,38 @@ pub fn print_batches(
         return Ok(());
     }
     let io = |e: std::io::Error| Error::io("writing results", e);
+    let datafusion = |out: &mut dyn Write, format: PrintFormat, batches: &[RecordBatch]| {
+        let options = datafusion::config::FormatOptions {
+            null: "NULL".to_string(),
+            ..Default::default()
+        };
+        format.print_batches(
+            &mut &mut *out,
+            schema.clone(),
+            batches,
+            MaxRows::Unlimited,
+            true,
+            &options,
+        )
+    };
     match format {
         OutputFormat::Table => {
             let options = FormatOptions::default().with_null("NULL");
-            let shown = if batches.is_empty() {
-                vec![RecordBatch::new_empty(schema.clone())]
-            } else {
-                batches
-                    .iter()
-                    .map(|batch| cut_cells(batch, &options))
-                    .collect::<Result<_>>()?
-            };
-            let table = pretty_format_batches_with_options(&shown, &options)?;
-            writeln!(out, "{table}").map_err(io)?;
+            let shown = (batches.iter())
+                .map(|batch| cut_cells(batch, &options))
+                .collect::<Result<Vec<_>>>()?;
+            datafusion(out, PrintFormat::Table, &shown)?;
         }
         OutputFormat::Csv => write_csv(out, schema, batches)?,
         OutputFormat::Vertical => write_vertical(out, schema, batches)?,
         OutputFormat::Json => {
-            let mut writer = datafusion::arrow::json::ArrayWriter::new(&mut *out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
+            datafusion(out, PrintFormat::Json, batches)?;
+            // datafusion-cli prints nothing for no rows; a script reads an empty array.
             if batches.iter().all(|b| b.num_rows() == 0) {
-                write!(out, "[]").map_err(io)?;
+                writeln!(out, "[]").map_err(io)?;
             }
-            writeln!(out).map_err(io)?;
         }
-        OutputFormat::Ndjson => {
-            let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(&mut *out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-        }
+        OutputFormat::Ndjson => datafusion(out, PrintFormat::NdJson, batches)?,
     }
     Ok(())
 }

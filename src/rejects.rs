@@ -61,15 +61,19 @@ pub fn count(
             tally.first.push(message);
         }
     }
-    let over = budget.exceeded(tally.scored, tally.failed).then(|| {
-        Error::Usage(format!(
-            "{} rows failed of {} scored, past batchinfer.max_errors = '{budget}'; nothing is \
+    let over = budget
+        .exceeded(tally.scored, tally.failed)
+        .then(|| Error::ErrorBudget {
+            failed: tally.failed as u64,
+            budget: budget.to_string(),
+            problem: format!(
+                "{} rows failed of {} scored, past batchinfer.max_errors = '{budget}'; nothing is \
              written; the first failures: {}",
-            tally.failed,
-            tally.scored,
-            tally.first.join("; ")
-        ))
-    });
+                tally.failed,
+                tally.scored,
+                tally.first.join("; ")
+            ),
+        });
     while tallies.len() > TALLIES {
         tallies.pop_first();
     }
@@ -142,12 +146,10 @@ pub fn keep(
     }
     let batch = RecordBatch::try_new(Arc::new(Schema::new(meta)), arrays)?;
     let mut bytes = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), None)
-        .map_err(|e| Error::Usage(e.to_string()))?;
+    let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), None)?;
     writer
         .write(&batch)
-        .and_then(|()| writer.close().map(drop))
-        .map_err(|e| Error::Usage(e.to_string()))?;
+        .and_then(|()| writer.close().map(drop))?;
     let folder = statement_folder(statement)?;
     // A model's name is a name (CREATE MODEL, --models and the warehouse check it); one that
     // came otherwise (a cluster client's definitions) is not put in a path.
@@ -162,7 +164,7 @@ pub fn keep(
             std::process::id(),
             FILES.fetch_add(1, Ordering::Relaxed)
         ))
-        .map_err(|e| Error::Usage(format!("{folder}: {e}")))?;
+        .map_err(|e| Error::setting("batchinfer.rejects", format!("{folder}: {e}")))?;
     stores.write_file(&file, bytes)
 }
 
@@ -182,7 +184,7 @@ pub fn statement_folder(statement: &StatementContext) -> Result<url::Url> {
     // client's), and no id may reach outside the rejects folder.
     crate::storage::check_name("statement id", id)?;
     root.join(&format!("{id}/"))
-        .map_err(|e| Error::Usage(format!("{root}{id}/: {e}")))
+        .map_err(|e| Error::setting("batchinfer.rejects", format!("{root}{id}/: {e}")))
 }
 
 /// A new statement id: when it began (UTC, sortable), this process and a counter.

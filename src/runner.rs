@@ -121,7 +121,7 @@ impl Runner<'_> {
             failed |= self.report(self.run_script(&pending).await)?;
         }
         if failed {
-            return Err(Error::Usage("some statements failed".to_string()));
+            return Err(Error::Statement("some statements failed".to_string()));
         }
         Ok(())
     }
@@ -172,7 +172,7 @@ async fn cancelled(signal: &'static str) -> Result<()> {
     let kept = crate::storage::take_kept_despite_cancel();
     if !kept.is_empty() {
         // Too late to stop a commit under way: said as it is.
-        return Err(Error::Usage(format!(
+        return Err(Error::Statement(format!(
             "{signal} came as the statement committed: {} were kept",
             kept.join(", ")
         )));

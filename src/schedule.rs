@@ -32,9 +32,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Result<()> {
     let _running = Running::start();
     if !engine.view_exists(name).await? {
-        return Err(Error::Usage(format!(
-            "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
-        )));
+        return Err(Error::view(
+            &name,
+            format!("there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"),
+        ));
     }
     // One listener for the whole loop: a signal that comes between two waits is not missed.
     let stop = std::pin::pin!(stop_signal());
@@ -64,12 +65,7 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
             Ok(refreshed) => {
                 failures = 0;
                 crate::runner::report_failed_rows(engine).await;
-                let mut skipped = 0;
-                next += period;
-                while next <= Instant::now() {
-                    next += period;
-                    skipped += 1;
-                }
+                let skipped = advance(&mut next, period);
                 let found = refreshed.new + refreshed.changed + refreshed.removed > 0;
                 if first || found || matches!(schedule, Schedule::Every(_)) {
                     println!("{}", summary(&refreshed, Some(next)));
@@ -86,9 +82,7 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
             }
             Err(e) => {
                 failures += 1;
-                // 1, 2, 4, ... seconds, whatever the period: a poll of a second does not retry
-                // a failing store every second.
-                let backoff = Duration::from_secs(1u64 << (failures - 1).min(16)).min(MAX_BACKOFF);
+                let backoff = backoff(failures);
                 eprintln!(
                     "refresh of '{name}' failed ({failures} in a row): {}; trying again in {}",
                     display_error(&e),
@@ -111,6 +105,23 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
             return Ok(());
         }
     }
+}
+
+/// Moves `next` to the first tick after now; the ticks skipped on the way.
+fn advance(next: &mut Instant, period: Duration) -> u32 {
+    let mut skipped = 0;
+    *next += period;
+    while *next <= Instant::now() {
+        *next += period;
+        skipped += 1;
+    }
+    skipped
+}
+
+/// The wait after `failures` failed refreshes in a row: 1, 2, 4, ... seconds, whatever the
+/// period, so that a poll of a second does not retry a failing store every second.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << (failures - 1).min(16)).min(MAX_BACKOFF)
 }
 
 /// The first SIGINT or SIGTERM, listened for from when the loop starts.
@@ -171,19 +182,31 @@ fn show_duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
+/// A duration that `--every` or `--debounce` cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DurationError {
+    #[error("'{text}' is not a duration such as 30s, 15m, 2h or 1500ms: {reason}")]
+    NotADuration { text: String, reason: String },
+    #[error("'{0}' must be from 100ms to 366d")]
+    OutOfRange(String),
+}
+
 /// Parses `500ms`, `30s`, `15m`, `2h`, `1d`, `1h 30m` (humantime's durations; a bare number:
 /// seconds); from 100 ms to 366 days.
-pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, DurationError> {
     let text = text.trim();
     let written = match text.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty() {
         true => format!("{text}s"),
         false => text.to_string(),
     };
-    let d = humantime::parse_duration(&written)
-        .map_err(|e| format!("'{text}' is not a duration such as 30s, 15m, 2h or 1500ms: {e}"))?;
+    let d = humantime::parse_duration(&written).map_err(|e| DurationError::NotADuration {
+        text: text.to_string(),
+        reason: e.to_string(),
+    })?;
     match d {
         d if (Duration::from_millis(100)..=Duration::from_secs(366 * 86_400)).contains(&d) => Ok(d),
-        _ => Err(format!("'{text}' must be from 100ms to 366d")),
+        _ => Err(DurationError::OutOfRange(text.to_string())),
     }
 }
 
@@ -207,7 +230,7 @@ mod tests {
         );
         assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
-        let e = parse_duration("soon").unwrap_err();
+        let e = parse_duration("soon").unwrap_err().to_string();
         assert!(e.contains("'soon' is not a duration such as 30s"), "{e}");
     }
 }

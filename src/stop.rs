@@ -32,8 +32,8 @@ pub struct InFlight {
 
 impl InFlight {
     /// Registers a call about to run, with run options of its own.
-    pub fn start() -> Result<InFlight, String> {
-        let options = Arc::new(RunOptions::new().map_err(|e| e.to_string())?);
+    pub fn start() -> crate::error::Result<InFlight> {
+        let options = Arc::new(RunOptions::new().map_err(Error::from)?);
         let call = CALLS.fetch_add(1, Ordering::Relaxed);
         lock().push((call, options.clone()));
         Ok(InFlight { call, options })

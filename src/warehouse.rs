@@ -74,20 +74,23 @@ impl Warehouse {
     /// objects `stores` reach.
     pub fn new(root: impl Into<PathBuf>, stores: Arc<StoreRegistry>) -> Result<Self> {
         let text = root.into().to_string_lossy().into_owned();
-        let unusable = |e: Error| Error::Usage(format!("warehouse '{text}': {e}"));
+        let unusable = |e: Error| Error::warehouse(&text, format!("warehouse '{text}': {e}"));
         // Absolute, so that the executors of a cluster write where this process reads.
         let root = crate::storage::folder_location(&text).map_err(unusable)?;
         let store = stores.commit_store(&root).map_err(unusable)?;
         if let Some(name) = store.read_only() {
-            return Err(unusable(Error::Usage(format!(
-                "it is on an {name} server, which batchinfer reads from only; a warehouse is \
+            return Err(unusable(Error::warehouse(
+                &text,
+                format!(
+                    "it is on an {name} server, which batchinfer reads from only; a warehouse is \
                  a folder, or a prefix in S3, Google Cloud Storage or Azure"
-            ))));
+                ),
+            )));
         }
         // Its tables are written to and read from paths under it, which DataFusion would take
         // for patterns.
         crate::storage::check_write_target(&text)
-            .map_err(|e| Error::Usage(format!("the warehouse cannot be used: {e}")))?;
+            .map_err(|e| Error::warehouse(&text, format!("the warehouse cannot be used: {e}")))?;
         crate::storage::object_path(&root).map_err(unusable)?;
         let tables = Tables::new(store.clone(), &root).map_err(unusable)?;
         Ok(Warehouse {
@@ -102,7 +105,7 @@ impl Warehouse {
         let url = self
             .root
             .join(key)
-            .map_err(|e| Error::Usage(format!("{}{key}: {e}", self.root)))?;
+            .map_err(|e| Error::warehouse(&self.root, format!("{}{key}: {e}", self.root)))?;
         crate::storage::object_path(&url)
     }
 
@@ -118,7 +121,7 @@ impl Warehouse {
         let url = self
             .root
             .join("rejects/")
-            .map_err(|e| Error::Usage(format!("{}rejects/: {e}", self.root)))?;
+            .map_err(|e| Error::warehouse(&self.root, format!("{}rejects/: {e}", self.root)))?;
         Ok(crate::storage::display_location(&url))
     }
 
@@ -151,11 +154,14 @@ impl Warehouse {
                 break;
             }
             if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(Error::Usage(format!(
-                    "{} is a symbolic link: batchinfer writes into the warehouse's own folders \
+                return Err(Error::warehouse(
+                    dir.display().to_string(),
+                    format!(
+                        "{} is a symbolic link: batchinfer writes into the warehouse's own folders \
                      only (remove the link)",
-                    dir.display()
-                )));
+                        dir.display()
+                    ),
+                ));
             }
             folder = dir.parent();
         }
@@ -242,8 +248,8 @@ impl Warehouse {
                 // Removed since it was listed.
                 Ok(None) => continue,
                 Ok(Some(bytes)) => String::from_utf8(bytes)
-                    .map_err(|e| Error::Usage(format!("reading {path}: {e}"))),
-                Err(e) => Err(Error::Usage(format!("reading {path}: {e}"))),
+                    .map_err(|e| Error::warehouse(&path, format!("reading {path}: {e}"))),
+                Err(e) => Err(Error::warehouse(&path, format!("reading {path}: {e}"))),
             };
             files.push((name, text, path));
         }
@@ -262,8 +268,8 @@ impl Warehouse {
         if let Some(sha256) = sha256 {
             definition["sha256"] = sha256.into();
         }
-        let text =
-            serde_json::to_string_pretty(&definition).map_err(|e| Error::Usage(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&definition)
+            .map_err(|e| Error::warehouse(format!("models/{name}.json"), e.to_string()))?;
         let path = self.object(&format!("models/{name}.json"))?;
         self.store
             .inner()
@@ -294,7 +300,7 @@ impl Warehouse {
             return Ok(());
         };
         let json: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Usage(format!("models.json is not valid JSON: {e}")))?;
+            .map_err(|e| Error::warehouse(&path, format!("models.json is not valid JSON: {e}")))?;
         let existing = self.models().await?;
         if let Some(models) = json.get("models").and_then(Value::as_object) {
             for (name, source) in models {
@@ -344,13 +350,14 @@ impl Warehouse {
     /// The folder of the quantized model `key` (a hex digest), ending in `/`.
     pub fn quantized_folder(&self, key: &str) -> Result<Url> {
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            return Err(Error::Usage(format!(
-                "'{key}' is not a quantized model's key"
-            )));
+            return Err(Error::model(
+                &key,
+                format!("'{key}' is not a quantized model's key"),
+            ));
         }
-        self.root
-            .join(&format!("quantized/{key}/"))
-            .map_err(|e| Error::Usage(format!("{}quantized/{key}/: {e}", self.root)))
+        self.root.join(&format!("quantized/{key}/")).map_err(|e| {
+            Error::warehouse(&self.root, format!("{}quantized/{key}/: {e}", self.root))
+        })
     }
 
     /// Writes one file under the warehouse whole (by rename locally, by one PUT in S3).
@@ -369,11 +376,14 @@ impl Warehouse {
     /// The object of `url`, which must be under the warehouse's root.
     fn file(&self, url: &Url) -> Result<Path> {
         if !url.as_str().starts_with(self.root.as_str()) {
-            return Err(Error::Usage(format!(
-                "{} is not in the warehouse {}",
-                crate::storage::display_location(url),
-                crate::storage::display_location(&self.root)
-            )));
+            return Err(Error::warehouse(
+                &self.root,
+                format!(
+                    "{} is not in the warehouse {}",
+                    crate::storage::display_location(url),
+                    crate::storage::display_location(&self.root)
+                ),
+            ));
         }
         crate::storage::object_path(url)
     }
@@ -383,7 +393,7 @@ impl Warehouse {
         check_name("view", name)?;
         self.root
             .join(&format!("views/{name}/"))
-            .map_err(|e| Error::Usage(format!("{}views/{name}/: {e}", self.root)))
+            .map_err(|e| Error::warehouse(&self.root, format!("{}views/{name}/: {e}", self.root)))
     }
 
     /// The manifests of materialized view `name`.

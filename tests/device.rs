@@ -52,7 +52,9 @@ fn assert_refused(out: &Output, device: &str) {
         err.contains(&format!("device {device} cannot be used")),
         "{err}"
     );
-    let why = batchinfer::device::gpus().expect_err("no GPU here");
+    let why = batchinfer::device::gpus()
+        .expect_err("no GPU here")
+        .to_string();
     assert!(
         err.contains(&why),
         "the message says what is missing ({why}): {err}"
@@ -123,7 +125,9 @@ fn auto_falls_back_to_the_cpu_and_says_so() {
         text(&cpu.stdout)
     );
     let err = text(&auto.stderr);
-    let why = batchinfer::device::gpus().expect_err("no GPU here");
+    let why = batchinfer::device::gpus()
+        .expect_err("no GPU here")
+        .to_string();
     assert!(
         err.contains(&format!("--device auto chose the CPU: {why}")),
         "auto says what it chose and why: {err}"

@@ -539,7 +539,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// A symbolic link planted where a quantized model goes (`quantized/int8-v2-KEY`, pointing
+/// A symbolic link planted where a quantized model goes (`quantized/int8-v3-KEY`, pointing
 /// outside the warehouse) is refused: nothing is written through it.
 #[test]
 fn a_link_planted_for_a_quantized_model_is_not_written_through() {

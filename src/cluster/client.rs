@@ -104,7 +104,7 @@ impl Placement {
     pub fn reads_databases(&self, what: &str) -> Result<()> {
         match self {
             Placement::InProcess => Ok(()),
-            Placement::Cluster(remote) => Err(crate::error::Error::Usage(format!(
+            Placement::Cluster(remote) => Err(crate::error::Error::Statement(format!(
                 "{what} is read in one process, not by the cluster at {remote}: run batchinfer \
                  without --remote for it, or COPY it to Parquet first"
             ))),

@@ -198,7 +198,11 @@ impl BatchInferOptions {
             "nulls" => self.nulls.set(key, value),
             "token_budget" => self.token_budget.set(key, value),
             "device" => {
-                self.device = Some(value.parse().map_err(DataFusionError::Configuration)?);
+                self.device = Some(value.parse().map_err(
+                    |e: crate::config::values::ValueError| {
+                        DataFusionError::Configuration(e.to_string())
+                    },
+                )?);
                 Ok(())
             }
             "streaming_scan" => self.streaming_scan.set(key, value),
@@ -206,7 +210,11 @@ impl BatchInferOptions {
             "max_errors" => {
                 self.max_errors = match value.trim() {
                     "" => None,
-                    text => Some(text.parse().map_err(DataFusionError::Configuration)?),
+                    text => Some(text.parse().map_err(
+                        |e: crate::config::values::ValueError| {
+                            DataFusionError::Configuration(e.to_string())
+                        },
+                    )?),
                 };
                 Ok(())
             }
@@ -221,8 +229,9 @@ impl BatchInferOptions {
                 Ok(())
             }
             "max_footer_bytes" => {
-                self.max_footer_bytes =
-                    parse_size(value).map_err(DataFusionError::Configuration)? as u64;
+                self.max_footer_bytes = parse_size(value)
+                    .map_err(|e| DataFusionError::Configuration(e.to_string()))?
+                    as u64;
                 Ok(())
             }
             _ => Err(DataFusionError::Configuration(format!(

@@ -9,6 +9,29 @@ use std::str::FromStr;
 use datafusion::common::config::{ConfigField, Visit};
 use datafusion::error::DataFusionError;
 
+/// A setting's value that does not parse, and what was expected instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    #[error("device '{0}': expected cpu, cuda, cuda:N (N = 0, 1, ...) or auto")]
+    Device(String),
+    #[error("'{0}' is not a scheduler address: expected df://HOST:PORT")]
+    Remote(String),
+    #[error(
+        "batchinfer.max_errors '{0}': expected a count of rows ('100') or a share of the rows \
+         scored ('0.5%')"
+    )]
+    ErrorBudget(String),
+    #[error("'{0}' is not a size: use a number with K, M, G or T")]
+    NotASize(String),
+    #[error("'{0}' is not a positive size")]
+    NotPositive(String),
+    #[error("'{0}' is less than one byte")]
+    UnderOneByte(String),
+    #[error("'{0}' is more memory than any machine has (at most {most_tib}T)", most_tib = MAX_SIZE >> 40)]
+    MoreThanAnyMachine(String),
+}
+
 /// The device asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
@@ -21,9 +44,9 @@ pub enum Device {
 }
 
 impl FromStr for Device {
-    type Err = String;
+    type Err = ValueError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let t = s.trim().to_ascii_lowercase();
         match t.as_str() {
             "cpu" => Ok(Device::Cpu),
@@ -33,9 +56,7 @@ impl FromStr for Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| {
-                    format!("device '{s}': expected cpu, cuda, cuda:N (N = 0, 1, ...) or auto")
-                }),
+                .ok_or_else(|| ValueError::Device(s.to_string())),
         }
     }
 }
@@ -76,9 +97,9 @@ pub struct Remote {
 }
 
 impl FromStr for Remote {
-    type Err = String;
+    type Err = ValueError;
 
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
+    fn from_str(text: &str) -> std::result::Result<Self, ValueError> {
         let address = text
             .strip_prefix("df://")
             .unwrap_or(text)
@@ -92,9 +113,7 @@ impl FromStr for Remote {
                 host: host.to_string(),
                 port,
             }),
-            _ => Err(format!(
-                "'{text}' is not a scheduler address: expected df://HOST:PORT"
-            )),
+            _ => Err(ValueError::Remote(text.to_string())),
         }
     }
 }
@@ -178,16 +197,11 @@ pub enum ErrorBudget {
 pub const SHARE_AFTER: u64 = 1_000;
 
 impl FromStr for ErrorBudget {
-    type Err = String;
+    type Err = ValueError;
 
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
+    fn from_str(text: &str) -> std::result::Result<Self, ValueError> {
         let text = text.trim();
-        let bad = || {
-            format!(
-                "batchinfer.max_errors '{text}': expected a count of rows ('100') or a share of \
-                 the rows scored ('0.5%')"
-            )
-        };
+        let bad = || ValueError::ErrorBudget(text.to_string());
         match text.strip_suffix('%') {
             Some(percent) => {
                 let p: f64 = percent.trim().parse().map_err(|_| bad())?;
@@ -228,7 +242,7 @@ impl ErrorBudget {
 pub const DEFAULT_MAX_FOOTER_BYTES: u64 = 256 << 20;
 
 /// Parses a size such as `512M`, `2G`, `1.5g`, `100000` (bytes; K, M, G, T are powers of 1024).
-pub fn parse_size(text: &str) -> Result<usize, String> {
+pub fn parse_size(text: &str) -> Result<usize, ValueError> {
     let t = text.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
@@ -243,27 +257,22 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         "G" => 1024.0 * 1024.0 * 1024.0,
         "T" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         _ => {
-            return Err(format!(
-                "'{text}' is not a size: use a number with K, M, G or T"
-            ));
+            return Err(ValueError::NotASize(text.to_string()));
         }
     };
     let value: f64 = number
         .trim()
         .parse()
-        .map_err(|_| format!("'{text}' is not a size: use a number with K, M, G or T"))?;
+        .map_err(|_| ValueError::NotASize(text.to_string()))?;
     if !(value.is_finite() && value > 0.0) {
-        return Err(format!("'{text}' is not a positive size"));
+        return Err(ValueError::NotPositive(text.to_string()));
     }
     let bytes = value * scale;
     if bytes < 1.0 {
-        return Err(format!("'{text}' is less than one byte"));
+        return Err(ValueError::UnderOneByte(text.to_string()));
     }
     if bytes > MAX_SIZE as f64 {
-        return Err(format!(
-            "'{text}' is more memory than any machine has (at most {}T)",
-            MAX_SIZE >> 40
-        ));
+        return Err(ValueError::MoreThanAnyMachine(text.to_string()));
     }
     Ok(bytes as usize)
 }

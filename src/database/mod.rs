@@ -92,11 +92,14 @@ fn location(create: &CreateExternalTable) -> Result<&str> {
     match create.locations.as_slice() {
         [] => Ok(""),
         [one] => Ok(one),
-        _ => Err(Error::Usage(format!(
-            "table '{}' names {} locations: a database table has one",
-            create.name,
-            create.locations.len()
-        ))),
+        _ => Err(Error::table(
+            &create.name,
+            format!(
+                "table '{}' names {} locations: a database table has one",
+                create.name,
+                create.locations.len()
+            ),
+        )),
     }
 }
 
@@ -123,13 +126,16 @@ fn without(text: &str, secrets: &[&str]) -> String {
 
 /// An option no database of this kind takes.
 fn unknown_option(database: Database, key: &str, known: &[&str]) -> Error {
-    Error::Usage(format!(
-        "{} tables take no option '{key}' (they take {})",
-        database.name(),
-        known
-            .iter()
-            .map(|k| format!("'{k}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
+    Error::setting(
+        &key,
+        format!(
+            "{} tables take no option '{key}' (they take {})",
+            database.name(),
+            known
+                .iter()
+                .map(|k| format!("'{k}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
 }

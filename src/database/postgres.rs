@@ -93,10 +93,13 @@ impl Settings {
                 .get(key)
                 .contains(|c: char| c.is_whitespace() || c == '\'' || c == '"')
             {
-                return Err(Error::Usage(format!(
-                    "the PostgreSQL setting '{key}' has a space or a quote, which the connection \
+                return Err(Error::setting(
+                    &key,
+                    format!(
+                        "the PostgreSQL setting '{key}' has a space or a quote, which the connection \
                      cannot take"
-                )));
+                    ),
+                ));
             }
         }
         Ok(settings)
@@ -107,19 +110,26 @@ impl Settings {
         let shown = crate::storage::blank_passwords(text);
         // Not quoted unless it is a URL: a libpq key=value string would show its password.
         let url = Url::parse(text).map_err(|e| {
-            Error::Usage(format!(
-                "the 'url' option is not a postgres:// URL ({e}): expected \
+            Error::setting(
+                "url",
+                format!(
+                    "the 'url' option is not a postgres:// URL ({e}): expected \
                  postgres://USER@HOST:PORT/DB (a password after the user, or in 'pass')"
-            ))
+                ),
+            )
         })?;
         if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return Err(Error::Usage(format!(
-                "'{shown}' is not a postgres:// URL (postgres://USER@HOST:PORT/DB; a password \
+            return Err(Error::setting(
+                "url",
+                format!(
+                    "'{shown}' is not a postgres:// URL (postgres://USER@HOST:PORT/DB; a password \
                  after the user, or in 'pass')"
-            )));
+                ),
+            ));
         }
         let decode = |s: &str| {
-            percent_decode(s).ok_or_else(|| Error::Usage(format!("'{shown}' is not well encoded")))
+            percent_decode(s)
+                .ok_or_else(|| Error::setting("url", format!("'{shown}' is not well encoded")))
         };
         if let Some(host) = url.host_str().filter(|h| !h.is_empty()) {
             self.0
@@ -142,10 +152,13 @@ impl Settings {
                 "sslmode" => self.0.insert("sslmode", value.into_owned()),
                 "sslrootcert" => self.0.insert("sslrootcert", value.into_owned()),
                 other => {
-                    return Err(Error::Usage(format!(
-                        "'{shown}': batchinfer reads no '{other}' from a postgres:// URL (it \
+                    return Err(Error::setting(
+                        "url",
+                        format!(
+                            "'{shown}': batchinfer reads no '{other}' from a postgres:// URL (it \
                          reads sslmode and sslrootcert)"
-                    )));
+                        ),
+                    ));
                 }
             };
         }
@@ -201,108 +214,47 @@ pub(super) async fn table(
     let pass = settings.get("pass").to_string();
     let reference = table_reference(super::location(create)?, name);
     let failed = |what: &str, e: &dyn std::fmt::Display| {
-        Error::Usage(without(
-            &format!(
-                "PostgreSQL table '{name}' ({reference} at {}): {what}: {e}",
-                settings.describe()
+        Error::database(
+            "PostgreSQL",
+            &name,
+            without(
+                &format!(
+                    "PostgreSQL table '{name}' ({reference} at {}): {what}: {e}",
+                    settings.describe()
+                ),
+                &[&pass],
             ),
-            &[&pass],
-        ))
+        )
     };
     let declared = !create.schema.fields().is_empty();
     if declared && reference.schema().is_some() {
-        return Err(Error::Usage(format!(
-            "PostgreSQL table '{name}': a table with declared columns is created in the search \
+        return Err(Error::database(
+            "PostgreSQL",
+            &name,
+            format!(
+                "PostgreSQL table '{name}': a table with declared columns is created in the search \
              path's schema, so its LOCATION names no schema ('{}'); create it in '{reference}' \
              with psql and leave the columns out",
-            reference.table()
-        )));
+                reference.table()
+            ),
+        ));
     }
     let connect = async {
         if declared {
-            // Created where it does not exist (in the search path's schema) by the provider's own
-            // factory; its columns are then read back as for any table, and compared.
-            let mut create = create.clone();
-            create.name = datafusion::common::TableReference::bare(reference.table());
-            create.options = settings
-                .0
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect();
-            let state = datafusion::execution::SessionStateBuilder::new().build();
-            PostgresTableProviderFactory::new()
-                .create(&state, &create)
+            create_declared(create, &reference, &settings)
                 .await
                 .map_err(|e| failed("cannot create it", &e))?;
         }
         let pool = PostgresConnectionPool::new(settings.params())
             .await
             .map_err(|e| failed("cannot connect", &e))?;
-        // The table is looked up by name, as parameters, before the provider reads its columns:
-        // the provider falls back to `SELECT * FROM <LOCATION>` for a name its catalog query
-        // does not find, which would run whatever the LOCATION says. A bare name is the table
-        // the search path finds, named with its schema from then on (the provider reads a bare
-        // name's columns from `public`, its rows through the search path).
-        let connection = pool
-            .connect_direct()
-            .await
-            .map_err(|e| failed("cannot connect", &e))?;
-        let schema = reference.schema().map(str::to_string);
-        let table = reference.table().to_string();
-        let found = connection
-            .conn
-            .query_opt(TABLE_SCHEMA, &[&schema, &table])
-            .await
-            .map_err(|e| failed("cannot look the table up", &e))?;
-        let Some(found) = found else {
-            return Err(failed(
-                "no such table",
-                &format!(
-                    "the database has no table or view '{}'{}",
-                    table,
-                    match &schema {
-                        Some(schema) => format!(" in schema '{schema}'"),
-                        None => " in the search path".to_string(),
-                    }
-                ),
-            ));
-        };
-        let located = TableReference::partial(found.get::<_, String>(0), table);
-        drop(connection);
+        let located = locate(&pool, &reference, &failed).await?;
         let provider = PostgresTableFactory::new(Arc::new(pool))
             .read_write_table_provider(located)
             .await
             .map_err(|e| failed("cannot read the table's columns", &e))?;
-        if declared {
-            let columns = |schema: &datafusion::arrow::datatypes::Schema| {
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| {
-                        // Text is text, however Arrow holds it.
-                        let data_type = match f.data_type() {
-                            DataType::Utf8View | DataType::LargeUtf8 => &DataType::Utf8,
-                            other => other,
-                        };
-                        format!("{} {data_type}", f.name())
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let (has, wants) = (
-                columns(&provider.schema()),
-                columns(create.schema.as_arrow()),
-            );
-            if has != wants {
-                return Err(failed(
-                    "the table exists with other columns",
-                    &format!(
-                        "it has ({}), the statement declares ({}); leave the columns out to use \
-                         the table as it is",
-                        has.join(", "),
-                        wants.join(", ")
-                    ),
-                ));
-            }
+        if declared && let Some(why) = other_columns(&provider.schema(), create.schema.as_arrow()) {
+            return Err(failed("the table exists with other columns", &why));
         }
         Ok(provider)
     };
@@ -317,6 +269,94 @@ pub(super) async fn table(
                 ),
             )
         })?
+}
+
+/// The table `reference` names, looked up by name (as parameters) before the provider reads its columns:
+/// the provider falls back to `SELECT * FROM <LOCATION>` for a name its catalog query
+/// does not find, which would run whatever the LOCATION says. A bare name is the table
+/// the search path finds, named with its schema from then on (the provider reads a bare
+/// name's columns from `public`, its rows through the search path).
+async fn locate(
+    pool: &PostgresConnectionPool,
+    reference: &TableReference,
+    failed: &(dyn Fn(&str, &dyn std::fmt::Display) -> Error + Sync),
+) -> Result<TableReference> {
+    let connection = pool
+        .connect_direct()
+        .await
+        .map_err(|e| failed("cannot connect", &e))?;
+    let schema = reference.schema().map(str::to_string);
+    let table = reference.table().to_string();
+    let found = connection
+        .conn
+        .query_opt(TABLE_SCHEMA, &[&schema, &table])
+        .await
+        .map_err(|e| failed("cannot look the table up", &e))?;
+    let Some(found) = found else {
+        return Err(failed(
+            "no such table",
+            &format!(
+                "the database has no table or view '{}'{}",
+                table,
+                match &schema {
+                    Some(schema) => format!(" in schema '{schema}'"),
+                    None => " in the search path".to_string(),
+                }
+            ),
+        ));
+    };
+    Ok(TableReference::partial(found.get::<_, String>(0), table))
+}
+
+/// Creates a table with declared columns where it does not exist (in the search path's schema),
+/// by the provider's own factory; its columns are then read back as for any table, and compared.
+async fn create_declared(
+    create: &CreateExternalTable,
+    reference: &TableReference,
+    settings: &Settings,
+) -> datafusion::error::Result<()> {
+    let mut create = create.clone();
+    create.name = datafusion::common::TableReference::bare(reference.table());
+    create.options = settings
+        .0
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let state = datafusion::execution::SessionStateBuilder::new().build();
+    PostgresTableProviderFactory::new()
+        .create(&state, &create)
+        .await
+        .map(drop)
+}
+
+/// How the columns a table `has` differ from those a statement `wants`, if they do.
+fn other_columns(
+    has: &datafusion::arrow::datatypes::Schema,
+    wants: &datafusion::arrow::datatypes::Schema,
+) -> Option<String> {
+    let columns = |schema: &datafusion::arrow::datatypes::Schema| {
+        schema
+            .fields()
+            .iter()
+            .map(|f| {
+                // Text is text, however Arrow holds it.
+                let data_type = match f.data_type() {
+                    DataType::Utf8View | DataType::LargeUtf8 => &DataType::Utf8,
+                    other => other,
+                };
+                format!("{} {data_type}", f.name())
+            })
+            .collect::<Vec<_>>()
+    };
+    let (has, wants) = (columns(has), columns(wants));
+    (has != wants).then(|| {
+        format!(
+            "it has ({}), the statement declares ({}); leave the columns out to use the table as \
+             it is",
+            has.join(", "),
+            wants.join(", ")
+        )
+    })
 }
 
 /// The longest connecting to the server and reading a table's columns may take.

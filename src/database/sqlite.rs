@@ -33,46 +33,27 @@ pub(super) async fn table(
             key => return Err(unknown_option(Database::Sqlite, key, &["table"])),
         }
     }
-    let location = super::location(create)?;
-    let path = crate::storage::local_path(location)?.ok_or_else(|| {
-        Error::Usage(format!(
-            "SQLite table '{name}': LOCATION '{}' is not a file of this machine (a SQLite \
-             database is a local file)",
-            crate::storage::blank_passwords(location)
-        ))
-    })?;
-    // A regular file only: opening a FIFO would wait for a writer, and a missing file would be
-    // created empty.
-    match std::fs::metadata(&path) {
-        Ok(meta) if meta.is_file() => {}
-        Ok(_) => {
-            return Err(Error::Usage(format!(
-                "SQLite table '{name}': {} is not a regular file",
-                path.display()
-            )));
-        }
-        Err(e) => {
-            return Err(Error::io(
-                format!(
-                    "SQLite table '{name}': opening the database {}",
-                    path.display()
-                ),
-                e,
-            ));
-        }
-    }
+    let path = database_file(name, create)?;
     if !create.schema.fields().is_empty() {
-        return Err(Error::Usage(format!(
-            "SQLite table '{name}': its columns are read from the database; create the table \
+        return Err(Error::database(
+            "SQLite",
+            &name,
+            format!(
+                "SQLite table '{name}': its columns are read from the database; create the table \
              there (sqlite3) and leave them out"
-        )));
+            ),
+        ));
     }
     let reference = table_reference(table.as_deref().unwrap_or(""), name);
     let failed = |what: &str, e: &dyn std::fmt::Display| {
-        Error::Usage(format!(
-            "SQLite table '{name}' ({reference} in {}): {what}: {e}",
-            path.display()
-        ))
+        Error::database(
+            "SQLite",
+            &name,
+            format!(
+                "SQLite table '{name}' ({reference} in {}): {what}: {e}",
+                path.display()
+            ),
+        )
     };
     let schema = {
         let (path, table) = (path.clone(), reference.table().to_string());
@@ -116,6 +97,46 @@ pub(super) async fn table(
         table: reference.table().to_string(),
     };
     Ok((read, target))
+}
+
+/// The database file a table's LOCATION names: a regular file of this machine (opening a FIFO
+/// would wait for a writer, and a missing file would be created empty).
+fn database_file(name: &str, create: &CreateExternalTable) -> Result<std::path::PathBuf> {
+    let location = super::location(create)?;
+    let path = crate::storage::local_path(location)?.ok_or_else(|| {
+        Error::database(
+            "SQLite",
+            &name,
+            format!(
+                "SQLite table '{name}': LOCATION '{}' is not a file of this machine (a SQLite \
+             database is a local file)",
+                crate::storage::blank_passwords(location)
+            ),
+        )
+    })?;
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => {
+            return Err(Error::database(
+                "SQLite",
+                &name,
+                format!(
+                    "SQLite table '{name}': {} is not a regular file",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(Error::io(
+                format!(
+                    "SQLite table '{name}': opening the database {}",
+                    path.display()
+                ),
+                e,
+            ));
+        }
+    }
+    Ok(path)
 }
 
 /// How long the pool's connection waits for another writer's lock ([`BUSY_TIMEOUT`]).

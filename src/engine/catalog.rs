@@ -15,9 +15,12 @@ impl Engine {
                 check_name("model", &name)?;
                 self.check_not_a_folder_model(&name)?;
                 if self.registry.contains(&name) && !or_replace {
-                    return Err(Error::Usage(format!(
-                        "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
-                    )));
+                    return Err(Error::model(
+                        &name,
+                        format!(
+                            "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
+                        ),
+                    ));
                 }
                 let source = model_source(&name, &source, self.registry.stores()).await?;
                 let (model, quantized) = match quantize {
@@ -88,11 +91,14 @@ impl Engine {
             .registry
             .source(name)
             .map_or_else(String::new, |s| format!(" ({s})"));
-        Err(Error::Usage(format!(
-            "model '{name}' is a file of --models{file}: every process reads it again, so it is \
+        Err(Error::model(
+            &name,
+            format!(
+                "model '{name}' is a file of --models{file}: every process reads it again, so it is \
              not redefined or dropped by a statement; replace or remove the file, or CREATE MODEL \
              under another name"
-        )))
+            ),
+        ))
     }
 
     /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
@@ -175,7 +181,7 @@ impl Engine {
             if self.seen.folder_models.contains(name) || seen.get(name) == Some(definition) {
                 continue;
             }
-            let source = ModelSource::parse(&definition.source).map_err(Error::Usage)?;
+            let source = ModelSource::parse(&definition.source)?;
             // A registered model is the bytes that were registered: a file rewritten since is
             // refused when it is loaded, here and on a cluster's executors, until CREATE OR
             // REPLACE MODEL takes the new one.
@@ -350,13 +356,16 @@ pub(super) async fn model_source(
     source: &str,
     stores: &StoreRegistry,
 ) -> Result<ModelSource> {
-    let url = ModelSource::parse(source).map_err(Error::Usage)?;
+    let url = ModelSource::parse(source)?;
     match stores.file_or_folder(url.url(), "model.onnx").await? {
         Some(file) => Ok(ModelSource::from_url(file)),
-        None => Err(Error::Usage(format!(
-            "model '{name}': no model at '{source}': expected an .onnx file or a folder holding \
+        None => Err(Error::model(
+            &name,
+            format!(
+                "model '{name}': no model at '{source}': expected an .onnx file or a folder holding \
              model.onnx; {url} does not exist, or is a folder without model.onnx"
-        ))),
+            ),
+        )),
     }
 }
 

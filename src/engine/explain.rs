@@ -68,10 +68,13 @@ impl Engine {
             if let Some(e) = self.view_paths_refused(name).await {
                 return e;
             }
-            return Error::Usage(format!(
-                "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
+            return Error::view(
+                &name,
+                format!(
+                    "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
                  its manifest cannot be read): REFRESH MATERIALIZED VIEW {name}"
-            ));
+                ),
+            );
         }
         let Some(name) = message
             .split_once("table '")
@@ -83,8 +86,8 @@ impl Engine {
         };
         match self.registry.stores().why_nothing_at(name).await {
             Ok(None) => err.into(),
-            Ok(Some(why)) => Error::Usage(why),
-            Err(e) => Error::Usage(format!("cannot read {name}: {}", display_error(&e))),
+            Ok(Some(why)) => Error::location(&name, why),
+            Err(e) => Error::location(&name, format!("cannot read {name}: {}", display_error(&e))),
         }
     }
 }

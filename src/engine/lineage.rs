@@ -68,7 +68,7 @@ pub(super) fn csv_columns(schema: &Schema) -> Result<()> {
                     .iter()
                     .map(|f| format!("{name}['{}'] AS {}", f.name(), f.name()))
                     .collect();
-                return Err(Error::Usage(format!(
+                return Err(Error::Statement(format!(
                     "COPY ... STORED AS CSV: column '{name}' is a struct ({}), which CSV cannot \
                      hold; select its fields as columns ({}), or write Parquet or JSON",
                     fields
@@ -80,7 +80,7 @@ pub(super) fn csv_columns(schema: &Schema) -> Result<()> {
                 )));
             }
             t if t.is_nested() => {
-                return Err(Error::Usage(format!(
+                return Err(Error::Statement(format!(
                     "COPY ... STORED AS CSV: column '{name}' is a {t}, which CSV cannot hold; \
                      select its elements as columns ({name}[1], {name}[2], ...), or write \
                      Parquet or JSON"

@@ -153,7 +153,7 @@ impl Engine {
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
         let mut statements = self.statements(sql)?;
         if statements.len() != 1 {
-            return Err(Error::Usage(format!(
+            return Err(Error::Statement(format!(
                 "expected one SQL statement, found {}; use Engine::statements for scripts",
                 statements.len()
             )));
@@ -176,7 +176,12 @@ impl Engine {
             .sql_parser
             .dialect
             .to_string();
-        dialect_from_str(&name).ok_or_else(|| Error::Usage(format!("unknown SQL dialect {name}")))
+        dialect_from_str(&name).ok_or_else(|| {
+            Error::setting(
+                "datafusion.sql_parser.dialect",
+                format!("unknown SQL dialect {name}"),
+            )
+        })
     }
 
     /// Runs one statement of a script.
@@ -240,7 +245,7 @@ impl Engine {
             .reads_databases(&format!("a {} table", database.name()))?;
         let plan = self.ctx.state().statement_to_plan(statement).await?;
         let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) = plan else {
-            return Err(Error::Usage(format!(
+            return Err(Error::Statement(format!(
                 "not a {} table definition",
                 database.name()
             )));
@@ -251,9 +256,12 @@ impl Engine {
                 return Ok(self.ctx.read_empty()?.limit(0, Some(0))?);
             }
             if !create.or_replace {
-                return Err(Error::Usage(format!(
-                    "table '{name}' exists already (CREATE OR REPLACE EXTERNAL TABLE replaces it)"
-                )));
+                return Err(Error::table(
+                    &name,
+                    format!(
+                        "table '{name}' exists already (CREATE OR REPLACE EXTERNAL TABLE replaces it)"
+                    ),
+                ));
             }
         }
         let provider = crate::database::table(database, &create).await?;
@@ -327,26 +335,7 @@ impl Engine {
                     object_type: ObjectType::Table,
                     names,
                     ..
-                } => {
-                    let mut owned = Vec::new();
-                    for name in names {
-                        let name = table_name(name)?;
-                        if self.is_view(&name).await? {
-                            return Err(Error::Usage(format!(
-                                "'{name}' is a materialized view: DROP MATERIALIZED VIEW {name}"
-                            )));
-                        }
-                        if self.is_warehouse_table(warehouse, &name).await? {
-                            owned.push(name);
-                        }
-                    }
-                    let df = self.execute(statement).await?;
-                    for name in owned {
-                        self.seen_tables().remove(&name);
-                        warehouse.remove_table(&name).await?;
-                    }
-                    return Ok(df);
-                }
+                } => return self.drop_tables(warehouse, names.clone(), statement).await,
                 _ => {}
             }
         }
@@ -356,6 +345,35 @@ impl Engine {
             return self.explain_analyze(statement).await;
         }
         self.execute(statement).await
+    }
+
+    /// DROP TABLE: refused for a materialized view; a warehouse table's files are removed once
+    /// DataFusion dropped it.
+    async fn drop_tables(
+        &self,
+        warehouse: &Warehouse,
+        names: Vec<datafusion::sql::sqlparser::ast::ObjectName>,
+        statement: DFStatement,
+    ) -> Result<DataFrame> {
+        let mut owned = Vec::new();
+        for name in &names {
+            let name = table_name(name)?;
+            if self.is_view(&name).await? {
+                return Err(Error::table(
+                    &name,
+                    format!("'{name}' is a materialized view: DROP MATERIALIZED VIEW {name}"),
+                ));
+            }
+            if self.is_warehouse_table(warehouse, &name).await? {
+                owned.push(name);
+            }
+        }
+        let df = self.execute(statement).await?;
+        for name in owned {
+            self.seen_tables().remove(&name);
+            warehouse.remove_table(&name).await?;
+        }
+        Ok(df)
     }
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
@@ -397,8 +415,9 @@ fn object_name(kind: &str, name: &ObjectName) -> Result<String> {
             check_name(kind, &name)?;
             Ok(name)
         }
-        _ => Err(Error::Usage(format!(
-            "a warehouse {kind} is named without a schema, not '{name}'"
-        ))),
+        _ => Err(Error::table(
+            &name,
+            format!("a warehouse {kind} is named without a schema, not '{name}'"),
+        )),
     }
 }

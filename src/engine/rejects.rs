@@ -37,9 +37,10 @@ impl Engine {
             (set, _) => set.to_string(),
         };
         let unusable = |e: Error| {
-            Error::Usage(format!(
-                "batchinfer.rejects '{rejects}' cannot be used: {e}"
-            ))
+            Error::setting(
+                "batchinfer.rejects",
+                format!("batchinfer.rejects '{rejects}' cannot be used: {e}"),
+            )
         };
         let url = crate::storage::folder_location(&rejects).map_err(unusable)?;
         if options.on_error == OnError::Reject {
@@ -51,14 +52,18 @@ impl Engine {
                 .as_ref()
                 .and_then(|w| w.own_folder_holding(&url))
             {
-                return Err(unusable(Error::Usage(format!(
-                    "it is in the warehouse's {folder}/ folder, which holds the warehouse's own \
+                return Err(unusable(Error::setting(
+                    "batchinfer.rejects",
+                    format!(
+                        "it is in the warehouse's {folder}/ folder, which holds the warehouse's own \
                      files; leave batchinfer.rejects unset for the warehouse's rejects/"
-                ))));
+                    ),
+                )));
             }
             if rejects.split(['/', '\\']).any(|part| part == "..") {
-                return Err(unusable(Error::Usage(
-                    "it names a folder through '..': name the folder itself".into(),
+                return Err(unusable(Error::setting(
+                    "batchinfer.rejects",
+                    "it names a folder through '..': name the folder itself",
                 )));
             }
             let store = self
@@ -67,8 +72,9 @@ impl Engine {
                 .commit_store(&url)
                 .map_err(unusable)?;
             if store.read_only().is_some() {
-                return Err(unusable(Error::Usage(
-                    "it is on a server batchinfer reads from only".into(),
+                return Err(unusable(Error::setting(
+                    "batchinfer.rejects",
+                    "it is on a server batchinfer reads from only",
                 )));
             }
             // Its statement folders are read back as tables: named plainly, and a folder.
@@ -175,10 +181,14 @@ impl Engine {
         let (counts, folder) = self.statement_rejects().await?;
         let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
         if rejected > most {
-            return Err(Error::Usage(format!(
-                "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
+            return Err(Error::ErrorBudget {
+                failed: rejected as u64,
+                budget: most.to_string(),
+                problem: format!(
+                    "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
                  written; they are in {folder}"
-            )));
+                ),
+            });
         }
         Ok(())
     }

@@ -191,24 +191,26 @@ impl Engine {
     ) -> Result<DataFrame> {
         let name = table_name(&ct.name)?;
         if self.is_view(&name).await? {
-            return Err(Error::Usage(format!(
-                "'{name}' is a materialized view; a table needs a name of its own"
-            )));
+            return Err(Error::table(
+                &name,
+                format!("'{name}' is a materialized view; a table needs a name of its own"),
+            ));
         }
         if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
             if ct.if_not_exists {
                 return self.empty();
             }
             if !ct.or_replace {
-                return Err(Error::Usage(format!(
-                    "table '{name}' already exists (use CREATE OR REPLACE TABLE)"
-                )));
+                return Err(Error::table(
+                    &name,
+                    format!("table '{name}' already exists (use CREATE OR REPLACE TABLE)"),
+                ));
             }
         }
         let query = ct
             .query
             .clone()
-            .ok_or_else(|| Error::Usage("CREATE TABLE AS needs a query".into()))?;
+            .ok_or_else(|| Error::Statement("CREATE TABLE AS needs a query".into()))?;
         let df = self
             .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
             .await?;
@@ -295,9 +297,8 @@ fn empty_table_file(
         )]))
         .build();
     let mut bytes = Vec::new();
-    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))
-        .map_err(|e| Error::Usage(e.to_string()))?;
-    writer.close().map_err(|e| Error::Usage(e.to_string()))?;
+    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))?;
+    writer.close()?;
     Ok(bytes)
 }
 

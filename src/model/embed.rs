@@ -8,6 +8,7 @@
 //! growing large. Each worker prepares its next micro-batch (padding into tensors) while the
 //! other workers' model calls run, so preparation overlaps with inference.
 
+use crate::error::Error;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -57,21 +58,21 @@ struct TextInputs {
     types: Option<usize>,
 }
 
-fn text_inputs(model: &Model) -> Result<TextInputs, String> {
+fn text_inputs(model: &Model) -> crate::error::Result<TextInputs> {
     let find = |name: &str| model.signature.inputs.iter().position(|i| i.name == name);
     let (Some(ids), Some(mask)) = (find("input_ids"), find("attention_mask")) else {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "a text model takes input_ids and attention_mask (and optionally token_type_ids); this one takes:\n{}",
             model.signature.describe_inputs()
-        ));
+        )));
     };
     let types = find("token_type_ids");
     let known = 2 + usize::from(types.is_some());
     if model.signature.inputs.len() != known {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "a text model takes only input_ids, attention_mask and token_type_ids; this one takes:\n{}",
             model.signature.describe_inputs()
-        ));
+        )));
     }
     Ok(TextInputs { ids, mask, types })
 }
@@ -79,12 +80,12 @@ fn text_inputs(model: &Model) -> Result<TextInputs, String> {
 /// The output of a text model that holds its vectors, and their size: the output
 /// `batchinfer.json` names, else the first float output shaped `[N, tokens, dim]` or `[N, dim]`
 /// (an export may also return its inputs, or a pooled vector after the token vectors).
-pub fn text_output(model: &Model) -> Result<(usize, usize), String> {
+pub fn text_output(model: &Model) -> crate::error::Result<(usize, usize)> {
     let Some(config) = &model.text else {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "model '{}' is not a text model: its folder needs a tokenizer.json beside model.onnx",
             model.name
-        ));
+        )));
     };
     text_inputs(model)?;
     let outputs = &model.signature.outputs;
@@ -103,21 +104,21 @@ pub fn text_output(model: &Model) -> Result<(usize, usize), String> {
     };
     if let Some(name) = &config.output {
         let Some(index) = outputs.iter().position(|o| &o.name == name) else {
-            return Err(format!(
+            return Err(crate::error::Error::ModelFile(format!(
                 "batchinfer.json names the output '{name}', which model '{}' does not have; its \
                  outputs are: {}",
                 model.name,
                 shapes()
-            ));
+            )));
         };
         return dim(&outputs[index]).map(|d| (index, d)).ok_or_else(|| {
-            format!(
+            Error::ModelFile(format!(
                 "output '{name}' of model '{}' is {} {}; a text model's vectors are float \
                  [N, tokens, dim] or [N, dim] with a fixed dim",
                 model.name,
                 outputs[index].description,
                 outputs[index].shape_text()
-            )
+            ))
         });
     }
     outputs
@@ -125,17 +126,17 @@ pub fn text_output(model: &Model) -> Result<(usize, usize), String> {
         .enumerate()
         .find_map(|(i, o)| dim(o).map(|d| (i, d)))
         .ok_or_else(|| {
-            format!(
+            Error::ModelFile(format!(
                 "model '{}' has no float output shaped [N, tokens, dim] or [N, dim] with a fixed \
                  dim; its outputs are: {}",
                 model.name,
                 shapes()
-            )
+            ))
         })
 }
 
 /// The vector size a text model produces.
-pub fn embedding_dim(model: &Model) -> Result<usize, String> {
+pub fn embedding_dim(model: &Model) -> crate::error::Result<usize> {
     text_output(model).map(|(_, dim)| dim)
 }
 
@@ -144,8 +145,11 @@ pub fn embed_texts(
     model: &Model,
     texts: &[&str],
     options: EmbedOptions,
-) -> Result<Vec<f32>, String> {
-    let config = model.text.as_ref().ok_or("not a text model")?;
+) -> crate::error::Result<Vec<f32>> {
+    let config = model
+        .text
+        .as_ref()
+        .ok_or_else(|| crate::error::Error::ModelFile("not a text model".to_string()))?;
     let inputs = text_inputs(model)?;
     let (output, dim) = text_output(model)?;
     if texts.is_empty() {
@@ -156,7 +160,7 @@ pub fn embed_texts(
     let out = Mutex::new(vec![0f32; texts.len() * dim]);
     let next = AtomicUsize::new(0);
     let workers = model.max_sessions().min(calls.len()).max(1);
-    let worker = || -> Result<(), String> {
+    let worker = || -> crate::error::Result<()> {
         loop {
             // The longest texts first: the calls that end the work are the shortest, so the
             // workers finish together.
@@ -165,7 +169,7 @@ pub fn embed_texts(
                 return Ok(());
             };
             if options.stop.requested().is_some() {
-                return Err("cancelled".to_string());
+                return Err(crate::error::Error::ModelFile("cancelled".to_string()));
             }
             let call = Call {
                 inputs: &inputs,
@@ -187,10 +191,13 @@ pub fn embed_texts(
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("an embedding worker panicked".to_string()))
+                    h.join().unwrap_or_else(|_| {
+                        Err(crate::error::Error::ModelFile(
+                            "an embedding worker panicked".to_string(),
+                        ))
+                    })
                 })
-                .collect::<Result<Vec<()>, String>>()
+                .collect::<crate::error::Result<Vec<()>>>()
         })?;
     }
     Ok(out.into_inner().unwrap_or_else(|p| p.into_inner()))
@@ -205,12 +212,12 @@ fn tokenize(
     config: &TextConfig,
     texts: &[&str],
     stop: &StopToken,
-) -> Result<Vec<Encoding>, String> {
+) -> crate::error::Result<Vec<Encoding>> {
     let mut encodings = Vec::with_capacity(texts.len());
     let mut rest = texts;
     while !rest.is_empty() {
         if stop.requested().is_some() {
-            return Err("cancelled".to_string());
+            return Err(crate::error::Error::ModelFile("cancelled".to_string()));
         }
         let mut bytes = 0;
         let part = rest
@@ -228,7 +235,7 @@ fn tokenize(
             config
                 .tokenizer
                 .encode_batch_fast(now.to_vec(), true)
-                .map_err(|e| format!("tokenizing: {e}"))?,
+                .map_err(|e| crate::error::Error::ModelFile(format!("tokenizing: {e}")))?,
         );
         rest = later;
     }
@@ -271,38 +278,16 @@ fn run_call(
     encodings: &[Encoding],
     rows: &[usize],
     stop: &StopToken,
-) -> Result<Vec<f32>, String> {
+) -> crate::error::Result<Vec<f32>> {
     let Call {
         inputs,
         output,
         dim,
     } = *call;
     let n = rows.len();
-    let len = rows
-        .iter()
-        .map(|&r| encodings[r].len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let mut ids = vec![0i64; n * len];
-    let mut mask = vec![0i64; n * len];
-    let mut types = vec![0i64; n * len];
-    for (i, &row) in rows.iter().enumerate() {
-        let e = &encodings[row];
-        for (t, ((&id, &m), &ty)) in e
-            .get_ids()
-            .iter()
-            .zip(e.get_attention_mask())
-            .zip(e.get_type_ids())
-            .enumerate()
-        {
-            ids[i * len + t] = id as i64;
-            mask[i * len + t] = m as i64;
-            types[i * len + t] = ty as i64;
-        }
-    }
+    let (len, [ids, mask, types]) = padded(encodings, rows);
     let shape = [n, len];
-    let err = |e: ort::Error| e.to_string();
+    let err = Error::from;
     let mut values: Vec<Option<ort::session::SessionInputValue<'_>>> =
         (0..model.signature.inputs.len()).map(|_| None).collect();
     values[inputs.ids] = Some(
@@ -334,10 +319,10 @@ fn run_call(
         }
         [b, d] if b as usize == n && d as usize == dim => hidden.to_vec(),
         _ => {
-            return Err(format!(
+            return Err(crate::error::Error::ModelFile(format!(
                 "output shape {:?} is not [{n}, tokens, {dim}]",
                 &**out_shape
-            ));
+            )));
         }
     };
     if config.normalize {
@@ -347,6 +332,36 @@ fn run_call(
         }
     }
     Ok(vectors)
+}
+
+/// The rows' token ids, attention masks and type ids, padded to the longest row: its length
+/// (at least 1) and the three `[rows, length]` arrays.
+fn padded(encodings: &[Encoding], rows: &[usize]) -> (usize, [Vec<i64>; 3]) {
+    let n = rows.len();
+    let len = rows
+        .iter()
+        .map(|&r| encodings[r].len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut ids = vec![0i64; n * len];
+    let mut mask = vec![0i64; n * len];
+    let mut types = vec![0i64; n * len];
+    for (i, &row) in rows.iter().enumerate() {
+        let e = &encodings[row];
+        for (t, ((&id, &m), &ty)) in e
+            .get_ids()
+            .iter()
+            .zip(e.get_attention_mask())
+            .zip(e.get_type_ids())
+            .enumerate()
+        {
+            ids[i * len + t] = id as i64;
+            mask[i * len + t] = m as i64;
+            types[i * len + t] = ty as i64;
+        }
+    }
+    (len, [ids, mask, types])
 }
 
 /// Pools [n, tokens, dim] token vectors into [n, dim] over the attention mask.

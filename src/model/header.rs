@@ -4,7 +4,7 @@
 
 use ort::value::TensorElementType as E;
 
-use crate::onnx::external::{Fields, Value};
+use crate::onnx::outline;
 use crate::tensor::signature::TensorSpec;
 
 /// A model's declared interface.
@@ -32,49 +32,28 @@ impl Header {
 /// reader does not describe as ONNX Runtime would (a value that is not a tensor, a tensor
 /// without a shape, an element type outside ONNX's first sixteen): the caller then loads the
 /// model for its description.
-pub fn read(model: &[u8]) -> Result<Option<Header>, String> {
-    let mut header = Header::default();
-    let mut graph = None;
-    for (field, value) in Fields(model) {
-        match (field?, value) {
-            // ModelProto.graph
-            (7, Value::Bytes(bytes)) => graph = Some(bytes),
-            // ModelProto.metadata_props: StringStringEntryProto { key = 1, value = 2 }
-            (14, Value::Bytes(entry)) => {
-                let (mut key, mut text) = (String::new(), String::new());
-                for (field, value) in Fields(entry) {
-                    match (field?, value) {
-                        (1, Value::Bytes(b)) => key = String::from_utf8_lossy(b).into_owned(),
-                        (2, Value::Bytes(b)) => text = String::from_utf8_lossy(b).into_owned(),
-                        _ => {}
-                    }
-                }
-                header.metadata.push((key, text));
-            }
-            _ => {}
-        }
-    }
-    let Some(graph) = graph else {
-        return Err("it is not a valid ONNX model (it has no graph)".into());
+pub fn read(model: &[u8]) -> crate::error::Result<Option<Header>> {
+    let model = outline::decode(model)?;
+    let Some(graph) = &model.graph else {
+        return Err(crate::error::Error::ModelFile(
+            "it is not a valid ONNX model (it has no graph)".to_string(),
+        ));
     };
-    let (mut initializers, mut inputs, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
-    for (field, value) in Fields(graph) {
-        match (field?, value) {
-            // GraphProto.initializer: TensorProto, name = 8
-            (5, Value::Bytes(tensor)) => initializers.push(string_field(tensor, 8)?),
-            // GraphProto.sparse_initializer: SparseTensorProto, values = 1 (a TensorProto)
-            (15, Value::Bytes(sparse)) => {
-                if let Some(values) = bytes_field(sparse, 1)? {
-                    initializers.push(string_field(values, 8)?);
-                }
-            }
-            (11, Value::Bytes(info)) => inputs.push(info),
-            (12, Value::Bytes(info)) => outputs.push(info),
-            _ => {}
-        }
-    }
-    for info in inputs {
-        let Some(spec) = value_info(info)? else {
+    let sparse = graph
+        .sparse_initializer
+        .iter()
+        .filter_map(|s| s.values.as_ref());
+    let initializers: Vec<String> = (graph.initializer.iter().chain(sparse))
+        .map(|tensor| outline::text(&tensor.name))
+        .collect();
+    let mut header = Header {
+        metadata: (model.metadata_props.iter())
+            .map(|entry| (outline::text(&entry.key), outline::text(&entry.value)))
+            .collect(),
+        ..Header::default()
+    };
+    for info in &graph.input {
+        let Some(spec) = value_info(info) else {
             return Ok(None);
         };
         // An input that is also an initializer has a default: ONNX Runtime does not list it.
@@ -82,8 +61,8 @@ pub fn read(model: &[u8]) -> Result<Option<Header>, String> {
             header.inputs.push(spec);
         }
     }
-    for info in outputs {
-        let Some(spec) = value_info(info)? else {
+    for info in &graph.output {
+        let Some(spec) = value_info(info) else {
             return Ok(None);
         };
         header.outputs.push(spec);
@@ -91,43 +70,24 @@ pub fn read(model: &[u8]) -> Result<Option<Header>, String> {
     Ok(Some(header))
 }
 
-/// A `ValueInfoProto` (name = 1, type = 2) as a tensor's spec; `None` for anything else.
-fn value_info(info: &[u8]) -> Result<Option<TensorSpec>, String> {
-    let name = string_field(info, 1)?;
-    // TypeProto.tensor_type = 1: { elem_type = 1, shape = 2 }
-    let Some(tensor) = bytes_field(info, 2)?
-        .map(|t| bytes_field(t, 1))
-        .transpose()?
-    else {
-        return Ok(None);
-    };
-    let Some(tensor) = tensor else {
-        return Ok(None);
-    };
-    let Some(element) = varint_field(tensor, 1)?.and_then(element_of) else {
-        return Ok(None);
-    };
-    let Some(shape) = bytes_field(tensor, 2)? else {
-        return Ok(None);
-    };
-    let mut dims = Vec::new();
-    for (field, value) in Fields(shape) {
-        if let (1, Value::Bytes(dim)) = (field?, value) {
-            // Dimension: dim_value = 1 | dim_param = 2 (open)
-            let fixed = varint_field(dim, 1)?.and_then(|d| i64::try_from(d).ok());
-            dims.push(fixed.unwrap_or(-1));
-        }
-    }
-    Ok(Some(TensorSpec {
+/// A graph's input or output as a tensor's spec; `None` for anything else.
+fn value_info(info: &outline::ValueInfo) -> Option<TensorSpec> {
+    let tensor = info.r#type.as_ref()?.tensor_type.as_ref()?;
+    let element = element_of(tensor.elem_type?)?;
+    let shape = (tensor.shape.as_ref()?.dim.iter())
+        // A named dimension, or none, is open.
+        .map(|dim| dim.dim_value.filter(|d| *d >= 0).unwrap_or(-1))
+        .collect();
+    Some(TensorSpec {
         description: format!("{element:?}"),
-        name,
+        name: outline::text(&info.name),
         element: Some(element),
-        shape: dims,
-    }))
+        shape,
+    })
 }
 
 /// ONNX's `TensorProto.DataType` codes ONNX Runtime's element types stand for.
-fn element_of(code: u64) -> Option<E> {
+fn element_of(code: i32) -> Option<E> {
     Some(match code {
         1 => E::Float32,
         2 => E::Uint8,
@@ -149,39 +109,6 @@ fn element_of(code: u64) -> Option<E> {
     })
 }
 
-/// The last value of length-delimited field `number` of `message`, if any.
-fn bytes_field(message: &[u8], number: u64) -> Result<Option<&[u8]>, String> {
-    let mut found = None;
-    for (field, value) in Fields(message) {
-        if let (n, Value::Bytes(bytes)) = (field?, value)
-            && n == number
-        {
-            found = Some(bytes);
-        }
-    }
-    Ok(found)
-}
-
-/// Field `number` of `message` as text (empty where absent).
-fn string_field(message: &[u8], number: u64) -> Result<String, String> {
-    Ok(bytes_field(message, number)?
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default())
-}
-
-/// The last varint field `number` of `message`, if any.
-fn varint_field(message: &[u8], number: u64) -> Result<Option<u64>, String> {
-    let mut found = None;
-    for (field, value) in Fields(message) {
-        if let (n, Value::Varint(v)) = (field?, value)
-            && n == number
-        {
-            found = Some(v);
-        }
-    }
-    Ok(found)
-}
-
 /// What DESCRIBE MODEL says of a model beside its inputs and outputs: who made it, its doc
 /// string, the operator sets it needs, and a classifier's class labels.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -197,75 +124,44 @@ pub struct About {
 }
 
 /// The [`About`] of `model` (a serialized `ModelProto`).
-pub fn about(model: &[u8]) -> Result<About, String> {
-    let mut about = About::default();
-    let (mut name, mut version) = (String::new(), String::new());
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    for (field, value) in Fields(model) {
-        match (field?, value) {
-            (2, Value::Bytes(b)) => name = text(b),
-            (3, Value::Bytes(b)) => version = text(b),
-            (6, Value::Bytes(b)) => about.doc_string = text(b),
-            // OperatorSetIdProto { domain = 1, version = 2 }
-            (8, Value::Bytes(opset)) => {
-                let (mut domain, mut version) = (String::new(), 0);
-                for (field, value) in Fields(opset) {
-                    match (field?, value) {
-                        (1, Value::Bytes(b)) => domain = text(b),
-                        (2, Value::Varint(v)) => version = v as i64,
-                        _ => {}
-                    }
-                }
-                if !about.opsets.contains(&(domain.clone(), version)) {
-                    about.opsets.push((domain, version));
-                }
-            }
-            (7, Value::Bytes(graph)) => about.labels = class_labels(graph)?,
-            _ => {}
+pub fn about(model: &[u8]) -> crate::error::Result<About> {
+    let model = outline::decode(model)?;
+    let mut opsets = Vec::new();
+    for opset in &model.opset_import {
+        let opset = (outline::text(&opset.domain), opset.version.unwrap_or(0));
+        if !opsets.contains(&opset) {
+            opsets.push(opset);
         }
     }
-    about.producer = format!("{name} {version}").trim().to_string();
-    Ok(about)
+    let producer = format!(
+        "{} {}",
+        outline::text(&model.producer_name),
+        outline::text(&model.producer_version)
+    );
+    Ok(About {
+        producer: producer.trim().to_string(),
+        doc_string: outline::text(&model.doc_string),
+        opsets,
+        labels: model.graph.as_ref().map(class_labels).unwrap_or_default(),
+    })
 }
 
-/// The class labels of the first node of `graph` that declares some (GraphProto.node = 1;
-/// NodeProto.attribute = 5; AttributeProto { name = 1, ints = 8, strings = 9 }).
-fn class_labels(graph: &[u8]) -> Result<Vec<String>, String> {
-    for (field, value) in Fields(graph) {
-        let (1, Value::Bytes(node)) = (field?, value) else {
-            continue;
-        };
-        for (field, value) in Fields(node) {
-            let (5, Value::Bytes(attribute)) = (field?, value) else {
-                continue;
-            };
-            let name = string_field(attribute, 1)?;
-            if !matches!(
-                name.as_str(),
-                "classlabels_strings" | "classlabels_int64s" | "classlabels_ints"
-            ) {
-                continue;
-            }
-            let mut labels = Vec::new();
-            for (field, value) in Fields(attribute) {
-                match (field?, value) {
-                    (8, Value::Varint(v)) => labels.push((v as i64).to_string()),
-                    // Packed ints.
-                    (8, Value::Bytes(mut packed)) => {
-                        while !packed.is_empty() {
-                            let v = crate::onnx::external::varint(&mut packed)
-                                .ok_or("a class label list ends early")?;
-                            labels.push((v as i64).to_string());
-                        }
-                    }
-                    (9, Value::Bytes(b)) => labels.push(String::from_utf8_lossy(b).into_owned()),
-                    _ => {}
-                }
-            }
-            if !labels.is_empty() {
-                return Ok(labels);
-            }
+/// The class labels of the first node of `graph` that declares some.
+fn class_labels(graph: &outline::Graph) -> Vec<String> {
+    let named = |a: &&outline::Attribute| {
+        matches!(
+            outline::text(&a.name).as_str(),
+            "classlabels_strings" | "classlabels_int64s" | "classlabels_ints"
+        )
+    };
+    let attributes = graph.node.iter().flat_map(|node| &node.attribute);
+    for attribute in attributes.filter(named) {
+        let ints = attribute.ints.iter().map(i64::to_string);
+        let strings = (attribute.strings.iter()).map(|s| String::from_utf8_lossy(s).into_owned());
+        let labels: Vec<String> = ints.chain(strings).collect();
+        if !labels.is_empty() {
+            return labels;
         }
     }
-    Ok(Vec::new())
+    Vec::new()
 }

@@ -85,104 +85,19 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
 
 /// Each input and output of a model with its element type and shape, and a text model's settings.
 pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
-    let mut rows: Vec<[String; 4]> = Vec::new();
-    for (kind, specs) in [
-        ("input", &model.signature.inputs),
-        ("output", &model.signature.outputs),
-    ] {
-        for spec in specs {
-            let element = spec
-                .element
-                .map(|e| crate::tensor::element::element_name(e).to_string())
-                .unwrap_or_else(|| spec.description.clone());
-            rows.push([kind.into(), spec.name.clone(), element, spec.shape_text()]);
-        }
-    }
-    rows.push([
-        "returns".into(),
-        "predict".into(),
-        model.signature.output_type.to_string(),
-        String::new(),
-    ]);
-    {
-        let about = &model.about;
-        let opsets: Vec<String> = about
-            .opsets
-            .iter()
-            .map(|(domain, version)| {
-                let domain = if domain.is_empty() { "ai.onnx" } else { domain };
-                format!("{domain} {version}")
-            })
-            .collect();
-        for (name, value) in [
-            ("labels", about.labels.join(", ")),
-            ("producer", about.producer.clone()),
-            ("opsets", opsets.join(", ")),
-            ("doc string", about.doc_string.clone()),
-        ] {
-            if !value.is_empty() {
-                rows.push(["model".into(), name.into(), value, String::new()]);
-            }
-        }
-    }
+    let mut rows = tensor_rows(model);
+    rows.extend(about_rows(model));
     if let Some(q) = &model.quantized {
         for (name, value) in [
             ("method", &q.method),
             ("from sha256", &q.from_sha256),
             ("nodes", &q.nodes),
         ] {
-            rows.push([
-                "quantized".into(),
-                name.into(),
-                value.clone(),
-                String::new(),
-            ]);
+            rows.push(setting("quantized", name, value.clone()));
         }
     }
     if let Some(text) = &model.text {
-        let output = super::embed::text_output(model);
-        let dim = match &output {
-            Ok((_, dim)) => dim.to_string(),
-            Err(e) => e.clone(),
-        };
-        if let Ok((index, _)) = output {
-            rows.push([
-                "text".into(),
-                "output".into(),
-                model.signature.outputs[index].name.clone(),
-                String::new(),
-            ]);
-        }
-        rows.push([
-            "text".into(),
-            "tokenizer".into(),
-            "tokenizer.json".into(),
-            String::new(),
-        ]);
-        rows.push([
-            "text".into(),
-            "pooling".into(),
-            text.pooling.name().into(),
-            String::new(),
-        ]);
-        rows.push([
-            "text".into(),
-            "normalize".into(),
-            text.normalize.to_string(),
-            String::new(),
-        ]);
-        rows.push([
-            "text".into(),
-            "max_tokens".into(),
-            text.max_tokens.to_string(),
-            String::new(),
-        ]);
-        rows.push([
-            "returns".into(),
-            "embed".into(),
-            format!("FixedSizeList({dim} x Float32)"),
-            String::new(),
-        ]);
+        rows.extend(text_rows(model, text));
     }
     let schema = Arc::new(Schema::new(vec![
         Field::new("kind", DataType::Utf8, false),
@@ -204,4 +119,82 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
             .collect::<StringArray>(),
     ));
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// A row of DESCRIBE MODEL without a shape.
+fn setting(kind: &str, name: &str, value: String) -> [String; 4] {
+    [kind.into(), name.into(), value, String::new()]
+}
+
+/// The inputs and outputs with their element types and shapes, and what predict returns.
+fn tensor_rows(model: &Model) -> Vec<[String; 4]> {
+    let mut rows = Vec::new();
+    for (kind, specs) in [
+        ("input", &model.signature.inputs),
+        ("output", &model.signature.outputs),
+    ] {
+        for spec in specs {
+            let element = spec
+                .element
+                .map(|e| crate::tensor::element::element_name(e).to_string())
+                .unwrap_or_else(|| spec.description.clone());
+            rows.push([kind.into(), spec.name.clone(), element, spec.shape_text()]);
+        }
+    }
+    rows.push(setting(
+        "returns",
+        "predict",
+        model.signature.output_type.to_string(),
+    ));
+    rows
+}
+
+/// The class labels, producer, operator sets and doc string, those the model file has.
+fn about_rows(model: &Model) -> Vec<[String; 4]> {
+    let about = &model.about;
+    let opsets: Vec<String> = about
+        .opsets
+        .iter()
+        .map(|(domain, version)| {
+            let domain = if domain.is_empty() { "ai.onnx" } else { domain };
+            format!("{domain} {version}")
+        })
+        .collect();
+    [
+        ("labels", about.labels.join(", ")),
+        ("producer", about.producer.clone()),
+        ("opsets", opsets.join(", ")),
+        ("doc string", about.doc_string.clone()),
+    ]
+    .into_iter()
+    .filter(|(_, value)| !value.is_empty())
+    .map(|(name, value)| setting("model", name, value))
+    .collect()
+}
+
+/// A text model's output, tokenizer and settings, and what embed returns.
+fn text_rows(model: &Model, text: &super::text::TextConfig) -> Vec<[String; 4]> {
+    let mut rows = Vec::new();
+    let output = super::embed::text_output(model);
+    let dim = match &output {
+        Ok((_, dim)) => dim.to_string(),
+        Err(e) => e.to_string(),
+    };
+    if let Ok((index, _)) = output {
+        rows.push(setting(
+            "text",
+            "output",
+            model.signature.outputs[index].name.clone(),
+        ));
+    }
+    rows.push(setting("text", "tokenizer", "tokenizer.json".into()));
+    rows.push(setting("text", "pooling", text.pooling.name().into()));
+    rows.push(setting("text", "normalize", text.normalize.to_string()));
+    rows.push(setting("text", "max_tokens", text.max_tokens.to_string()));
+    rows.push(setting(
+        "returns",
+        "embed",
+        format!("FixedSizeList({dim} x Float32)"),
+    ));
+    rows
 }

@@ -65,7 +65,7 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     /// Reads the model at `source` and its external data; errors are the reason alone.
-    pub fn read(source: &ModelSource, stores: &StoreRegistry) -> std::result::Result<Self, String> {
+    pub fn read(source: &ModelSource, stores: &StoreRegistry) -> crate::error::Result<Self> {
         let bytes: Arc<[u8]> = source.read(stores, crate::onnx::MODEL_CAP)?.into();
         let mut files = crate::onnx::external::ExternalFiles::new();
         for location in crate::onnx::external::locations(&bytes)? {
@@ -73,7 +73,7 @@ impl ModelFiles {
             let file = source.beside(&location);
             let data = file
                 .read(stores, crate::onnx::external::EXTERNAL_CAP)
-                .map_err(|e| format!("its external data: {e}"))?;
+                .map_err(|e| Error::ModelFile(format!("its external data: {e}")))?;
             files.push((location, data.into()));
         }
         Ok(ModelFiles {
@@ -106,16 +106,16 @@ impl Model {
         options: SessionOptions,
         stores: &StoreRegistry,
     ) -> Result<Model> {
-        let load_error = |message: String| Error::ModelLoad {
+        let load_error = |e: Error| Error::ModelLoad {
             model: name.to_string(),
             path: source.to_string(),
-            message,
+            message: e.to_string(),
         };
         let (files, beside, _checked) = std::thread::scope(|scope| {
             // ONNX Runtime's library is checked against its pinned sha256 while the files are
             // read; the check serves this model's session only (held until it is built).
             let check = scope.spawn(|| options.device.prepare());
-            let read = || -> std::result::Result<_, String> {
+            let read = || -> crate::error::Result<_> {
                 let files = ModelFiles::read(source, stores)?;
                 let beside = match source.file_name() {
                     Some("model.onnx") => text::read_text_files(source, stores)?,
@@ -142,10 +142,10 @@ impl Model {
         beside: &[(&str, Vec<u8>)],
         options: SessionOptions,
     ) -> Result<Model> {
-        let load_error = |message: String| Error::ModelLoad {
+        let load_error = |e: Error| Error::ModelLoad {
             model: name.to_string(),
             path: source.to_string(),
-            message,
+            message: e.to_string(),
         };
         let ModelFiles {
             bytes,
@@ -163,9 +163,11 @@ impl Model {
             let text = text.map(|files| scope.spawn(|| files.parse()));
             let model = Self::from_bytes(name, source.clone(), bytes, files, options);
             let text = text.map(|parsing| {
-                parsing
-                    .join()
-                    .unwrap_or_else(|_| Err("parsing its tokenizer panicked".to_string()))
+                parsing.join().unwrap_or_else(|_| {
+                    Err(Error::ModelFile(
+                        "parsing its tokenizer panicked".to_string(),
+                    ))
+                })
             });
             (model, text)
         });
@@ -175,12 +177,12 @@ impl Model {
         if let Some(quantized) = &model.quantized
             && crate::quantize::text_digest(beside) != quantized.text_sha256
         {
-            return Err(load_error(format!(
+            return Err(load_error(crate::error::Error::ModelFile(format!(
                 "the files beside it ({}) are not those it was quantized with: changed, added or \
                  removed since (in a warehouse, CREATE OR REPLACE MODEL ... OPTIONS ('quantize' \
                  'int8') from its source repairs them; a copy needs the files it was made with)",
                 text::TEXT_FILES.join(", ")
-            )));
+            ))));
         }
         Ok(model)
     }
@@ -194,18 +196,18 @@ impl Model {
         files: crate::onnx::external::ExternalFiles,
         options: SessionOptions,
     ) -> Result<Model> {
-        let load_error = |message: String| Error::ModelLoad {
+        let load_error = |e: Error| Error::ModelLoad {
             model: name.to_string(),
             path: source.to_string(),
-            message,
+            message: e.to_string(),
         };
         // Every file it names must be given: ONNX Runtime would look for any other in the
         // working directory.
         for location in crate::onnx::external::locations(&bytes).map_err(load_error)? {
             if !files.iter().any(|(given, _)| given == &location) {
-                return Err(load_error(format!(
+                return Err(load_error(crate::error::Error::ModelFile(format!(
                     "it keeps data in '{location}', which was not read with it"
-                )));
+                ))));
             }
         }
         let size_bytes = bytes.len() + files.iter().map(|(_, f)| f.len()).sum::<usize>();
@@ -226,11 +228,11 @@ impl Model {
         if let Some(fixed) = signature.fixed_batch()
             && fixed > MAX_FIXED_BATCH
         {
-            return Err(load_error(format!(
+            return Err(load_error(crate::error::Error::ModelFile(format!(
                 "its batch dimension is fixed at {fixed} rows; every call would be padded to \
                  that many rows, and batchinfer takes fixed batch sizes of at most \
                  {MAX_FIXED_BATCH} (export the model with a dynamic batch dimension)"
-            )));
+            ))));
         }
         Ok(Model {
             name: name.to_string(),
@@ -254,7 +256,7 @@ impl Model {
         inputs: Vec<SessionInputValue<'_>>,
         rows: usize,
         stop: &StopToken,
-    ) -> std::result::Result<Vec<DynValue>, String> {
+    ) -> crate::error::Result<Vec<DynValue>> {
         let outputs = self.pool.run(&inputs, &self.stats.nanos, stop)?;
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);

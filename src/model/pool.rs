@@ -73,7 +73,7 @@ impl SessionPool {
         bytes: &[u8],
         files: ExternalFiles,
         options: SessionOptions,
-    ) -> Result<Self, String> {
+    ) -> crate::error::Result<Self> {
         let max_sessions = options.device.sessions(options.max_sessions).max(1);
         let options = SessionOptions {
             max_sessions,
@@ -97,10 +97,14 @@ impl SessionPool {
             outlets
                 .iter()
                 .map(|o| {
-                    CString::new(o.name())
-                        .map_err(|_| format!("the model names a tensor '{}' with a NUL", o.name()))
+                    CString::new(o.name()).map_err(|_| {
+                        crate::error::Error::ModelFile(format!(
+                            "the model names a tensor '{}' with a NUL",
+                            o.name()
+                        ))
+                    })
                 })
-                .collect::<Result<Vec<_>, String>>()
+                .collect::<crate::error::Result<Vec<_>>>()
         };
         Ok(SessionPool {
             input_names: names(session.inputs())?,
@@ -127,19 +131,19 @@ impl SessionPool {
         inputs: &[SessionInputValue<'_>],
         nanos: &AtomicU64,
         stop: &StopToken,
-    ) -> Result<Vec<DynValue>, String> {
+    ) -> crate::error::Result<Vec<DynValue>> {
         if inputs.len() != self.input_names.len() {
-            return Err(format!(
+            return Err(crate::error::Error::ModelFile(format!(
                 "{} inputs given to a model that takes {}",
                 inputs.len(),
                 self.input_names.len()
-            ));
+            )));
         }
         let _slot = self.slot(stop)?;
         let call = crate::stop::InFlight::start()?;
         // A signal that came while the call was registered: it was not there to be told.
         if stop.requested().is_some() {
-            return Err("cancelled".to_string());
+            return Err(crate::error::Error::ModelFile("cancelled".to_string()));
         }
         let started = std::time::Instant::now();
         let input_names: Vec<*const std::ffi::c_char> =
@@ -176,23 +180,27 @@ impl SessionPool {
             })
             .collect();
         // SAFETY: `status` was returned by ONNX Runtime's `Run` just above.
-        unsafe { ort::Error::result_from_status(status) }.map_err(|e| e.to_string())?;
+        unsafe { ort::Error::result_from_status(status) }.map_err(crate::error::Error::from)?;
         taken
             .into_iter()
             .zip(&self.output_names)
             .map(|(value, name)| {
-                value.ok_or_else(|| format!("ONNX Runtime returned no output {name:?}"))
+                value.ok_or_else(|| {
+                    crate::error::Error::ModelFile(format!(
+                        "ONNX Runtime returned no output {name:?}"
+                    ))
+                })
             })
             .collect()
     }
 
     /// Waits for a free slot and takes it until the returned guard is dropped; a stop signal
     /// ends the wait.
-    fn slot(&self, stop: &StopToken) -> Result<Slot<'_>, String> {
+    fn slot(&self, stop: &StopToken) -> crate::error::Result<Slot<'_>> {
         let mut running = self.lock();
         loop {
             if stop.requested().is_some() {
-                return Err("cancelled".to_string());
+                return Err(crate::error::Error::ModelFile("cancelled".to_string()));
             }
             if running.calls < self.options.max_sessions {
                 break;
@@ -257,9 +265,9 @@ fn build_session(
     bytes: &[u8],
     files: &ExternalFiles,
     options: SessionOptions,
-) -> Result<Session, String> {
+) -> crate::error::Result<Session> {
     let device = options.device;
-    let env = device.environment().map_err(|e| e.to_string())?;
+    let env = device.environment().map_err(crate::error::Error::from)?;
     let build = || -> ort::Result<Session> {
         let mut builder = Session::builder(env)?
             .with_optimization_level(match options.optimization {
@@ -289,5 +297,5 @@ fn build_session(
         }
         builder.commit_from_memory(bytes)
     };
-    build().map_err(|e| format!("on {device}: {e}"))
+    build().map_err(|e| crate::error::Error::ModelFile(format!("on {device}: {e}")))
 }

@@ -129,7 +129,7 @@ impl ModelRegistry {
     /// Registers every `NAME.onnx` and `NAME/model.onnx` in `dir` as the model `NAME`.
     /// The folder may be in an object store (`s3://bucket/models/`, `gs://`, `az://`).
     pub fn register_dir(&self, dir: &Path) -> Result<Vec<String>> {
-        let folder = ModelSource::from_path(dir).map_err(Error::Usage)?;
+        let folder = ModelSource::from_path(dir)?;
         let url = crate::storage::folder_url(folder.url().clone());
         let mut found = Vec::new();
         let shown = format!("the models folder {}", dir.display());
@@ -171,7 +171,7 @@ impl ModelRegistry {
     /// with that source; a model already loaded from the same source stays loaded.
     pub fn register_sources(&self, sources: &BTreeMap<String, String>) -> Result<()> {
         for (name, source) in sources {
-            let source = ModelSource::parse(source).map_err(Error::Usage)?;
+            let source = ModelSource::parse(source)?;
             if self.source(name).as_ref() != Some(&source) {
                 self.register(name, source);
             }
@@ -309,10 +309,10 @@ impl ModelRegistry {
         if let Some(model) = entry.models().first() {
             return Ok(Listed::of(model));
         }
-        let unreadable = |message: String| Error::ModelLoad {
+        let unreadable = |e: Error| Error::ModelLoad {
             model: name.to_string(),
             path: entry.source.to_string(),
-            message,
+            message: e.to_string(),
         };
         let files = super::ModelFiles::read(&entry.source, &self.stores).map_err(unreadable)?;
         let Some(header) = super::header::read(&files.bytes).map_err(unreadable)? else {

@@ -71,7 +71,7 @@ pub fn score(
                     model: model.name.clone(),
                     first_row: 0,
                     end_row: rows,
-                    message,
+                    message: message.to_string(),
                 }
             })?;
             &filled[..]
@@ -280,11 +280,11 @@ fn call(
     first_row: usize,
     stop: &StopToken,
 ) -> Result<Vec<ArrayRef>> {
-    let failed = |message: String| Error::Inference {
+    let failed = |e: Error| Error::Inference {
         model: model.name.clone(),
         first_row,
         end_row: first_row + rows,
-        message,
+        message: e.to_string(),
     };
     let tensors: Vec<InputTensor> = model
         .signature
@@ -309,18 +309,21 @@ fn call(
             to_array(value, spec, declared, rows).map_err(|message| Error::Output {
                 model: model.name.clone(),
                 output: spec.name.clone(),
-                message,
+                message: message.to_string(),
             })
         })
         .collect()
 }
 
 fn too_many_rows(rows: usize) -> Error {
-    Error::Usage(format!(
-        "a batch of {rows} rows is more than batchinfer scores at once ({}); use a smaller \
+    Error::setting(
+        "batch_rows",
+        format!(
+            "a batch of {rows} rows is more than batchinfer scores at once ({}); use a smaller \
          --batch-rows",
-        u32::MAX
-    ))
+            u32::MAX
+        ),
+    )
 }
 
 /// One output as it is, several as a struct with a field per output.

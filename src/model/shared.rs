@@ -7,12 +7,12 @@
 //! or an error saying that the file changed; never another model's scores.
 
 use super::ModelSource;
-use crate::error::{Error, Result};
+use crate::error::Result;
 pub use crate::statement_context::{SharedModel, SharedModels};
 
 impl SharedModel {
     pub fn model_source(&self) -> Result<ModelSource> {
-        ModelSource::parse(&self.source).map_err(Error::Usage)
+        ModelSource::parse(&self.source)
     }
 
     /// The key a process keeps this model under.

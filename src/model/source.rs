@@ -36,8 +36,8 @@ impl Eq for ModelSource {}
 impl ModelSource {
     /// A path or a URL, as written in `CREATE MODEL ... FROM`, `--models` or a warehouse model
     /// definition (a relative path is made absolute).
-    pub fn parse(location: &str) -> Result<Self, String> {
-        let url = location_url(location).map_err(|e| e.to_string())?;
+    pub fn parse(location: &str) -> crate::error::Result<Self> {
+        let url = location_url(location).map_err(crate::error::Error::from)?;
         let shown = match url.scheme() {
             "file" if !location.starts_with("file:") => location.to_string(),
             _ => crate::storage::display_location(&url),
@@ -52,14 +52,19 @@ impl ModelSource {
     }
 
     /// [`ModelSource::parse`] of a path that may hold a URL (`--models s3://bucket/models/`).
-    pub fn from_path(path: &Path) -> Result<Self, String> {
+    pub fn from_path(path: &Path) -> crate::error::Result<Self> {
         match path.to_str() {
             Some(location) => Self::parse(location),
             None => std::path::absolute(path)
                 .ok()
                 .and_then(|path| Url::from_file_path(path).ok())
                 .map(Self::from_url)
-                .ok_or_else(|| format!("{} is not a usable path", path.display())),
+                .ok_or_else(|| {
+                    crate::error::Error::ModelFile(format!(
+                        "{} is not a usable path",
+                        path.display()
+                    ))
+                }),
         }
     }
 
@@ -90,17 +95,17 @@ impl ModelSource {
         &self,
         stores: &StoreRegistry,
         cap: u64,
-    ) -> Result<Option<Vec<u8>>, String> {
+    ) -> crate::error::Result<Option<Vec<u8>>> {
         stores
             .read_file_if_exists(&self.url, cap)
-            .map_err(|e| display_error(&e))
+            .map_err(|e| crate::error::Error::ModelFile(display_error(&e)))
     }
 
     /// The file's bytes; its absence is an error.
-    pub fn read(&self, stores: &StoreRegistry, cap: u64) -> Result<Vec<u8>, String> {
+    pub fn read(&self, stores: &StoreRegistry, cap: u64) -> crate::error::Result<Vec<u8>> {
         stores
             .read_file(&self.url, cap)
-            .map_err(|e| display_error(&e))
+            .map_err(|e| crate::error::Error::ModelFile(display_error(&e)))
     }
 }
 

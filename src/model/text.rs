@@ -14,6 +14,7 @@
 //!   "name"` names the model output that holds the token vectors (by default the first float
 //!   output shaped `[N, tokens, dim]` or `[N, dim]`).
 
+use crate::error::Error;
 use serde_json::Value;
 use tokenizers::{Tokenizer, TruncationParams};
 
@@ -32,12 +33,14 @@ pub enum Pooling {
 }
 
 impl Pooling {
-    fn parse(name: &str) -> Result<Self, String> {
+    fn parse(name: &str) -> crate::error::Result<Self> {
         match name {
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "max" => Ok(Pooling::Max),
-            other => Err(format!("pooling '{other}' is not one of mean, cls, max")),
+            other => Err(crate::error::Error::ModelFile(format!(
+                "pooling '{other}' is not one of mean, cls, max"
+            ))),
         }
     }
 
@@ -76,11 +79,11 @@ fn json_of(
     model: &ModelSource,
     files: &[(&str, Vec<u8>)],
     name: &str,
-) -> Result<Option<Value>, String> {
+) -> crate::error::Result<Option<Value>> {
     match files.iter().find(|(file, _)| *file == name) {
-        Some((_, bytes)) => serde_json::from_slice(bytes)
-            .map(Some)
-            .map_err(|e| format!("{} is not valid JSON: {e}", model.beside(name))),
+        Some((_, bytes)) => serde_json::from_slice(bytes).map(Some).map_err(|e| {
+            crate::error::Error::ModelFile(format!("{} is not valid JSON: {e}", model.beside(name)))
+        }),
         None => Ok(None),
     }
 }
@@ -112,7 +115,7 @@ pub const TEXT_FILES: &[&str] = &[
 pub fn read_text_files(
     model: &ModelSource,
     stores: &StoreRegistry,
-) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+) -> crate::error::Result<Vec<(&'static str, Vec<u8>)>> {
     let mut files = Vec::new();
     for name in TEXT_FILES {
         let cap = match *name {
@@ -132,7 +135,7 @@ impl TextConfig {
     pub fn from_files(
         model: &ModelSource,
         files: &[(&str, Vec<u8>)],
-    ) -> Result<Option<TextFiles>, String> {
+    ) -> crate::error::Result<Option<TextFiles>> {
         let tokenizer_file = model.beside("tokenizer.json");
         let Some((_, tokenizer_bytes)) = files.iter().find(|(f, _)| *f == "tokenizer.json") else {
             return Ok(None);
@@ -171,10 +174,10 @@ impl TextConfig {
         if let Some(overrides) = read_json("batchinfer.json")? {
             if let Some(name) = overrides.get("output") {
                 let name = name.as_str().ok_or_else(|| {
-                    format!(
+                    Error::ModelFile(format!(
                         "{}: \"output\" is not a string",
                         model.beside("batchinfer.json")
-                    )
+                    ))
                 })?;
                 output = Some(name.to_string());
             }
@@ -201,15 +204,19 @@ impl TextConfig {
 
 impl TextFiles {
     /// The tokenizer parsed, truncating at the model's length, without padding.
-    pub fn parse(self) -> Result<TextConfig, String> {
-        let mut tokenizer = Tokenizer::from_bytes(&self.tokenizer_bytes)
-            .map_err(|e| format!("{} is not a usable tokenizer: {e}", self.tokenizer_file))?;
+    pub fn parse(self) -> crate::error::Result<TextConfig> {
+        let mut tokenizer = Tokenizer::from_bytes(&self.tokenizer_bytes).map_err(|e| {
+            crate::error::Error::ModelFile(format!(
+                "{} is not a usable tokenizer: {e}",
+                self.tokenizer_file
+            ))
+        })?;
         tokenizer
             .with_truncation(Some(TruncationParams {
                 max_length: self.max_tokens,
                 ..Default::default()
             }))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::error::Error::ModelFile(e.to_string()))?;
         tokenizer.with_padding(None);
         Ok(TextConfig {
             tokenizer,

@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::outline::{self, Graph, Node, SparseTensor, Tensor};
+
 /// The external data files of a model: relative path -> bytes, in the order first named.
 pub type ExternalFiles = Vec<(String, Arc<[u8]>)>;
 
@@ -16,40 +18,27 @@ pub type ExternalFiles = Vec<(String, Arc<[u8]>)>;
 /// by ONNX Runtime after).
 pub const EXTERNAL_CAP: u64 = 16 << 30;
 
-/// How deep subgraphs (of `If`, `Loop`, `Scan` nodes) may nest in a model this reads.
-const MAX_NESTING: usize = 64;
-
-/// The distinct files the tensors of an ONNX model (`ModelProto` bytes) keep their data in.
-pub fn locations(model: &[u8]) -> Result<Vec<String>, String> {
+/// The distinct files the tensors of an ONNX model (`ModelProto` bytes) keep their data in: of
+/// the main graph, its subgraphs (of `If`, `Loop`, `Scan` nodes, nested as deep as prost's
+/// recursion limit lets a message nest), the training graphs and the functions.
+pub fn locations(model: &[u8]) -> crate::error::Result<Vec<String>> {
+    let model = outline::decode(model)?;
     let mut found = Vec::new();
-    // ModelProto: graph = 7, training_info = 20, functions = 25.
-    for (field, value) in Fields(model) {
-        match (field?, value) {
-            (7, Value::Bytes(graph)) => walk_graph(graph, 0, &mut found)?,
-            (20, Value::Bytes(training)) => {
-                // TrainingInfoProto: initialization = 1, algorithm = 2 (graphs).
-                for (field, value) in Fields(training) {
-                    if let (1 | 2, Value::Bytes(graph)) = (field?, value) {
-                        walk_graph(graph, 0, &mut found)?;
-                    }
-                }
-            }
-            (25, Value::Bytes(function)) => {
-                // FunctionProto: node = 7.
-                for (field, value) in Fields(function) {
-                    if let (7, Value::Bytes(node)) = (field?, value) {
-                        walk_node(node, 0, &mut found)?;
-                    }
-                }
-            }
-            _ => {}
+    let training = model.training_info.iter();
+    let graphs = training.flat_map(|t| t.initialization.iter().chain(t.algorithm.iter()));
+    for graph in model.graph.iter().chain(graphs) {
+        walk_graph(graph, &mut found)?;
+    }
+    for function in &model.functions {
+        for node in &function.node {
+            walk_node(node, &mut found)?;
         }
     }
     Ok(found)
 }
 
 /// Refuses a location that could name a file outside the model's folder.
-pub fn check_location(location: &str) -> Result<(), String> {
+pub fn check_location(location: &str) -> crate::error::Result<()> {
     let bad = location.is_empty()
         || location.starts_with('/')
         || location.contains('\\')
@@ -59,9 +48,9 @@ pub fn check_location(location: &str) -> Result<(), String> {
             .split('/')
             .any(|part| part.is_empty() || part == "." || part == "..");
     if bad {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "its external data file '{location}' is not a plain path inside the model's folder"
-        ));
+        )));
     }
     Ok(())
 }
@@ -79,184 +68,65 @@ pub fn sha256(model: &[u8], external: &ExternalFiles) -> String {
     hex::encode(hasher.finalize())
 }
 
-fn walk_graph(graph: &[u8], depth: usize, found: &mut Vec<String>) -> Result<(), String> {
-    if depth > MAX_NESTING {
-        return Err(format!("its subgraphs nest more than {MAX_NESTING} deep"));
+fn walk_graph(graph: &Graph, found: &mut Vec<String>) -> crate::error::Result<()> {
+    for node in &graph.node {
+        walk_node(node, found)?;
     }
-    // GraphProto: node = 1, initializer = 5, sparse_initializer = 15.
-    for (field, value) in Fields(graph) {
-        match (field?, value) {
-            (1, Value::Bytes(node)) => walk_node(node, depth, found)?,
-            (5, Value::Bytes(tensor)) => walk_tensor(tensor, found)?,
-            (15, Value::Bytes(sparse)) => walk_sparse(sparse, found)?,
-            _ => {}
-        }
+    for tensor in &graph.initializer {
+        walk_tensor(tensor, found)?;
+    }
+    for sparse in &graph.sparse_initializer {
+        walk_sparse(sparse, found)?;
     }
     Ok(())
 }
 
-fn walk_node(node: &[u8], depth: usize, found: &mut Vec<String>) -> Result<(), String> {
-    // NodeProto: attribute = 5. AttributeProto: t = 5, g = 6, tensors = 10, graphs = 11,
-    // sparse_tensor = 22, sparse_tensors = 23.
-    for (field, value) in Fields(node) {
-        let (5, Value::Bytes(attribute)) = (field?, value) else {
-            continue;
-        };
-        for (field, value) in Fields(attribute) {
-            match (field?, value) {
-                (5 | 10, Value::Bytes(tensor)) => walk_tensor(tensor, found)?,
-                (6 | 11, Value::Bytes(graph)) => walk_graph(graph, depth + 1, found)?,
-                (22 | 23, Value::Bytes(sparse)) => walk_sparse(sparse, found)?,
-                _ => {}
-            }
-        }
-    }
-    Ok(())
-}
-
-fn walk_sparse(sparse: &[u8], found: &mut Vec<String>) -> Result<(), String> {
-    // SparseTensorProto: values = 1, indices = 2.
-    for (field, value) in Fields(sparse) {
-        if let (1 | 2, Value::Bytes(tensor)) = (field?, value) {
+fn walk_node(node: &Node, found: &mut Vec<String>) -> crate::error::Result<()> {
+    for attribute in &node.attribute {
+        for tensor in attribute.t.iter().chain(&attribute.tensors) {
             walk_tensor(tensor, found)?;
         }
-    }
-    Ok(())
-}
-
-fn walk_tensor(tensor: &[u8], found: &mut Vec<String>) -> Result<(), String> {
-    // TensorProto: external_data = 13 (key = 1, value = 2), data_location = 14 (EXTERNAL = 1).
-    let mut external = false;
-    let mut location = None;
-    for (field, value) in Fields(tensor) {
-        match (field?, value) {
-            (14, Value::Varint(1)) => external = true,
-            (13, Value::Bytes(entry)) => {
-                let (mut key, mut text) = (None, None);
-                for (field, value) in Fields(entry) {
-                    match (field?, value) {
-                        (1, Value::Bytes(k)) => key = Some(k),
-                        (2, Value::Bytes(v)) => text = Some(v),
-                        _ => {}
-                    }
-                }
-                if key == Some(b"location".as_slice()) {
-                    location = text.map(|t| String::from_utf8_lossy(t).into_owned());
-                }
-            }
-            _ => {}
+        for graph in attribute.g.as_deref().into_iter().chain(&attribute.graphs) {
+            walk_graph(graph, found)?;
         }
-    }
-    if external {
-        let location =
-            location.ok_or("a tensor's data is external, but no file is named for it")?;
-        if !found.contains(&location) {
-            found.push(location);
+        for sparse in attribute
+            .sparse_tensor
+            .iter()
+            .chain(&attribute.sparse_tensors)
+        {
+            walk_sparse(sparse, found)?;
         }
     }
     Ok(())
 }
 
-/// One field's value in the protobuf wire format.
-pub(crate) enum Value<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
+fn walk_sparse(sparse: &SparseTensor, found: &mut Vec<String>) -> crate::error::Result<()> {
+    for tensor in sparse.values.iter().chain(sparse.indices.iter()) {
+        walk_tensor(tensor, found)?;
+    }
+    Ok(())
 }
 
-/// The fields of one protobuf message: (field number, value), or an error where the bytes end
-/// early or are not protobuf. Groups (a wire format ONNX does not use, which a parser still
-/// accepts) are skipped whole.
-pub(crate) struct Fields<'a>(pub(crate) &'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = (Result<u64, String>, Value<'a>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let broken = |why: &str| {
-            Some((
-                Err(format!("it is not a valid ONNX model ({why})")),
-                Value::Fixed,
-            ))
-        };
-        let Some(key) = varint(&mut self.0) else {
-            self.0 = &[];
-            return broken("a field ends early");
-        };
-        let value = match key & 7 {
-            0 => varint(&mut self.0).map(Value::Varint),
-            1 => take(&mut self.0, 8).map(|_| Value::Fixed),
-            2 => varint(&mut self.0)
-                .and_then(|n| usize::try_from(n).ok())
-                .and_then(|n| take(&mut self.0, n))
-                .map(Value::Bytes),
-            3 => skip_group(&mut self.0, key >> 3).map(|_| Value::Fixed),
-            5 => take(&mut self.0, 4).map(|_| Value::Fixed),
-            _ => None,
-        };
-        match value {
-            Some(value) => Some((Ok(key >> 3), value)),
-            None => {
-                self.0 = &[];
-                broken("a field ends early or has an unknown wire type")
-            }
-        }
+fn walk_tensor(tensor: &Tensor, found: &mut Vec<String>) -> crate::error::Result<()> {
+    if tensor.data_location != Some(outline::EXTERNAL) {
+        return Ok(());
     }
-}
-
-/// Skips the rest of a group begun with field number `number`, through its end.
-fn skip_group(buf: &mut &[u8], number: u64) -> Option<()> {
-    // Protobuf's parsers nest at most 100 deep.
-    let mut open = vec![number];
-    while let Some(&innermost) = open.last() {
-        let key = varint(buf)?;
-        match key & 7 {
-            0 => {
-                varint(buf)?;
-            }
-            1 => {
-                take(buf, 8)?;
-            }
-            2 => {
-                let n = usize::try_from(varint(buf)?).ok()?;
-                take(buf, n)?;
-            }
-            3 if open.len() < 100 => open.push(key >> 3),
-            4 if key >> 3 == innermost => {
-                open.pop();
-            }
-            5 => {
-                take(buf, 4)?;
-            }
-            _ => return None,
-        }
+    // Of repeated `location` entries, the last counts.
+    let location = tensor
+        .external_data
+        .iter()
+        .rev()
+        .find(|entry| entry.key.as_deref() == Some(b"location".as_slice()))
+        .map(|entry| outline::text(&entry.value))
+        .ok_or_else(|| {
+            crate::error::Error::ModelFile(
+                "a tensor's data is external, but no file is named for it".to_string(),
+            )
+        })?;
+    if !found.contains(&location) {
+        found.push(location);
     }
-    Some(())
-}
-
-pub(crate) fn varint(buf: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = buf.split_first()?;
-        *buf = rest;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
-}
-
-fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if buf.len() < n {
-        return None;
-    }
-    let (head, rest) = buf.split_at(n);
-    *buf = rest;
-    Some(head)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -310,6 +180,23 @@ mod tests {
             locations(&message(25, &function)).unwrap(),
             vec!["f.bin".to_string()]
         );
+    }
+
+    #[test]
+    fn subgraphs_nested_past_protobufs_limit_are_an_error_not_a_stack_overflow() {
+        let nested = |depth: usize| {
+            let mut graph = Vec::new();
+            for _ in 0..depth {
+                graph = message(1, &message(5, &message(6, &graph)));
+            }
+            message(7, &graph)
+        };
+        assert_eq!(locations(&nested(10)).unwrap(), Vec::<String>::new());
+        for model in [nested(1_000), nested(100_000)] {
+            let error = locations(&model).unwrap_err().to_string();
+            assert!(error.contains("not a valid ONNX model"), "{error}");
+            assert!(crate::model::header::read(&model).is_err());
+        }
     }
 
     fn message(field: u64, body: &[u8]) -> Vec<u8> {

@@ -2,13 +2,20 @@
 //! (`quant_utils.compute_scale_zp`, `quantize_nparray`): ranges that include 0, computed in f64
 //! and kept as f32 scales, values divided in f32 and rounded half to even.
 
-/// Symmetric int8 per output column of `w [k, n]` (row-major): the weights, in [-127, 127], and
-/// one scale per column.
+/// The range of a quantized weight (ONNX Runtime's int8 range with `reduce_range`).
+const WEIGHT_MIN: i16 = -64;
+const WEIGHT_MAX: i16 = 64;
+
+/// Symmetric int8 per output column of `w [k, n]` (row-major) in 7 bits, as ONNX Runtime's
+/// `quantize_dynamic(reduce_range=True)` does: the weights, in [-64, 64], and one scale per
+/// column. With 8 bits, x86 CPUs without VNNI (AVX2, AVX-512F) saturate: ONNX Runtime's
+/// uint8 x int8 kernel adds pairs of products in 16 bits (`vpmaddubsw`), and 2 x 255 x 127 does
+/// not fit; 2 x 255 x 64 does, so that no CPU rounds a sum away.
 pub fn quantize_columns(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     let mut scales = vec![0f32; n];
     for (j, scale) in scales.iter_mut().enumerate() {
         let absmax = (0..k).map(|r| w[r * n + j].abs()).fold(0f32, f32::max);
-        let range = 2.0 * f64::from(absmax) / 254.0;
+        let range = 2.0 * f64::from(absmax) / f64::from(WEIGHT_MAX - WEIGHT_MIN);
         *scale = if range < f64::from(f32::MIN_POSITIVE) {
             1.0
         } else {
@@ -18,7 +25,11 @@ pub fn quantize_columns(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     let q = w
         .iter()
         .enumerate()
-        .map(|(i, &v)| (v / scales[i % n]).round_ties_even().clamp(-128.0, 127.0) as i8)
+        .map(|(i, &v)| {
+            (v / scales[i % n])
+                .round_ties_even()
+                .clamp(f32::from(WEIGHT_MIN), f32::from(WEIGHT_MAX)) as i8
+        })
         .collect();
     (q, scales)
 }
@@ -55,12 +66,14 @@ mod tests {
         let (q, scales) = quantize_columns(&w, 2, 3);
         assert_eq!(
             scales,
-            [(4.0f64 / 254.0) as f32, 1.0, (1.0f64 / 254.0) as f32]
+            [(4.0f64 / 128.0) as f32, 1.0, (1.0f64 / 128.0) as f32]
         );
-        assert_eq!(q, [64, 0, 127, -127, 0, 64]);
-        // 63.5 rounds to 64 (half to even); -2 / scale is exactly -127.
-        let (q, _) = quantize_columns(&[0.5, 1.0], 2, 1);
-        assert_eq!(q, [64, 127]);
+        assert_eq!(q, [32, 0, 64, -64, 0, 32]);
+        // 32.5 rounds to 32 and 31.5 to 32 (half to even).
+        let (q, _) = quantize_columns(&[0.5078125, 1.0], 2, 1);
+        assert_eq!(q, [32, 64]);
+        let (q, _) = quantize_columns(&[0.4921875, 1.0], 2, 1);
+        assert_eq!(q, [32, 64]);
     }
 
     #[test]

@@ -52,10 +52,10 @@ use crate::onnx::external::ExternalFiles;
 /// The quantization batchinfer does: `OPTIONS ('quantize' 'int8')`.
 pub const INT8: &str = "int8";
 /// How a quantized model's metadata names the method.
-pub const METHOD: &str = "dynamic int8 (weights per channel, activations at run time)";
+pub const METHOD: &str = "dynamic int8 (weights per channel in 7 bits, activations at run time)";
 /// The version of the rewrite, in the warehouse's key of a quantized model: a change in what it
 /// writes makes a new key, never a reuse of the former rewrite's files.
-pub const VERSION: &str = "v2";
+pub const VERSION: &str = "v3";
 
 /// The fewest rows (inputs summed per output) a weight needs to be quantized.
 pub const MIN_INNER: usize = 16;
@@ -146,9 +146,10 @@ pub fn quantize(
     files: &ExternalFiles,
     sha256: &str,
     text_sha256: Option<&str>,
-) -> Result<Quantized, String> {
-    let mut model =
-        ModelProto::decode(bytes).map_err(|e| format!("it is not a readable ONNX model: {e}"))?;
+) -> crate::error::Result<Quantized> {
+    let mut model = ModelProto::decode(bytes).map_err(|e| {
+        crate::error::Error::ModelFile(format!("it is not a readable ONNX model: {e}"))
+    })?;
     let opset = model
         .opset_import
         .iter()
@@ -157,13 +158,16 @@ pub fn quantize(
         .unwrap_or(0);
     // Models of IR version 3 list every initializer among the graph's inputs.
     let inputs_are_constant = model.ir_version.unwrap_or(0) < 4;
-    let graph = model.graph.as_mut().ok_or("it has no graph")?;
+    let graph = model
+        .graph
+        .as_mut()
+        .ok_or_else(|| crate::error::Error::ModelFile("it has no graph".to_string()))?;
     check_not_quantized(graph)?;
     if opset < 11 {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "its ONNX opset is {opset}; int8 quantization needs opset 11 or later \
              (DynamicQuantizeLinear): export it with a newer opset"
-        ));
+        )));
     }
     inline_external(graph, files)?;
     let mut rewrite = rewrite::Rewrite::new(graph, inputs_are_constant);
@@ -172,10 +176,10 @@ pub fn quantize(
     }
     let counts = &rewrite.counts;
     if counts.matmul_done + counts.gemm_done + counts.attention_done == 0 {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "nothing in it can be quantized: {}",
             rewrite.counts.why_none()
-        ));
+        )));
     }
     graph.node = std::mem::take(&mut rewrite.nodes);
     graph.initializer.append(&mut rewrite.initializers);
@@ -186,6 +190,25 @@ pub fn quantize(
         nodes: rewrite.counts.text(),
         text_sha256: text_sha256.map(str::to_string),
     };
+    record(&mut model, &provenance);
+    let bytes = model.encode_to_vec();
+    if bytes.len() as u64 >= crate::onnx::MODEL_CAP {
+        return Err(crate::error::Error::ModelFile(format!(
+            "the quantized model would be {} bytes, over ONNX's 2 GiB for one file",
+            bytes.len()
+        )));
+    }
+    if let Some(location) = crate::onnx::external::locations(&bytes)?.first() {
+        return Err(crate::error::Error::ModelFile(format!(
+            "it keeps data in '{location}' for a tensor int8 quantization does not read (a \
+             sparse tensor, a function or training information)"
+        )));
+    }
+    Ok(Quantized { bytes, provenance })
+}
+
+/// Records `provenance` in the model's metadata, in place of any batchinfer put there before.
+fn record(model: &mut ModelProto, provenance: &Provenance) {
     model.metadata_props.retain(|p| {
         !p.key
             .as_deref()
@@ -203,25 +226,11 @@ pub fn quantize(
             value: Some(value),
         });
     }
-    let bytes = model.encode_to_vec();
-    if bytes.len() as u64 >= crate::onnx::MODEL_CAP {
-        return Err(format!(
-            "the quantized model would be {} bytes, over ONNX's 2 GiB for one file",
-            bytes.len()
-        ));
-    }
-    if let Some(location) = crate::onnx::external::locations(&bytes)?.first() {
-        return Err(format!(
-            "it keeps data in '{location}' for a tensor int8 quantization does not read (a \
-             sparse tensor, a function or training information)"
-        ));
-    }
-    Ok(Quantized { bytes, provenance })
 }
 
 /// Refuses a model that is quantized already: int8 operators, or weights kept in 8-bit integers
 /// that the graph turns into floats itself (`Cast`).
-fn check_not_quantized(graph: &GraphProto) -> Result<(), String> {
+fn check_not_quantized(graph: &GraphProto) -> crate::error::Result<()> {
     let quantized_ops: Vec<&str> = graph
         .node
         .iter()
@@ -231,11 +240,11 @@ fn check_not_quantized(graph: &GraphProto) -> Result<(), String> {
         })
         .collect();
     if let Some(op) = quantized_ops.first() {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "it is quantized already: it has {} quantized operator(s) ({op}, ...); use it as it \
              is, without OPTIONS ('quantize' ...)",
             quantized_ops.len()
-        ));
+        )));
     }
     let cast: HashSet<&str> = graph
         .node
@@ -255,17 +264,17 @@ fn check_not_quantized(graph: &GraphProto) -> Result<(), String> {
         })
         .count();
     if weights > 0 {
-        return Err(format!(
+        return Err(crate::error::Error::ModelFile(format!(
             "it is quantized already: it keeps {weights} weight(s) in 8-bit integers; use it as \
              it is, without OPTIONS ('quantize' ...)"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Moves the values of initializers kept in external files into the model itself (the
 /// quantized model is one file).
-fn inline_external(graph: &mut GraphProto, files: &ExternalFiles) -> Result<(), String> {
+fn inline_external(graph: &mut GraphProto, files: &ExternalFiles) -> crate::error::Result<()> {
     let mut result = Ok(());
     for_each_tensor(graph, &mut |tensor| {
         if result.is_err() || tensor.data_location != Some(DataLocation::External as i32) {
@@ -282,15 +291,17 @@ fn inline_external(graph: &mut GraphProto, files: &ExternalFiles) -> Result<(), 
         let number = |key: &str| entry(key).map(|v| v.parse::<usize>().map_err(|_| v));
         let (offset, length) = match (number("offset"), number("length")) {
             (Some(Err(v)), _) | (_, Some(Err(v))) => {
-                result = Err(format!(
+                result = Err(crate::error::Error::ModelFile(format!(
                     "a tensor's external data in '{location}' has the offset or length '{v}'"
-                ));
+                )));
                 return;
             }
             (offset, length) => (offset.map_or(0, Result::unwrap_or_default), length),
         };
         let Some((_, data)) = files.iter().find(|(name, _)| *name == location) else {
-            result = Err(format!("its external data file '{location}' was not read"));
+            result = Err(crate::error::Error::ModelFile(format!(
+                "its external data file '{location}' was not read"
+            )));
             return;
         };
         let end = match length {
@@ -298,10 +309,10 @@ fn inline_external(graph: &mut GraphProto, files: &ExternalFiles) -> Result<(), 
             None => Some(data.len()),
         };
         let Some(slice) = end.and_then(|end| data.get(offset..end)) else {
-            result = Err(format!(
+            result = Err(crate::error::Error::ModelFile(format!(
                 "a tensor's data is outside its external data file '{location}' ({} bytes)",
                 data.len()
-            ));
+            )));
             return;
         };
         tensor.raw_data = Some(slice.to_vec());

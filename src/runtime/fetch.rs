@@ -73,7 +73,7 @@ pub(crate) fn cached_library(wheel: &Wheel, extra: &[&str], folder: &str) -> Res
         None => {}
     }
     fetch_library(wheel, extra, &dir)?;
-    verify_members(wheel, extra, &dir).map_err(Error::Runtime)?;
+    verify_members(wheel, extra, &dir).map_err(|e| Error::Runtime(e.to_string()))?;
     Ok(dir.join(wheel.library))
 }
 
@@ -83,7 +83,7 @@ pub(crate) fn in_cache(
     wheel: &Wheel,
     extra: &[&str],
     dir: &Path,
-) -> Option<std::result::Result<PathBuf, String>> {
+) -> Option<crate::error::Result<PathBuf>> {
     let path = dir.join(wheel.library);
     path.is_file()
         .then(|| verify_members(wheel, extra, dir).map(|()| path))
@@ -94,7 +94,7 @@ pub(crate) fn verify_members(
     wheel: &Wheel,
     extra: &[&str],
     dir: &Path,
-) -> std::result::Result<(), String> {
+) -> crate::error::Result<()> {
     for name in extra.iter().chain([&wheel.library]) {
         let path = dir.join(name);
         let pinned = wheel
@@ -102,23 +102,26 @@ pub(crate) fn verify_members(
             .iter()
             .find(|(member, _)| member == name)
             .map(|(_, sha)| *sha)
-            .ok_or_else(|| format!("no sha256 is pinned for {name}"))?;
-        let file = std::fs::File::open(&path)
-            .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
+            .ok_or_else(|| Error::Library(format!("no sha256 is pinned for {name}")))?;
+        let file = std::fs::File::open(&path).map_err(|e| {
+            Error::Library(format!("the cached {} cannot be read: {e}", path.display()))
+        })?;
         let mut hasher = Sha256::new();
         // Read in large parts: the library is tens of MiB, checked at every start.
         std::io::copy(
             &mut std::io::BufReader::with_capacity(1 << 20, file),
             &mut hasher,
         )
-        .map_err(|e| format!("the cached {} cannot be read: {e}", path.display()))?;
+        .map_err(|e| {
+            Error::Library(format!("the cached {} cannot be read: {e}", path.display()))
+        })?;
         let digest = hex::encode(hasher.finalize());
         if digest != pinned {
-            return Err(format!(
+            return Err(Error::Library(format!(
                 "the cached {} has sha256 {digest}, not the pinned {pinned} (truncated or \
                  replaced)",
                 path.display()
-            ));
+            )));
         }
     }
     Ok(())
@@ -232,21 +235,24 @@ pub(crate) fn write_atomically(dir: &Path, dest: &Path, bytes: &[u8]) -> Result<
 
 /// A blocking download that is safe to call from inside or outside a tokio runtime: it runs on a
 /// thread of its own with a runtime of its own.
-pub(crate) fn download(url: &str) -> std::result::Result<Vec<u8>, String> {
+pub(crate) fn download(url: &str) -> crate::error::Result<Vec<u8>> {
     crate::storage::block_on_io(async {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(30))
             .timeout(std::time::Duration::from_secs(600))
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Library(e.to_string()))?;
         let response = client
             .get(url)
             .send()
             .await
             .and_then(|r| r.error_for_status())
-            .map_err(|e| e.to_string())?;
-        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Library(e.to_string()))?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Error::Library(e.to_string()))?;
         Ok(bytes.to_vec())
     })
-    .map_err(|e| e.to_string())?
+    .map_err(Error::from)?
 }

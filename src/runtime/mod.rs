@@ -72,9 +72,9 @@ pub(crate) fn loaded() -> std::sync::MutexGuard<'static, Option<(&'static Enviro
 
 /// The CUDA build (the CUDA libraries it links against already loaded: see
 /// [`crate::device`]).
-pub(crate) fn load_cuda() -> std::result::Result<&'static Environment, String> {
-    let path = cuda_library_path().map_err(|e| e.to_string())?;
-    load(&path).map_err(|e| e.to_string())
+pub(crate) fn load_cuda() -> crate::error::Result<&'static Environment> {
+    let path = cuda_library_path().map_err(Error::from)?;
+    load(&path).map_err(Error::from)
 }
 
 /// Loads the library at `path` as the process's environment.
@@ -125,10 +125,10 @@ fn how_to_provide() -> String {
 /// `ORT_DYLIB_PATH`, which is not hashed): `dlopen` would kill the process with SIGBUS rather
 /// than fail. Every segment, and the section headers, that its ELF header names must lie within
 /// the file.
-fn check_elf(path: &Path) -> std::result::Result<(), String> {
+fn check_elf(path: &Path) -> crate::error::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
-    let unreadable = |e: std::io::Error| format!("it cannot be read: {e}");
+    let unreadable = |e: std::io::Error| Error::Library(format!("it cannot be read: {e}"));
     // Non-blocking, so that a FIFO does not wait for a writer.
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -137,21 +137,25 @@ fn check_elf(path: &Path) -> std::result::Result<(), String> {
         .map_err(unreadable)?;
     let meta = file.metadata().map_err(unreadable)?;
     if !meta.is_file() {
-        return Err("it is not a regular file".to_string());
+        return Err(Error::Library("it is not a regular file".to_string()));
     }
     let len = meta.len();
     let mut header = [0u8; 64];
     file.read_exact(&mut header)
-        .map_err(|_| "it is too short to be a shared library".to_string())?;
+        .map_err(|_| Error::Library("it is too short to be a shared library".to_string()))?;
     // ELF, 64-bit, little-endian: the only builds batchinfer fetches (x86_64, aarch64).
     if &header[..6] != b"\x7fELF\x02\x01" {
-        return Err("it is not a 64-bit little-endian ELF shared library".to_string());
+        return Err(Error::Library(
+            "it is not a 64-bit little-endian ELF shared library".to_string(),
+        ));
     }
     let half = |at: usize| u64::from(u16::from_le_bytes([header[at], header[at + 1]]));
     let (program_headers, section_headers) = (le_u64(&header, 0x20), le_u64(&header, 0x28));
     let (entry, entries) = (half(0x36), half(0x38));
     let truncated = |needed: u64| {
-        format!("it is truncated: its ELF headers describe {needed} bytes, the file has {len}")
+        Error::Library(format!(
+            "it is truncated: its ELF headers describe {needed} bytes, the file has {len}"
+        ))
     };
     let table_end = program_headers.saturating_add(entry * entries);
     if table_end > len {
@@ -159,7 +163,9 @@ fn check_elf(path: &Path) -> std::result::Result<(), String> {
     }
     // Each program header: p_offset at 8, p_filesz at 32 (64-bit ELF).
     if entry < 40 {
-        return Err("its ELF program headers are malformed".to_string());
+        return Err(Error::Library(
+            "its ELF program headers are malformed".to_string(),
+        ));
     }
     let mut table = vec![0u8; (entry * entries) as usize];
     file.seek(SeekFrom::Start(program_headers))

@@ -52,28 +52,7 @@ impl ScanFile {
         let mut tail = [0u8; 8];
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut tail, size.checked_sub(8)?).ok()?;
         crate::storage::footer::metadata_len(&path.display(), size, tail).ok()?;
-        let natural = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()?;
-        // The file's columns with the table's types (DataFusion reads strings as views, ...).
-        let fields: Vec<Field> = natural
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| match table.field_with_name(f.name()) {
-                Ok(t) if t.data_type() != f.data_type() => {
-                    f.as_ref().clone().with_data_type(t.data_type().clone())
-                }
-                _ => f.as_ref().clone(),
-            })
-            .collect();
-        let hint = Arc::new(Schema::new_with_metadata(
-            fields,
-            natural.schema().metadata().clone(),
-        ));
-        let metadata = ArrowReaderMetadata::try_new(
-            natural.metadata().clone(),
-            ArrowReaderOptions::new().with_schema(hint),
-        )
-        .ok()?;
+        let metadata = with_table_types(&file, table)?;
         let schema = metadata.schema().clone();
         for (name, field) in names.iter().zip(output.fields()) {
             let read = schema.field_with_name(name).ok()?;
@@ -120,4 +99,30 @@ impl ScanFile {
             columns,
         })
     }
+}
+
+/// The metadata of `file` with its columns typed as those of `table` (DataFusion reads strings
+/// as views, ...).
+fn with_table_types(file: &File, table: &Schema) -> Option<ArrowReaderMetadata> {
+    let natural = ArrowReaderMetadata::load(file, ArrowReaderOptions::new()).ok()?;
+    let fields: Vec<Field> = natural
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match table.field_with_name(f.name()) {
+            Ok(t) if t.data_type() != f.data_type() => {
+                f.as_ref().clone().with_data_type(t.data_type().clone())
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let hint = Arc::new(Schema::new_with_metadata(
+        fields,
+        natural.schema().metadata().clone(),
+    ));
+    ArrowReaderMetadata::try_new(
+        natural.metadata().clone(),
+        ArrowReaderOptions::new().with_schema(hint),
+    )
+    .ok()
 }

@@ -44,7 +44,7 @@ pub fn check_depth(statement: &DFStatement) -> Result<()> {
     };
     match super::visit_sql(statement, &mut depth) {
         ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(()) => Err(Error::Usage(format!(
+        ControlFlow::Break(()) => Err(Error::Statement(format!(
             "expression too deep: the statement nests expressions, subqueries, set operations or \
              types more than {MAX_EXPRESSION_DEPTH} levels deep, or reads more than \
              {MAX_EXPRESSION_DEPTH} tables (a chain of 'a + b + ...', 'x OR y OR ...', \
@@ -113,7 +113,7 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
                 if let Some(word) = two_way {
                     depth += 1;
                     if depth > MAX_TWO_WAY_CALL_DEPTH {
-                        return Err(Error::Usage(format!(
+                        return Err(Error::Statement(format!(
                             "expression too deep: {word:?}(...) nested in {} calls of CAST, NOT, \
                              EXTRACT and the like (at most {MAX_TWO_WAY_CALL_DEPTH})",
                             depth - 1
@@ -139,13 +139,15 @@ pub fn check_two_way_calls(script: &str, dialect: &dyn Dialect) -> Result<()> {
 /// and writes only what it can commit whole.
 pub fn check_unbounded(statement: &DFStatement) -> Result<()> {
     match statement {
-        DFStatement::CreateExternalTable(table) if table.unbounded => Err(Error::Usage(format!(
-            "table '{}' cannot be UNBOUNDED: batchinfer reads tables as batches and writes only \
+        DFStatement::CreateExternalTable(table) if table.unbounded => {
+            Err(Error::Statement(format!(
+                "table '{}' cannot be UNBOUNDED: batchinfer reads tables as batches and writes only \
              what it can commit whole (an unbounded table is read until its writer stops, and \
              INSERT would append to its file in place); use CREATE EXTERNAL TABLE over a file or \
              a folder ending in '/'",
-            table.name
-        ))),
+                table.name
+            )))
+        }
         DFStatement::Explain(explain) => check_unbounded(&explain.statement),
         _ => Ok(()),
     }
@@ -168,7 +170,7 @@ pub fn check_numbers(statement: &DFStatement) -> Result<()> {
                 } else {
                     text.clone()
                 };
-                std::ops::ControlFlow::Break(Error::Usage(format!(
+                std::ops::ControlFlow::Break(Error::Statement(format!(
                     "the number {shown} is larger than any number type holds (a double's largest \
                      is about 1.8e308); write a smaller one, or text in quotes"
                 )))
@@ -218,9 +220,12 @@ pub fn check_setting(statement: &DFStatement) -> Result<()> {
         .join(".")
         .to_ascii_lowercase();
     if let Some(part) = name.strip_prefix(&format!("{}.", crate::statement_context::PREFIX)) {
-        return Err(Error::Usage(format!(
-            "{name} cannot be SET: batchinfer sets the statement's {part} for each statement"
-        )));
+        return Err(Error::setting(
+            name.clone(),
+            format!(
+                "{name} cannot be SET: batchinfer sets the statement's {part} for each statement"
+            ),
+        ));
     }
     let Some((_, most)) = BOUNDED_SETTINGS.iter().find(|(key, _)| *key == name) else {
         return Ok(());
@@ -230,9 +235,10 @@ pub fn check_setting(statement: &DFStatement) -> Result<()> {
         .map(|v| v.to_string().trim_matches('\'').to_string())
         .collect::<String>();
     match value.parse::<u64>() {
-        Ok(n) if n > *most => Err(Error::Usage(format!(
-            "{name} must be at most {most}, not {n}"
-        ))),
+        Ok(n) if n > *most => Err(Error::setting(
+            &name,
+            format!("{name} must be at most {most}, not {n}"),
+        )),
         // Anything else is DataFusion's to accept or refuse.
         _ => Ok(()),
     }

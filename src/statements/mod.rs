@@ -128,7 +128,7 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
         });
         let next = df.parser.peek_token().token;
         if next != Token::SemiColon && next != Token::EOF {
-            return Err(Error::Usage(format!(
+            return Err(Error::Statement(format!(
                 "expected the end of the statement (';'), found '{next}'"
             )));
         }
@@ -302,12 +302,12 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
             advance(parser, at + 1);
             let name = identifier(parser, &format!("a model name: {CREATE}"))?;
             if !parser.parse_keyword(Keyword::FROM) {
-                return Err(Error::Usage(format!(
+                return Err(Error::Statement(format!(
                     "expected FROM after the model name: {CREATE}"
                 )));
             }
             let Token::SingleQuotedString(source) = parser.next_token().token else {
-                return Err(Error::Usage(format!(
+                return Err(Error::Statement(format!(
                     "expected the model's path as a quoted string: {CREATE}"
                 )));
             };
@@ -346,7 +346,7 @@ fn model_options(df: &mut DFParser<'_>) -> Result<Option<String>> {
     if !df.parser.parse_keyword(Keyword::OPTIONS) {
         return Ok(None);
     }
-    let expected = || Error::Usage(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
+    let expected = || Error::Statement(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
     df.parser
         .expect_token(&Token::LParen)
         .map_err(|_| expected())?;
@@ -359,22 +359,31 @@ fn model_options(df: &mut DFParser<'_>) -> Result<Option<String>> {
             other => other.to_string(),
         };
         if !seen.insert(key.to_ascii_lowercase()) {
-            return Err(Error::Usage(format!("the option '{key}' is given twice")));
+            return Err(Error::setting(
+                &key,
+                format!("the option '{key}' is given twice"),
+            ));
         }
         match key.to_ascii_lowercase().as_str() {
             "quantize" if value.eq_ignore_ascii_case(crate::quantize::INT8) => {
                 quantize = Some(crate::quantize::INT8.to_string());
             }
             "quantize" => {
-                return Err(Error::Usage(format!(
-                    "quantize '{value}' is not supported: 'int8' (dynamic int8, weights per \
+                return Err(Error::setting(
+                    "quantize",
+                    format!(
+                        "quantize '{value}' is not supported: 'int8' (dynamic int8, weights per \
                      channel) is"
-                )));
+                    ),
+                ));
             }
             _ => {
-                return Err(Error::Usage(format!(
-                    "unknown model option '{key}': CREATE MODEL takes OPTIONS ('quantize' 'int8')"
-                )));
+                return Err(Error::setting(
+                    &key,
+                    format!(
+                        "unknown model option '{key}': CREATE MODEL takes OPTIONS ('quantize' 'int8')"
+                    ),
+                ));
             }
         }
         if df.parser.consume_token(&Token::RParen) {
@@ -396,7 +405,7 @@ fn view_statement(parser: &mut Parser<'_>) -> Result<Option<ViewStatement>> {
     if is_word(&peek(parser, 0), "REFRESH") && is_word(&peek(parser, 2), "VIEW") {
         advance(parser, 3);
         let name = parser.parse_object_name(false).map_err(|_| {
-            Error::Usage("expected a view name: REFRESH MATERIALIZED VIEW name".into())
+            Error::Statement("expected a view name: REFRESH MATERIALIZED VIEW name".into())
         })?;
         return Ok(Some(ViewStatement::Refresh { name }));
     }
@@ -415,13 +424,13 @@ fn view_or_sql(statement: DFStatement) -> Result<Statement> {
     match sql.as_ref() {
         SQLStatement::CreateView(view) if view.materialized => {
             if view.or_replace && view.if_not_exists {
-                return Err(Error::Usage(
+                return Err(Error::Statement(
                     "CREATE OR REPLACE MATERIALIZED VIEW replaces, IF NOT EXISTS keeps: use one"
                         .into(),
                 ));
             }
             if !view.columns.is_empty() || view.to.is_some() || view.temporary {
-                return Err(Error::Usage(
+                return Err(Error::Statement(
                     "CREATE MATERIALIZED VIEW name AS query: name the columns in the query \
                      (SELECT x AS name)"
                         .into(),
@@ -444,7 +453,7 @@ fn view_or_sql(statement: DFStatement) -> Result<Statement> {
                 name: name.clone(),
                 if_exists: *if_exists,
             })),
-            _ => Err(Error::Usage(
+            _ => Err(Error::Statement(
                 "DROP MATERIALIZED VIEW drops one view at a time".into(),
             )),
         },
@@ -463,7 +472,7 @@ fn identifier(parser: &mut Parser<'_>, what: &str) -> Result<String> {
     match parser.next_token().token {
         Token::Word(w) if w.quote_style.is_some() => Ok(w.value),
         Token::Word(w) => Ok(w.value.to_ascii_lowercase()),
-        _ => Err(Error::Usage(format!("expected {what}"))),
+        _ => Err(Error::Statement(format!("expected {what}"))),
     }
 }
 

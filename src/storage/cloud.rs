@@ -106,14 +106,17 @@ impl StoreOptions {
             return Ok(false);
         };
         let unknown = |store: &str| {
-            Error::Usage(format!(
-                "'{key}' is not a {store} setting batchinfer knows (object_store's \
+            Error::setting(
+                &key,
+                format!(
+                    "'{key}' is not a {store} setting batchinfer knows (object_store's \
                  configuration keys, e.g. {})",
-                match store {
-                    "Google Cloud Storage" => "'gcp.service_account_key', 'gcp.bucket'",
-                    _ => "'azure.account_name', 'azure.access_key', 'azure.use_emulator'",
-                }
-            ))
+                    match store {
+                        "Google Cloud Storage" => "'gcp.service_account_key', 'gcp.bucket'",
+                        _ => "'azure.account_name', 'azure.access_key', 'azure.use_emulator'",
+                    }
+                ),
+            )
         };
         match prefix {
             "aws" => self.aws.set(key, value)?,
@@ -223,11 +226,14 @@ pub(super) fn bucket_of(url: &Url, cloud: Cloud) -> Result<&str> {
             }
             Cloud::Http => "https://HOST/...",
         };
-        Error::Usage(format!(
-            "no {} in '{}': expected {example}",
-            cloud.bucket_word(),
-            blank_passwords(url.as_str())
-        ))
+        Error::location(
+            blank_passwords(url.as_str()),
+            format!(
+                "no {} in '{}': expected {example}",
+                cloud.bucket_word(),
+                blank_passwords(url.as_str())
+            ),
+        )
     })
 }
 
@@ -354,12 +360,15 @@ fn not_configured(url: &Url, cloud: Cloud, err: object_store::Error) -> Error {
         }
         _ => "",
     };
-    Error::Usage(format!(
-        "cannot connect to {} for '{}': {}{remedy}",
-        cloud.name(),
+    Error::store(
         blank_passwords(url.as_str()),
-        blank_passwords(&text)
-    ))
+        format!(
+            "cannot connect to {} for '{}': {}{remedy}",
+            cloud.name(),
+            blank_passwords(url.as_str()),
+            blank_passwords(&text)
+        ),
+    )
 }
 
 /// SQL `OPTIONS ('gcp.*' ...)` and `('azure.*' ...)` as DataFusion's table options take them:

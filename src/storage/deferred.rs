@@ -254,7 +254,7 @@ impl ObjectStore for CommitStore {
                     super::footer::metadata_len(&self.shown(location), size, tail).map_err(
                         |message| object_store::Error::Generic {
                             store: "batchinfer",
-                            source: Box::new(super::unreadable::Unreadable(message)),
+                            source: Box::new(super::unreadable::Unreadable(message.to_string())),
                         },
                     )?;
                 }

@@ -118,9 +118,9 @@ impl StoreRegistry {
     /// it names a folder, the file `in_folder` in it; `None` when there is nothing there.
     pub async fn file_or_folder(&self, url: &Url, in_folder: &str) -> Result<Option<Url>> {
         let in_folder_of = |url: &Url| {
-            super::folder_url(url.clone())
-                .join(in_folder)
-                .map_err(|e| Error::Usage(format!("{url}: {e}")))
+            super::folder_url(url.clone()).join(in_folder).map_err(|e| {
+                Error::location(super::blank_passwords(url.as_str()), format!("{url}: {e}"))
+            })
         };
         if let Some(path) = file_path(url)? {
             let file = if path.is_dir() {
@@ -175,15 +175,20 @@ impl StoreRegistry {
             else {
                 continue;
             };
-            let unreadable = || Error::Usage(format!("{} is not a Parquet file", file.location));
+            let unreadable = || {
+                Error::location(
+                    &file.location,
+                    format!("{} is not a Parquet file", file.location),
+                )
+            };
             // The footer: the metadata's length and `PAR1`, after the metadata.
             let size = file.size;
             let tail = store
                 .get_range(&file.location, size.saturating_sub(8)..size)
                 .await?;
             let tail = <[u8; 8]>::try_from(tail.as_ref()).map_err(|_| unreadable())?;
-            let length =
-                super::footer::metadata_len(&file.location, size, tail).map_err(Error::Usage)?;
+            let length = super::footer::metadata_len(&file.location, size, tail)
+                .map_err(|e| Error::location(&file.location, e.to_string()))?;
             let metadata = store
                 .get_range(&file.location, size - 8 - length..size - 8)
                 .await?;
@@ -207,9 +212,10 @@ impl StoreRegistry {
         // Without its trailing '/': "file/" does not exist as such when "file" is a file.
         let path = file_path(url)?.map(|p| p.components().collect::<PathBuf>());
         match path {
-            Some(path) if path.exists() && !path.is_dir() => {
-                Err(Error::Usage(format!("{} is not a folder", path.display())))
-            }
+            Some(path) if path.exists() && !path.is_dir() => Err(Error::location(
+                path.display().to_string(),
+                format!("{} is not a folder", path.display()),
+            )),
             _ => Ok(()),
         }
     }
@@ -272,10 +278,12 @@ impl StoreRegistry {
 /// The local path of a `file:` URL; `None` for the URL of an object store.
 fn file_path(url: &Url) -> Result<Option<PathBuf>> {
     match url.scheme() {
-        "file" => url
-            .to_file_path()
-            .map(Some)
-            .map_err(|()| Error::Usage(format!("'{url}' is not a usable local path"))),
+        "file" => url.to_file_path().map(Some).map_err(|()| {
+            Error::location(
+                super::blank_passwords(url.as_str()),
+                format!("'{url}' is not a usable local path"),
+            )
+        }),
         _ if super::Cloud::of(url).is_some() => Ok(None),
         _ => Err(no_store_for(url)),
     }

@@ -17,6 +17,29 @@ pub fn set_max_footer_bytes(bytes: u64) {
     MAX_FOOTER_BYTES.store(bytes, Ordering::Relaxed);
 }
 
+/// Why a file's footer is not read: the file, and what its last 8 bytes claim.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FooterError {
+    #[error("{file} is not a Parquet file (it does not end in PAR1)")]
+    NotParquet { file: String },
+    #[error(
+        "{file} is not a Parquet file, or is cut short: its footer claims {length} bytes of \
+         metadata and the file has {size} bytes"
+    )]
+    CutShort {
+        file: String,
+        length: u64,
+        size: u64,
+    },
+    #[error(
+        "{file}: its footer claims {length} bytes of metadata, more than \
+         batchinfer.max_footer_bytes ({cap}); SET batchinfer.max_footer_bytes to a larger size \
+         to read it"
+    )]
+    OverCap { file: String, length: u64, cap: u64 },
+}
+
 /// Whether `tail`, the last bytes of a file, ends as a Parquet file does (`PAR1`, or `PARE`
 /// for encrypted footers).
 pub fn is_parquet_tail(tail: &[u8]) -> bool {
@@ -25,27 +48,23 @@ pub fn is_parquet_tail(tail: &[u8]) -> bool {
 
 /// The length of the metadata that `tail` (the last 8 bytes of `what`, `size` bytes in all)
 /// claims, checked against the file's size and the cap; the error names the file.
-pub fn metadata_len(what: &dyn std::fmt::Display, size: u64, tail: [u8; 8]) -> Result<u64, String> {
+pub fn metadata_len(
+    what: &dyn std::fmt::Display,
+    size: u64,
+    tail: [u8; 8],
+) -> Result<u64, FooterError> {
+    let file = what.to_string();
     if !is_parquet_tail(&tail) {
-        return Err(format!(
-            "{what} is not a Parquet file (it does not end in PAR1)"
-        ));
+        return Err(FooterError::NotParquet { file });
     }
     let length = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
     // The magic at the start, the metadata, its length and the magic at the end.
     if length + 12 > size {
-        return Err(format!(
-            "{what} is not a Parquet file, or is cut short: its footer claims {length} bytes of \
-             metadata and the file has {size} bytes"
-        ));
+        return Err(FooterError::CutShort { file, length, size });
     }
     let cap = MAX_FOOTER_BYTES.load(Ordering::Relaxed);
     if length > cap {
-        return Err(format!(
-            "{what}: its footer claims {length} bytes of metadata, more than \
-             batchinfer.max_footer_bytes ({cap}); SET batchinfer.max_footer_bytes to a larger \
-             size to read it"
-        ));
+        return Err(FooterError::OverCap { file, length, cap });
     }
     Ok(length)
 }
@@ -62,10 +81,14 @@ fn footers_are_checked_against_the_file_and_the_cap() {
     assert_eq!(metadata_len(&"f", 1_000, tail(100, b"PAR1")), Ok(100));
     // `PAR1garbagePAR1`: the 15 bytes claim 1,701,273,954 bytes of metadata.
     let garbage: [u8; 8] = b"bagePAR1".to_owned();
-    let e = metadata_len(&"g.parquet", 15, garbage).unwrap_err();
+    let e = metadata_len(&"g.parquet", 15, garbage)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("g.parquet") && e.contains("cut short"), "{e}");
     assert!(metadata_len(&"f", 100, tail(100, b"PAR1")).is_err());
     assert!(metadata_len(&"f", 1_000, tail(100, b"JUNK")).is_err());
-    let e = metadata_len(&"big", 8 << 30, tail(u32::MAX - 15, b"PAR1")).unwrap_err();
+    let e = metadata_len(&"big", 8 << 30, tail(u32::MAX - 15, b"PAR1"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("batchinfer.max_footer_bytes"), "{e}");
 }

@@ -18,135 +18,219 @@ use super::{CONNECT_TIMEOUT, Cloud, REQUEST_TIMEOUT, RETRY_TIMEOUT};
 /// A sentence for a person saying what went wrong with an object store request and what to
 /// check, when `err` (or one of its sources) is an object store error batchinfer knows.
 pub fn describe(err: &(dyn StdError + 'static)) -> Option<String> {
-    let mut chain: Vec<&(dyn StdError + 'static)> = vec![err];
-    while let Some(next) = inner_of(chain[chain.len() - 1]) {
-        chain.push(next);
+    let facts = Facts::of(err)?;
+    facts
+        .by_code()
+        .or_else(|| facts.by_text())
+        .or_else(|| facts.by_kind())
+}
+
+/// What an object store error tells: the error, S3's error code, the HTTP error's kind, the
+/// request's endpoint and bucket, and the credentials to check.
+struct Facts<'a> {
+    store: &'a object_store::Error,
+    code: Option<String>,
+    http: Option<HttpErrorKind>,
+    text: String,
+    cloud: Option<Cloud>,
+    server: &'static str,
+    endpoint: String,
+    bucket: String,
+    check: &'static str,
+}
+
+impl<'a> Facts<'a> {
+    fn of(err: &'a (dyn StdError + 'static)) -> Option<Self> {
+        let mut chain: Vec<&(dyn StdError + 'static)> = vec![err];
+        while let Some(next) = inner_of(chain[chain.len() - 1]) {
+            chain.push(next);
+        }
+        let store = chain
+            .iter()
+            .find_map(|e| e.downcast_ref::<object_store::Error>())?;
+        let http = chain
+            .iter()
+            .find_map(|e| e.downcast_ref::<HttpError>())
+            .map(HttpError::kind);
+        let text = store.to_string();
+        let request = request_of(&chain, &text);
+        let code = text
+            .split_once("<Code>")
+            .and_then(|(_, rest)| rest.split_once("</Code>"))
+            .map(|(code, _)| code);
+        let cloud = cloud_of(store, code, request.as_ref());
+        let server = cloud.map_or("object store", Cloud::name);
+        let endpoint = request
+            .as_ref()
+            .map(|u| format!(" {}", u.origin().ascii_serialization()))
+            .unwrap_or_default();
+        let bucket = request
+            .as_ref()
+            .and_then(|u| bucket_of(u, cloud))
+            .unwrap_or_default();
+        let check = credentials_of(cloud);
+        Some(Facts {
+            store,
+            code: code.map(str::to_string),
+            http,
+            cloud,
+            server,
+            endpoint,
+            bucket,
+            check,
+            text,
+        })
     }
-    let store = chain
-        .iter()
-        .find_map(|e| e.downcast_ref::<object_store::Error>())?;
-    let http = chain
-        .iter()
-        .find_map(|e| e.downcast_ref::<HttpError>())
-        .map(HttpError::kind);
-    let text = store.to_string();
-    let request = request_of(&chain, &text);
-    let code = text
-        .split_once("<Code>")
-        .and_then(|(_, rest)| rest.split_once("</Code>"))
-        .map(|(code, _)| code);
-    let cloud = cloud_of(store, code, request.as_ref());
-    let server = cloud.map_or("object store", Cloud::name);
-    let endpoint = request
-        .as_ref()
-        .map(|u| format!(" {}", u.origin().ascii_serialization()))
-        .unwrap_or_default();
-    let bucket = request
-        .as_ref()
-        .and_then(|u| bucket_of(u, cloud))
-        .unwrap_or_default();
-    let check = credentials_of(cloud);
-    Some(match (store, code, http) {
-        // batchinfer's own refusals (a FIFO where a file belongs) say all there is to say.
-        (
-            object_store::Error::Generic {
-                store: "LocalFileSystem",
-                source,
-            },
-            _,
-            _,
-        ) => source.to_string(),
-        (
-            _,
-            Some(
-                code @ ("SignatureDoesNotMatch"
-                | "InvalidAccessKeyId"
-                | "AccessDenied"
-                | "AuthenticationFailed"
-                | "AuthorizationFailure"
-                | "InvalidAuthenticationInfo"),
-            ),
-            _,
-        ) => {
-            format!(
-                "the {server} server{endpoint} refused access: it rejected the credentials \
-                 ({code}); check {check}"
-            )
-        }
-        (_, Some(code @ ("PermanentRedirect" | "AuthorizationHeaderMalformed")), _) => format!(
-            "bucket '{bucket}' is in another region than the one requested ({code}): set \
-             AWS_REGION (or 'aws.region') to the bucket's region"
-        ),
-        (_, Some("NoSuchBucket"), _) => {
-            format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
-        }
-        (_, Some("ContainerNotFound"), _) => {
-            format!("container '{bucket}' does not exist on the {server} server{endpoint}")
-        }
-        // fake-gcs-server's word for it.
-        _ if cloud == Some(Cloud::Gcs) && text.contains("no bucket named") => {
-            format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
-        }
-        // No credentials set: object_store asked the instance metadata server, which there is not.
-        _ if cloud == Some(Cloud::Gcs) && text.contains("Error performing token request") => {
-            format!(
-                "no Google Cloud credentials: none is set and the instance metadata server gave \
-                 none; set {check}"
-            )
-        }
-        _ if text.contains("Range request not supported") => format!(
-            "the server{endpoint} does not answer range requests, which reading Parquet needs \
-             (a static file server or CDN does)"
-        ),
-        (_, Some(code), _) if code.contains("NotFound") => format!(
-            "the {server} server{endpoint} has no such {} ({code}){}",
-            match cloud {
-                Some(Cloud::Azure) => "account, container or blob",
-                _ => "bucket or object",
-            },
-            match bucket.as_str() {
-                "" => String::new(),
-                bucket => format!(" for '{bucket}'"),
+
+    /// batchinfer's own refusals, and what the server's error code says.
+    fn by_code(&self) -> Option<String> {
+        let Facts {
+            store,
+            http,
+            server,
+            endpoint,
+            bucket,
+            check,
+            ..
+        } = self;
+        Some(match (*store, self.code.as_deref(), http) {
+            // batchinfer's own refusals (a FIFO where a file belongs) say all there is to say.
+            (
+                object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source,
+                },
+                _,
+                _,
+            ) => source.to_string(),
+            (
+                _,
+                Some(
+                    code @ ("SignatureDoesNotMatch"
+                    | "InvalidAccessKeyId"
+                    | "AccessDenied"
+                    | "AuthenticationFailed"
+                    | "AuthorizationFailure"
+                    | "InvalidAuthenticationInfo"),
+                ),
+                _,
+            ) => {
+                format!(
+                    "the {server} server{endpoint} refused access: it rejected the credentials \
+                         ({code}); check {check}"
+                )
             }
-        ),
-        _ if cloud == Some(Cloud::Http) && text.contains("PROPFIND") => format!(
-            "the HTTP server{endpoint} does not list folders (WebDAV's PROPFIND is refused): \
-             read its files by their full URL"
-        ),
-        (
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. },
-            _,
-            _,
-        ) => format!(
-            "the {server} server{endpoint} refused access (403): check {check}, and the \
-             permissions of the bucket or container"
-        ),
-        (
-            _,
-            None,
-            Some(
-                HttpErrorKind::Connect
-                | HttpErrorKind::Timeout
-                | HttpErrorKind::Request
-                | HttpErrorKind::Interrupted,
+            (_, Some(code @ ("PermanentRedirect" | "AuthorizationHeaderMalformed")), _) => format!(
+                "bucket '{bucket}' is in another region than the one requested ({code}): set \
+                     AWS_REGION (or 'aws.region') to the bucket's region"
             ),
-        ) => format!(
-            "could not reach the {} endpoint{endpoint} (no connection within {} s or no answer \
-             within {} s, retried for up to {} s): is the server running, and is {} right?",
-            cloud.map_or("object store", |c| c.short_name()),
-            CONNECT_TIMEOUT.as_secs(),
-            REQUEST_TIMEOUT.as_secs(),
-            RETRY_TIMEOUT.as_secs(),
-            match cloud {
-                Some(Cloud::S3) | None => "AWS_ENDPOINT_URL / aws.endpoint",
-                Some(Cloud::Gcs) => "the service account's gcs_base_url",
-                Some(Cloud::Azure) => "AZURE_STORAGE_ENDPOINT / AZURITE_BLOB_STORAGE_URL",
-                Some(Cloud::Http) => "the URL",
+            (_, Some("NoSuchBucket"), _) => {
+                format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
             }
-        ),
-        _ => return None,
-    })
+            (_, Some("ContainerNotFound"), _) => {
+                format!("container '{bucket}' does not exist on the {server} server{endpoint}")
+            }
+            _ => return None,
+        })
+    }
+
+    /// What only the error's text says (fake-gcs-server, token requests, range requests).
+    fn by_text(&self) -> Option<String> {
+        let Facts {
+            cloud,
+            server,
+            endpoint,
+            bucket,
+            check,
+            text,
+            ..
+        } = self;
+        let (cloud, text) = (*cloud, text.as_str());
+        Some(match () {
+            // fake-gcs-server's word for it.
+            _ if cloud == Some(Cloud::Gcs) && text.contains("no bucket named") => {
+                format!("bucket '{bucket}' does not exist on the {server} server{endpoint}")
+            }
+            // No credentials set: object_store asked the instance metadata server, which there is not.
+            _ if cloud == Some(Cloud::Gcs) && text.contains("Error performing token request") => {
+                format!(
+                    "no Google Cloud credentials: none is set and the instance metadata server gave \
+                         none; set {check}"
+                )
+            }
+            _ if text.contains("Range request not supported") => format!(
+                "the server{endpoint} does not answer range requests, which reading Parquet needs \
+                     (a static file server or CDN does)"
+            ),
+            _ => return None,
+        })
+    }
+
+    /// What the error's variant or its HTTP kind says.
+    fn by_kind(&self) -> Option<String> {
+        let Facts {
+            store,
+            http,
+            cloud,
+            server,
+            endpoint,
+            bucket,
+            check,
+            text,
+            ..
+        } = self;
+        let (cloud, text) = (*cloud, text.as_str());
+        Some(match (*store, self.code.as_deref(), *http) {
+            (_, Some(code), _) if code.contains("NotFound") => format!(
+                "the {server} server{endpoint} has no such {} ({code}){}",
+                match cloud {
+                    Some(Cloud::Azure) => "account, container or blob",
+                    _ => "bucket or object",
+                },
+                match bucket.as_str() {
+                    "" => String::new(),
+                    bucket => format!(" for '{bucket}'"),
+                }
+            ),
+            _ if cloud == Some(Cloud::Http) && text.contains("PROPFIND") => format!(
+                "the HTTP server{endpoint} does not list folders (WebDAV's PROPFIND is refused): \
+                     read its files by their full URL"
+            ),
+            (
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. },
+                _,
+                _,
+            ) => format!(
+                "the {server} server{endpoint} refused access (403): check {check}, and the \
+                     permissions of the bucket or container"
+            ),
+            (
+                _,
+                None,
+                Some(
+                    HttpErrorKind::Connect
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Request
+                    | HttpErrorKind::Interrupted,
+                ),
+            ) => format!(
+                "could not reach the {} endpoint{endpoint} (no connection within {} s or no answer \
+                     within {} s, retried for up to {} s): is the server running, and is {} right?",
+                cloud.map_or("object store", |c| c.short_name()),
+                CONNECT_TIMEOUT.as_secs(),
+                REQUEST_TIMEOUT.as_secs(),
+                RETRY_TIMEOUT.as_secs(),
+                match cloud {
+                    Some(Cloud::S3) | None => "AWS_ENDPOINT_URL / aws.endpoint",
+                    Some(Cloud::Gcs) => "the service account's gcs_base_url",
+                    Some(Cloud::Azure) => "AZURE_STORAGE_ENDPOINT / AZURITE_BLOB_STORAGE_URL",
+                    Some(Cloud::Http) => "the URL",
+                }
+            ),
+            _ => return None,
+        })
+    }
 }
 
 /// Which store an error came from: the store object_store names, else what the server's error

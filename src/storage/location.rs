@@ -25,21 +25,25 @@ pub fn parse_location(location: &str) -> Result<Location> {
                 if url.scheme() == "file"
                     && !location[url.scheme().len() + 1..].starts_with('/') =>
             {
-                return Err(Error::Usage(format!(
-                    "'{}' is a file: URL without a path from the root, which would name '{}'; \
-                     write a path ('{}') or file:///{}",
+                return Err(Error::location(
                     blank_passwords(location),
-                    url.path(),
-                    &location[5..],
-                    url.path().trim_start_matches('/')
-                )));
+                    format!(
+                        "'{}' is a file: URL without a path from the root, which would name '{}'; \
+                     write a path ('{}') or file:///{}",
+                        blank_passwords(location),
+                        url.path(),
+                        &location[5..],
+                        url.path().trim_start_matches('/')
+                    ),
+                ));
             }
             Ok(url) => return Ok(Location::Url(url)),
             Err(url::ParseError::RelativeUrlWithoutBase) => {}
             Err(e) => {
-                return Err(Error::Usage(format!(
-                    "'{location}' is not a valid URL: {e}"
-                )));
+                return Err(Error::location(
+                    blank_passwords(location),
+                    format!("'{location}' is not a valid URL: {e}"),
+                ));
             }
         }
     }
@@ -51,12 +55,15 @@ const SCHEMES: &str = "local paths and file://, s3://, gs://, az://, abfss:// an
 
 /// The error for a URL whose scheme batchinfer has no store for.
 pub(super) fn no_store_for(url: &Url) -> Error {
-    Error::Usage(format!(
-        "'{}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
-         writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
+    Error::location(
         blank_passwords(url.as_str()),
-        url.scheme()
-    ))
+        format!(
+            "'{}' is a URL with the scheme '{}:', which batchinfer has no store for (it reads and \
+         writes {SCHEMES}); a local file whose name has a ':' is written with './' before it",
+            blank_passwords(url.as_str()),
+            url.scheme()
+        ),
+    )
 }
 
 /// Whether `location` names an object store rather than a local file or folder (a URL of
@@ -70,10 +77,14 @@ pub fn is_object_store_url(location: &str) -> bool {
 pub fn local_path(location: &str) -> Result<Option<std::path::PathBuf>> {
     match parse_location(location)? {
         Location::Path(path) => Ok(Some(path)),
-        Location::Url(url) if url.scheme() == "file" => url
-            .to_file_path()
-            .map(Some)
-            .map_err(|()| Error::Usage(format!("'{location}' is not a usable local path"))),
+        Location::Url(url) if url.scheme() == "file" => {
+            url.to_file_path().map(Some).map_err(|()| {
+                Error::location(
+                    blank_passwords(location),
+                    format!("'{location}' is not a usable local path"),
+                )
+            })
+        }
         Location::Url(_) => Ok(None),
     }
 }
@@ -87,8 +98,12 @@ pub fn location_url(location: &str) -> Result<Url> {
     };
     let absolute =
         std::path::absolute(&path).map_err(|e| Error::io(format!("resolving {location}"), e))?;
-    let mut url = Url::from_file_path(&absolute)
-        .map_err(|()| Error::Usage(format!("'{location}' is not a usable path")))?;
+    let mut url = Url::from_file_path(&absolute).map_err(|()| {
+        Error::location(
+            blank_passwords(location),
+            format!("'{location}' is not a usable path"),
+        )
+    })?;
     if location.ends_with('/') && !url.path().ends_with('/') {
         url.set_path(&format!("{}/", url.path()));
     }
@@ -133,10 +148,13 @@ pub fn check_write_target(target: &str) -> Result<()> {
         return check_url_target(target);
     }
     match target.chars().find(|c| matches!(c, '*' | '?' | '[')) {
-        Some(c) => Err(Error::Usage(format!(
-            "'{target}' has the glob character '{c}': a write goes to a file or folder named \
+        Some(c) => Err(Error::location(
+            blank_passwords(target),
+            format!(
+                "'{target}' has the glob character '{c}': a write goes to a file or folder named \
              plainly (DataFusion would read it as a pattern and write beside it)"
-        ))),
+            ),
+        )),
         None => Ok(()),
     }
 }
@@ -176,13 +194,16 @@ fn check_url_target(target: &str) -> Result<()> {
                 }
             };
         if !plain {
-            return Err(Error::Usage(format!(
-                "'{}' has the path segment '{}', which names another place than it reads (a \
+            return Err(Error::location(
+                blank_passwords(target),
+                format!(
+                    "'{}' has the path segment '{}', which names another place than it reads (a \
                  '.' or '..' segment, or an escaped '/', '\\', '*', '?', '[', '#' or control \
                  character): a write target is named plainly",
-                blank_passwords(target),
-                segment.escape_default()
-            )));
+                    blank_passwords(target),
+                    segment.escape_default()
+                ),
+            ));
         }
     }
     Ok(())
@@ -265,21 +286,31 @@ pub fn file_version(local: bool, meta: &object_store::ObjectMeta) -> String {
 /// The path of an object within its bucket.
 pub fn object_path(url: &Url) -> Result<object_store::path::Path> {
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(Error::Usage(format!(
-            "'{}' has a query or a fragment ('?' or '#'), which no store reads; a file or key \
+        return Err(Error::location(
+            blank_passwords(url.as_str()),
+            format!(
+                "'{}' has a query or a fragment ('?' or '#'), which no store reads; a file or key \
              with one of these characters is written with it encoded (%3F, %23)",
-            blank_passwords(url.as_str())
-        )));
+                blank_passwords(url.as_str())
+            ),
+        ));
     }
     if url.scheme() == "file" && !matches!(url.host_str(), None | Some("") | Some("localhost")) {
-        return Err(Error::Usage(format!(
-            "'{url}' names the machine '{}': a file: URL names a file of this machine \
+        return Err(Error::location(
+            blank_passwords(url.as_str()),
+            format!(
+                "'{url}' names the machine '{}': a file: URL names a file of this machine \
              (file:///path)",
-            url.host_str().unwrap_or_default()
-        )));
+                url.host_str().unwrap_or_default()
+            ),
+        ));
     }
-    object_store::path::Path::from_url_path(url.path())
-        .map_err(|e| Error::Usage(format!("'{url}' is not a usable object path: {e}")))
+    object_store::path::Path::from_url_path(url.path()).map_err(|e| {
+        Error::location(
+            blank_passwords(url.as_str()),
+            format!("'{url}' is not a usable object path: {e}"),
+        )
+    })
 }
 
 /// `text` with the password of every URL in it (`scheme://user:password@host`) and its query

@@ -112,10 +112,13 @@ impl Manifests {
                 return Ok(Some((version, bytes)));
             }
         }
-        Err(Error::Usage(format!(
-            "the manifest in {} keeps changing while it is read",
-            self.folder
-        )))
+        Err(Error::warehouse(
+            &self.folder,
+            format!(
+                "the manifest in {} keeps changing while it is read",
+                self.folder
+            ),
+        ))
     }
 
     /// Creates `version` with `bytes`: `false` (and nothing written) where another writer

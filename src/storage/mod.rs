@@ -99,18 +99,22 @@ pub(super) fn reserve(what: &str, size: u64) -> Result<Vec<u8>> {
     usize::try_from(size)
         .ok()
         .and_then(|size| bytes.try_reserve_exact(size).ok())
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{what} is {size} bytes, more than this process can hold in memory"
-            ))
+        .ok_or_else(|| Error::TooLarge {
+            what: what.to_string(),
+            size,
+            unit: "bytes",
+            limit: "more than this process can hold in memory".into(),
         })?;
     Ok(bytes)
 }
 
 pub(super) fn too_large(what: &str, size: u64, cap: u64) -> Error {
-    Error::Usage(format!(
-        "{what} is {size} bytes, over the {cap} bytes batchinfer reads of such a file"
-    ))
+    Error::TooLarge {
+        what: what.to_string(),
+        size,
+        unit: "bytes",
+        limit: format!("over the {cap} bytes batchinfer reads of such a file"),
+    }
 }
 
 /// Reads a whole local file of at most `cap` bytes. Only a regular file is read (a symbolic link
@@ -130,11 +134,14 @@ pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
         .metadata()
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     if !meta.is_file() {
-        return Err(Error::Usage(format!(
-            "{} is not a regular file (a FIFO, a device or a folder): batchinfer reads only \
-             regular files here",
-            path.display()
-        )));
+        return Err(Error::location(
+            path.display().to_string(),
+            format!(
+                "{} is not a regular file (a FIFO, a device or a folder): batchinfer reads only \
+                 regular files here",
+                path.display()
+            ),
+        ));
     }
     if meta.len() > cap {
         return Err(too_large(&path.display().to_string(), meta.len(), cap));
@@ -225,15 +232,18 @@ fn stores_are_told_apart_by_container_bucket_and_port_never_by_password() {
 fn client(url: &Url, options: &StoreOptions) -> Result<(Cloud, Arc<dyn ObjectStore>)> {
     let cloud = Cloud::of(url).ok_or_else(|| no_store_for(url))?;
     if let Some(other) = options.for_other_than(cloud) {
-        return Err(Error::Usage(format!(
-            "'{other}' options are not for '{}', a {} location{}",
+        return Err(Error::store(
             blank_passwords(url.as_str()),
-            cloud.name(),
-            match cloud.option_prefix() {
-                Some(prefix) => format!(" (its options are '{prefix}.*')"),
-                None => " (it takes no options)".to_string(),
-            }
-        )));
+            format!(
+                "'{other}' options are not for '{}', a {} location{}",
+                blank_passwords(url.as_str()),
+                cloud.name(),
+                match cloud.option_prefix() {
+                    Some(prefix) => format!(" (its options are '{prefix}.*')"),
+                    None => " (it takes no options)".to_string(),
+                }
+            ),
+        ));
     }
     let store: Arc<dyn ObjectStore> = match cloud {
         Cloud::S3 => Arc::new(s3_builder(bucket_of(url, cloud)?, &options.aws)?.build()?),
@@ -258,12 +268,13 @@ impl StoreRegistry {
     /// on.
     pub fn connect(&self, url: &Url, options: &StoreOptions) -> Result<Arc<CommitStore>> {
         let key = store_key(url);
-        let connected = |buckets: &HashMap<String, (StoreOptions, Arc<CommitStore>)>| {
-            buckets.get(&key).map(|(known, store)| {
+        let connected =
+            |buckets: &HashMap<String, (StoreOptions, Arc<CommitStore>)>| {
+                buckets.get(&key).map(|(known, store)| {
                 if known.same_as(options) {
                     Ok(store.clone())
                 } else {
-                    Err(Error::Usage(format!(
+                    Err(Error::store(key.clone(), format!(
                         "{key} is connected already, with {}: a bucket or container takes one \
                          set of settings in a session (DataFusion finds a table's store by its \
                          bucket alone); give every table of {key} the same OPTIONS, or none",
@@ -274,7 +285,7 @@ impl StoreRegistry {
                     )))
                 }
             })
-        };
+            };
         if let Some(store) = connected(&self.buckets.read().unwrap_or_else(|p| p.into_inner())) {
             return store;
         }
@@ -377,11 +388,14 @@ impl StoreRegistry {
 
 /// The error for a write to a store batchinfer only reads.
 pub(super) fn read_only(url: &Url, store: &str) -> Error {
-    Error::Usage(format!(
-        "'{}' is on an {store} server, which batchinfer reads from only: write to a local \
+    Error::store(
+        blank_passwords(url.as_str()),
+        format!(
+            "'{}' is on an {store} server, which batchinfer reads from only: write to a local \
          folder, s3://, gs:// or az://",
-        blank_passwords(url.as_str())
-    ))
+            blank_passwords(url.as_str())
+        ),
+    )
 }
 
 impl ObjectStoreRegistry for StoreRegistry {
@@ -420,7 +434,7 @@ pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<O
             }
             tokio::task::spawn_blocking(move || read_capped(&file, cap))
                 .await
-                .map_err(|e| Error::Usage(format!("reading {path}: {e}")))?
+                .map_err(|e| Error::location(&path, format!("reading {path}: {e}")))?
         }
         _ => read_body(store.inner().as_ref(), path, path.as_ref(), cap).await,
     };

@@ -80,11 +80,14 @@ fn with_endpoint_checked(builder: AmazonS3Builder) -> Result<AmazonS3Builder> {
             .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if endpoint.starts_with("http://") && !allow_http {
-            return Err(Error::Usage(format!(
-                "the S3 endpoint '{}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
+            return Err(Error::store(
+                super::blank_passwords(&endpoint),
+                format!(
+                    "the S3 endpoint '{}' is plain HTTP: set AWS_ALLOW_HTTP=true (or \
                  'aws.allow_http' 'true') to use it",
-                super::blank_passwords(&endpoint)
-            )));
+                    super::blank_passwords(&endpoint)
+                ),
+            ));
         }
     }
     Ok(builder)
@@ -136,10 +139,13 @@ fn check_endpoint(endpoint: &str) -> Result<()> {
     };
     match problem {
         None => Ok(()),
-        Some(why) => Err(Error::Usage(format!(
-            "the S3 endpoint '{}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: {why}; \
+        Some(why) => Err(Error::setting(
+            "aws.endpoint",
+            format!(
+                "the S3 endpoint '{}' (AWS_ENDPOINT_URL or 'aws.endpoint') is not usable: {why}; \
              expected a URL such as http://localhost:9000",
-            super::blank_passwords(endpoint)
-        ))),
+                super::blank_passwords(endpoint)
+            ),
+        )),
     }
 }

@@ -55,10 +55,13 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
     };
     match problem {
         None => Ok(()),
-        Some(why) => Err(Error::Usage(format!(
-            "{kind} name {name:?} is not usable: {why}; {kind} names are letters, digits, '_' \
+        Some(why) => Err(Error::setting(
+            &name,
+            format!(
+                "{kind} name {name:?} is not usable: {why}; {kind} names are letters, digits, '_' \
              and '-' (at most {MAX_NAME_BYTES} bytes)"
-        ))),
+            ),
+        )),
     }
 }
 
@@ -122,7 +125,7 @@ impl Tables {
     pub fn new(store: Arc<CommitStore>, root: &Url) -> Result<Self> {
         let url = root
             .join("tables/")
-            .map_err(|e| Error::Usage(format!("{root}tables/: {e}")))?;
+            .map_err(|e| Error::warehouse(&root, format!("{root}tables/: {e}")))?;
         let prefix = object_path(&url)?;
         Ok(Tables { store, url, prefix })
     }
@@ -131,7 +134,7 @@ impl Tables {
         check_name("table", name)?;
         self.url
             .join(&format!("{name}/"))
-            .map_err(|e| Error::Usage(format!("{}{name}/: {e}", self.url)))
+            .map_err(|e| Error::table(&name, format!("{}{name}/: {e}", self.url)))
     }
 
     /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).
@@ -302,9 +305,10 @@ impl TableWrite {
             ..
         } = self;
         let taken = || {
-            Error::Usage(format!(
-                "table '{name}' already exists (another statement created it meanwhile)"
-            ))
+            Error::table(
+                &name,
+                format!("table '{name}' already exists (another statement created it meanwhile)"),
+            )
         };
         match how {
             How::Rename { staging, dest } => {

@@ -39,16 +39,16 @@ impl InputBinding {
     pub fn order_by_name(
         signature: &ModelSignature,
         names: &[&str],
-    ) -> Result<Option<Vec<usize>>, String> {
+    ) -> crate::error::Result<Option<Vec<usize>>> {
         Ok(named_order(signature, names)?
             .filter(|order| order.iter().enumerate().any(|(i, &c)| i != c)))
     }
 
     /// Binds `args` (the types of the feature columns, model name excluded) to the inputs of
     /// `signature`, or says why they do not fit.
-    pub fn plan(signature: &ModelSignature, args: &[DataType]) -> Result<Self, String> {
+    pub fn plan(signature: &ModelSignature, args: &[DataType]) -> crate::error::Result<Self> {
         let inputs = &signature.inputs;
-        let mismatch = |why: String| explained(signature, args, why);
+        let mismatch = |why: String| crate::error::Error::Tensor(explained(signature, args, why));
         if args.is_empty() {
             return Err(mismatch("no feature columns were given".to_string()));
         }
@@ -80,7 +80,7 @@ impl InputBinding {
         };
         let binding = InputBinding { sources };
         for (input, source) in inputs.iter().zip(&binding.sources) {
-            check_source(input, source, args).map_err(&mismatch)?;
+            check_source(input, source, args).map_err(|e| mismatch(e.to_string()))?;
         }
         Ok(binding)
     }
@@ -101,7 +101,10 @@ fn explained(signature: &ModelSignature, args: &[DataType], why: String) -> Stri
 /// For each input of `signature`, the column named after it, when every column is named after
 /// a different input of a model of several inputs; None to bind by position; an error where a
 /// column named after one input would feed another by position.
-fn named_order(signature: &ModelSignature, names: &[&str]) -> Result<Option<Vec<usize>>, String> {
+fn named_order(
+    signature: &ModelSignature,
+    names: &[&str],
+) -> crate::error::Result<Option<Vec<usize>>> {
     let inputs = &signature.inputs;
     // A model of one input, or a count that does not fit: positional binding says what is wrong.
     if inputs.len() < 2 || names.len() != inputs.len() {
@@ -130,7 +133,7 @@ fn named_order(signature: &ModelSignature, names: &[&str]) -> Result<Option<Vec<
         if let Some(i) = *input
             && i != column
         {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "column {} '{}' is named after input '{}' but would feed input '{}' by position; \
                  name every column after a different input to bind them by name (in any order), \
                  or give them in the model's order",
@@ -138,7 +141,7 @@ fn named_order(signature: &ModelSignature, names: &[&str]) -> Result<Option<Vec<
                 names[column],
                 inputs[i].name,
                 inputs[column].name
-            ));
+            )));
         }
     }
     Ok(None)
@@ -186,42 +189,46 @@ fn castable(from: &DataType, to: TensorElementType) -> bool {
     }
 }
 
-fn check_source(input: &TensorSpec, source: &InputSource, args: &[DataType]) -> Result<(), String> {
+fn check_source(
+    input: &TensorSpec,
+    source: &InputSource,
+    args: &[DataType],
+) -> crate::error::Result<()> {
     let element = match input.element {
         Some(e) if element_arrow_type(e).is_some() => e,
         Some(e) => {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "input '{}' has element type {}, which batchinfer does not support yet",
                 input.name,
                 element_name(e)
-            ));
+            )));
         }
         None => {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "input '{}' is {}, not a tensor; batchinfer feeds tensors only",
                 input.name, input.description
-            ));
+            )));
         }
     };
     let expect = |arg: usize, t: &DataType| {
         if castable(t, element) {
             Ok(())
         } else {
-            Err(format!(
+            Err(crate::error::Error::Tensor(format!(
                 "column {} is {t}, which cannot be converted to input '{}' ({})",
                 arg + 1,
                 input.name,
                 element_name(element)
-            ))
+            )))
         }
     };
     match source {
         InputSource::Packed(columns) => columns.iter().try_for_each(|&c| {
             if is_list(&args[c]) {
-                Err(format!(
+                Err(crate::error::Error::Tensor(format!(
                     "column {} is a list; pass either one list column or scalar columns",
                     c + 1
-                ))
+                )))
             } else {
                 expect(c, &args[c])
             }
@@ -230,16 +237,16 @@ fn check_source(input: &TensorSpec, source: &InputSource, args: &[DataType]) -> 
             Some((item, size)) => {
                 expect(*c, item)?;
                 match (size, input.row_elements()) {
-                    (Some(k), Some(p)) if k != p => Err(format!(
+                    (Some(k), Some(p)) if k != p => Err(crate::error::Error::Tensor(format!(
                         "column {} holds {k} values per row, input '{}' takes {p}",
                         c + 1,
                         input.name
-                    )),
+                    ))),
                     _ => Ok(()),
                 }
             }
             None if input.is_scalar_per_row() => expect(*c, &args[*c]),
-            None => Err(format!(
+            None => Err(crate::error::Error::Tensor(format!(
                 "column {} is a single value per row, input '{}' takes {} per row: pass a list \
                  column or one column per value",
                 c + 1,
@@ -247,7 +254,7 @@ fn check_source(input: &TensorSpec, source: &InputSource, args: &[DataType]) -> 
                 input
                     .row_elements()
                     .map_or("several".to_string(), |p| p.to_string())
-            )),
+            ))),
         },
     }
 }

@@ -22,12 +22,20 @@ use super::signature::ModelSignature;
 /// changes. The values are kept as doubles: the conversion to the input's type, and its check
 /// that each value fits, come later, call by call, so that one value that does not fit fails its
 /// row alone where `on_error` says so.
-pub fn nan_for_null(column: &ArrayRef, target: &DataType) -> Result<Option<ArrayRef>, String> {
+pub fn nan_for_null(
+    column: &ArrayRef,
+    target: &DataType,
+) -> crate::error::Result<Option<ArrayRef>> {
     if column.logical_null_count() == 0 || column.data_type().is_nested() || !target.is_floating() {
         return Ok(None);
     }
-    let doubles = cast_with_options(column, &DataType::Float64, &CastOptions::default())
-        .map_err(|e| format!("cannot convert {} to {target}: {e}", column.data_type()))?;
+    let doubles =
+        cast_with_options(column, &DataType::Float64, &CastOptions::default()).map_err(|e| {
+            crate::error::Error::Tensor(format!(
+                "cannot convert {} to {target}: {e}",
+                column.data_type()
+            ))
+        })?;
     Ok(Some(filled::<Float64Type>(&doubles, f64::NAN)))
 }
 
@@ -43,7 +51,7 @@ pub fn nan_for_nulls(
     signature: &ModelSignature,
     binding: &InputBinding,
     columns: &[ArrayRef],
-) -> Result<Vec<ArrayRef>, String> {
+) -> crate::error::Result<Vec<ArrayRef>> {
     let mut columns = columns.to_vec();
     for (input, source) in signature.inputs.iter().zip(&binding.sources) {
         let Some(target) = input.element.and_then(element_arrow_type) else {
@@ -57,8 +65,8 @@ pub fn nan_for_nulls(
             let Some(column) = columns.get(c) else {
                 continue;
             };
-            if let Some(filled) =
-                nan_for_null(column, &target).map_err(|e| format!("input '{}': {e}", input.name))?
+            if let Some(filled) = nan_for_null(column, &target)
+                .map_err(|e| crate::error::Error::Tensor(format!("input '{}': {e}", input.name)))?
             {
                 columns[c] = filled;
             }

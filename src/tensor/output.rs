@@ -18,42 +18,45 @@ pub fn to_array(
     spec: &TensorSpec,
     declared: &DataType,
     rows: usize,
-) -> Result<ArrayRef, String> {
-    let element = spec
-        .element
-        .ok_or_else(|| format!("output '{}' is not a tensor", spec.name))?;
+) -> crate::error::Result<ArrayRef> {
+    let element = spec.element.ok_or_else(|| {
+        crate::error::Error::Tensor(format!("output '{}' is not a tensor", spec.name))
+    })?;
     let (shape, values): (Vec<i64>, ArrayRef) = match element {
         TensorElementType::String => {
-            let (shape, strings) = value.try_extract_strings().map_err(|e| e.to_string())?;
+            let (shape, strings) = value
+                .try_extract_strings()
+                .map_err(crate::error::Error::from)?;
             (shape.to_vec(), Arc::new(StringArray::from(strings)))
         }
         TensorElementType::Bool => {
             let (shape, data) = value
                 .try_extract_tensor::<bool>()
-                .map_err(|e| e.to_string())?;
+                .map_err(crate::error::Error::from)?;
             (shape.to_vec(), Arc::new(BooleanArray::from(data.to_vec())))
         }
         e => with_arrow_primitive!(e, T => extract_primitive::<T>(value)?,
-            _ => return Err(format!("output '{}' has an element type batchinfer does not convert", spec.name))),
+            _ => return Err(crate::error::Error::Tensor(format!("output '{}' has an element type batchinfer does not convert", spec.name)))),
     };
     if shape.first().copied() != Some(rows as i64) {
-        return Err(format!(
+        return Err(crate::error::Error::Tensor(format!(
             "output '{}' has shape {shape:?}; expected its first dimension to be the {rows} rows of the call",
             spec.name
-        ));
+        )));
     }
-    nest(values, rows, &shape[1..], declared).map_err(|e| format!("output '{}': {e}", spec.name))
+    nest(values, rows, &shape[1..], declared)
+        .map_err(|e| crate::error::Error::Tensor(format!("output '{}': {e}", spec.name)))
 }
 
 fn extract_primitive<T: ArrowPrimitiveType>(
     value: &DynValue,
-) -> Result<(Vec<i64>, ArrayRef), String>
+) -> crate::error::Result<(Vec<i64>, ArrayRef)>
 where
     T::Native: ort::value::PrimitiveTensorElementType,
 {
     let (shape, data) = value
         .try_extract_tensor::<T::Native>()
-        .map_err(|e| e.to_string())?;
+        .map_err(crate::error::Error::from)?;
     let array = PrimitiveArray::<T>::new(data.to_vec().into(), None);
     Ok((shape.to_vec(), Arc::new(array)))
 }
@@ -64,7 +67,7 @@ fn nest(
     rows: usize,
     row_dims: &[i64],
     declared: &DataType,
-) -> Result<ArrayRef, String> {
+) -> crate::error::Result<ArrayRef> {
     let mut levels: Vec<(Option<i32>, FieldRef)> = Vec::new();
     let mut t = declared;
     loop {
@@ -78,41 +81,48 @@ fn nest(
     }
     if levels.is_empty() {
         if values.len() != rows {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "{} values per row where one was declared",
                 values.len() / rows.max(1)
-            ));
+            )));
         }
         return Ok(values);
     }
     if levels.len() != row_dims.len() {
-        return Err(format!(
+        return Err(crate::error::Error::Tensor(format!(
             "shape {row_dims:?} per row does not match the declared type {declared}"
-        ));
+        )));
     }
     let mut array = values;
     for (level, ((size, field), &dim)) in levels.iter().zip(row_dims).enumerate().rev() {
-        let dim = usize::try_from(dim).map_err(|_| format!("negative dimension {dim}"))?;
+        let dim = usize::try_from(dim)
+            .map_err(|_| crate::error::Error::Tensor(format!("negative dimension {dim}")))?;
         // As many lists at this level as rows times the dimensions above it.
         let lists = row_dims[..level]
             .iter()
             .try_fold(rows, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
-            .ok_or_else(|| format!("shape {row_dims:?} of {rows} rows is too large"))?;
+            .ok_or_else(|| {
+                crate::error::Error::Tensor(format!(
+                    "shape {row_dims:?} of {rows} rows is too large"
+                ))
+            })?;
         array = match size {
             Some(k) => {
                 if *k as usize != dim {
-                    return Err(format!("dimension {dim} where the model declared {k}"));
+                    return Err(crate::error::Error::Tensor(format!(
+                        "dimension {dim} where the model declared {k}"
+                    )));
                 }
                 Arc::new(
                     FixedSizeListArray::try_new(field.clone(), *k, array, None)
-                        .map_err(|e| e.to_string())?,
+                        .map_err(crate::error::Error::from)?,
                 )
             }
             None => {
                 let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(dim, lists));
                 Arc::new(
                     ListArray::try_new(field.clone(), offsets, array, None)
-                        .map_err(|e| e.to_string())?,
+                        .map_err(crate::error::Error::from)?,
                 )
             }
         };

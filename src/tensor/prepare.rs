@@ -1,6 +1,7 @@
 //! One batch's arrays turned into a model input's data ([`prepare`]): row-major, in the model's
 //! element type, borrowed where the layout already is one, packed side by side otherwise.
 
+use crate::error::Error;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
@@ -37,14 +38,18 @@ impl InputTensor {
     }
 
     /// An ONNX Runtime value over this data; numeric tensors borrow the Arrow buffer.
-    pub fn to_value(&self) -> Result<SessionInputValue<'_>, String> {
-        let err = |e: ort::Error| e.to_string();
+    pub fn to_value(&self) -> crate::error::Result<SessionInputValue<'_>> {
+        let err = crate::error::Error::from;
         match self {
             InputTensor::Primitive { values, shape } => {
-                let element = numeric_element_of(values.data_type())
-                    .ok_or_else(|| format!("no tensor type for {}", values.data_type()))?;
+                let element = numeric_element_of(values.data_type()).ok_or_else(|| {
+                    crate::error::Error::Tensor(format!(
+                        "no tensor type for {}",
+                        values.data_type()
+                    ))
+                })?;
                 with_arrow_primitive!(element, T => borrow_primitive::<T>(values, shape),
-                    _ => Err(format!("no tensor type for {}", values.data_type())))
+                    _ => Err(crate::error::Error::Tensor(format!("no tensor type for {}", values.data_type()))))
             }
             InputTensor::Bool { values, shape } => Ok(TensorRef::from_array_view((
                 shape.clone(),
@@ -73,13 +78,13 @@ impl InputTensor {
 fn borrow_primitive<'a, T: ArrowPrimitiveType>(
     values: &'a ArrayRef,
     shape: &[i64],
-) -> Result<SessionInputValue<'a>, String>
+) -> crate::error::Result<SessionInputValue<'a>>
 where
     T::Native: ort::value::PrimitiveTensorElementType + std::fmt::Debug,
 {
     let data: &[T::Native] = values.as_primitive::<T>().values();
     Ok(TensorRef::from_array_view((shape.to_vec(), data))
-        .map_err(|e| e.to_string())?
+        .map_err(crate::error::Error::from)?
         .into())
 }
 
@@ -89,8 +94,9 @@ pub fn prepare(
     source: &InputSource,
     columns: &[ArrayRef],
     rows: usize,
-) -> Result<InputTensor, String> {
-    prepare_values(input, source, columns, rows).map_err(|e| format!("input '{}': {e}", input.name))
+) -> crate::error::Result<InputTensor> {
+    prepare_values(input, source, columns, rows)
+        .map_err(|e| crate::error::Error::Tensor(format!("input '{}': {e}", input.name)))
 }
 
 fn prepare_values(
@@ -98,10 +104,13 @@ fn prepare_values(
     source: &InputSource,
     columns: &[ArrayRef],
     rows: usize,
-) -> Result<InputTensor, String> {
-    let element = input.element.ok_or("not a tensor")?;
-    let target = element_arrow_type(element)
-        .ok_or_else(|| format!("input '{}': unsupported element type", input.name))?;
+) -> crate::error::Result<InputTensor> {
+    let element = input
+        .element
+        .ok_or_else(|| crate::error::Error::Tensor("not a tensor".to_string()))?;
+    let target = element_arrow_type(element).ok_or_else(|| {
+        crate::error::Error::Tensor(format!("input '{}': unsupported element type", input.name))
+    })?;
     let (values, shape) = match source {
         InputSource::Column(c) => {
             let column = &columns[*c];
@@ -146,7 +155,7 @@ fn list_values(
     column: &ArrayRef,
     input: &TensorSpec,
     arg: usize,
-) -> Result<(ArrayRef, usize), String> {
+) -> crate::error::Result<(ArrayRef, usize)> {
     let (values, per_row) = match column.data_type() {
         DataType::FixedSizeList(_, k) => {
             let list = column.as_fixed_size_list();
@@ -166,28 +175,36 @@ fn list_values(
             let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
             (list.values().slice(start, end - start), per_row)
         }
-        other => return Err(format!("column {arg} is {other}, not a list")),
+        other => {
+            return Err(crate::error::Error::Tensor(format!(
+                "column {arg} is {other}, not a list"
+            )));
+        }
     };
     if values.null_count() > 0 {
-        return Err(format!(
+        return Err(crate::error::Error::Tensor(format!(
             "column {arg} has NULL elements inside its lists; input '{}' needs every element",
             input.name
-        ));
+        )));
     }
     Ok((values, per_row))
 }
 
-fn uniform_length(offsets: &[usize], input: &TensorSpec, arg: usize) -> Result<usize, String> {
+fn uniform_length(
+    offsets: &[usize],
+    input: &TensorSpec,
+    arg: usize,
+) -> crate::error::Result<usize> {
     let lengths = offsets.windows(2).map(|w| w[1] - w[0]);
     let expected = input.row_elements();
     let mut first = None;
     for (row, len) in lengths.enumerate() {
         let want = *first.get_or_insert(expected.unwrap_or(len));
         if len != want {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "column {arg}: row {row} of the batch holds {len} value(s), input '{}' takes {want} per row",
                 input.name
-            ));
+            )));
         }
     }
     Ok(first.or(expected).unwrap_or(0))
@@ -200,17 +217,17 @@ fn row_major_shape(
     rows: usize,
     per_row: usize,
     arg: usize,
-) -> Result<Vec<i64>, String> {
+) -> crate::error::Result<Vec<i64>> {
     let dims = input.row_shape();
     let known = dims
         .iter()
         .filter_map(|&d| usize::try_from(d).ok())
         .try_fold(1usize, usize::checked_mul)
         .ok_or_else(|| {
-            format!(
+            Error::Tensor(format!(
                 "input '{}' has a shape too large: {:?}",
                 input.name, input.shape
-            )
+            ))
         })?;
     let open = dims.iter().filter(|&&d| d < 0).count();
     let mut shape = vec![rows as i64];
@@ -223,17 +240,17 @@ fn row_major_shape(
         ),
         _ if dims.len() <= 1 => shape.push(per_row as i64),
         _ => {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "column {arg} holds {per_row} values per row, which does not fit input '{}' of shape {:?}",
                 input.name, input.shape
-            ));
+            )));
         }
     }
     Ok(shape)
 }
 
 /// Casts to the model's element type; the array is returned as is (no copy) when it already is.
-fn convert(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> {
+fn convert(array: &ArrayRef, target: &DataType) -> crate::error::Result<ArrayRef> {
     if array.data_type() == target {
         return Ok(array.clone());
     }
@@ -242,15 +259,19 @@ fn convert(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> {
         safe: false,
         ..Default::default()
     };
-    let converted = cast_with_options(array, target, &options)
-        .map_err(|e| format!("cannot convert {} to {target}: {e}", array.data_type()))?;
+    let converted = cast_with_options(array, target, &options).map_err(|e| {
+        crate::error::Error::Tensor(format!(
+            "cannot convert {} to {target}: {e}",
+            array.data_type()
+        ))
+    })?;
     check_fits(array, &converted)?;
     Ok(converted)
 }
 
 /// Refuses a finite value that became infinite on the way to a narrower float (1e40 into a
 /// float input): Arrow's cast rounds it to infinity without a word.
-pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
+pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> crate::error::Result<()> {
     use datafusion::arrow::datatypes::{Float16Type, Float32Type, Float64Type};
     // A fraction into an integer input: Arrow's cast drops it without a word.
     let fractional = |t: &DataType| {
@@ -259,14 +280,14 @@ pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
     };
     if to.data_type().is_integer() && fractional(from.data_type()) {
         let before = cast_with_options(from, &DataType::Float64, &CastOptions::default())
-            .map_err(|e| e.to_string())?;
+            .map_err(crate::error::Error::from)?;
         let before = before.as_primitive::<Float64Type>();
         if let Some(v) = before.iter().flatten().find(|v| v.fract() != 0.0) {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "the value {v} is not a whole number, and the input takes {} (round it in the \
                  query: round(x))",
                 to.data_type()
-            ));
+            )));
         }
         return Ok(());
     }
@@ -287,16 +308,16 @@ pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
         return Ok(());
     }
     let before = cast_with_options(from, &DataType::Float64, &CastOptions::default())
-        .map_err(|e| e.to_string())?;
+        .map_err(crate::error::Error::from)?;
     let after = cast_with_options(to, &DataType::Float64, &CastOptions::default())
-        .map_err(|e| e.to_string())?;
+        .map_err(crate::error::Error::from)?;
     let (before, after) = (
         before.as_primitive::<Float64Type>(),
         after.as_primitive::<Float64Type>(),
     );
     for i in 0..after.len() {
         if after.is_valid(i) && after.value(i).is_infinite() && before.value(i).is_finite() {
-            return Err(format!(
+            return Err(crate::error::Error::Tensor(format!(
                 "the value {:e} does not fit {} (its largest value is {})",
                 before.value(i),
                 element_of(to.data_type()),
@@ -305,7 +326,7 @@ pub(super) fn check_fits(from: &ArrayRef, to: &ArrayRef) -> Result<(), String> {
                 } else {
                     "3.4028235e38"
                 },
-            ));
+            )));
         }
     }
     Ok(())
@@ -319,7 +340,11 @@ fn element_of(t: &DataType) -> &'static str {
 }
 
 /// Packs k columns of one element type side by side: row i is `[c0[i], c1[i], ...]`.
-fn pack(columns: &[ArrayRef], element: TensorElementType, rows: usize) -> Result<ArrayRef, String> {
+fn pack(
+    columns: &[ArrayRef],
+    element: TensorElementType,
+    rows: usize,
+) -> crate::error::Result<ArrayRef> {
     with_arrow_primitive!(element, T => Ok(pack_primitive::<T>(columns, rows)),
         _ => pack_other(columns, rows))
 }
@@ -382,12 +407,12 @@ fn pack_any<V: Copy + Default>(columns: &[&[V]], rows: usize) -> Vec<V> {
 }
 
 /// Packing for booleans and strings, which are rare enough to leave to `interleave`.
-fn pack_other(columns: &[ArrayRef], rows: usize) -> Result<ArrayRef, String> {
+fn pack_other(columns: &[ArrayRef], rows: usize) -> crate::error::Result<ArrayRef> {
     use datafusion::arrow::compute::interleave;
     let k = columns.len();
     let refs: Vec<&dyn Array> = columns.iter().map(|c| c.as_ref()).collect();
     let indices: Vec<(usize, usize)> = (0..rows)
         .flat_map(|r| (0..k).map(move |j| (j, r)))
         .collect();
-    interleave(&refs, &indices).map_err(|e| e.to_string())
+    interleave(&refs, &indices).map_err(crate::error::Error::from)
 }

@@ -1,6 +1,7 @@
 //! What a model takes and gives: its inputs and outputs read from the ONNX graph, and the Arrow
 //! types they correspond to. The output type of `predict` is fixed here, at planning time.
 
+use crate::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
@@ -108,7 +109,7 @@ pub struct ModelSignature {
 
 impl ModelSignature {
     /// Reads the signature of a loaded session. Fails for outputs no Arrow type can hold.
-    pub fn from_session(session: &Session) -> Result<Self, String> {
+    pub fn from_session(session: &Session) -> crate::error::Result<Self> {
         let inputs: Vec<TensorSpec> = session
             .inputs()
             .iter()
@@ -120,7 +121,9 @@ impl ModelSignature {
             .map(TensorSpec::from_outlet)
             .collect();
         if inputs.is_empty() || outputs.is_empty() {
-            return Err("the graph has no inputs or no outputs".to_string());
+            return Err(crate::error::Error::Tensor(
+                "the graph has no inputs or no outputs".to_string(),
+            ));
         }
         let output_types = outputs
             .iter()
@@ -162,20 +165,20 @@ impl ModelSignature {
 
 /// [N] and [N, 1] become a scalar column; [N, k, ...] nested `FixedSizeList`s (`List` where a
 /// dimension is open).
-fn output_arrow_type(spec: &TensorSpec) -> Result<DataType, String> {
+fn output_arrow_type(spec: &TensorSpec) -> crate::error::Result<DataType> {
     let element = spec.element.ok_or_else(|| {
-        format!(
+        Error::Tensor(format!(
             "output '{}' is {}, not a tensor; batchinfer returns tensors only (export \
              scikit-learn classifiers with the option zipmap=False)",
             spec.name, spec.description
-        )
+        ))
     })?;
     let mut ty = element_arrow_type(element).ok_or_else(|| {
-        format!(
+        Error::Tensor(format!(
             "output '{}' has element type {}, which batchinfer does not convert",
             spec.name,
             element_name(element)
-        )
+        ))
     })?;
     if spec.is_scalar_per_row() {
         return Ok(ty);
@@ -184,11 +187,11 @@ fn output_arrow_type(spec: &TensorSpec) -> Result<DataType, String> {
         let item = Arc::new(Field::new_list_field(ty, true));
         ty = if d > 0 {
             let d = i32::try_from(d).map_err(|_| {
-                format!(
+                Error::Tensor(format!(
                     "output '{}' has a dimension of {d}, over the {} values an Arrow list holds",
                     spec.name,
                     i32::MAX
-                )
+                ))
             })?;
             DataType::FixedSizeList(item, d)
         } else {

@@ -9,7 +9,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, StringArray,
+};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{ScalarValue, exec_err};
@@ -51,9 +53,9 @@ impl EmbedUdf {
         let model = self
             .registry
             .resolve(name, super::device_of(config), config)?;
-        let binding = |message: String| Error::Binding {
+        let binding = |e: Error| Error::Binding {
             model: name.to_string(),
-            message,
+            message: e.to_string(),
         };
         let dim = embedding_dim(&model).map_err(binding)?;
         let text = |t: &DataType| {
@@ -65,7 +67,10 @@ impl EmbedUdf {
         let dictionary_of_text =
             matches!(text_type, DataType::Dictionary(_, values) if text(values));
         if !text(text_type) && !dictionary_of_text {
-            return Err(binding(format!("embed takes a text column, got {text_type}")).into());
+            return Err(binding(crate::error::Error::Tensor(format!(
+                "embed takes a text column, got {text_type}"
+            )))
+            .into());
         }
         Ok((model, dim))
     }
@@ -133,7 +138,7 @@ impl ScalarUDFImpl for EmbedUdf {
                     model: name.clone(),
                     first_row: 0,
                     end_row: rows,
-                    message,
+                    message: message.to_string(),
                 })
             })?;
             (vectors, Vec::new())
@@ -144,21 +149,7 @@ impl ScalarUDFImpl for EmbedUdf {
             options.stop.check()?;
             (isolated.vectors, isolated.failed)
         };
-        // NULL texts were skipped: spread the vectors back over the rows, zeros under NULLs.
-        let rows_of: Vec<usize> = (0..rows).filter(|&r| texts.is_valid(r)).collect();
-        let failed: Vec<(usize, String)> = failed
-            .into_iter()
-            .map(|(k, message)| (rows_of[k], message))
-            .collect();
-        let values = if texts.null_count() == 0 {
-            vectors
-        } else {
-            let mut all = vec![0f32; rows * dim];
-            for (row, v) in rows_of.iter().zip(vectors.chunks_exact(dim)) {
-                all[row * dim..(row + 1) * dim].copy_from_slice(v);
-            }
-            all
-        };
+        let (values, failed) = spread(texts, rows, dim, vectors, failed);
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 let fields = args.arg_fields.get(1..2).unwrap_or_default();
@@ -168,26 +159,67 @@ impl ScalarUDFImpl for EmbedUdf {
             }
             rejects::count(session, statement, &name, present.len(), &failed)?;
         }
-        let item = Arc::new(Field::new_list_field(DataType::Float32, true));
-        // NULL under a NULL text and under a text the model failed on.
-        let nulls = match failed.is_empty() {
-            true => texts.nulls().cloned(),
-            false => {
-                let mut valid: Vec<bool> = (0..rows).map(|r| texts.is_valid(r)).collect();
-                for (row, _) in &failed {
-                    valid[*row] = false;
-                }
-                Some(datafusion::arrow::buffer::NullBuffer::from(valid))
-            }
-        };
-        let array = FixedSizeListArray::try_new(
-            item,
-            dim as i32,
-            Arc::new(Float32Array::from(values)),
-            nulls,
-        )?;
-        Ok(ColumnarValue::Array(Arc::new(array)))
+        Ok(ColumnarValue::Array(vector_column(
+            texts, rows, dim, values, &failed,
+        )?))
     }
+}
+
+/// The vectors of the texts that are not NULL (and their failures) spread back over the rows:
+/// zeros under NULLs.
+fn spread(
+    texts: &StringArray,
+    rows: usize,
+    dim: usize,
+    vectors: Vec<f32>,
+    failed: Vec<(usize, String)>,
+) -> (Vec<f32>, Vec<(usize, String)>) {
+    // NULL texts were skipped: spread the vectors back over the rows, zeros under NULLs.
+    let rows_of: Vec<usize> = (0..rows).filter(|&r| texts.is_valid(r)).collect();
+    let failed: Vec<(usize, String)> = failed
+        .into_iter()
+        .map(|(k, message)| (rows_of[k], message))
+        .collect();
+    let values = if texts.null_count() == 0 {
+        vectors
+    } else {
+        let mut all = vec![0f32; rows * dim];
+        for (row, v) in rows_of.iter().zip(vectors.chunks_exact(dim)) {
+            all[row * dim..(row + 1) * dim].copy_from_slice(v);
+        }
+        all
+    };
+    (values, failed)
+}
+
+/// The `FixedSizeList` column of `values`: NULL under a NULL text and under a text the model
+/// failed on.
+fn vector_column(
+    texts: &StringArray,
+    rows: usize,
+    dim: usize,
+    values: Vec<f32>,
+    failed: &[(usize, String)],
+) -> Result<ArrayRef> {
+    let item = Arc::new(Field::new_list_field(DataType::Float32, true));
+    // NULL under a NULL text and under a text the model failed on.
+    let nulls = match failed.is_empty() {
+        true => texts.nulls().cloned(),
+        false => {
+            let mut valid: Vec<bool> = (0..rows).map(|r| texts.is_valid(r)).collect();
+            for (row, _) in failed {
+                valid[*row] = false;
+            }
+            Some(datafusion::arrow::buffer::NullBuffer::from(valid))
+        }
+    };
+    let array = FixedSizeListArray::try_new(
+        item,
+        dim as i32,
+        Arc::new(Float32Array::from(values)),
+        nulls,
+    )?;
+    Ok(Arc::new(array))
 }
 
 /// Texts embedded with the failing ones isolated (`on_error` 'null' or 'reject'): a failing call
@@ -216,7 +248,7 @@ impl Isolated {
             Ok(vectors) => self.vectors.extend(vectors),
             Err(message) if texts.len() == 1 => {
                 self.vectors.extend(std::iter::repeat_n(0f32, dim));
-                self.failed.push((first, message));
+                self.failed.push((first, message.to_string()));
             }
             Err(_) => {
                 let half = texts.len() / 2;

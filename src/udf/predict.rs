@@ -57,7 +57,7 @@ impl PredictUdf {
         let binding =
             InputBinding::plan(&model.signature, &types).map_err(|message| Error::Binding {
                 model: name.to_string(),
-                message,
+                message: message.to_string(),
             })?;
         Ok((model, binding))
     }

@@ -61,9 +61,9 @@ impl datafusion::catalog::TableFunctionImpl for RejectsFunction {
         let paths = folders
             .iter()
             .map(|folder| {
-                let url = url
-                    .join(&format!("{folder}/"))
-                    .map_err(|e| Error::Usage(format!("{url}{folder}/: {e}")))?;
+                let url = url.join(&format!("{folder}/")).map_err(|e| {
+                    Error::setting("batchinfer.rejects", format!("{url}{folder}/: {e}"))
+                })?;
                 Ok(ListingTableUrl::parse(url.as_str())?)
             })
             .collect::<Result<Vec<_>>>()?;

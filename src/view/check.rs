@@ -21,13 +21,30 @@ pub fn without_credentials(name: &str, location: &str) -> Result<()> {
     if blanked == location {
         return Ok(());
     }
-    Err(Error::Usage(format!(
-        "materialized view '{name}': it reads a URL with a password or a token in it \
+    Err(Error::view(
+        &name,
+        format!(
+            "materialized view '{name}': it reads a URL with a password or a token in it \
          ({blanked}); a view keeps its query, so its credentials cannot be in it: write the \
          URL without them and give them in the environment (AWS_ACCESS_KEY_ID and \
          AWS_SECRET_ACCESS_KEY, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS) or \
          in the session (SET 'aws.secret_access_key' ...)"
-    )))
+        ),
+    ))
+}
+
+/// How a file's columns differ from those a materialized view reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ColumnMismatch {
+    #[error("it has no column '{column}', which the view reads (it has {has})")]
+    Missing { column: String, has: String },
+    #[error("its column '{column}' is {found}, where the view's is {expected}")]
+    Type {
+        column: String,
+        found: datafusion::arrow::datatypes::DataType,
+        expected: datafusion::arrow::datatypes::DataType,
+    },
 }
 
 /// Whether an input file's columns are the view's: each column the view reads is in the file
@@ -37,27 +54,26 @@ pub fn without_credentials(name: &str, location: &str) -> Result<()> {
 pub fn check_file_columns(
     view: &datafusion::arrow::datatypes::Schema,
     file: &datafusion::arrow::datatypes::Schema,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), ColumnMismatch> {
     for field in view.fields() {
         match file.field_with_name(field.name()) {
             Err(_) => {
-                return Err(format!(
-                    "it has no column '{}', which the view reads (it has {})",
-                    field.name(),
-                    file.fields()
+                return Err(ColumnMismatch::Missing {
+                    column: field.name().clone(),
+                    has: file
+                        .fields()
                         .iter()
                         .map(|f| f.name().as_str())
                         .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                        .join(", "),
+                });
             }
             Ok(found) if !reads_as(found.data_type(), field.data_type()) => {
-                return Err(format!(
-                    "its column '{}' is {}, where the view's is {}",
-                    field.name(),
-                    found.data_type(),
-                    field.data_type()
-                ));
+                return Err(ColumnMismatch::Type {
+                    column: field.name().clone(),
+                    found: found.data_type().clone(),
+                    expected: field.data_type().clone(),
+                });
             }
             Ok(_) => {}
         }
@@ -141,49 +157,22 @@ impl Source {
 /// Why `plan` cannot be a materialized view, if it cannot; else the files it reads.
 pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
     let refuse = |what: &str| {
-        Error::Usage(format!(
-            "materialized view '{view}' must be computed row by row from one set of files, so \
+        Error::view(
+            &view,
+            format!(
+                "materialized view '{view}' must be computed row by row from one set of files, so \
              that new files can be scored alone; its query has {what}. Use CREATE TABLE {view} \
              AS ... for such a query (it is computed whole each time)"
-        ))
+            ),
+        )
     };
     let mut scans = Vec::new();
     let mut refused = None;
     plan.apply(|node| {
-        let what = match node {
-            LogicalPlan::Projection(_)
-            | LogicalPlan::Filter(_)
-            | LogicalPlan::SubqueryAlias(_)
-            | LogicalPlan::Unnest(_) => None,
-            LogicalPlan::TableScan(scan) => {
-                scans.push(scan.clone());
-                None
-            }
-            LogicalPlan::Aggregate(_) => Some("an aggregation (GROUP BY, count, sum, ...)"),
-            LogicalPlan::Window(_) => Some("a window function"),
-            LogicalPlan::Sort(_) => Some("ORDER BY"),
-            LogicalPlan::Limit(_) => Some("LIMIT or OFFSET"),
-            LogicalPlan::Join(_) => Some("a join"),
-            LogicalPlan::Distinct(_) => Some("DISTINCT"),
-            LogicalPlan::Union(_) => Some("UNION"),
-            LogicalPlan::Values(_) | LogicalPlan::EmptyRelation(_) => {
-                Some("no files to read (a view is over a folder, glob, prefix or table of files)")
-            }
-            _ => Some("a step that is not row by row"),
-        };
-        let what = what.or_else(|| {
-            let mut subquery = false;
-            let _ = node.apply_expressions(|e| {
-                e.apply(|e| {
-                    subquery |= matches!(
-                        e,
-                        Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_)
-                    );
-                    Ok(TreeNodeRecursion::Continue)
-                })
-            });
-            subquery.then_some("a subquery")
-        });
+        if let LogicalPlan::TableScan(scan) = node {
+            scans.push(scan.clone());
+        }
+        let what = not_row_wise(node).or_else(|| has_subquery(node).then_some("a subquery"));
         if let Some(what) = what {
             refused = Some(what);
             return Ok(TreeNodeRecursion::Stop);
@@ -204,11 +193,14 @@ pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
         )));
     };
     if !listing.options().table_partition_cols.is_empty() {
-        return Err(Error::Usage(format!(
-            "materialized view '{view}': '{}' is partitioned by folder names, which a view's \
+        return Err(Error::view(
+            &view,
+            format!(
+                "materialized view '{view}': '{}' is partitioned by folder names, which a view's \
              source cannot be yet; name its files by a glob instead",
-            scan.table_name
-        )));
+                scan.table_name
+            ),
+        ));
     }
     Ok(Source {
         table: scan.table_name.clone(),
@@ -216,6 +208,43 @@ pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
         options: listing.options().clone(),
         schema: listing.schema(),
     })
+}
+
+/// What in `node` a view cannot compute row by row, if anything (its expressions aside).
+fn not_row_wise(node: &LogicalPlan) -> Option<&'static str> {
+    match node {
+        LogicalPlan::Projection(_)
+        | LogicalPlan::Filter(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Unnest(_)
+        | LogicalPlan::TableScan(_) => None,
+        LogicalPlan::Aggregate(_) => Some("an aggregation (GROUP BY, count, sum, ...)"),
+        LogicalPlan::Window(_) => Some("a window function"),
+        LogicalPlan::Sort(_) => Some("ORDER BY"),
+        LogicalPlan::Limit(_) => Some("LIMIT or OFFSET"),
+        LogicalPlan::Join(_) => Some("a join"),
+        LogicalPlan::Distinct(_) => Some("DISTINCT"),
+        LogicalPlan::Union(_) => Some("UNION"),
+        LogicalPlan::Values(_) | LogicalPlan::EmptyRelation(_) => {
+            Some("no files to read (a view is over a folder, glob, prefix or table of files)")
+        }
+        _ => Some("a step that is not row by row"),
+    }
+}
+
+/// Whether an expression of `node` is a subquery.
+fn has_subquery(node: &LogicalPlan) -> bool {
+    let mut subquery = false;
+    let _ = node.apply_expressions(|e| {
+        e.apply(|e| {
+            subquery |= matches!(
+                e,
+                Expr::ScalarSubquery(_) | Expr::InSubquery(_) | Expr::Exists(_)
+            );
+            Ok(TreeNodeRecursion::Continue)
+        })
+    });
+    subquery
 }
 
 impl Source {
@@ -255,7 +284,7 @@ pub fn source_table(
         .iter()
         .map(|(url, glob)| {
             let parsed = url::Url::parse(url)
-                .map_err(|e| Error::Usage(format!("a view's source {url}: {e}")))?;
+                .map_err(|e| Error::warehouse(&url, format!("a view's source {url}: {e}")))?;
             let path = ListingTableUrl::try_new(parsed, None)?;
             Ok(match glob {
                 Some(glob) => path.with_glob(glob)?,
@@ -309,6 +338,7 @@ fn a_file_is_read_only_with_the_views_columns() {
     assert!(
         check_file_columns(&view, &text)
             .unwrap_err()
+            .to_string()
             .contains("'f0' is Utf8")
     );
     let renamed = file(vec![
@@ -319,6 +349,7 @@ fn a_file_is_read_only_with_the_views_columns() {
     assert!(
         check_file_columns(&view, &renamed)
             .unwrap_err()
+            .to_string()
             .contains("no column 'f0'")
     );
 }

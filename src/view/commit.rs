@@ -95,42 +95,30 @@ pub async fn commit(
 ) -> Result<bool> {
     for _ in 0..COMMIT_TRIES {
         let Some((version, bytes)) = manifests.latest().await? else {
-            return Err(Error::Usage(
-                "the materialized view was dropped while it was refreshed".into(),
+            return Err(Error::view(
+                String::new(),
+                "the materialized view was dropped while it was refreshed",
             ));
         };
         let mut manifest = Manifest::from_bytes(&bytes, "a view's manifest")?;
         if manifest.dropped {
-            return Err(Error::Usage(
-                "the materialized view was dropped while it was refreshed".into(),
+            return Err(Error::view(
+                manifest.name.clone(),
+                "the materialized view was dropped while it was refreshed",
             ));
         }
         let view = manifest.name.clone();
         let redefined = || {
-            Error::Usage(format!(
-                "materialized view '{view}' was redefined or rebuilt by another statement while \
+            Error::view(
+                view.clone(),
+                format!(
+                    "materialized view '{view}' was redefined or rebuilt by another statement while \
                  this refresh ran; what it committed before stays, the rest was not kept: run \
                  REFRESH again"
-            ))
+                ),
+            )
         };
-        if let Some(new) = &target.new
-            && manifest.generation_mut(&target.id).is_none()
-        {
-            if new.query != manifest.query {
-                return Err(redefined());
-            }
-            if let Some(p) = &manifest.pending
-                && p.query == new.query
-                && p.models == new.models
-            {
-                return Err(Error::Usage(format!(
-                    "materialized view '{}' is being rebuilt by another refresh; run REFRESH \
-                     again when it is done",
-                    manifest.name
-                )));
-            }
-            manifest.pending = Some(new.clone());
-        }
+        take_on_new(&mut manifest, target).map_err(|e| e.unwrap_or_else(redefined))?;
         let is_current = manifest.current.as_ref().is_some_and(|g| g.id == target.id);
         let query = manifest.query.clone();
         let Some(generation) = manifest.generation_mut(&target.id) else {
@@ -149,40 +137,14 @@ pub async fn commit(
         if done_elsewhere(generation, &target.known, work) {
             return Ok(false);
         }
-        let now = now_ms();
-        let mut retired: Vec<String> = generation
+        let retired: Vec<String> = generation
             .units
             .iter()
             .filter(|u| work.replaces.contains(&u.id))
             .flat_map(|u| u.files.iter().map(|f| f.path.clone()))
             .collect();
         apply(generation, &work.replaces, unit.clone());
-        if promote && !is_current {
-            retired.extend(
-                manifest
-                    .current
-                    .iter()
-                    .flat_map(|g| g.files().map(|f| f.path.clone())),
-            );
-            manifest.current = manifest.pending.take();
-        }
-        let stale = |p: &Generation| {
-            p.query != manifest.query || target.stale_pending.as_deref() == Some(p.id.as_str())
-        };
-        if manifest.pending.as_ref().is_some_and(stale) {
-            retired.extend(
-                manifest
-                    .pending
-                    .iter()
-                    .flat_map(|g| g.files().map(|f| f.path.clone())),
-            );
-            manifest.pending = None;
-        }
-        manifest.retired.retain(|r| r.at_ms + RETIRED_KEPT_MS > now);
-        manifest
-            .retired
-            .extend(retired.into_iter().map(|path| Retired { path, at_ms: now }));
-        manifest.refreshed_ms = Some(now);
+        retire(&mut manifest, target, retired, promote && !is_current);
         if manifests.create(version + 1, manifest.to_bytes()?).await? {
             target.new = None;
             target.stale_pending = None;
@@ -193,11 +155,71 @@ pub async fn commit(
             return Ok(true);
         }
     }
-    Err(Error::Usage(
+    Err(Error::view(
+        String::new(),
         "the materialized view's manifest kept changing (other statements committed meanwhile); \
-         run REFRESH again"
-            .into(),
+         run REFRESH again",
     ))
+}
+
+/// A new generation for `target` made the manifest's pending one, unless the view was redefined
+/// meanwhile (`Err(None)`) or another refresh is rebuilding it for the same query and models.
+fn take_on_new(manifest: &mut Manifest, target: &Target) -> std::result::Result<(), Option<Error>> {
+    if let Some(new) = &target.new
+        && manifest.generation_mut(&target.id).is_none()
+    {
+        if new.query != manifest.query {
+            return Err(None);
+        }
+        if let Some(p) = &manifest.pending
+            && p.query == new.query
+            && p.models == new.models
+        {
+            return Err(Some(Error::view(
+                manifest.name.clone(),
+                format!(
+                    "materialized view '{}' is being rebuilt by another refresh; run REFRESH \
+                 again when it is done",
+                    manifest.name
+                ),
+            )));
+        }
+        manifest.pending = Some(new.clone());
+    }
+    Ok(())
+}
+
+/// Retires the files of replaced units (`retired`), those of the current generation when the
+/// pending one is promoted, and those of a pending generation gone stale; the manifest is
+/// stamped as refreshed now.
+fn retire(manifest: &mut Manifest, target: &Target, mut retired: Vec<String>, promote: bool) {
+    let now = now_ms();
+    if promote {
+        retired.extend(
+            manifest
+                .current
+                .iter()
+                .flat_map(|g| g.files().map(|f| f.path.clone())),
+        );
+        manifest.current = manifest.pending.take();
+    }
+    let stale = |p: &Generation| {
+        p.query != manifest.query || target.stale_pending.as_deref() == Some(p.id.as_str())
+    };
+    if manifest.pending.as_ref().is_some_and(stale) {
+        retired.extend(
+            manifest
+                .pending
+                .iter()
+                .flat_map(|g| g.files().map(|f| f.path.clone())),
+        );
+        manifest.pending = None;
+    }
+    manifest.retired.retain(|r| r.at_ms + RETIRED_KEPT_MS > now);
+    manifest
+        .retired
+        .extend(retired.into_iter().map(|path| Retired { path, at_ms: now }));
+    manifest.refreshed_ms = Some(now);
 }
 
 /// Deletes the files of a unit that was not committed.

@@ -51,13 +51,16 @@ pub fn check_paths(view: &str, generation: &Generation) -> Result<()> {
         .find(|f| !is_own_file(&f.path, &generation.id))
     {
         None => Ok(()),
-        Some(file) => Err(Error::Usage(format!(
-            "materialized view '{view}': its manifest lists the file '{}', which is not one of \
+        Some(file) => Err(Error::view(
+            &view,
+            format!(
+                "materialized view '{view}': its manifest lists the file '{}', which is not one of \
              the view's own (data/{}/UNIT/FILE); the manifest was changed by hand or is \
              damaged: DROP MATERIALIZED VIEW {view} and create it again",
-            crate::storage::blank_passwords(&file.path),
-            generation.id
-        ))),
+                crate::storage::blank_passwords(&file.path),
+                generation.id
+            ),
+        )),
     }
 }
 
@@ -80,18 +83,21 @@ pub fn check_present(
         None => "is missing".to_string(),
         Some(size) => format!("is {size} bytes, not the {} it was written with", file.size),
     };
-    Err(Error::Usage(format!(
-        "materialized view '{view}': {} of its files {what} ({}{}), so it cannot answer with \
+    Err(Error::view(
+        &view,
+        format!(
+            "materialized view '{view}': {} of its files {what} ({}{}), so it cannot answer with \
          all of its rows; REFRESH MATERIALIZED VIEW {view} scores the input files of the \
          damaged units again",
-        if lost.len() == 1 {
-            "one".to_string()
-        } else {
-            lost.len().to_string()
-        },
-        file.path,
-        if lost.len() > 1 { ", and others" } else { "" },
-    )))
+            if lost.len() == 1 {
+                "one".to_string()
+            } else {
+                lost.len().to_string()
+            },
+            file.path,
+            if lost.len() > 1 { ", and others" } else { "" },
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -167,13 +167,17 @@ impl Manifest {
     }
 
     pub fn from_bytes(bytes: &[u8], shown: &str) -> Result<Self> {
-        let manifest: Manifest = serde_json::from_slice(bytes)
-            .map_err(|e| Error::Usage(format!("{shown} is not a view manifest: {e}")))?;
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| {
+            Error::warehouse(&shown, format!("{shown} is not a view manifest: {e}"))
+        })?;
         if manifest.format != FORMAT {
-            return Err(Error::Usage(format!(
-                "{shown} has format {}; this batchinfer reads format {FORMAT}",
-                manifest.format
-            )));
+            return Err(Error::warehouse(
+                &shown,
+                format!(
+                    "{shown} has format {}; this batchinfer reads format {FORMAT}",
+                    manifest.format
+                ),
+            ));
         }
         Ok(manifest)
     }
@@ -249,8 +253,12 @@ pub fn encode_schema(schema: &Schema) -> Result<String> {
 /// The schema [`encode_schema`] encoded.
 pub fn decode_schema(hex_text: &str) -> Result<SchemaRef> {
     use datafusion::arrow::ipc::reader::StreamReader;
-    let bytes = hex::decode(hex_text)
-        .map_err(|e| Error::Usage(format!("a view's schema is not hex: {e}")))?;
+    let bytes = hex::decode(hex_text).map_err(|e| {
+        Error::warehouse(
+            "a view's schema",
+            format!("a view's schema is not hex: {e}"),
+        )
+    })?;
     let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     Ok(reader.schema())
 }

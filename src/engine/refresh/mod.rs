@@ -73,18 +73,24 @@ const ROUNDS: usize = 8;
 /// Units scored at once by one refresh.
 const UNITS_AT_ONCE: usize = 2;
 
+/// The newest manifest of view `name`, or the error that there is no such view.
+async fn manifest_of(manifests: &Manifests, name: &str) -> Result<Manifest> {
+    match newest_view(manifests, &format!("view '{name}''s manifest")).await? {
+        Some((_, manifest)) => Ok(manifest),
+        None => Err(Error::view(
+            name,
+            format!("there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"),
+        )),
+    }
+}
+
 impl Engine {
     /// Brings materialized view `name` up to date with its input files and models.
     pub(super) async fn refresh_view(&self, name: &str) -> Result<Refreshed> {
         let started = Instant::now();
         let warehouse = self.view_warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
-        let shown = format!("view '{name}''s manifest");
-        let Some((_, manifest)) = newest_view(&manifests, &shown).await? else {
-            return Err(Error::Usage(format!(
-                "there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"
-            )));
-        };
+        let manifest = manifest_of(&manifests, name).await?;
         crate::view::check::without_credentials(name, &manifest.source)?;
         // Scored with the view's own settings, whichever session refreshes it; tagged as a
         // statement of its own (its rejects' folder).
@@ -98,16 +104,7 @@ impl Engine {
             .await?;
         let planned = self.plan_view(name, &manifest).await?;
         let mut target = choose_target(&manifest, &planned.models, &planned.schema)?;
-        let generation = match &target.new {
-            Some(new) => new.clone(),
-            None => manifest
-                .current
-                .iter()
-                .chain(manifest.pending.iter())
-                .find(|g| g.id == target.id)
-                .cloned()
-                .ok_or_else(|| Error::Internal("a view's generation vanished".into()))?,
-        };
+        let generation = generation_of(&manifest, &target)?;
         let folder = warehouse.view_folder(name)?;
         let listed = self.list_inputs(&planned.source).await?;
         let mut damaged = damaged_units(&manifests, &folder, &generation).await?;
@@ -149,32 +146,46 @@ impl Engine {
             work = plan(&now, &listed, self.commit_size(), &BTreeSet::new()).work;
         }
         if !work.is_empty() {
-            return Err(Error::Usage(format!(
-                "materialized view '{name}' kept changing under this refresh (other refreshes \
+            return Err(Error::view(
+                &name,
+                format!(
+                    "materialized view '{name}' kept changing under this refresh (other refreshes \
                  committed meanwhile); run REFRESH again"
-            )));
+                ),
+            ));
         }
-        let nothing = Work {
-            replaces: Vec::new(),
-            inputs: Vec::new(),
-        };
-        if target.pending {
-            let rebuilt = target_now(&manifests, &target.id).await?;
-            check_rebuild_loses_nothing(name, manifest.current.as_ref(), rebuilt.as_ref())?;
-            commit(&manifests, &mut target, &nothing, None, true).await?;
-            refreshed.rebuilt = true;
-        } else if target.stale_pending.is_some() {
-            // A rebuild for models no longer defined: dropped.
-            commit(&manifests, &mut target, &nothing, None, false).await?;
-        }
-        let Some((now_version, now)) = newest_view(&manifests, &shown).await? else {
-            return Err(Error::Usage(format!(
-                "materialized view '{name}' was dropped while it was refreshed"
-            )));
+        refreshed.rebuilt = finish_rebuild(name, &manifests, &manifest, &mut target).await?;
+        self.conclude(
+            &manifests,
+            &folder,
+            worked || target.pending,
+            &mut refreshed,
+        )
+        .await?;
+        refreshed.seconds = started.elapsed().as_secs_f64();
+        Ok(refreshed)
+    }
+
+    /// The end of a refresh: the view's totals as it now stands, the files no manifest lists
+    /// removed (where this refresh changed anything), and a warning for each input file left out.
+    async fn conclude(
+        &self,
+        manifests: &Manifests,
+        folder: &Url,
+        changed: bool,
+        refreshed: &mut Refreshed,
+    ) -> Result<()> {
+        let name = refreshed.view.clone();
+        let shown = format!("view '{name}''s manifest");
+        let Some((now_version, now)) = newest_view(manifests, &shown).await? else {
+            return Err(Error::view(
+                &name,
+                format!("materialized view '{name}' was dropped while it was refreshed"),
+            ));
         };
         (refreshed.view_files, refreshed.view_rows) = now.totals();
-        if worked || target.pending {
-            self.remove_unlisted(&manifests, &folder, (now_version, &now))
+        if changed {
+            self.remove_unlisted(manifests, folder, (now_version, &now))
                 .await?;
         }
         for (path, why) in &refreshed.failed {
@@ -183,8 +194,7 @@ impl Engine {
                  changes: {why}"
             );
         }
-        refreshed.seconds = started.elapsed().as_secs_f64();
-        Ok(refreshed)
+        Ok(())
     }
 
     /// Scores the units of `work`, two at a time (one starts while the other finishes: its last
@@ -329,7 +339,9 @@ impl Engine {
 
     pub(super) fn view_warehouse(&self) -> Result<&Warehouse> {
         self.warehouse.as_ref().ok_or_else(|| {
-            Error::Usage("materialized views are kept in a warehouse; this engine has none".into())
+            Error::Statement(
+                "materialized views are kept in a warehouse; this engine has none".into(),
+            )
         })
     }
 
@@ -341,9 +353,12 @@ impl Engine {
         let statement = match (statements.pop(), statements.is_empty()) {
             (Some(Statement::Sql(statement)), true) => *statement,
             _ => {
-                return Err(Error::Usage(format!(
-                    "materialized view '{name}' has a query that is not one statement: {query}"
-                )));
+                return Err(Error::view(
+                    &name,
+                    format!(
+                        "materialized view '{name}' has a query that is not one statement: {query}"
+                    ),
+                ));
             }
         };
         let _source = match &manifest.source_table {
@@ -431,3 +446,41 @@ impl Drop for ViewSettings<'_> {
 
 /// The most input bytes scored between two commits.
 const COMMIT_BYTES: u64 = 1 << 30;
+
+/// The generation a refresh scores into: the new one it makes, else the view's own.
+fn generation_of(manifest: &Manifest, target: &Target) -> Result<Generation> {
+    match &target.new {
+        Some(new) => Ok(new.clone()),
+        None => manifest
+            .current
+            .iter()
+            .chain(manifest.pending.iter())
+            .find(|g| g.id == target.id)
+            .cloned()
+            .ok_or_else(|| Error::Internal("a view's generation vanished".into())),
+    }
+}
+
+/// After the units are scored: a rebuild complete is made current (whether it was), a rebuild
+/// for models no longer defined is dropped.
+async fn finish_rebuild(
+    name: &str,
+    manifests: &Manifests,
+    manifest: &Manifest,
+    target: &mut Target,
+) -> Result<bool> {
+    let nothing = Work {
+        replaces: Vec::new(),
+        inputs: Vec::new(),
+    };
+    if target.pending {
+        let rebuilt = target_now(manifests, &target.id).await?;
+        check_rebuild_loses_nothing(name, manifest.current.as_ref(), rebuilt.as_ref())?;
+        commit(manifests, target, &nothing, None, true).await?;
+        return Ok(true);
+    }
+    if target.stale_pending.is_some() {
+        commit(manifests, target, &nothing, None, false).await?;
+    }
+    Ok(false)
+}

@@ -171,10 +171,13 @@ pub(super) fn check_rebuild_loses_nothing(
     if lost.is_empty() {
         return Ok(());
     }
-    Err(Error::Usage(format!(
-        "materialized view '{name}': its rebuild cannot read {} input file(s) whose rows the view \
+    Err(Error::view(
+        &name,
+        format!(
+            "materialized view '{name}': its rebuild cannot read {} input file(s) whose rows the view \
          serves now, so it keeps its current rows ({}); fix or remove them and REFRESH again",
-        lost.len(),
-        lost.join("; ")
-    )))
+            lost.len(),
+            lost.join("; ")
+        ),
+    ))
 }

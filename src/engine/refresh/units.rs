@@ -15,11 +15,14 @@ impl Engine {
                 && let Some(path) = crate::storage::local_file(url.prefix())
                 && !path.exists()
             {
-                return Err(Error::Usage(format!(
-                    "the view's input {} is not there (moved, or not mounted?); the view is left \
+                return Err(Error::location(
+                    crate::storage::display_location(url.get_url()),
+                    format!(
+                        "the view's input {} is not there (moved, or not mounted?); the view is left \
                      as it was",
-                    crate::storage::display_location(url.get_url())
-                )));
+                        crate::storage::display_location(url.get_url())
+                    ),
+                ));
             }
             let extension = &source.options.file_extension;
             let files: Vec<_> = url
@@ -69,12 +72,15 @@ impl Engine {
             let url = Url::parse(&input.path).map_err(|e| Error::Internal(e.to_string()))?;
             let now = self.registry.stores().file_version(&url).await;
             if now.ok().flatten().as_ref() != Some(&input.version) {
-                return Err(Error::Usage(format!(
-                    "the input file {} changed while this refresh read it; nothing of it was \
-                     kept: run REFRESH again ({})",
+                return Err(Error::location(
                     crate::storage::display_location(&url),
-                    crate::message::display_error(&e)
-                )));
+                    format!(
+                        "the input file {} changed while this refresh read it; nothing of it was \
+                     kept: run REFRESH again ({})",
+                        crate::storage::display_location(&url),
+                        crate::message::display_error(&e)
+                    ),
+                ));
             }
         }
         Err(e)
@@ -101,23 +107,7 @@ impl Engine {
                 Ok(ListingTableUrl::try_new(url, None)?)
             })
             .collect::<Result<Vec<_>>>()?;
-        // Each file is read with its own columns as they are, or it is that file's error: the
-        // columns the query reads.
-        let state = self.ctx.state();
-        for (path, input) in paths.iter().zip(&work.inputs) {
-            let inferred = ListingTableConfig::new(path.clone())
-                .with_listing_options(planned.source.options.clone())
-                .infer_schema(&state)
-                .await?;
-            let Some(columns) = inferred.file_schema else {
-                continue;
-            };
-            crate::view::check::check_file_columns(&planned.read, &columns).map_err(|why| {
-                Error::DataFusion(datafusion::error::DataFusionError::External(Box::new(
-                    crate::storage::unreadable::Unreadable(format!("{}: {why}", input.path)),
-                )))
-            })?;
-        }
+        check_columns(&self.ctx.state(), planned, &paths, &work.inputs).await?;
         let config = ListingTableConfig::new_with_multi_paths(paths)
             .with_listing_options(planned.source.options.clone())
             .with_schema(planned.source.schema.clone());
@@ -153,8 +143,20 @@ impl Engine {
             }
         };
         write.commit().await?;
-        let store = self.registry.stores().commit_store(&unit_folder)?;
-        let prefix = crate::storage::object_path(&unit_folder)?;
+        let files = self.unit_files(folder, &unit_folder).await?;
+        Ok(Some(Unit {
+            id,
+            inputs: work.inputs.clone(),
+            files,
+            rows: crate::engine::write::rows_in(&counts),
+            error: None,
+        }))
+    }
+
+    /// The files a unit wrote in `unit_folder`, by their paths under the view's `folder`.
+    async fn unit_files(&self, folder: &Url, unit_folder: &Url) -> Result<Vec<OutputFile>> {
+        let store = self.registry.stores().commit_store(unit_folder)?;
+        let prefix = crate::storage::object_path(unit_folder)?;
         let view_prefix = crate::storage::object_path(folder)?;
         let manifests = Manifests::new(store, view_prefix.clone());
         let mut files = Vec::new();
@@ -169,14 +171,33 @@ impl Engine {
             });
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(Some(Unit {
-            id,
-            inputs: work.inputs.clone(),
-            files,
-            rows: crate::engine::write::rows_in(&counts),
-            error: None,
-        }))
+        Ok(files)
     }
+}
+
+/// Each file is read with its own columns as they are, or it is that file's error: the columns
+/// the query reads.
+async fn check_columns(
+    state: &datafusion::execution::SessionState,
+    planned: &Planned,
+    paths: &[ListingTableUrl],
+    inputs: &[crate::view::Input],
+) -> Result<()> {
+    for (path, input) in paths.iter().zip(inputs) {
+        let inferred = ListingTableConfig::new(path.clone())
+            .with_listing_options(planned.source.options.clone())
+            .infer_schema(state)
+            .await?;
+        let Some(columns) = inferred.file_schema else {
+            continue;
+        };
+        crate::view::check::check_file_columns(&planned.read, &columns).map_err(|why| {
+            Error::DataFusion(datafusion::error::DataFusionError::External(Box::new(
+                crate::storage::unreadable::Unreadable(format!("{}: {why}", input.path)),
+            )))
+        })?;
+    }
+    Ok(())
 }
 
 /// The columns of `source` the plan's scan reads (all of them where it names none).

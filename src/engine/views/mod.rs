@@ -58,9 +58,10 @@ impl Engine {
                 if if_exists {
                     return self.empty();
                 }
-                return Err(Error::Usage(format!(
-                    "there is no materialized view '{name}'"
-                )));
+                return Err(Error::view(
+                    &name,
+                    format!("there is no materialized view '{name}'"),
+                ));
             };
             let tombstone = Manifest::dropped(name).to_bytes()?;
             if manifests.create(version + 1, tombstone).await? {
@@ -103,45 +104,8 @@ impl Engine {
         if exists && if_not_exists {
             return self.empty();
         }
-        if exists && !or_replace {
-            return Err(Error::Usage(format!(
-                "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
-                 VIEW, or REFRESH MATERIALIZED VIEW {name})"
-            )));
-        }
-        if !exists
-            && !self.seen_views().contains_key(name)
-            && self.ctx.table_exist(TableReference::bare(name))?
-        {
-            return Err(Error::Usage(format!(
-                "a table named '{name}' exists; a materialized view needs a name of its own"
-            )));
-        }
-        // The files it reads are the same ones whatever the working folder of a later refresh.
-        let mut query = query.clone();
-        let mut unusable = None;
-        let mut literals = Vec::new();
-        let _ = datafusion::sql::sqlparser::ast::visit_relations_mut(&mut query, |relation| {
-            use datafusion::sql::sqlparser::ast::ObjectNamePart;
-            if let [ObjectNamePart::Identifier(ident)] = relation.0.as_mut_slice()
-                && ident.quote_style == Some('\'')
-            {
-                match crate::storage::absolute_location(&ident.value) {
-                    Ok(absolute) => {
-                        literals.push(absolute.clone());
-                        ident.value = absolute;
-                    }
-                    Err(e) => unusable = Some(e),
-                }
-            }
-            std::ops::ControlFlow::<()>::Continue(())
-        });
-        if let Some(e) = unusable {
-            return Err(e);
-        }
-        for literal in &literals {
-            crate::view::check::without_credentials(name, literal)?;
-        }
+        self.check_view_name(name, exists, or_replace)?;
+        let (query, literals) = with_absolute_paths(name, query)?;
         let query = &query;
         // Refused now, before anything is kept, if it cannot be a view.
         let df = self
@@ -153,7 +117,20 @@ impl Engine {
         crate::view::check::without_credentials(name, &source.shown())?;
         let text = query.to_string();
         let source_table = source.as_table(&literals)?;
-        let settings = self.view_settings_now()?;
+        let definition = Manifest {
+            dropped: false,
+            settings: self.view_settings_now()?,
+            format: crate::view::FORMAT,
+            name: name.to_string(),
+            source: source.shown(),
+            source_table,
+            created_ms: now_ms(),
+            refreshed_ms: None,
+            current: None,
+            pending: None,
+            query: text.clone(),
+            retired: Vec::new(),
+        };
         // Kept on top of whatever is there now: a refresh committing meanwhile is not undone.
         let mut latest = latest;
         let before = loop {
@@ -162,48 +139,21 @@ impl Engine {
                 .as_ref()
                 .and_then(|(_, bytes)| Manifest::from_bytes(bytes, "the view's manifest").ok())
                 .filter(|m| !m.dropped);
-            let manifest = Manifest {
-                dropped: false,
-                settings: settings.clone(),
-                format: crate::view::FORMAT,
-                name: name.to_string(),
-                source: source.shown(),
-                source_table: source_table.clone(),
-                created_ms: before.as_ref().map_or_else(now_ms, |b| b.created_ms),
-                refreshed_ms: before.as_ref().and_then(|b| b.refreshed_ms),
-                current: before.as_ref().and_then(|b| b.current.clone()),
-                // A rebuild for the former query is abandoned; one for this query goes on.
-                pending: before
-                    .as_ref()
-                    .and_then(|b| b.pending.clone())
-                    .filter(|p| p.query == text),
-                query: text.clone(),
-                retired: match &before {
-                    Some(b) => retire_abandoned(b, &text),
-                    // What an unreadable manifest held is unknown: every generation folder
-                    // there is now is the old view's, retired (a DROP removes them).
-                    None if exists => manifests
-                        .folders_under("data")
-                        .await?
-                        .into_iter()
-                        .map(|g| crate::view::Retired {
-                            path: format!("data/{g}"),
-                            at_ms: now_ms(),
-                        })
-                        .collect(),
-                    None => Vec::new(),
-                },
-            };
+            let manifest =
+                replacing(definition.clone(), before.as_ref(), exists, &manifests).await?;
             let version = latest.as_ref().map_or(1, |(v, _)| v + 1);
             if manifests.create(version, manifest.to_bytes()?).await? {
                 break before;
             }
             latest = manifests.latest().await?;
             if live(latest.clone()).is_none() || !or_replace {
-                return Err(Error::Usage(format!(
-                    "materialized view '{name}' was created or dropped by another statement \
+                return Err(Error::view(
+                    &name,
+                    format!(
+                        "materialized view '{name}' was created or dropped by another statement \
                      meanwhile"
-                )));
+                    ),
+                ));
             }
         };
         match self.refresh_view(name).await {
@@ -216,6 +166,32 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// A CREATE may take `name`: the view is new, or replaced (`or_replace`), and no table
+    /// has the name.
+    fn check_view_name(&self, name: &str, exists: bool, or_replace: bool) -> Result<()> {
+        if exists && !or_replace {
+            return Err(Error::view(
+                &name,
+                format!(
+                    "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
+                 VIEW, or REFRESH MATERIALIZED VIEW {name})"
+                ),
+            ));
+        }
+        if !exists
+            && !self.seen_views().contains_key(name)
+            && self.ctx.table_exist(TableReference::bare(name))?
+        {
+            return Err(Error::view(
+                &name,
+                format!(
+                    "a table named '{name}' exists; a materialized view needs a name of its own"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// After a CREATE of `query` whose first refresh failed: no view, or the one there was (its
@@ -248,7 +224,7 @@ impl Engine {
                     return Ok(());
                 }
             }
-            Err(Error::Usage("its manifest kept changing".into()))
+            Err(Error::view(&name, "its manifest kept changing"))
         }
         .await;
         if let Err(e) = undone {
@@ -294,4 +270,69 @@ fn retire_abandoned(before: &Manifest, query: &str) -> Vec<crate::view::Retired>
         })
     }));
     retired
+}
+
+/// `query` with the files it names made absolute, so that they are the same ones whatever the
+/// working folder of a later refresh, and those files; none may hold credentials.
+fn with_absolute_paths(name: &str, query: &Query) -> Result<(Query, Vec<String>)> {
+    let mut query = query.clone();
+    let mut unusable = None;
+    let mut literals = Vec::new();
+    let _ = datafusion::sql::sqlparser::ast::visit_relations_mut(&mut query, |relation| {
+        use datafusion::sql::sqlparser::ast::ObjectNamePart;
+        if let [ObjectNamePart::Identifier(ident)] = relation.0.as_mut_slice()
+            && ident.quote_style == Some('\'')
+        {
+            match crate::storage::absolute_location(&ident.value) {
+                Ok(absolute) => {
+                    literals.push(absolute.clone());
+                    ident.value = absolute;
+                }
+                Err(e) => unusable = Some(e),
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    if let Some(e) = unusable {
+        return Err(e);
+    }
+    for literal in &literals {
+        crate::view::check::without_credentials(name, literal)?;
+    }
+    Ok((query, literals))
+}
+
+/// The manifest of a new definition kept over `before`, the view's manifest now (`None` where
+/// there is none, or it cannot be read though the view `exists`): its history carried over.
+async fn replacing(
+    mut new: Manifest,
+    before: Option<&Manifest>,
+    exists: bool,
+    manifests: &crate::storage::Manifests,
+) -> Result<Manifest> {
+    if let Some(b) = before {
+        new.created_ms = b.created_ms;
+    }
+    new.refreshed_ms = before.and_then(|b| b.refreshed_ms);
+    new.current = before.and_then(|b| b.current.clone());
+    // A rebuild for the former query is abandoned; one for this query goes on.
+    new.pending = before
+        .and_then(|b| b.pending.clone())
+        .filter(|p| p.query == new.query);
+    new.retired = match before {
+        Some(b) => retire_abandoned(b, &new.query),
+        // What an unreadable manifest held is unknown: every generation folder there is now is
+        // the old view's, retired (a DROP removes them).
+        None if exists => manifests
+            .folders_under("data")
+            .await?
+            .into_iter()
+            .map(|g| crate::view::Retired {
+                path: format!("data/{g}"),
+                at_ms: now_ms(),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(new)
 }

@@ -16,20 +16,7 @@ impl Engine {
         let column = |values: Vec<Option<String>>| Arc::new(StringArray::from(values)) as ArrayRef;
         let totals: Vec<(u64, u64)> = views.iter().map(Manifest::totals).collect();
         let batch = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![
-                Field::new("name", DataType::Utf8, false),
-                Field::new("source", DataType::Utf8, false),
-                Field::new(
-                    "last_refresh",
-                    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-                    true,
-                ),
-                Field::new("input_files", DataType::UInt64, false),
-                Field::new("rows", DataType::UInt64, false),
-                Field::new("state", DataType::Utf8, false),
-                Field::new("query", DataType::Utf8, false),
-                Field::new("failed_inputs", DataType::Utf8, true),
-            ])),
+            views_schema(),
             vec![
                 column(views.iter().map(|v| Some(v.name.clone())).collect()),
                 // A view kept before credentials in its query were refused shows none.
@@ -142,4 +129,22 @@ pub(crate) fn refreshed_batch(r: &Refreshed) -> Result<RecordBatch> {
         Arc::new(Schema::new(fields)),
         columns,
     )?)
+}
+
+/// The columns of SHOW MATERIALIZED VIEWS.
+fn views_schema() -> datafusion::arrow::datatypes::SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new(
+            "last_refresh",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("input_files", DataType::UInt64, false),
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("query", DataType::Utf8, false),
+        Field::new("failed_inputs", DataType::Utf8, true),
+    ]))
 }

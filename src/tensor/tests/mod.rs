@@ -172,7 +172,8 @@ fn out_of_range_values_are_an_error_not_a_wrap() {
         &[big],
         2,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("cannot convert Float64 to Int32"), "{err}");
 }
 
@@ -188,7 +189,8 @@ fn list_rows_of_the_wrong_length_are_rejected() {
         &[Arc::new(list)],
         2,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("row 1 of the batch holds 2 value(s), input 'x' takes 3 per row"),
         "{err}"
@@ -205,7 +207,8 @@ fn null_elements_inside_lists_are_rejected() {
         &[Arc::new(list)],
         1,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("NULL elements inside its lists"), "{err}");
 }
 
@@ -237,7 +240,9 @@ fn binding_packs_scalar_columns_or_takes_one_column_per_input() {
 #[test]
 fn binding_rejects_what_does_not_fit() {
     let one = signature(vec![spec("x", E::Float32, &[-1, 3])]);
-    let err = InputBinding::plan(&one, &[DataType::Float32, DataType::Float32]).unwrap_err();
+    let err = InputBinding::plan(&one, &[DataType::Float32, DataType::Float32])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("input 'x' takes 3 values per row, 2 columns were given"),
         "{err}"
@@ -248,14 +253,17 @@ fn binding_rejects_what_does_not_fit() {
         &one,
         &[DataType::Utf8, DataType::Float32, DataType::Float32],
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("column 1 is Utf8, which cannot be converted to input 'x' (float)"),
         "{err}"
     );
 
     let half = signature(vec![spec("x", E::Float16, &[-1, 2])]);
-    let err = InputBinding::plan(&half, &[DataType::Float32, DataType::Float32]).unwrap_err();
+    let err = InputBinding::plan(&half, &[DataType::Float32, DataType::Float32])
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("element type float16, which batchinfer does not support yet"),
         "{err}"
@@ -326,7 +334,8 @@ fn an_output_without_a_row_per_input_row_is_an_error() {
         &DataType::Float32,
         4,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("expected its first dimension to be the 4 rows of the call"),
         "{err}"

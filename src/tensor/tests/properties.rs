@@ -157,6 +157,7 @@ fn scalar_columns_convert_exactly_or_fail() {
                     prop_assert_eq!(tensor_values(&value, element), expected);
                 }
                 Err(message) => {
+                    let message = message.to_string();
                     entry.1 += 1;
                     prop_assert!(!expected_fit, "refused values that fit: {}", message);
                     prop_assert!(
@@ -208,6 +209,7 @@ proptest! {
                 prop_assert_eq!(value.try_extract_tensor::<f32>().unwrap().1, flat.as_slice());
             }
             Err(message) => {
+                let message = message.to_string();
                 prop_assert!(!fits);
                 prop_assert!(message.contains("value(s), input 'x' takes"), "{}", message);
             }
