@@ -94,6 +94,11 @@ pub(crate) async fn backslash(
         }
         Ok(Command::OutputFormat(None)) => eprintln!("Output format is {:?}.", options.format),
         Ok(cmd) => {
+            if matches!(cmd, Command::ListTables)
+                && let Err(e) = engine.list_tables().await
+            {
+                eprintln!("Error: {}", crate::message::display_error(&e));
+            }
             if let Err(e) = cmd.execute(engine.context(), print).await {
                 eprintln!("Error: {e}");
             }

@@ -20,6 +20,7 @@ use datafusion::prelude::SessionConfig;
 use datafusion_cli::object_storage::AwsOptions;
 
 use crate::config::{BatchInferOptions, EngineConfig};
+use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::rules::ModelCallsOnce;
@@ -61,6 +62,16 @@ pub fn build_context(
     ctx.register_table_options_extension(AwsOptions::default());
     ctx.register_table_options_extension(SqlStoreOptions::<Gcp>::default());
     ctx.register_table_options_extension(SqlStoreOptions::<Azure>::default());
+    // `STORED AS POSTGRES | SQLITE` beside DataFusion's file formats.
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        for (name, factory) in DatabaseFactory::all() {
+            state
+                .table_factories_mut()
+                .insert(name.to_string(), factory);
+        }
+    }
     // After the placement, whose Ballista session upgrade replaces the function list.
     for function in scalar_functions(&registry) {
         ctx.register_udf(function.as_ref().clone());

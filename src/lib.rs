@@ -75,12 +75,15 @@
 //!   (`footer.rs`), and what an object store's error means for a person (`hints.rs`).
 //! - [`view`]: materialized views: the manifest of what a view holds (`mod.rs`), what a refresh
 //!   has to do (`plan.rs`), the queries a view may have (`check.rs`), the files a view may read
-//!   (its own, of their recorded sizes: `files.rs`); the engine runs them
-//!   (`engine/views.rs`, `engine/refresh.rs`), the manifests commit in storage (`manifest.rs`).
+//!   (its own, of their recorded sizes: `files.rs`, which also makes a view's table); the engine
+//!   runs them (`engine/views/`, `engine/refresh/`), the manifests commit in storage
+//!   (`storage/manifest.rs`).
 //! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
-//!   (a folder or a prefix in S3, Google Cloud Storage or Azure).
+//!   (a folder or a prefix in S3, Google Cloud Storage or Azure); the session's default schema
+//!   over it (`schema.rs`: tables and views looked up by name when a statement names them, the
+//!   tables a process registers itself first).
 //! - [`error`]: the crate's error type, and panics reported as errors; [`message`]: an error as a
-//!   person reads it.
+//!   person reads it, and warnings said once.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 

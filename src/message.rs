@@ -48,3 +48,18 @@ fn display_datafusion_error(err: &DataFusionError) -> String {
         _ => err.strip_backtrace(),
     }
 }
+
+/// Warnings said once each on standard error (a table that cannot be read is named at the
+/// first statement that meets it, not at every one).
+#[derive(Debug, Default)]
+pub struct Warnings(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl Warnings {
+    /// Says `warning` on standard error, unless it was said before.
+    pub fn say_once(&self, warning: String) {
+        let mut said = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if said.insert(warning.clone()) {
+            eprintln!("warning: {warning}");
+        }
+    }
+}

@@ -64,7 +64,7 @@ pub fn count(
     let over = budget
         .exceeded(tally.scored, tally.failed)
         .then(|| Error::ErrorBudget {
-            failed: tally.failed as u64,
+            failed: tally.failed,
             budget: budget.to_string(),
             problem: format!(
                 "{} rows failed of {} scored, past batchinfer.max_errors = '{budget}'; nothing is \

@@ -33,7 +33,7 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
     let _running = Running::start();
     if !engine.view_exists(name).await? {
         return Err(Error::view(
-            &name,
+            name,
             format!("there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"),
         ));
     }

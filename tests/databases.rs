@@ -246,6 +246,21 @@ fn postgres_errors_name_the_table_and_server_never_the_password() {
     );
     let err = assert_failure(&out, &["'c'", "nosuch", "no such table"]);
     assert!(!err.contains(PASSWORD), "{err}");
+    // Created by the session's table factory, which the password reaches; neither an EXPLAIN
+    // of the statement nor what the session says of its tables shows it.
+    let create = format!(
+        "CREATE EXTERNAL TABLE c STORED AS POSTGRES LOCATION 'customers' {}",
+        pg.options()
+    );
+    let out = run(
+        batchinfer(),
+        &format!(
+            "EXPLAIN {create}; {create}; SELECT count(*) AS n FROM c;              SELECT * FROM information_schema.tables; SHOW COLUMNS FROM c"
+        ),
+    );
+    let shown = format!("{}{}", assert_ok(&out), common::stderr(&out));
+    assert!(shown.contains("CreateExternalTable"), "{shown}");
+    assert!(!shown.contains(PASSWORD), "{shown}");
     let out = run(
         batchinfer(),
         &format!(

@@ -13,9 +13,10 @@
 //! needs cross the connection. An `INSERT INTO` such a table runs in one transaction: a statement
 //! that fails leaves the table as it was.
 //!
-//! The engine creates these tables itself (`Engine::create_database_table`) before the
-//! statement's secrets are blanked: the password is used to connect, then kept only by the
-//! connection pool, never in a plan, a table definition or a message.
+//! The session creates these tables through its table factories ([`DatabaseFactory`], as
+//! DataFusion creates any external table). The password is used to connect, then kept only by
+//! the connection pool: the statement's text (in rejects, progress lines and messages) and an
+//! EXPLAIN of it show it blanked, and no table definition or message carries it.
 
 mod postgres;
 mod rows;
@@ -25,7 +26,8 @@ mod sqlite_insert;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::catalog::TableProvider;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
 use datafusion::common::TableReference;
 use datafusion::logical_expr::CreateExternalTable;
 
@@ -53,6 +55,32 @@ impl Database {
             Database::Postgres => "PostgreSQL",
             Database::Sqlite => "SQLite",
         }
+    }
+}
+
+/// `STORED AS POSTGRES | POSTGRESQL | SQLITE`, among the session's table factories.
+#[derive(Debug)]
+pub struct DatabaseFactory(pub Database);
+
+impl DatabaseFactory {
+    /// The factories of the session, by the name `STORED AS` gives them.
+    pub fn all() -> Vec<(&'static str, Arc<dyn TableProviderFactory>)> {
+        vec![
+            ("POSTGRES", Arc::new(DatabaseFactory(Database::Postgres))),
+            ("POSTGRESQL", Arc::new(DatabaseFactory(Database::Postgres))),
+            ("SQLITE", Arc::new(DatabaseFactory(Database::Sqlite))),
+        ]
+    }
+}
+
+#[async_trait]
+impl TableProviderFactory for DatabaseFactory {
+    async fn create(
+        &self,
+        _: &dyn Session,
+        create: &CreateExternalTable,
+    ) -> datafusion::error::Result<Arc<dyn TableProvider>> {
+        Ok(table(self.0, create).await?)
     }
 }
 
@@ -127,7 +155,7 @@ fn without(text: &str, secrets: &[&str]) -> String {
 /// An option no database of this kind takes.
 fn unknown_option(database: Database, key: &str, known: &[&str]) -> Error {
     Error::setting(
-        &key,
+        key,
         format!(
             "{} tables take no option '{key}' (they take {})",
             database.name(),

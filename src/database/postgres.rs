@@ -94,7 +94,7 @@ impl Settings {
                 .contains(|c: char| c.is_whitespace() || c == '\'' || c == '"')
             {
                 return Err(Error::setting(
-                    &key,
+                    key,
                     format!(
                         "the PostgreSQL setting '{key}' has a space or a quote, which the connection \
                      cannot take"
@@ -216,7 +216,7 @@ pub(super) async fn table(
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         Error::database(
             "PostgreSQL",
-            &name,
+            name,
             without(
                 &format!(
                     "PostgreSQL table '{name}' ({reference} at {}): {what}: {e}",
@@ -230,7 +230,7 @@ pub(super) async fn table(
     if declared && reference.schema().is_some() {
         return Err(Error::database(
             "PostgreSQL",
-            &name,
+            name,
             format!(
                 "PostgreSQL table '{name}': a table with declared columns is created in the search \
              path's schema, so its LOCATION names no schema ('{}'); create it in '{reference}' \

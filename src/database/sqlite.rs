@@ -37,7 +37,7 @@ pub(super) async fn table(
     if !create.schema.fields().is_empty() {
         return Err(Error::database(
             "SQLite",
-            &name,
+            name,
             format!(
                 "SQLite table '{name}': its columns are read from the database; create the table \
              there (sqlite3) and leave them out"
@@ -48,7 +48,7 @@ pub(super) async fn table(
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         Error::database(
             "SQLite",
-            &name,
+            name,
             format!(
                 "SQLite table '{name}' ({reference} in {}): {what}: {e}",
                 path.display()
@@ -106,7 +106,7 @@ fn database_file(name: &str, create: &CreateExternalTable) -> Result<std::path::
     let path = crate::storage::local_path(location)?.ok_or_else(|| {
         Error::database(
             "SQLite",
-            &name,
+            name,
             format!(
                 "SQLite table '{name}': LOCATION '{}' is not a file of this machine (a SQLite \
              database is a local file)",
@@ -119,7 +119,7 @@ fn database_file(name: &str, create: &CreateExternalTable) -> Result<std::path::
         Ok(_) => {
             return Err(Error::database(
                 "SQLite",
-                &name,
+                name,
                 format!(
                     "SQLite table '{name}': {} is not a regular file",
                     path.display()

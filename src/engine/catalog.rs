@@ -92,7 +92,7 @@ impl Engine {
             .source(name)
             .map_or_else(String::new, |s| format!(" ({s})"));
         Err(Error::model(
-            &name,
+            name,
             format!(
                 "model '{name}' is a file of --models{file}: every process reads it again, so it is \
              not redefined or dropped by a statement; replace or remove the file, or CREATE MODEL \
@@ -225,84 +225,23 @@ impl Engine {
         )
     }
 
-    /// Brings the warehouse's tables up to what is there now, as other processes may have
-    /// changed them: a table created elsewhere is registered, one dropped elsewhere forgotten,
-    /// and the files of every table listed again (one replaced elsewhere is read from its new
-    /// files). A table that cannot be read is left out, with a warning, and the others kept.
-    pub(super) async fn refresh_tables(&self) -> Result<()> {
-        let Some(warehouse) = &self.warehouse else {
-            return Ok(());
-        };
-        if !self
-            .seen
-            .tables_attached
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Ok(());
-        }
-        if let Some(listings) = self.ctx.runtime_env().cache_manager.get_list_files_cache() {
-            listings.clear();
-        }
-        // One listing per statement; a new table's folder is looked into once it is seen.
-        let names: BTreeSet<String> = warehouse.table_folders().await?.into_iter().collect();
-        let seen: Vec<(String, Option<String>)> = self
-            .seen_tables()
-            .iter()
-            .map(|(name, version)| (name.clone(), version.clone()))
-            .collect();
-        for (name, version) in &seen {
-            let now = match names.contains(name) {
-                true => warehouse.table_version(name).await?,
-                false => None,
-            };
-            if now.is_some() && now == *version {
-                continue;
-            }
-            // Dropped elsewhere, or created again or replaced (perhaps with other columns):
-            // forgotten, and registered again below from what is there now.
-            if self.is_warehouse_table(warehouse, name).await? {
-                self.ctx
-                    .deregister_table(TableReference::bare(name.as_str()))?;
-            }
-            self.seen_tables().remove(name);
-        }
-        let seen: BTreeSet<String> = self.seen_tables().keys().cloned().collect();
-        for name in names.iter().filter(|n| !seen.contains(*n)) {
-            // An external table of that name, registered by this process, stays.
-            if self.ctx.table_exist(TableReference::bare(name.as_str()))?
-                || !warehouse.table_is_complete(name).await?
-            {
-                continue;
-            }
-            let version = warehouse.table_version(name).await?;
-            let registered = self
-                .ctx
-                .register_parquet(
-                    TableReference::bare(name.as_str()),
-                    &warehouse.table_location(name)?,
-                    ParquetReadOptions::default(),
-                )
-                .await;
-            match registered {
-                Ok(()) => {
-                    self.seen_tables().insert(name.clone(), version);
-                }
-                Err(e) => {
-                    let warning = format!(
-                        "the warehouse's table '{name}' cannot be read and is left out: {}",
-                        display_error(&e.into())
-                    );
-                    self.seen.warn_once(warning);
-                }
+    /// What `name` names in the session's default schema now (a table this process
+    /// registered, a warehouse table or view), if anything.
+    pub(super) async fn table_kind(&self, name: &str) -> Result<Option<Kind>> {
+        match &self.seen.tables {
+            Some(schema) => schema.kind(name).await,
+            None => {
+                Ok((self.ctx.table_exist(TableReference::bare(name))?).then_some(Kind::Registered))
             }
         }
-        self.register_views().await
     }
 
-    pub(super) fn seen_tables(
-        &self,
-    ) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
-        self.seen.tables.lock().unwrap_or_else(|p| p.into_inner())
+    /// Lists the warehouse's tables and views for a statement that asks for every name.
+    pub async fn list_tables(&self) -> Result<()> {
+        match &self.seen.tables {
+            Some(schema) => schema.list().await,
+            None => Ok(()),
+        }
     }
 
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
@@ -360,7 +299,7 @@ pub(super) async fn model_source(
     match stores.file_or_folder(url.url(), "model.onnx").await? {
         Some(file) => Ok(ModelSource::from_url(file)),
         None => Err(Error::model(
-            &name,
+            name,
             format!(
                 "model '{name}': no model at '{source}': expected an .onnx file or a folder holding \
              model.onnx; {url} does not exist, or is a folder without model.onnx"
@@ -370,7 +309,7 @@ pub(super) async fn model_source(
 }
 
 /// What a process has seen of the warehouse's catalog, kept so that each statement registers
-/// only what changed, and says each warning once.
+/// only the models that changed, and says each warning once.
 #[derive(Default)]
 pub(super) struct Seen {
     /// The models of `--models`: files, which every process reads again, so not redefined by
@@ -379,17 +318,11 @@ pub(super) struct Seen {
     /// The warehouse's model definitions as this process last read or wrote them.
     pub(super) models: Mutex<BTreeMap<String, Definition>>,
     /// The warnings of model definitions already given.
-    pub(super) warned: Mutex<BTreeSet<String>>,
+    pub(super) warned: Warnings,
     /// Set once the warehouse has been opened: its legacy layout moved.
     pub(super) opened: tokio::sync::OnceCell<()>,
-    /// Whether the warehouse's tables are registered by name ([`Engine::open`]), and kept up
-    /// to date before each statement.
-    pub(super) tables_attached: std::sync::atomic::AtomicBool,
-    /// The warehouse tables registered by name, with the version each was registered at
-    /// ([`crate::storage::Tables::version`]).
-    pub(super) tables: Mutex<BTreeMap<String, Option<String>>>,
-    /// The materialized views registered by name, with the manifest version of each.
-    pub(super) views: Mutex<BTreeMap<String, String>>,
+    /// The session's default schema, over the warehouse's tables and views (with a warehouse).
+    pub(super) tables: Option<Arc<WarehouseSchema>>,
     /// The file version of each `--models` model a refresh used, as first seen.
     pub(super) folder_versions: Mutex<BTreeMap<String, Option<String>>>,
 }
@@ -397,9 +330,6 @@ pub(super) struct Seen {
 impl Seen {
     /// Says `warning` on standard error, unless it was said before.
     pub(super) fn warn_once(&self, warning: String) {
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        if warned.insert(warning.clone()) {
-            eprintln!("warning: {warning}");
-        }
+        self.warned.say_once(warning);
     }
 }

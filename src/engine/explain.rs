@@ -69,7 +69,7 @@ impl Engine {
                 return e;
             }
             return Error::view(
-                &name,
+                name,
                 format!(
                     "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
                  its manifest cannot be read): REFRESH MATERIALIZED VIEW {name}"
@@ -86,8 +86,8 @@ impl Engine {
         };
         match self.registry.stores().why_nothing_at(name).await {
             Ok(None) => err.into(),
-            Ok(Some(why)) => Error::location(&name, why),
-            Err(e) => Error::location(&name, format!("cannot read {name}: {}", display_error(&e))),
+            Ok(Some(why)) => Error::location(name, why),
+            Err(e) => Error::location(name, format!("cannot read {name}: {}", display_error(&e))),
         }
     }
 }

@@ -27,7 +27,7 @@ use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
-use datafusion::prelude::ParquetReadOptions;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
     ObjectName, ObjectType, Statement as SQLStatement, Value as SqlValue,
@@ -38,13 +38,14 @@ use crate::cluster::Placement;
 use crate::config::{BatchInferOptions, EngineConfig};
 use crate::context::build_context;
 use crate::error::{Error, Result};
-use crate::message::display_error;
+use crate::message::{Warnings, display_error};
 use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statement_context::StatementContext;
 use crate::statements::{ModelStatement, Statement, parse};
 use crate::storage::{StoreRegistry, is_object_store_url, location_url};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
+use crate::warehouse::schema::{Kind, WarehouseSchema};
 use crate::warehouse::{Definition, Warehouse, check_name};
 use catalog::Seen;
 
@@ -98,6 +99,10 @@ impl Engine {
         let ctx = build_context(&config, registry.clone(), tables.clone(), |state| {
             placement.finish(state)
         })?;
+        let schema = match &warehouse {
+            Some(warehouse) => Some(warehouse_schema(&ctx, warehouse)?),
+            None => None,
+        };
         Ok(Engine {
             ctx,
             placement,
@@ -108,23 +113,20 @@ impl Engine {
             warehouse,
             seen: Seen {
                 folder_models,
+                tables: schema,
                 ..Seen::default()
             },
         })
     }
 
-    /// [`Engine::new`], with the warehouse's tables registered by name.
+    /// [`Engine::new`], with the warehouse's models read and what interrupted writes left of
+    /// its tables removed.
     pub async fn open(config: EngineConfig) -> Result<Self> {
         let engine = Self::new(config)?;
         engine.refresh_models().await?;
         if let Some(warehouse) = &engine.warehouse {
             warehouse.remove_abandoned();
         }
-        engine
-            .seen
-            .tables_attached
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        engine.refresh_tables().await?;
         Ok(engine)
     }
 
@@ -211,7 +213,11 @@ impl Engine {
         });
         crate::storage::footer::set_max_footer_bytes(self.batchinfer_options().max_footer_bytes);
         self.refresh_models().await?;
-        self.refresh_tables().await?;
+        // The files of a table are listed again by each statement (one replaced or added to
+        // elsewhere is read as it is now).
+        if let Some(listings) = self.ctx.runtime_env().cache_manager.get_list_files_cache() {
+            listings.clear();
+        }
         self.placement.share_models(&self.ctx, &self.registry)
     }
 
@@ -233,25 +239,26 @@ impl Engine {
         }
     }
 
-    /// `CREATE EXTERNAL TABLE ... STORED AS POSTGRES | SQLITE`: connected before the statement
-    /// could be printed anywhere, so that its password is used and never shown.
-    async fn create_database_table(
+    /// CREATE EXTERNAL TABLE, of every kind (files, PostgreSQL, SQLite), by the session's table
+    /// factories: the new table is made before the one it replaces (OR REPLACE) is
+    /// deregistered, so that one that fails to connect or to read leaves the old one.
+    async fn create_external_table(
         &self,
-        database: crate::database::Database,
-        statement: DFStatement,
+        create: &datafusion::logical_expr::CreateExternalTable,
     ) -> Result<DataFrame> {
-        use datafusion::logical_expr::{DdlStatement, LogicalPlan};
-        self.placement
-            .reads_databases(&format!("a {} table", database.name()))?;
-        let plan = self.ctx.state().statement_to_plan(statement).await?;
-        let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) = plan else {
-            return Err(Error::Statement(format!(
-                "not a {} table definition",
-                database.name()
-            )));
-        };
+        if let Some(database) = crate::database::Database::of(&create.file_type) {
+            self.placement
+                .reads_databases(&format!("a {} table", database.name()))?;
+        }
         let name = create.name.clone();
-        if self.ctx.table_exist(name.clone())? {
+        if create.temporary {
+            return Err(Error::table(&name, "temporary tables are not supported"));
+        }
+        let exists = match &name {
+            TableReference::Bare { table } => self.table_kind(table).await?.is_some(),
+            _ => self.ctx.table_exist(name.clone())?,
+        };
+        if exists {
             if create.if_not_exists {
                 return Ok(self.ctx.read_empty()?.limit(0, Some(0))?);
             }
@@ -264,18 +271,21 @@ impl Engine {
                 ));
             }
         }
-        let provider = crate::database::table(database, &create).await?;
+        let state = self.ctx.state();
+        let kind = create.file_type.to_ascii_uppercase();
+        let Some(factory) = state.table_factories().get(&kind) else {
+            return Err(Error::table(
+                &name,
+                format!("table '{name}': no table is STORED AS {}", create.file_type),
+            ));
+        };
+        let provider = factory.create(&state, create).await?;
         self.ctx.deregister_table(name.clone())?;
         self.ctx.register_table(name, provider)?;
         Ok(self.ctx.read_empty()?.limit(0, Some(0))?)
     }
 
     async fn run_sql(&self, mut statement: DFStatement) -> Result<DataFrame> {
-        if let DFStatement::CreateExternalTable(create) = &statement
-            && let Some(database) = crate::database::Database::of(&create.file_type)
-        {
-            return self.create_database_table(database, statement).await;
-        }
         let connected = self.connect_stores(&mut statement)?;
         let result = self.run_connected(statement).await;
         if result.is_err() {
@@ -290,10 +300,8 @@ impl Engine {
     async fn run_connected(&self, statement: DFStatement) -> Result<DataFrame> {
         self.tag_statement(&statement)?;
         // The views it reads answer with all of their rows, or the statement fails.
-        let mut read: Vec<String> = self
-            .ctx
-            .state()
-            .resolve_table_references(&statement)?
+        let references = self.ctx.state().resolve_table_references(&statement)?;
+        let mut read: Vec<String> = references
             .iter()
             // Views are registered in the default schema: `v`, `public.v`, `datafusion.public.v`.
             .filter(|t| {
@@ -302,6 +310,9 @@ impl Engine {
             })
             .map(|t| t.table().to_string())
             .collect();
+        if asks_for_names(&statement, &references) {
+            self.list_tables().await?;
+        }
         read.extend(tables_named(&statement));
         read.sort();
         read.dedup();
@@ -370,7 +381,9 @@ impl Engine {
         }
         let df = self.execute(statement).await?;
         for name in owned {
-            self.seen_tables().remove(&name);
+            if let Some(schema) = &self.seen.tables {
+                schema.forget(&name);
+            }
             warehouse.remove_table(&name).await?;
         }
         Ok(df)
@@ -384,6 +397,9 @@ impl Engine {
             Ok(plan) => plan,
             Err(e) => return Err(self.explain_missing_table(e).await),
         };
+        if let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) = &plan {
+            return self.create_external_table(create).await;
+        }
         // Again now that planning loaded the query's models: with their hashes.
         self.placement.share_models(&self.ctx, &self.registry)?;
         Ok(self.ctx.execute_logical_plan(plan).await?)
@@ -394,6 +410,37 @@ impl Engine {
             .results
             .read_batch(RecordBatch::new_empty(Arc::new(Schema::empty())))?)
     }
+}
+
+/// The session's default schema made the warehouse's ([`WarehouseSchema`]).
+fn warehouse_schema(ctx: &SessionContext, warehouse: &Warehouse) -> Result<Arc<WarehouseSchema>> {
+    let state = ctx.state();
+    let names = &state.config().options().catalog;
+    let catalog = ctx
+        .catalog(&names.default_catalog)
+        .ok_or_else(|| Error::Internal(format!("no catalog '{}'", names.default_catalog)))?;
+    let schema = Arc::new(WarehouseSchema::new(
+        warehouse.clone(),
+        ctx.state_weak_ref(),
+    ));
+    catalog.register_schema(&names.default_schema, schema.clone())?;
+    Ok(schema)
+}
+
+/// Whether planning `statement` asks for the name of every table (`SHOW TABLES`,
+/// `information_schema`) or whether a name is taken (the DDL of external tables and views).
+fn asks_for_names(statement: &DFStatement, references: &[TableReference]) -> bool {
+    let ddl = match statement {
+        DFStatement::CreateExternalTable(_) => true,
+        DFStatement::Statement(s) => matches!(
+            s.as_ref(),
+            SQLStatement::CreateView { .. } | SQLStatement::CreateTable(_)
+        ),
+        _ => false,
+    };
+    ddl || references
+        .iter()
+        .any(|t| t.schema() == Some("information_schema"))
 }
 
 /// A warehouse table's name: without schema, normalized as DataFusion does (lower case unless
@@ -416,7 +463,7 @@ fn object_name(kind: &str, name: &ObjectName) -> Result<String> {
             Ok(name)
         }
         _ => Err(Error::table(
-            &name,
+            name,
             format!("a warehouse {kind} is named without a schema, not '{name}'"),
         )),
     }

@@ -26,6 +26,10 @@ impl Engine {
                     blank_table_passwords(query.as_mut());
                 }
             }
+            // A database table's options are for its factory: the password connects it
+            // (the statement's text and an EXPLAIN of it show it blanked: [`shown`]).
+            DFStatement::CreateExternalTable(table)
+                if crate::database::Database::of(&table.file_type).is_some() => {}
             DFStatement::CreateExternalTable(table) => {
                 for location in &table.locations {
                     connected.extend(self.connect_with_options(location, &table.options)?);
@@ -36,7 +40,10 @@ impl Engine {
                 }
             }
             DFStatement::Explain(explain) => {
-                connected.extend(self.connect_stores(&mut explain.statement)?)
+                connected.extend(self.connect_stores(&mut explain.statement)?);
+                if let DFStatement::CreateExternalTable(table) = explain.statement.as_mut() {
+                    redact(&mut table.options);
+                }
             }
             DFStatement::Statement(s) => blank_table_passwords(s.as_mut()),
             _ => {}
@@ -62,6 +69,19 @@ impl Engine {
             return Ok(None);
         }
         self.registry.stores().connect_with(location, &store)
+    }
+}
+
+/// The text of `statement` as it may be shown (kept with its rejects, in progress lines and
+/// messages): with the secrets of a table definition's options blanked.
+pub(super) fn shown(statement: &DFStatement) -> String {
+    match statement {
+        DFStatement::CreateExternalTable(table) => {
+            let mut table = table.clone();
+            redact(&mut table.options);
+            DFStatement::CreateExternalTable(table).to_string()
+        }
+        other => other.to_string(),
     }
 }
 

@@ -26,7 +26,7 @@ impl Engine {
     ) -> Result<(Model, String)> {
         let Some(warehouse) = &self.warehouse else {
             return Err(Error::model(
-                &name,
+                name,
                 format!(
                     "model '{name}': OPTIONS ('quantize' ...) keeps the quantized model in the \
                  warehouse, and this engine has none (start it with --warehouse)"

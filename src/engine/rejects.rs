@@ -17,7 +17,7 @@ impl Engine {
     /// Tags the statement about to be planned: a new id, its text (secrets already blanked), and
     /// the rejects location made absolute (the warehouse's `rejects/` unless set).
     pub(super) fn tag_statement(&self, statement: &DFStatement) -> Result<()> {
-        self.tag_text(statement.to_string())
+        self.tag_text(super::options::shown(statement))
     }
 
     /// [`Engine::tag_statement`] for a statement given as text (a view's refresh).
@@ -182,7 +182,7 @@ impl Engine {
         let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
         if rejected > most {
             return Err(Error::ErrorBudget {
-                failed: rejected as u64,
+                failed: rejected,
                 budget: most.to_string(),
                 problem: format!(
                     "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \

@@ -196,7 +196,7 @@ impl Engine {
                 format!("'{name}' is a materialized view; a table needs a name of its own"),
             ));
         }
-        if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
+        if self.table_kind(&name).await?.is_some() {
             if ct.if_not_exists {
                 return self.empty();
             }
@@ -241,17 +241,11 @@ impl Engine {
             return Err(e);
         }
         table.commit(empty_file).await?;
-        if self.ctx.table_exist(TableReference::bare(name.as_str()))? {
-            self.ctx
-                .deregister_table(TableReference::bare(name.as_str()))?;
-        }
-        // With the schema the statement wrote: nothing is listed or read to register it, so
-        // another process replacing the table meanwhile cannot fail a statement that committed.
         let table = listing_table(&warehouse.table_location(&name)?, schema)?;
-        self.ctx
-            .register_table(TableReference::bare(name.as_str()), table)?;
         let version = warehouse.table_version(&name).await?;
-        self.seen_tables().insert(name.clone(), version);
+        if let Some(tables) = &self.seen.tables {
+            tables.written(&name, version, table);
+        }
         self.rows_written(&written)
     }
 

@@ -267,7 +267,7 @@ fn build_session(
     options: SessionOptions,
 ) -> crate::error::Result<Session> {
     let device = options.device;
-    let env = device.environment().map_err(crate::error::Error::from)?;
+    let env = device.environment()?;
     let build = || -> ort::Result<Session> {
         let mut builder = Session::builder(env)?
             .with_optimization_level(match options.optimization {

@@ -37,7 +37,7 @@ impl ModelSource {
     /// A path or a URL, as written in `CREATE MODEL ... FROM`, `--models` or a warehouse model
     /// definition (a relative path is made absolute).
     pub fn parse(location: &str) -> crate::error::Result<Self> {
-        let url = location_url(location).map_err(crate::error::Error::from)?;
+        let url = location_url(location)?;
         let shown = match url.scheme() {
             "file" if !location.starts_with("file:") => location.to_string(),
             _ => crate::storage::display_location(&url),

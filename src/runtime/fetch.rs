@@ -253,6 +253,5 @@ pub(crate) fn download(url: &str) -> crate::error::Result<Vec<u8>> {
             .await
             .map_err(|e| Error::Library(e.to_string()))?;
         Ok(bytes.to_vec())
-    })
-    .map_err(Error::from)?
+    })?
 }

@@ -73,8 +73,8 @@ pub(crate) fn loaded() -> std::sync::MutexGuard<'static, Option<(&'static Enviro
 /// The CUDA build (the CUDA libraries it links against already loaded: see
 /// [`crate::device`]).
 pub(crate) fn load_cuda() -> crate::error::Result<&'static Environment> {
-    let path = cuda_library_path().map_err(Error::from)?;
-    load(&path).map_err(Error::from)
+    let path = cuda_library_path()?;
+    load(&path)
 }
 
 /// Loads the library at `path` as the process's environment.

@@ -107,7 +107,7 @@ impl StoreOptions {
         };
         let unknown = |store: &str| {
             Error::setting(
-                &key,
+                key,
                 format!(
                     "'{key}' is not a {store} setting batchinfer knows (object_store's \
                  configuration keys, e.g. {})",

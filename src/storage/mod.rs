@@ -434,7 +434,7 @@ pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<O
             }
             tokio::task::spawn_blocking(move || read_capped(&file, cap))
                 .await
-                .map_err(|e| Error::location(&path, format!("reading {path}: {e}")))?
+                .map_err(|e| Error::location(path, format!("reading {path}: {e}")))?
         }
         _ => read_body(store.inner().as_ref(), path, path.as_ref(), cap).await,
     };

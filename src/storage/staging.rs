@@ -39,10 +39,10 @@ impl StagedOutput {
         // On the path as it is encoded: its parts stay as they are, none encoded twice.
         let path = object_path(&url)?;
         let (folder, name) = path.as_ref().rsplit_once('/').ok_or_else(|| {
-            Error::location(&target, format!("'{target}' names no file or folder"))
+            Error::location(target, format!("'{target}' names no file or folder"))
         })?;
         let unusable =
-            |e: object_store::path::Error| Error::location(&target, format!("'{target}': {e}"));
+            |e: object_store::path::Error| Error::location(target, format!("'{target}': {e}"));
         let parent = Path::parse(folder).map_err(unusable)?;
         let staging = Path::parse(format!(
             "{folder}/.batchinfer-staging-{}-{}",
@@ -54,7 +54,7 @@ impl StagedOutput {
         let location = if url.scheme() == "file" {
             let local = LocalFileSystem::new()
                 .path_to_filesystem(&staged)
-                .map_err(|e| Error::location(&target, format!("'{target}': {e}")))?;
+                .map_err(|e| Error::location(target, format!("'{target}': {e}")))?;
             format!("{}{suffix}", local.display())
         } else {
             let mut location = url.clone();

@@ -56,7 +56,7 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
     match problem {
         None => Ok(()),
         Some(why) => Err(Error::setting(
-            &name,
+            name,
             format!(
                 "{kind} name {name:?} is not usable: {why}; {kind} names are letters, digits, '_' \
              and '-' (at most {MAX_NAME_BYTES} bytes)"
@@ -125,7 +125,7 @@ impl Tables {
     pub fn new(store: Arc<CommitStore>, root: &Url) -> Result<Self> {
         let url = root
             .join("tables/")
-            .map_err(|e| Error::warehouse(&root, format!("{root}tables/: {e}")))?;
+            .map_err(|e| Error::warehouse(root, format!("{root}tables/: {e}")))?;
         let prefix = object_path(&url)?;
         Ok(Tables { store, url, prefix })
     }
@@ -134,7 +134,7 @@ impl Tables {
         check_name("table", name)?;
         self.url
             .join(&format!("{name}/"))
-            .map_err(|e| Error::table(&name, format!("{}{name}/: {e}", self.url)))
+            .map_err(|e| Error::table(name, format!("{}{name}/: {e}", self.url)))
     }
 
     /// Where table `name`'s files are, as a listing-table location (`.../tables/NAME/`).

@@ -22,7 +22,7 @@ pub fn without_credentials(name: &str, location: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::view(
-        &name,
+        name,
         format!(
             "materialized view '{name}': it reads a URL with a password or a token in it \
          ({blanked}); a view keeps its query, so its credentials cannot be in it: write the \
@@ -158,7 +158,7 @@ impl Source {
 pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
     let refuse = |what: &str| {
         Error::view(
-            &view,
+            view,
             format!(
                 "materialized view '{view}' must be computed row by row from one set of files, so \
              that new files can be scored alone; its query has {what}. Use CREATE TABLE {view} \
@@ -194,7 +194,7 @@ pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
     };
     if !listing.options().table_partition_cols.is_empty() {
         return Err(Error::view(
-            &view,
+            view,
             format!(
                 "materialized view '{view}': '{}' is partitioned by folder names, which a view's \
              source cannot be yet; name its files by a glob instead",
@@ -284,7 +284,7 @@ pub fn source_table(
         .iter()
         .map(|(url, glob)| {
             let parsed = url::Url::parse(url)
-                .map_err(|e| Error::warehouse(&url, format!("a view's source {url}: {e}")))?;
+                .map_err(|e| Error::warehouse(url, format!("a view's source {url}: {e}")))?;
             let path = ListingTableUrl::try_new(parsed, None)?;
             Ok(match glob {
                 Some(glob) => path.with_glob(glob)?,

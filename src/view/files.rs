@@ -52,7 +52,7 @@ pub fn check_paths(view: &str, generation: &Generation) -> Result<()> {
     {
         None => Ok(()),
         Some(file) => Err(Error::view(
-            &view,
+            view,
             format!(
                 "materialized view '{view}': its manifest lists the file '{}', which is not one of \
              the view's own (data/{}/UNIT/FILE); the manifest was changed by hand or is \
@@ -84,7 +84,7 @@ pub fn check_present(
         Some(size) => format!("is {size} bytes, not the {} it was written with", file.size),
     };
     Err(Error::view(
-        &view,
+        view,
         format!(
             "materialized view '{view}': {} of its files {what} ({}{}), so it cannot answer with \
          all of its rows; REFRESH MATERIALIZED VIEW {view} scores the input files of the \
@@ -98,6 +98,41 @@ pub fn check_present(
             if lost.len() > 1 { ", and others" } else { "" },
         ),
     ))
+}
+
+/// The rows of `generation`: the files it lists under the view's folder, with its schema; a
+/// manifest listing any other file is refused ([`check_paths`]).
+pub fn table(
+    name: &str,
+    folder: &url::Url,
+    generation: &Generation,
+) -> Result<std::sync::Arc<dyn datafusion::catalog::TableProvider>> {
+    use datafusion::datasource::empty::EmptyTable;
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::{
+        ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+    };
+    use std::sync::Arc;
+    check_paths(name, generation)?;
+    let schema = generation.schema()?;
+    let paths = generation
+        .files()
+        .map(|f| {
+            let url = folder
+                .join(&f.path)
+                .map_err(|e| Error::Internal(format!("{}: {e}", f.path)))?;
+            Ok(ListingTableUrl::try_new(url, None)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if paths.is_empty() {
+        return Ok(Arc::new(EmptyTable::new(schema)));
+    }
+    let options =
+        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(paths)
+        .with_listing_options(options)
+        .with_schema(schema);
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 #[cfg(test)]

@@ -167,12 +167,11 @@ impl Manifest {
     }
 
     pub fn from_bytes(bytes: &[u8], shown: &str) -> Result<Self> {
-        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| {
-            Error::warehouse(&shown, format!("{shown} is not a view manifest: {e}"))
-        })?;
+        let manifest: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| Error::warehouse(shown, format!("{shown} is not a view manifest: {e}")))?;
         if manifest.format != FORMAT {
             return Err(Error::warehouse(
-                &shown,
+                shown,
                 format!(
                     "{shown} has format {}; this batchinfer reads format {FORMAT}",
                     manifest.format

@@ -147,7 +147,7 @@ impl Engine {
         }
         if !work.is_empty() {
             return Err(Error::view(
-                &name,
+                name,
                 format!(
                     "materialized view '{name}' kept changing under this refresh (other refreshes \
                  committed meanwhile); run REFRESH again"
@@ -354,7 +354,7 @@ impl Engine {
             (Some(Statement::Sql(statement)), true) => *statement,
             _ => {
                 return Err(Error::view(
-                    &name,
+                    name,
                     format!(
                         "materialized view '{name}' has a query that is not one statement: {query}"
                     ),

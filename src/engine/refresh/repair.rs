@@ -172,7 +172,7 @@ pub(super) fn check_rebuild_loses_nothing(
         return Ok(());
     }
     Err(Error::view(
-        &name,
+        name,
         format!(
             "materialized view '{name}': its rebuild cannot read {} input file(s) whose rows the view \
          serves now, so it keeps its current rows ({}); fix or remove them and REFRESH again",

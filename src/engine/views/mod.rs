@@ -4,15 +4,12 @@
 
 use datafusion::arrow::array::{ArrayRef, StringArray, TimestampMillisecondArray, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
-use datafusion::catalog::TableProvider;
-use datafusion::datasource::empty::EmptyTable;
-use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::sql::sqlparser::ast::Query;
 
 use super::refresh::Refreshed;
 use super::*;
 use crate::statements::ViewStatement;
-use crate::view::{Generation, Manifest, newest_view, now_ms};
+use crate::view::{Manifest, newest_view, now_ms};
 
 mod registered;
 mod show;
@@ -35,7 +32,6 @@ impl Engine {
             }
             ViewStatement::Refresh { name } => {
                 let refreshed = self.refresh_view(&object_name("view", &name)?).await?;
-                self.register_views().await?;
                 Ok(self.results.read_batch(refreshed_batch(&refreshed)?)?)
             }
             ViewStatement::Show => self.show_views().await,
@@ -59,7 +55,7 @@ impl Engine {
                     return self.empty();
                 }
                 return Err(Error::view(
-                    &name,
+                    name,
                     format!("there is no materialized view '{name}'"),
                 ));
             };
@@ -71,7 +67,6 @@ impl Engine {
                 );
             }
         };
-        self.forget_view(name)?;
         warehouse
             .remove_view_data(name, version, dropped.as_ref())
             .await?;
@@ -84,7 +79,6 @@ impl Engine {
         crate::warehouse::check_name("view", name)?;
         self.before_statement().await?;
         let refreshed = self.refresh_view(name).await?;
-        self.register_views().await?;
         Ok(refreshed)
     }
 
@@ -104,7 +98,7 @@ impl Engine {
         if exists && if_not_exists {
             return self.empty();
         }
-        self.check_view_name(name, exists, or_replace)?;
+        self.check_view_name(name, exists, or_replace).await?;
         let (query, literals) = with_absolute_paths(name, query)?;
         let query = &query;
         // Refused now, before anything is kept, if it cannot be a view.
@@ -148,7 +142,7 @@ impl Engine {
             latest = manifests.latest().await?;
             if live(latest.clone()).is_none() || !or_replace {
                 return Err(Error::view(
-                    &name,
+                    name,
                     format!(
                         "materialized view '{name}' was created or dropped by another statement \
                      meanwhile"
@@ -157,10 +151,7 @@ impl Engine {
             }
         };
         match self.refresh_view(name).await {
-            Ok(refreshed) => {
-                self.register_views().await?;
-                self.rows_result(refreshed.rows_scored)
-            }
+            Ok(refreshed) => self.rows_result(refreshed.rows_scored),
             Err(e) => {
                 self.undo_create(name, &text, before).await;
                 Err(e)
@@ -170,10 +161,10 @@ impl Engine {
 
     /// A CREATE may take `name`: the view is new, or replaced (`or_replace`), and no table
     /// has the name.
-    fn check_view_name(&self, name: &str, exists: bool, or_replace: bool) -> Result<()> {
+    async fn check_view_name(&self, name: &str, exists: bool, or_replace: bool) -> Result<()> {
         if exists && !or_replace {
             return Err(Error::view(
-                &name,
+                name,
                 format!(
                     "materialized view '{name}' already exists (use CREATE OR REPLACE MATERIALIZED \
                  VIEW, or REFRESH MATERIALIZED VIEW {name})"
@@ -181,11 +172,13 @@ impl Engine {
             ));
         }
         if !exists
-            && !self.seen_views().contains_key(name)
-            && self.ctx.table_exist(TableReference::bare(name))?
+            && self
+                .table_kind(name)
+                .await?
+                .is_some_and(|kind| kind != Kind::View)
         {
             return Err(Error::view(
-                &name,
+                name,
                 format!(
                     "a table named '{name}' exists; a materialized view needs a name of its own"
                 ),
@@ -224,7 +217,7 @@ impl Engine {
                     return Ok(());
                 }
             }
-            Err(Error::view(&name, "its manifest kept changing"))
+            Err(Error::view(name, "its manifest kept changing"))
         }
         .await;
         if let Err(e) = undone {

@@ -1,73 +1,18 @@
-//! Each view registered by name as the files its newest manifest lists, and a statement that
-//! reads a view refused while those files are not all there.
+//! A statement that reads a view refused while the files its newest manifest lists are not all
+//! there; whether a name is a view. (Views are read by name through the warehouse's schema,
+//! [`crate::warehouse::schema`].)
 
 use super::*;
+use crate::warehouse::schema::Kind;
 
 impl Engine {
-    /// Registers each materialized view of the warehouse by name, as its newest manifest has
-    /// it: one listing of `views/`, and one of each view's folder, per statement.
-    pub(crate) async fn register_views(&self) -> Result<()> {
-        let Some(warehouse) = &self.warehouse else {
-            return Ok(());
-        };
-        let names: BTreeSet<String> = warehouse.view_names().await?.into_iter().collect();
-        let seen: Vec<String> = self.seen_views().keys().cloned().collect();
-        for name in seen.iter().filter(|n| !names.contains(*n)) {
-            self.forget_view(name)?;
-        }
-        for name in &names {
-            if let Err(e) = self.register_view(warehouse, name).await {
-                // One view that cannot be read does not take the others, or the warehouse,
-                // with it: DROP MATERIALIZED VIEW still removes it.
-                self.forget_view(name)?;
-                let warning = format!(
-                    "materialized view '{name}' cannot be read and is left out: {}",
-                    display_error(&e)
-                );
-                self.seen.warn_once(warning);
-            }
-        }
-        Ok(())
-    }
-
-    /// Registers view `name` as its newest manifest has it, unless it already is.
-    pub(crate) async fn register_view(
-        &self,
-        warehouse: &crate::warehouse::Warehouse,
-        name: &str,
-    ) -> Result<()> {
-        let manifests = warehouse.view_manifests(name)?;
-        let newest = manifests.newest().await?;
-        if newest.is_some() && self.seen_views().get(name) == newest.as_ref() {
-            return Ok(());
-        }
-        let registered_here = self.seen_views().contains_key(name);
-        if !registered_here && self.ctx.table_exist(TableReference::bare(name))? {
-            // A table of that name, registered by this process, stays.
-            return Ok(());
-        }
-        let (Some(newest), Some((_, bytes))) = (newest, manifests.latest().await?) else {
-            return self.forget_view(name);
-        };
-        let manifest = Manifest::from_bytes(&bytes, &format!("view '{name}''s manifest"))?;
-        let Some(current) = manifest.current.as_ref().filter(|_| !manifest.dropped) else {
-            // Not yet refreshed to the end once: nothing to read.
-            return self.forget_view(name);
-        };
-        let table = view_table(name, &warehouse.view_folder(name)?, current)?;
-        self.forget_view(name)?;
-        self.ctx.register_table(TableReference::bare(name), table)?;
-        self.seen_views().insert(name.to_string(), newest);
-        Ok(())
-    }
-
     /// Refuses a statement that reads view `name` while its files are not all there, each of
     /// the size it was written with: it would answer with part of the view's rows.
     pub(crate) async fn check_view_files(&self, name: &str) -> Result<()> {
-        if !self.seen_views().contains_key(name) {
-            return Ok(());
+        match self.table_kind(name).await? {
+            Some(Kind::View) => self.view_files_whole(name).await,
+            _ => Ok(()),
         }
-        self.view_files_whole(name).await
     }
 
     /// The error refusing view `name`'s newest manifest for the files it lists, if it names
@@ -115,18 +60,6 @@ impl Engine {
         let latest = warehouse.view_manifests(name)?.latest().await?;
         Ok(live(latest).is_some())
     }
-
-    pub(crate) fn forget_view(&self, name: &str) -> Result<()> {
-        if self.seen_views().remove(name).is_some() {
-            self.ctx.deregister_table(TableReference::bare(name))?;
-        }
-        Ok(())
-    }
-
-    /// The views registered by name, with the manifest version each was registered at.
-    pub(crate) fn seen_views(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
-        self.seen.views.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// The newest manifest, unless it says the view was dropped (one that cannot be read counts as
@@ -135,35 +68,4 @@ pub(crate) fn live(latest: Option<(u64, Vec<u8>)>) -> Option<(u64, Vec<u8>)> {
     latest.filter(|(_, bytes)| {
         Manifest::from_bytes(bytes, "the view's manifest").map_or(true, |m| !m.dropped)
     })
-}
-
-/// The rows of `generation`: the files it lists under the view's folder, with its schema; a
-/// manifest listing any other file is refused ([`crate::view::files::check_paths`]).
-pub(crate) fn view_table(
-    name: &str,
-    folder: &url::Url,
-    generation: &Generation,
-) -> Result<Arc<dyn TableProvider>> {
-    use datafusion::datasource::file_format::parquet::ParquetFormat;
-    use datafusion::datasource::listing::ListingOptions;
-    crate::view::files::check_paths(name, generation)?;
-    let schema = generation.schema()?;
-    let paths = generation
-        .files()
-        .map(|f| {
-            let url = folder
-                .join(&f.path)
-                .map_err(|e| Error::Internal(format!("{}: {e}", f.path)))?;
-            Ok(ListingTableUrl::try_new(url, None)?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if paths.is_empty() {
-        return Ok(Arc::new(EmptyTable::new(schema)));
-    }
-    let options =
-        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
-    let config = ListingTableConfig::new_with_multi_paths(paths)
-        .with_listing_options(options)
-        .with_schema(schema);
-    Ok(Arc::new(ListingTable::try_new(config)?))
 }

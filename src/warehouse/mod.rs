@@ -24,6 +24,8 @@
 //! Warehouses written before one file per model keep `models.json`; its definitions are moved to
 //! `models/` the first time the warehouse is opened.
 
+pub mod schema;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -351,7 +353,7 @@ impl Warehouse {
     pub fn quantized_folder(&self, key: &str) -> Result<Url> {
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
             return Err(Error::model(
-                &key,
+                key,
                 format!("'{key}' is not a quantized model's key"),
             ));
         }
