@@ -182,35 +182,7 @@ mod tests {
         );
     }
 
-    #[test]
-    fn subgraphs_nested_past_protobufs_limit_are_an_error_not_a_stack_overflow() {
-        let nested = |depth: usize| {
-            let mut graph = Vec::new();
-            for _ in 0..depth {
-                graph = message(1, &message(5, &message(6, &graph)));
-            }
-            message(7, &graph)
-        };
-        assert_eq!(locations(&nested(10)).unwrap(), Vec::<String>::new());
-        for model in [nested(1_000), nested(100_000)] {
-            let error = locations(&model).unwrap_err().to_string();
-            assert!(error.contains("not a valid ONNX model"), "{error}");
-            assert!(crate::model::header::read(&model).is_err());
-        }
-    }
-
-    fn message(field: u64, body: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for mut n in [field << 3 | 2, body.len() as u64] {
-            while n >= 0x80 {
-                out.push((n as u8 & 0x7f) | 0x80);
-                n >>= 7;
-            }
-            out.push(n as u8);
-        }
-        out.extend_from_slice(body);
-        out
-    }
+    use super::outline::tests::message;
 
     fn external_tensor(location: &[u8]) -> Vec<u8> {
         let mut entry = message(1, b"location");

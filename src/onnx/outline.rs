@@ -174,3 +174,38 @@ pub fn decode(model: &[u8]) -> crate::error::Result<Model> {
 pub fn text(bytes: &Option<Vec<u8>>) -> String {
     String::from_utf8_lossy(bytes.as_deref().unwrap_or_default()).into_owned()
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Field `field` of a message, length-delimited, holding `body`.
+    pub(crate) fn message(field: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for mut n in [field << 3 | 2, body.len() as u64] {
+            while n >= 0x80 {
+                out.push((n as u8 & 0x7f) | 0x80);
+                n >>= 7;
+            }
+            out.push(n as u8);
+        }
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A model whose graph nests `depth` subgraphs, each an attribute of a node of the one above.
+    pub(crate) fn nested(depth: usize) -> Vec<u8> {
+        let mut graph = Vec::new();
+        for _ in 0..depth {
+            graph = message(1, &message(5, &message(6, &graph)));
+        }
+        message(7, &graph)
+    }
+
+    #[test]
+    fn models_nested_past_protobufs_limit_are_an_error_not_a_stack_overflow() {
+        assert!(super::decode(&nested(10)).is_ok());
+        for depth in [1_000, 100_000] {
+            let error = super::decode(&nested(depth)).unwrap_err().to_string();
+            assert!(error.contains("not a valid ONNX model"), "{error}");
+        }
+    }
+}
