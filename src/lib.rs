@@ -12,7 +12,7 @@
 //!   warehouse and where statements run; `write.rs` holds the writes that appear whole (COPY,
 //!   INSERT, CREATE TABLE), `lineage.rs` the models a write names in its files (and the columns
 //!   CSV cannot hold), `catalog.rs` the model statements and what DROP TABLE and INSERT
-//!   need of tables, `quantize.rs` the quantized models kept in the warehouse, `options.rs` the
+//!   need of tables, `options.rs` the
 //!   stores a statement's `OPTIONS` connect, `explain.rs` EXPLAIN ANALYZE and the message for a
 //!   missing table.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
@@ -47,7 +47,9 @@
 //!   class labels and where its tensors keep their data) and the external data files a model
 //!   names (`external.rs`).
 //! - [`quantize`]: INT8 dynamic quantization of an ONNX model, its graph rewritten as ONNX
-//!   Runtime's own quantizer does it, and the provenance a quantized model carries.
+//!   Runtime's own quantizer does it, and the provenance a quantized model carries;
+//!   [`quantized`]: the quantized models a warehouse keeps, by content (given the warehouse and
+//!   the model registry, not the engine).
 //! - [`runtime`]: finding, fetching and loading the ONNX Runtime library (CPU or CUDA build).
 //! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
 //!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.
@@ -102,6 +104,7 @@ pub mod onnx;
 pub mod output;
 pub mod progress;
 pub mod quantize;
+pub mod quantized;
 pub mod rejects;
 pub mod rules;
 pub mod runner;

@@ -1,6 +1,7 @@
-//! Parquet, models, warehouses and writes in Azure Blob Storage, Google Cloud Storage and on
-//! plain HTTP servers, through the real binary, against real emulators the tests start: Azurite
-//! and fake-gcs-server (`scripts/emulators.sh` installs them on first use).
+//! What is particular to Azure Blob Storage, Google Cloud Storage and plain HTTP servers, through
+//! the real binary, against real emulators the tests start: Azurite and fake-gcs-server
+//! (`scripts/emulators.sh` installs them on first use). The scenarios every store shares are in
+//! `storage.rs`.
 
 mod common;
 mod emulators;
@@ -90,102 +91,34 @@ fn azurite_with_data(dir: &Path) -> Azurite {
     server
 }
 
+/// `abfss://CONTAINER/...` names the same container as `az://CONTAINER/...` (the scoring, the
+/// write and the re-read in every store are in `storage.rs`).
 #[test]
-fn azure_blobs_are_scored_with_an_azure_model_and_results_written_back() {
+fn the_abfss_form_names_the_same_container() {
     let dir = tempfile::tempdir().unwrap();
     let server = azurite_with_data(dir.path());
     let out = run(
         azure(&server, dir.path()),
         &[
-            "--partitions",
-            "4",
             "query",
             "-e",
             &format!(
-                "CREATE MODEL lin FROM 'az://models/linear.onnx';
-                 COPY (SELECT id, predict('lin', {FEATURES}) AS p FROM 'az://data/features/')
-                 TO 'az://out/scores/' STORED AS PARQUET"
+                "CREATE MODEL lin FROM 'abfss://models/linear.onnx';
+                 COPY (SELECT id, predict('lin', {FEATURES}) AS p FROM 'abfss://data/features/')
+                 TO 'abfss://out/scores/' STORED AS PARQUET"
             ),
         ],
     );
     assert_ok(&out);
-    let blobs = server.blobs("out", false);
-    assert!(
-        blobs.len() >= 2
-            && blobs
-                .iter()
-                .all(|b| b.starts_with("scores/") && b.ends_with(".parquet")),
-        "several Parquet blobs: {blobs:?}"
+    let reread = run(
+        azure(&server, dir.path()),
+        &["query", "-e", "SELECT id, p FROM 'az://out/scores/'"],
     );
-    // Re-read, also through the abfss:// form of the same container.
-    for location in ["az://out/scores/", "abfss://out/scores/"] {
-        let reread = run(
-            azure(&server, dir.path()),
-            &["query", "-e", &format!("SELECT id, p FROM '{location}'")],
-        );
-        common::assert_same_rows(
-            &common::rows(&assert_ok(&reread)),
-            &local_scores(dir.path(), 4),
-            1e-6,
-        );
-    }
-}
-
-#[test]
-fn a_warehouse_in_azure_keeps_models_and_tables_across_processes() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = azurite_with_data(dir.path());
-    let with_warehouse = || {
-        let mut command = azure(&server, dir.path());
-        command.args(["--warehouse", "az://lake/wh/"]);
-        command
-    };
-    let out = run(
-        with_warehouse(),
-        &[
-            "query",
-            "-e",
-            &format!(
-                "CREATE MODEL lin FROM 'data/models/linear.onnx';
-                 CREATE TABLE scored AS
-                   SELECT id, predict('lin', {FEATURES}) AS p FROM 'az://data/features/'"
-            ),
-        ],
+    common::assert_same_rows(
+        &common::rows(&assert_ok(&reread)),
+        &local_scores(dir.path(), 4),
+        1e-6,
     );
-    assert_ok(&out);
-    assert!(
-        server
-            .blobs("lake", false)
-            .iter()
-            .any(|b| b.starts_with("wh/tables/scored/") && b.ends_with(".parquet")),
-        "{:?}",
-        server.blobs("lake", false)
-    );
-    // A second process finds the model and the table in the warehouse.
-    let out = run(
-        with_warehouse(),
-        &[
-            "query",
-            "-e",
-            &format!(
-                "SELECT count(*) AS n FROM scored;
-                 SELECT count(*) AS n FROM 'az://data/features/part-0.parquet'
-                   WHERE predict('lin', {FEATURES}) IS NOT NULL"
-            ),
-        ],
-    );
-    assert_eq!(assert_ok(&out), "n\n40000\nn\n10000\n");
-    // CREATE TABLE of a name taken is refused, and leaves the table as it was.
-    let out = run(
-        with_warehouse(),
-        &["query", "-e", "CREATE TABLE scored AS SELECT 1 AS one"],
-    );
-    assert_failure(&out, &["scored", "exists"]);
-    let out = run(
-        with_warehouse(),
-        &["query", "-e", "SELECT count(*) AS n FROM scored"],
-    );
-    assert_eq!(assert_ok(&out), "n\n40000\n");
 }
 
 /// A materialized view over blobs, kept in a warehouse in Azure: a refresh scores the new blobs
@@ -454,42 +387,6 @@ fn gcs_seed(dir: &Path) -> std::path::PathBuf {
     }
     std::fs::copy("data/models/linear.onnx", seed.join("models/linear.onnx")).unwrap();
     seed
-}
-
-#[test]
-fn gcs_objects_are_scored_with_a_gcs_model() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
-    let out = run(
-        gcs(&server, dir.path()),
-        &[
-            "--partitions",
-            "4",
-            "query",
-            "-e",
-            &format!(
-                "CREATE MODEL lin FROM 'gs://models/linear.onnx';
-                 SELECT id, predict('lin', {FEATURES}) AS p FROM 'gs://data/features/'"
-            ),
-        ],
-    );
-    let mut rows = common::rows(&assert_ok(&out));
-    rows.sort_by_key(|r| r.0);
-    common::assert_same_rows(&rows, &local_scores(dir.path(), 4), 1e-6);
-    // A folder of models in the bucket, with --models.
-    let out = run(
-        gcs(&server, dir.path()),
-        &[
-            "--models",
-            "gs://models/",
-            "query",
-            "-e",
-            &format!(
-                "SELECT count(predict('linear', {FEATURES})) AS n FROM 'gs://data/features/part-1.parquet'"
-            ),
-        ],
-    );
-    assert_eq!(assert_ok(&out), "n\n10000\n");
 }
 
 #[test]

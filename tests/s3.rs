@@ -1,5 +1,7 @@
-//! Parquet, models and the warehouse in S3, through the real binary, against a real S3-compatible
-//! server (s3s + s3s-fs, in this process, over HTTP on loopback, with SigV4 checked).
+//! What is particular to S3, through the real binary, against a real S3-compatible server (s3s +
+//! s3s-fs, in this process, over HTTP on loopback, with SigV4 checked): its settings and
+//! credentials, its errors, uploads cut off or cancelled half-way. The scenarios every store
+//! shares are in `storage.rs`.
 
 mod common;
 mod s3_server;
@@ -83,34 +85,6 @@ fn assert_scores_in_s3_match_a_local_run(server: &S3Server, wh: &Path) {
         &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
     );
     common::assert_same_rows(&common::rows(&assert_ok(&reread)), &local_scores(wh), 1e-6);
-}
-
-#[test]
-fn scores_s3_parquet_with_an_s3_model_and_writes_results_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = server_with_data(dir.path());
-    let wh = dir.path().join("wh");
-    let out = run(
-        batchinfer(&server, &wh),
-        &[
-            "--partitions",
-            "4",
-            "query",
-            "-e",
-            &format!(
-                "CREATE MODEL lin FROM 's3://models/linear.onnx';
-                 COPY (SELECT id, predict('lin', {FEATURES}) AS p FROM 's3://data/features/')
-                 TO 's3://out/scores/' STORED AS PARQUET"
-            ),
-        ],
-    );
-    assert_ok(&out);
-    let files = server.keys("out", "scores");
-    assert!(
-        files.len() >= 2 && files.iter().all(|k| k.ends_with(".parquet")),
-        "several Parquet files: {files:?}"
-    );
-    assert_scores_in_s3_match_a_local_run(&server, &wh);
 }
 
 #[test]
@@ -205,53 +179,6 @@ fn the_storage_guides_s3_example_runs() {
         common::DEADLINE,
     );
     assert_eq!(assert_ok(&out), assert_ok(&local));
-}
-
-#[test]
-fn warehouse_in_s3_keeps_models_and_tables_across_processes() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = server_with_data(dir.path());
-    server.bucket("lake");
-    let local = dir.path().join("unused");
-    let in_wh = |sql: &str| {
-        run(
-            batchinfer(&server, &local),
-            &["--warehouse", "s3://lake/wh/", "query", "-e", sql],
-        )
-    };
-    assert_ok(&in_wh(&format!(
-        "CREATE MODEL lin FROM 's3://models/scorer/';
-         CREATE TABLE scored AS SELECT id, predict('lin', {FEATURES}) AS p FROM 's3://data/features/'"
-    )));
-    assert!(
-        server
-            .keys("lake", "wh")
-            .contains(&"wh/models/lin.json".to_string())
-    );
-    assert!(!server.keys("lake", "wh/tables/scored").is_empty());
-
-    let out = in_wh("SELECT id, p FROM scored");
-    common::assert_same_rows(&common::rows(&assert_ok(&out)), &local_scores(&local), 1e-6);
-    let out = in_wh(&format!(
-        "SELECT count(*) AS n FROM (SELECT predict('lin', {FEATURES}) FROM 's3://data/features/part-1.parquet')"
-    ));
-    assert_eq!(
-        assert_ok(&out),
-        "n\n10000\n",
-        "the model definition persisted"
-    );
-
-    assert_ok(&in_wh(
-        "CREATE OR REPLACE TABLE scored AS SELECT id, p FROM scored WHERE id < 100",
-    ));
-    assert_eq!(
-        assert_ok(&in_wh("SELECT count(*) AS n FROM scored")),
-        "n\n400\n",
-        "the replaced table has only the new rows"
-    );
-    assert_ok(&in_wh("DROP TABLE scored"));
-    assert!(server.keys("lake", "wh/tables/scored").is_empty());
-    assert!(!assert_ok(&in_wh("SHOW TABLES")).contains("scored"));
 }
 
 #[test]

@@ -25,7 +25,13 @@ impl Engine {
                 let source = model_source(&name, &source, self.registry.stores()).await?;
                 let (model, quantized) = match quantize {
                     Some(_) => {
-                        let (model, message) = self.quantized_model(&name, &source).await?;
+                        let (model, message) = crate::quantized::quantized_model(
+                            self.warehouse.as_ref(),
+                            &self.registry,
+                            &name,
+                            &source,
+                        )
+                        .await?;
                         (model, Some(message))
                     }
                     None => {

@@ -53,7 +53,6 @@ mod catalog;
 mod explain;
 mod lineage;
 mod options;
-mod quantize;
 mod refresh;
 mod rejects;
 mod views;
