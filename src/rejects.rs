@@ -199,6 +199,46 @@ pub fn statement_id() -> String {
     )
 }
 
+/// The rows `statement` rejected, per model, and the folder they are in (nothing unless it
+/// keeps rejects, `on_error = 'reject'`): counted from the files, wherever they were written.
+pub async fn rejected(
+    stores: &StoreRegistry,
+    statement: &StatementContext,
+) -> Result<(Vec<(String, u64)>, String)> {
+    if !statement.keeps_rejects {
+        return Ok((Vec::new(), String::new()));
+    }
+    let folder = statement_folder(statement)?;
+    let counts = stores.count_rejects(&folder).await?;
+    Ok((counts, crate::storage::display_location(&folder)))
+}
+
+/// Before `statement`'s writes commit: its rejects, counted wherever they were written (the
+/// executors of a cluster each count only their own while it runs), are within `budget`
+/// (`batchinfer.max_errors`).
+pub async fn check_budget(
+    stores: &StoreRegistry,
+    statement: &StatementContext,
+    budget: Option<ErrorBudget>,
+) -> Result<()> {
+    let Some(ErrorBudget::Count(most)) = budget else {
+        return Ok(());
+    };
+    let (counts, folder) = rejected(stores, statement).await?;
+    let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
+    if rejected > most {
+        return Err(Error::ErrorBudget {
+            failed: rejected,
+            budget: most.to_string(),
+            problem: format!(
+                "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
+                 written; they are in {folder}"
+            ),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use super::*;
 use datafusion::common::config::ConfigExtension;
 
 use crate::config::OnError;
-use crate::rejects::{ErrorBudget, statement_folder, statement_id};
+use crate::rejects::statement_id;
 
 /// The most of a statement's text kept with its rejects.
 const STATEMENT_TEXT: usize = 4_096;
@@ -94,15 +94,6 @@ impl Engine {
         Ok(())
     }
 
-    /// The rejects folder of the statement at hand, as it was tagged (None: it keeps none).
-    fn rejects_folder(&self) -> Result<Option<url::Url>> {
-        let statement = self.statement();
-        statement
-            .keeps_rejects
-            .then(|| statement_folder(&statement))
-            .transpose()
-    }
-
     /// The statement at hand, as it was tagged.
     pub(super) fn statement(&self) -> StatementContext {
         self.session_options()
@@ -114,11 +105,6 @@ impl Engine {
             change(statement);
             Ok(())
         });
-    }
-
-    /// The session's `batchinfer.max_errors`.
-    fn max_errors(&self) -> Option<ErrorBudget> {
-        self.batchinfer_options().max_errors
     }
 
     /// Changes the session's `batchinfer.*` options with `change`.
@@ -164,32 +150,13 @@ impl Engine {
     /// The rows the statement that just ran rejected, per model, and the folder they are in
     /// (nothing unless `on_error = 'reject'`): counted from the files, wherever they were written.
     pub async fn statement_rejects(&self) -> Result<(Vec<(String, u64)>, String)> {
-        let Some(folder) = self.rejects_folder()? else {
-            return Ok((Vec::new(), String::new()));
-        };
-        let counts = self.registry.stores().count_rejects(&folder).await?;
-        Ok((counts, crate::storage::display_location(&folder)))
+        crate::rejects::rejected(self.registry.stores(), &self.statement()).await
     }
 
-    /// Before a statement's writes commit: its rejects, counted wherever they were written (the
-    /// executors of a cluster each count only their own while it runs), are within
-    /// `batchinfer.max_errors`.
+    /// Before a statement's writes commit: its rejects are within `batchinfer.max_errors`
+    /// ([`crate::rejects::check_budget`]).
     pub(super) async fn check_rejects_budget(&self) -> Result<()> {
-        let Some(ErrorBudget::Count(most)) = self.max_errors() else {
-            return Ok(());
-        };
-        let (counts, folder) = self.statement_rejects().await?;
-        let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
-        if rejected > most {
-            return Err(Error::ErrorBudget {
-                failed: rejected,
-                budget: most.to_string(),
-                problem: format!(
-                    "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
-                 written; they are in {folder}"
-                ),
-            });
-        }
-        Ok(())
+        let budget = self.batchinfer_options().max_errors;
+        crate::rejects::check_budget(self.registry.stores(), &self.statement(), budget).await
     }
 }
