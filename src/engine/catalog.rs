@@ -23,23 +23,7 @@ impl Engine {
                     ));
                 }
                 let source = model_source(&name, &source, self.registry.stores()).await?;
-                let (model, quantized) = match quantize {
-                    Some(_) => {
-                        let (model, message) = crate::quantized::quantized_model(
-                            self.warehouse.as_ref(),
-                            &self.registry,
-                            &name,
-                            &source,
-                        )
-                        .await?;
-                        (model, Some(message))
-                    }
-                    None => {
-                        let options = self.registry.session_options();
-                        let stores = self.registry.stores();
-                        (Model::load(&name, &source, options, stores)?, None)
-                    }
-                };
+                let (model, quantized) = self.model_of(&name, &source, quantize.is_some()).await?;
                 let model = Arc::new(model);
                 // Defined in the warehouse first: a model this process scores with is one the
                 // warehouse names.
@@ -85,6 +69,25 @@ impl Engine {
                 Ok(self.results.read_batch(describe_batch(&model)?)?)
             }
         }
+    }
+
+    /// The model CREATE MODEL defines from `source`: loaded, or quantized (and kept in the
+    /// warehouse, with what was done, for the statement to say).
+    async fn model_of(
+        &self,
+        name: &str,
+        source: &ModelSource,
+        quantize: bool,
+    ) -> Result<(Model, Option<String>)> {
+        if quantize {
+            let warehouse = self.warehouse.as_ref();
+            let (model, message) =
+                crate::quantized::quantized_model(warehouse, &self.registry, name, source).await?;
+            return Ok((model, Some(message)));
+        }
+        let options = self.registry.session_options();
+        let model = Model::load(name, source, options, self.registry.stores())?;
+        Ok((model, None))
     }
 
     /// Refuses to redefine or drop a model of `--models`: it is a file, read again by every

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use url::Url;
 
-use super::{StoreRegistry, block_on_io, no_store_for, read_body, read_capped};
+use super::{StoreRegistry, block_on_io, no_store_for, read_body, reserve, too_large};
 use crate::error::{Error, Result};
 
 impl StoreRegistry {
@@ -287,4 +287,46 @@ fn file_path(url: &Url) -> Result<Option<PathBuf>> {
         _ if super::Cloud::of(url).is_some() => Ok(None),
         _ => Err(no_store_for(url)),
     }
+}
+/// Reads a whole local file of at most `cap` bytes. Only a regular file is read (a symbolic link
+/// to one too): a FIFO, a device such as `/dev/zero` or a folder is refused without reading it,
+/// and so is a file over the cap, so no file can make batchinfer wait forever or fill its memory.
+pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking, so that opening a FIFO does not wait for a writer; the check is made on the
+    // file opened, not on the path, so the file cannot be swapped in between.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if !meta.is_file() {
+        return Err(Error::location(
+            path.display().to_string(),
+            format!(
+                "{} is not a regular file (a FIFO, a device or a folder): batchinfer reads only \
+                 regular files here",
+                path.display()
+            ),
+        ));
+    }
+    if meta.len() > cap {
+        return Err(too_large(&path.display().to_string(), meta.len(), cap));
+    }
+    let mut bytes = reserve(&path.display().to_string(), meta.len())?;
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(
+            &path.display().to_string(),
+            bytes.len() as u64,
+            cap,
+        ));
+    }
+    Ok(bytes)
 }

@@ -46,6 +46,7 @@ pub use commit::{
     CommitKind, CommitStore, PendingWrite, discard_in_background, discards_done,
     kept_despite_cancel, take_kept_despite_cancel,
 };
+pub use files::read_capped;
 pub use location::{
     Location, absolute_location, blank_passwords, check_write_target, display_location,
     file_version, folder_location, folder_url, is_local_store, is_object_store_url, local_file,
@@ -115,49 +116,6 @@ pub(super) fn too_large(what: &str, size: u64, cap: u64) -> Error {
         unit: "bytes",
         limit: format!("over the {cap} bytes batchinfer reads of such a file"),
     }
-}
-
-/// Reads a whole local file of at most `cap` bytes. Only a regular file is read (a symbolic link
-/// to one too): a FIFO, a device such as `/dev/zero` or a folder is refused without reading it,
-/// and so is a file over the cap, so no file can make batchinfer wait forever or fill its memory.
-pub fn read_capped(path: &std::path::Path, cap: u64) -> Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking, so that opening a FIFO does not wait for a writer; the check is made on the
-    // file opened, not on the path, so the file cannot be swapped in between.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if !meta.is_file() {
-        return Err(Error::location(
-            path.display().to_string(),
-            format!(
-                "{} is not a regular file (a FIFO, a device or a folder): batchinfer reads only \
-                 regular files here",
-                path.display()
-            ),
-        ));
-    }
-    if meta.len() > cap {
-        return Err(too_large(&path.display().to_string(), meta.len(), cap));
-    }
-    let mut bytes = reserve(&path.display().to_string(), meta.len())?;
-    file.take(cap + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if bytes.len() as u64 > cap {
-        return Err(too_large(
-            &path.display().to_string(),
-            bytes.len() as u64,
-            cap,
-        ));
-    }
-    Ok(bytes)
 }
 
 /// Retries of a failed request (connection refused, 5xx, throttling) before it is an error.
