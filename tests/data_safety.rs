@@ -1199,3 +1199,82 @@ fn hidden_files_of_a_killed_insert_are_removed_by_the_next_process() {
     assert!(live.exists(), "a running writer's file was removed");
     assert!(recent.exists(), "a file written a moment ago was removed");
 }
+
+/// What a name is decides what a statement may do with it, even where the table cannot be
+/// read or a table of this process hides it: a damaged warehouse table still takes its name
+/// and DROP TABLE removes it; DROP TABLE of an external table removes only that table, even
+/// over a materialized view's name or the warehouse's own folder; one damaged view leaves
+/// SHOW MATERIALIZED VIEWS to the others.
+#[test]
+fn names_are_kept_and_dropped_by_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::copy("data/sample/features.parquet", input.join("a.parquet")).unwrap();
+    let from_input = format!("SELECT id FROM '{}/'", input.display());
+    assert_ok(&common::query(
+        &wh,
+        &format!(
+            "CREATE TABLE bad AS SELECT 1 AS one; CREATE TABLE t AS SELECT 2 AS two;
+             CREATE MATERIALIZED VIEW m AS {from_input}; CREATE MATERIALIZED VIEW other AS {from_input}"
+        ),
+    ));
+    for file in common::parquet_files(&wh.join("tables/bad")) {
+        std::fs::write(file, b"not parquet").unwrap();
+    }
+    assert_failure(
+        &common::query(
+            &wh,
+            &format!("CREATE MATERIALIZED VIEW bad AS {from_input}"),
+        ),
+        &["a table named 'bad' exists"],
+    );
+    assert_failure(
+        &common::query(&wh, "CREATE TABLE bad AS SELECT 3 AS three"),
+        &["table 'bad' already exists (use CREATE OR REPLACE TABLE)"],
+    );
+    assert_ok(&common::query(&wh, "DROP TABLE bad"));
+    assert!(!wh.join("tables/bad").exists());
+
+    // External tables named as the view and as the warehouse table, over its own folder.
+    let tables = wh.join("tables/t");
+    assert_ok(&common::query(
+        &wh,
+        &format!(
+            "CREATE OR REPLACE EXTERNAL TABLE m STORED AS PARQUET LOCATION 'data/sample/customers.parquet';
+             CREATE OR REPLACE EXTERNAL TABLE t STORED AS PARQUET LOCATION '{}/';
+             DROP TABLE m; DROP TABLE t",
+            tables.display()
+        ),
+    ));
+    assert_eq!(
+        assert_ok(&common::query(&wh, "SELECT count(*) AS n FROM m")),
+        "n\n10000\n"
+    );
+    assert_eq!(
+        assert_ok(&common::query(&wh, "SELECT two FROM t")),
+        "two\n2\n"
+    );
+
+    // One view's newest manifest damaged: SHOW MATERIALIZED VIEWS lists the others.
+    let newest = std::fs::read_dir(wh.join("views/other"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("manifest-"))
+        .max()
+        .unwrap();
+    std::fs::write(&newest, "{not json").unwrap();
+    let out = common::query(&wh, "SHOW MATERIALIZED VIEWS");
+    let shown = assert_ok(&out);
+    assert!(
+        shown.contains("\nm,") && !shown.contains("other"),
+        "{shown}"
+    );
+    assert!(
+        common::stderr(&out).contains("'other' cannot be read"),
+        "{}",
+        common::stderr(&out)
+    );
+}

@@ -635,3 +635,44 @@ async fn listing_models_loads_none_and_says_what_onnx_runtime_says() {
         }
     }
 }
+
+/// A running process reads a table another process dropped and created again as it is now,
+/// with its new columns, however quickly it comes back: a folder made anew can get the inode
+/// number of the one removed, which alone does not tell them apart. Rounds of DROP and CREATE
+/// by one engine, each read by another over the same warehouse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_and_created_again_elsewhere_is_read_with_its_new_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let over = |dir: &Path| {
+        Engine::new(EngineConfig {
+            warehouse: Some(dir.join("wh")),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (reader, writer) = (over(dir.path()), over(dir.path()));
+    let folder = dir.path().join("wh/tables/t");
+    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&folder).unwrap());
+    // Until the inode number has come back a few times (it mostly does at once on ext4).
+    let (mut last, mut reused) = (None, 0);
+    for round in 0..400 {
+        if reused == 5 {
+            break;
+        }
+        let columns = format!("c{round}");
+        run(&writer, "DROP TABLE IF EXISTS t").await.unwrap();
+        let create = format!("CREATE TABLE t AS SELECT {round} AS {columns}, 'x' AS s{round}");
+        run(&writer, &create).await.unwrap();
+        reused += usize::from(last == Some(inode()));
+        last = Some(inode());
+        let read = run(&reader, "SELECT * FROM t").await.unwrap();
+        let schema = read[0].schema();
+        let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+        assert_eq!(names, [&columns, &format!("s{round}")], "round {round}");
+        let value = read[0]
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!(value.value(0), round, "round {round}");
+    }
+    eprintln!("the folder's inode number came back {reused} times");
+}

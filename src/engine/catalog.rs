@@ -257,27 +257,6 @@ impl Engine {
         self.seen.models.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `name` is registered as the warehouse's table of that name (not an external
-    /// table that happens to share it), so that DROP TABLE deletes only files the warehouse owns.
-    pub(super) async fn is_warehouse_table(
-        &self,
-        warehouse: &Warehouse,
-        name: &str,
-    ) -> Result<bool> {
-        use datafusion::datasource::listing::ListingTable;
-        let Ok(provider) = self.ctx.table_provider(TableReference::bare(name)).await else {
-            return Ok(false);
-        };
-        let Some(listing) = provider.downcast_ref::<ListingTable>() else {
-            return Ok(false);
-        };
-        let owned = location_url(&warehouse.table_location(name)?)?;
-        Ok(listing
-            .table_paths()
-            .iter()
-            .any(|path| path.get_url() == &owned))
-    }
-
     /// The table an INSERT writes into, where it is a listing table (files in a folder).
     pub(super) async fn insert_target(
         &self,

@@ -43,7 +43,7 @@ use crate::model::listing::{describe_batch, models_batch};
 use crate::model::{Model, ModelRegistry, ModelSource};
 use crate::statement_context::StatementContext;
 use crate::statements::{ModelStatement, Statement, parse};
-use crate::storage::{StoreRegistry, is_object_store_url, location_url};
+use crate::storage::{StoreRegistry, is_object_store_url};
 use crate::udf::predict_table::{ResolvedTables, tables_named};
 use crate::warehouse::schema::{Kind, WarehouseSchema};
 use crate::warehouse::{Definition, Warehouse, check_name};
@@ -357,28 +357,41 @@ impl Engine {
         self.execute(statement).await
     }
 
-    /// DROP TABLE: refused for a materialized view; a warehouse table's files are removed once
-    /// DataFusion dropped it.
+    /// DROP TABLE: refused for a materialized view; a warehouse table's files are removed (one
+    /// that cannot be read too) once DataFusion dropped the others named, the tables this
+    /// process registered (an external table, which deletes nothing, even where it reads the
+    /// warehouse's files).
     async fn drop_tables(
         &self,
         warehouse: &Warehouse,
         names: Vec<datafusion::sql::sqlparser::ast::ObjectName>,
-        statement: DFStatement,
+        mut statement: DFStatement,
     ) -> Result<DataFrame> {
-        let mut owned = Vec::new();
-        for name in &names {
-            let name = table_name(name)?;
-            if self.is_view(&name).await? {
-                return Err(Error::table(
-                    &name,
-                    format!("'{name}' is a materialized view: DROP MATERIALIZED VIEW {name}"),
-                ));
-            }
-            if self.is_warehouse_table(warehouse, &name).await? {
-                owned.push(name);
+        let (mut owned, mut others) = (Vec::new(), Vec::new());
+        for object in names {
+            let name = table_name(&object)?;
+            match self.table_kind(&name).await? {
+                Some(Kind::View) => {
+                    return Err(Error::table(
+                        &name,
+                        format!("'{name}' is a materialized view: DROP MATERIALIZED VIEW {name}"),
+                    ));
+                }
+                Some(Kind::Table) => owned.push(name),
+                Some(Kind::Registered) | None => others.push(object),
             }
         }
-        let df = self.execute(statement).await?;
+        let df = match others.is_empty() {
+            true => self.empty()?,
+            false => {
+                if let DFStatement::Statement(s) = &mut statement
+                    && let SQLStatement::Drop { names, .. } = s.as_mut()
+                {
+                    *names = others;
+                }
+                self.execute(statement).await?
+            }
+        };
         for name in owned {
             if let Some(schema) = &self.seen.tables {
                 schema.forget(&name);

@@ -178,16 +178,24 @@ impl Tables {
         Ok(false)
     }
 
-    /// What changes when table `name` is created again or replaced: its folder's identity locally
-    /// (a replace swaps the folder), its claim's version in S3 (each CREATE TABLE puts one).
-    /// `None` when there is no such table.
+    /// What changes when table `name` is created again or replaced: locally its folder's
+    /// identity and its change time (a replace swaps the folder in, a rename that sets the change
+    /// time; a folder made anew can get the inode number of one removed before, not its change
+    /// time), its claim's version in S3 (each CREATE TABLE puts one). `None` when there is no
+    /// such table.
     pub async fn version(&self, name: &str) -> Result<Option<String>> {
         let url = self.url(name)?;
         if let Some(tables) = self.local_dir() {
             use std::os::unix::fs::MetadataExt;
-            return Ok(std::fs::metadata(tables.join(name))
-                .ok()
-                .map(|m| format!("{}:{}", m.dev(), m.ino())));
+            return Ok(std::fs::metadata(tables.join(name)).ok().map(|m| {
+                format!(
+                    "{}:{}:{}.{:09}",
+                    m.dev(),
+                    m.ino(),
+                    m.ctime(),
+                    m.ctime_nsec()
+                )
+            }));
         }
         let claim = object_path(&url)?.join(TABLE_CLAIM);
         match self.store.inner().head(&claim).await {

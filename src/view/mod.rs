@@ -286,3 +286,10 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+/// The newest manifest, unless it says the view was dropped (one that cannot be read counts as
+/// a view).
+pub fn live(latest: Option<(u64, Vec<u8>)>) -> Option<(u64, Vec<u8>)> {
+    latest.filter(|(_, bytes)| {
+        Manifest::from_bytes(bytes, "the view's manifest").map_or(true, |m| !m.dropped)
+    })
+}

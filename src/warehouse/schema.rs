@@ -104,9 +104,21 @@ impl WarehouseSchema {
         self.listed().remove(name);
     }
 
-    /// What `name` is now, if anything.
+    /// What `name` is now, if anything: a table this process registered, else a table or view
+    /// of the warehouse, readable or not (a name is taken by a table being created, or one
+    /// that cannot be read, too).
     pub async fn kind(&self, name: &str) -> Result<Option<Kind>> {
-        Ok(self.lookup(name).await?.map(|opened| opened.kind))
+        if self.registered.table_exist(name) {
+            return Ok(Some(Kind::Registered));
+        }
+        if check_name("table", name).is_err() {
+            return Ok(None);
+        }
+        if self.warehouse.table_version(name).await?.is_some() {
+            return Ok(Some(Kind::Table));
+        }
+        let latest = self.warehouse.view_manifests(name)?.latest().await?;
+        Ok(crate::view::live(latest).map(|_| Kind::View))
     }
 
     async fn lookup(&self, name: &str) -> Result<Option<Opened>> {

@@ -9,12 +9,11 @@ use datafusion::sql::sqlparser::ast::Query;
 use super::refresh::Refreshed;
 use super::*;
 use crate::statements::ViewStatement;
-use crate::view::{Manifest, newest_view, now_ms};
+use crate::view::{Manifest, live, newest_view, now_ms};
 
 mod registered;
 mod show;
 
-use registered::*;
 use show::*;
 
 impl Engine {

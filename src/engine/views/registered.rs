@@ -3,6 +3,7 @@
 //! [`crate::warehouse::schema`].)
 
 use super::*;
+use crate::view::live;
 use crate::warehouse::schema::Kind;
 
 impl Engine {
@@ -60,12 +61,4 @@ impl Engine {
         let latest = warehouse.view_manifests(name)?.latest().await?;
         Ok(live(latest).is_some())
     }
-}
-
-/// The newest manifest, unless it says the view was dropped (one that cannot be read counts as
-/// a view).
-pub(crate) fn live(latest: Option<(u64, Vec<u8>)>) -> Option<(u64, Vec<u8>)> {
-    latest.filter(|(_, bytes)| {
-        Manifest::from_bytes(bytes, "the view's manifest").map_or(true, |m| !m.dropped)
-    })
 }

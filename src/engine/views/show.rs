@@ -9,8 +9,14 @@ impl Engine {
         let mut views = Vec::new();
         for name in warehouse.view_names().await? {
             let shown = format!("view '{name}''s manifest");
-            if let Some((_, view)) = newest_view(&warehouse.view_manifests(&name)?, &shown).await? {
-                views.push(view);
+            match newest_view(&warehouse.view_manifests(&name)?, &shown).await {
+                Ok(Some((_, view))) => views.push(view),
+                Ok(None) => {}
+                // One view that cannot be read does not hide the others.
+                Err(e) => self.seen.warn_once(format!(
+                    "materialized view '{name}' cannot be read and is left out: {}",
+                    display_error(&e)
+                )),
             }
         }
         let column = |values: Vec<Option<String>>| Arc::new(StringArray::from(values)) as ArrayRef;
