@@ -211,9 +211,9 @@ pub fn blank_secrets(text: &str, dialect: &dyn Dialect) -> String {
     };
     // The spans of the values to blank, in the text as written (its quoting kept).
     let mut secrets = Vec::new();
-    let mut after_secret_name = false;
+    let mut after = After::Other;
     for token in &tokens {
-        let value = match &token.token {
+        let literal = match &token.token {
             Token::Whitespace(_) | Token::Eq => continue,
             Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("to") => {
                 continue;
@@ -224,19 +224,31 @@ pub fn blank_secrets(text: &str, dialect: &dyn Dialect) -> String {
                 value: s,
                 ..
             })
-            | Token::EscapedStringLiteral(s) => Some(s.as_str()),
+            | Token::EscapedStringLiteral(s)
+            | Token::NationalStringLiteral(s) => Some(s.as_str()),
             _ => None,
         };
-        if after_secret_name && value.is_some() {
+        // After a secret's name: its value, a literal (a number too), or, after a quoted name
+        // (an option's key, `'pass' "x"`), the word that follows unless it is a keyword
+        // (`SELECT 'passage' FROM t` keeps its FROM).
+        let word_value = |w: &datafusion::sql::sqlparser::tokenizer::Word| {
+            w.quote_style.is_some() || w.keyword == Keyword::NoKeyword
+        };
+        let value = literal.is_some()
+            || matches!(token.token, Token::Number(..))
+            || (after == After::QuotedSecret
+                && matches!(&token.token, Token::Word(w) if word_value(w)));
+        if after != After::Other && value {
             let start = byte_offset(text, token.span.start.line, token.span.start.column);
             let end = byte_offset(text, token.span.end.line, token.span.end.column);
             secrets.push(start..end);
-            after_secret_name = false;
+            after = After::Other;
             continue;
         }
-        after_secret_name = match &token.token {
-            Token::Word(w) => is_secret_name(&w.value),
-            _ => value.is_some_and(is_secret_name),
+        after = match (&token.token, literal) {
+            (Token::Word(w), _) if is_secret_name(&w.value) => After::Secret,
+            (_, Some(name)) if is_secret_name(name) => After::QuotedSecret,
+            _ => After::Other,
         };
     }
     let mut out = String::with_capacity(text.len());
@@ -251,6 +263,16 @@ pub fn blank_secrets(text: &str, dialect: &dyn Dialect) -> String {
     }
     out.push_str(&text[copied..]);
     crate::storage::blank_passwords(&out)
+}
+
+/// What the token before is, for [`blank_secrets`].
+#[derive(Clone, Copy, PartialEq)]
+enum After {
+    /// A word naming a secret (`password = ...`).
+    Secret,
+    /// A quoted name of a secret (`'pass' ...`, an option's key).
+    QuotedSecret,
+    Other,
 }
 
 /// Whether `text` is whitespace and comments only (no statement begun).

@@ -21,6 +21,18 @@ fn secrets_are_blanked_and_the_rest_kept_as_written() {
         "SET aws.secret_access_key TO '<redacted>'"
     );
     assert_eq!(blank("SET password = 'abc'"), "SET password = '<redacted>'");
+    // A password given in any form SQL has for a value.
+    for value in ["\"abc\"", "abc", "987654321", "N'abc'", "$$abc$$"] {
+        assert_eq!(
+            blank(&format!("OPTIONS ('user' 'u', 'pass' {value}, 'db' 'd')")),
+            "OPTIONS ('user' 'u', 'pass' '<redacted>', 'db' 'd')",
+            "{value}"
+        );
+    }
+    assert_eq!(
+        blank("SELECT 'passage' FROM tokens WHERE token = 1"),
+        "SELECT 'passage' FROM tokens WHERE token = '<redacted>'"
+    );
     assert_eq!(
         blank("SELECT \"a\"\"b\", 'x\ny' FROM t"),
         "SELECT \"a\"\"b\", 'x\ny' FROM t"
