@@ -64,7 +64,8 @@
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
 //!   what is refused before it is tried (`limits.rs`: expressions too deep, lists too long per
-//!   row), so that no input can crash batchinfer or exhaust its memory.
+//!   row), so that no input can crash batchinfer or exhaust its memory; which names hold
+//!   secrets, and a statement's text with them blanked (`secrets.rs`).
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
 //! - [`storage`]: every path, local or in an object store, answered here: where a location

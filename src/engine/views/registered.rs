@@ -27,14 +27,17 @@ impl Engine {
     }
 
     /// Whether view `name`'s newest manifest lists only files of its own, each there with the
-    /// size it was written with (a view not refreshed yet has none to check).
+    /// size it was written with (a view not refreshed yet, or whose manifest cannot be read,
+    /// has none to check).
     pub(crate) async fn view_files_whole(&self, name: &str) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
         let manifests = warehouse.view_manifests(name)?;
         let shown = format!("view '{name}''s manifest");
-        let Some((_, manifest)) = newest_view(&manifests, &shown).await? else {
+        // A manifest that cannot be read says nothing here: the view is left out of the
+        // statement's tables, which says why.
+        let Ok(Some((_, manifest))) = newest_view(&manifests, &shown).await else {
             return Ok(());
         };
         let Some(current) = &manifest.current else {
