@@ -46,29 +46,6 @@ fn run(mut command: Command, args: &[&str]) -> Output {
     common::output_within(command.args(args), common::DEADLINE)
 }
 
-/// The scores of the local sample, `copies` times over, sorted by id.
-fn local_scores(dir: &Path, copies: usize) -> Vec<(i64, Vec<f64>)> {
-    let out = run(
-        batchinfer(dir),
-        &[
-            "--models",
-            "data/models",
-            "query",
-            "-e",
-            &format!(
-                "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
-            ),
-        ],
-    );
-    let once = common::rows(&assert_ok(&out));
-    let mut all: Vec<(i64, Vec<f64>)> = once
-        .iter()
-        .flat_map(|r| std::iter::repeat_n(r.clone(), copies))
-        .collect();
-    all.sort_by_key(|r| r.0);
-    all
-}
-
 /// Azurite with the sample features as 4 blobs in `data`, the test models in `models`, and
 /// empty containers `out` and `lake`.
 fn azurite_with_data(dir: &Path) -> Azurite {
@@ -116,7 +93,7 @@ fn the_abfss_form_names_the_same_container() {
     );
     common::assert_same_rows(
         &common::rows(&assert_ok(&reread)),
-        &local_scores(dir.path(), 4),
+        &common::local_scores(4),
         1e-6,
     );
 }
@@ -154,7 +131,7 @@ fn a_materialized_view_over_azure_scores_only_new_blobs() {
     let reread = view("SELECT id, p FROM scores");
     common::assert_same_rows(
         &common::rows(&assert_ok(&reread)),
-        &local_scores(dir.path(), 5),
+        &common::local_scores(5),
         1e-6,
     );
     server.delete("data", "features/part-0.parquet");
@@ -490,7 +467,7 @@ fn http_servers_are_read_and_never_written() {
     );
     let mut rows = common::rows(&assert_ok(&out));
     rows.sort_by_key(|r| r.0);
-    common::assert_same_rows(&rows, &local_scores(dir.path(), 1), 1e-6);
+    common::assert_same_rows(&rows, &common::local_scores(1), 1e-6);
     let out = run(
         batchinfer(dir.path()),
         &[

@@ -1258,13 +1258,7 @@ fn names_are_kept_and_dropped_by_what_they_are() {
     );
 
     // One view's newest manifest damaged: SHOW MATERIALIZED VIEWS lists the others.
-    let newest = std::fs::read_dir(wh.join("views/other"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().contains("manifest-"))
-        .max()
-        .unwrap();
+    let newest = common::newest_manifest_file(&wh.join("views/other"));
     std::fs::write(&newest, "{not json").unwrap();
     let out = common::query(&wh, "SHOW MATERIALIZED VIEWS");
     let shown = assert_ok(&out);

@@ -58,33 +58,17 @@ fn server_with_data(dir: &Path) -> S3Server {
     server
 }
 
-/// The scores of the local sample, four times over (the server holds four copies).
-fn local_scores(warehouse: &Path) -> Vec<(i64, Vec<f64>)> {
-    let out = common::output_within(
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-            .env("BATCHINFER_WAREHOUSE", warehouse)
-            .args(["--format", "csv", "--models", "data/models", "query", "-e"])
-            .arg(format!(
-                "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
-            )),
-        common::DEADLINE,
-    );
-    let once = common::rows(&assert_ok(&out));
-    let mut all: Vec<(i64, Vec<f64>)> = once
-        .iter()
-        .flat_map(|r| [r.clone(), r.clone(), r.clone(), r.clone()])
-        .collect();
-    all.sort_by_key(|r| r.0);
-    all
-}
-
 /// The rows of `s3://out/scores/`, re-read, equal those of the same scoring run locally.
 fn assert_scores_in_s3_match_a_local_run(server: &S3Server, wh: &Path) {
     let reread = run(
         batchinfer(server, wh),
         &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
     );
-    common::assert_same_rows(&common::rows(&assert_ok(&reread)), &local_scores(wh), 1e-6);
+    common::assert_same_rows(
+        &common::rows(&assert_ok(&reread)),
+        &common::local_scores(4),
+        1e-6,
+    );
 }
 
 #[test]

@@ -181,26 +181,6 @@ impl Store {
     }
 }
 
-/// The scores of the local sample by the linear model, four times over (each store holds four
-/// copies), sorted by id.
-fn local_scores() -> Vec<(i64, Vec<f64>)> {
-    let out = common::output_within(
-        common::bin()
-            .args(["--models", "data/models", "query", "-e"])
-            .arg(format!(
-                "SELECT id, predict('linear', {FEATURES}) AS p FROM 'data/sample/features.parquet'"
-            )),
-        common::DEADLINE,
-    );
-    let once = common::rows(&assert_ok(&out));
-    let mut all: Vec<(i64, Vec<f64>)> = once
-        .iter()
-        .flat_map(|r| std::iter::repeat_n(r.clone(), 4))
-        .collect();
-    all.sort_by_key(|r| r.0);
-    all
-}
-
 fn sorted(mut rows: Vec<(i64, Vec<f64>)>) -> Vec<(i64, Vec<f64>)> {
     rows.sort_by_key(|r| r.0);
     rows
@@ -208,7 +188,7 @@ fn sorted(mut rows: Vec<(i64, Vec<f64>)>) -> Vec<(i64, Vec<f64>)> {
 
 #[test]
 fn every_store_is_scored_with_its_own_models_and_the_results_written_back() {
-    let want = local_scores();
+    let want = common::local_scores(4);
     for kind in KINDS {
         let store = Store::start(kind);
         let (features, model) = (
@@ -258,7 +238,7 @@ fn every_store_is_scored_with_its_own_models_and_the_results_written_back() {
 
 #[test]
 fn a_warehouse_in_every_written_store_keeps_models_and_tables_across_processes() {
-    let want = local_scores();
+    let want = common::local_scores(4);
     for kind in KINDS {
         let store = Store::start(kind);
         if !store.written() {

@@ -666,13 +666,7 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
     // One view's newest manifest damaged: a statement that does not name that view does not
     // read it, and works; one that names it is told it cannot be read; DROP removes it.
     let folder = wh.join("views/other");
-    let newest = std::fs::read_dir(&folder)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().contains("manifest-"))
-        .max()
-        .unwrap();
+    let newest = common::newest_manifest_file(&folder);
     std::fs::write(&newest, "{\"format\":1").unwrap();
     let out = query(&wh, "SELECT count(*) AS n FROM scores");
     assert_eq!(assert_ok(&out), "n\n0\n");
@@ -889,13 +883,7 @@ fn hostile_view_names_are_refused_and_touch_nothing() {
 
 /// The newest manifest version of `view`: its path and its JSON.
 fn newest_manifest(wh: &Path, view: &str) -> (PathBuf, serde_json::Value) {
-    let newest = std::fs::read_dir(wh.join("views").join(view))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().contains("manifest-"))
-        .max()
-        .unwrap();
+    let newest = common::newest_manifest_file(&wh.join("views").join(view));
     let json = serde_json::from_slice(&std::fs::read(&newest).unwrap()).unwrap();
     (newest, json)
 }

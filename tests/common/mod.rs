@@ -347,3 +347,33 @@ pub fn piped(
     let err = lines_of(child.stderr.take().unwrap());
     (child, stdin, out, err)
 }
+
+/// The scores of the local sample by the linear model (`data/models`), `copies` times over,
+/// sorted by id: what a run over copies of it in a store is compared with.
+pub fn local_scores(copies: usize) -> Vec<(i64, Vec<f64>)> {
+    let out = output_within(
+        bin().args(["--models", "data/models", "query", "-e"]).arg(
+            "SELECT id, predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS p \
+             FROM 'data/sample/features.parquet'",
+        ),
+        DEADLINE,
+    );
+    let once = rows(&assert_ok(&out));
+    let mut all: Vec<(i64, Vec<f64>)> = once
+        .iter()
+        .flat_map(|r| std::iter::repeat_n(r.clone(), copies))
+        .collect();
+    all.sort_by_key(|r| r.0);
+    all
+}
+
+/// The newest manifest file of a materialized view's folder.
+pub fn newest_manifest_file(folder: &Path) -> PathBuf {
+    std::fs::read_dir(folder)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("manifest-"))
+        .max()
+        .unwrap()
+}
