@@ -8,13 +8,20 @@
 //! ```
 //!
 //! # Layout
-//! - [`engine`]: [`Engine`], the library entry point: a SessionContext, the model registry, the
-//!   warehouse and where statements run; `write.rs` holds the writes that appear whole (COPY,
-//!   INSERT, CREATE TABLE), `lineage.rs` the models a write names in its files (and the columns
-//!   CSV cannot hold), `catalog.rs` the model statements and what DROP TABLE and INSERT
-//!   need of tables, `options.rs` the
-//!   stores a statement's `OPTIONS` connect, `explain.rs` EXPLAIN ANALYZE and the message for a
-//!   missing table.
+//! - [`engine`]: [`Engine`], the library entry point. It parses statements and routes each to
+//!   the feature that runs it, over one [`session::Session`]; it holds the session, the
+//!   configuration, the warehouse and the catalog, nothing more. `write.rs` holds the writes that
+//!   appear whole (COPY, INSERT, CREATE TABLE ... AS), `explain.rs` EXPLAIN ANALYZE.
+//! - [`session`]: the handle every feature gets on the SQL session: DataFusion's context, the
+//!   model registry, where statements run; statements planned and run (`mod.rs`), the
+//!   `batchinfer.*` options and the statement at hand (`settings.rs`), the statement tagged for
+//!   its rejects (`tag.rs`), the stores a statement's `OPTIONS` connect and its text with secrets
+//!   blanked (`stores.rs`), and what writes register and report (`tables.rs`).
+//! - [`catalog`]: the models and tables a session knows: the model statements and the models
+//!   brought up to the warehouse's definitions (`models.rs`); what a table name names, CREATE
+//!   EXTERNAL TABLE by the session's table factories, DROP TABLE, an INSERT's table
+//!   (`tables.rs`).
+//! - [`lineage`]: the models a write names in its files, and the columns CSV cannot hold.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
 //!   what each holds of stores and models (`node.rs`).
@@ -28,7 +35,7 @@
 //! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`]
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
-//!   cluster client sends), set by the engine for each statement; no `SET` changes it.
+//!   cluster client sends), set through the session for each statement; no `SET` changes it.
 //! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
 //!   text models' tokenizers, what a file says of itself without a session (`header.rs`: its
 //!   inputs and outputs, producer, class labels), and the scoring of one record batch.
@@ -56,9 +63,9 @@
 //! - [`output`]: printing results as a table, CSV or JSON.
 //! - [`progress`]: the progress line on long statements and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
-//!   piped standard input and the shell; stop signals.
-//! - [`schedule`]: `batchinfer refresh VIEW`, once, `--every` so often or `--watch`ing for new
-//!   files.
+//!   piped standard input, the shell and `batchinfer refresh VIEW`.
+//! - [`signals`]: SIGINT and SIGTERM as the process answers them: statements count themselves
+//!   running and say when they stopped for one; a signal none answers ends the process.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper around the runner).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
@@ -76,20 +83,24 @@
 //!   folder's staging, swap and cleanup in `folder.rs`), whole
 //!   files read for models (`files.rs`), a Parquet footer checked before it is trusted
 //!   (`footer.rs`), and what an object store's error means for a person (`hints.rs`).
-//! - [`view`]: materialized views: the manifest of what a view holds (`mod.rs`), what a refresh
-//!   has to do (`plan.rs`), the queries a view may have (`check.rs`), the files a view may read
-//!   (its own, of their recorded sizes: `files.rs`, which also makes a view's table); the engine
-//!   runs them (`engine/views/`, `engine/refresh/`), the manifests commit in storage
-//!   (`storage/manifest.rs`).
-//! - [`warehouse`]: model definitions and tables that persist, over one object store and prefix
-//!   (a folder or a prefix in S3, Google Cloud Storage or Azure); the session's default schema
-//!   over it (`schema.rs`: tables and views looked up by name when a statement names them, the
-//!   tables a process registers itself first).
+//! - [`view`]: materialized views, the feature whole, given the session, the warehouse and the
+//!   catalog ([`view::Views`]): their statements (`statements.rs`, `show.rs`), a refresh
+//!   (`refresh/`: units scored and committed, what it repairs), what a refresh has to do
+//!   (`plan.rs`), its commits (`commit.rs`), the queries a view may have (`check.rs`), a view
+//!   read only while whole (`registered.rs`), and `batchinfer refresh VIEW` once, `--every` so
+//!   often or `--watch`ing for new files (`schedule.rs`).
+//! - [`warehouse`]: model definitions, tables and views that persist, over one object store and
+//!   prefix (a folder or a prefix in S3, Google Cloud Storage or Azure); the session's default
+//!   schema over it (`schema.rs`: tables and views looked up by name when a statement names
+//!   them, the tables a process registers itself first); a view's manifest, its format
+//!   (`view_manifest.rs`), and the files a view may read (its own, of their recorded sizes:
+//!   `view_files.rs`, which also makes a view's table).
 //! - [`error`]: the crate's error type, and panics reported as errors; [`message`]: an error as a
 //!   person reads it, and warnings said once.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 
+pub mod catalog;
 pub mod cluster;
 pub mod commands;
 pub mod config;
@@ -99,6 +110,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod help;
+pub mod lineage;
 pub mod message;
 pub mod model;
 pub mod onnx;
@@ -111,8 +123,9 @@ pub mod rules;
 pub mod runner;
 pub mod runtime;
 pub mod scan;
-pub mod schedule;
+pub mod session;
 pub mod shell;
+pub mod signals;
 pub mod statement_context;
 pub mod statements;
 pub mod stop;

@@ -11,8 +11,8 @@ use batchinfer::config::{Device, GraphOptimization, parse_size};
 use batchinfer::message::display_error;
 use batchinfer::output::OutputFormat;
 use batchinfer::runner::Runner;
-use batchinfer::schedule::{Schedule, parse_duration};
 use batchinfer::shell::{ShellOptions, run_shell};
+use batchinfer::view::schedule::{Schedule, parse_duration};
 use batchinfer::{Engine, EngineConfig, Error, Result};
 use clap::{Args, Parser, Subcommand};
 
@@ -304,7 +304,7 @@ async fn main_inner(cli: Cli) -> Result<()> {
                 (None, true) => Schedule::Watch(poll),
                 (None, false) => Schedule::Once,
             };
-            batchinfer::schedule::refresh_view(&engine, &view, schedule).await
+            batchinfer::runner::refresh_view(&engine, &view, schedule).await
         }
         Some(Command::Shell | Command::Scheduler { .. } | Command::Executor { .. }) | None => {
             shell(&engine, args.format, args.timing).await

@@ -19,12 +19,13 @@ use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use crate::config::BatchInferOptions;
+use crate::config::{BatchInferOptions, OnError};
 pub use crate::config::{ErrorBudget, SHARE_AFTER};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::statement_context::StatementContext;
 use crate::storage::StoreRegistry;
+use crate::warehouse::Warehouse;
 
 /// What one statement's model calls in this process have scored and failed on so far.
 #[derive(Debug, Default)]
@@ -166,6 +167,60 @@ pub fn keep(
         ))
         .map_err(|e| Error::setting("batchinfer.rejects", format!("{folder}: {e}")))?;
     stores.write_file(&file, bytes)
+}
+
+/// Where the rejects of a statement run with `options` go, as a folder: `batchinfer.rejects`,
+/// else the warehouse's `rejects/` (else `rejects/`). Where rows are rejected (`on_error =
+/// 'reject'`), a place of its own that batchinfer can write to.
+pub fn location(
+    options: &BatchInferOptions,
+    warehouse: Option<&Warehouse>,
+    stores: &StoreRegistry,
+) -> Result<url::Url> {
+    let rejects = match (&*options.rejects, warehouse) {
+        ("", Some(warehouse)) => warehouse.rejects_location()?,
+        ("", None) => "rejects/".to_string(),
+        (set, _) => set.to_string(),
+    };
+    let unusable = |e: Error| {
+        Error::setting(
+            "batchinfer.rejects",
+            format!("batchinfer.rejects '{rejects}' cannot be used: {e}"),
+        )
+    };
+    let url = crate::storage::folder_location(&rejects).map_err(unusable)?;
+    if options.on_error == OnError::Reject {
+        // A place of its own: not a folder of the warehouse's (a DROP would delete the
+        // rejects, or a listing would take them for a table), not one a `..` names, and
+        // one batchinfer can write to.
+        if let Some(folder) = warehouse.and_then(|w| w.own_folder_holding(&url)) {
+            return Err(unusable(Error::setting(
+                "batchinfer.rejects",
+                format!(
+                    "it is in the warehouse's {folder}/ folder, which holds the warehouse's own \
+                 files; leave batchinfer.rejects unset for the warehouse's rejects/"
+                ),
+            )));
+        }
+        if rejects.split(['/', '\\']).any(|part| part == "..") {
+            return Err(unusable(Error::setting(
+                "batchinfer.rejects",
+                "it names a folder through '..': name the folder itself",
+            )));
+        }
+        let store = stores.commit_store(&url).map_err(unusable)?;
+        if store.read_only().is_some() {
+            return Err(unusable(Error::setting(
+                "batchinfer.rejects",
+                "it is on a server batchinfer reads from only",
+            )));
+        }
+        // Its statement folders are read back as tables: named plainly, and a folder.
+        crate::storage::check_write_target(&rejects).map_err(unusable)?;
+        crate::storage::object_path(&url).map_err(unusable)?;
+        stores.check_folder(&url).map_err(unusable)?;
+    }
+    Ok(url)
 }
 
 /// The folder of the statement at hand's rejects: `REJECTS/STATEMENT/`.

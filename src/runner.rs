@@ -4,17 +4,20 @@
 
 use std::io::{BufRead, Write};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::FutureExt;
+
+pub use crate::signals::{exit_on_unheeded_signals, stop_signal};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::message::display_error;
 use crate::output::{OutputFormat, print_batches};
 use crate::progress::run_with_progress;
+use crate::signals::{Running, heed};
 use crate::statements::{Statement, complete_prefix};
+use crate::view::schedule::Schedule;
 
 /// How statements run and print.
 pub struct Runner<'e> {
@@ -167,7 +170,7 @@ pub async fn report_failed_rows(engine: &Engine) {
 
 /// Answers a stop signal: waits until what the statement wrote is discarded.
 async fn cancelled(signal: &'static str) -> Result<()> {
-    HEEDED.fetch_add(1, Ordering::SeqCst);
+    heed();
     crate::storage::discards_done().await;
     let kept = crate::storage::take_kept_despite_cancel();
     if !kept.is_empty() {
@@ -180,109 +183,21 @@ async fn cancelled(signal: &'static str) -> Result<()> {
     Err(Error::Cancelled(signal))
 }
 
-/// How many stop signals a running statement has answered (by stopping).
-static HEEDED: AtomicU64 = AtomicU64::new(0);
-
-/// How many statements are running (in [`Runner::run`]).
-static RUNNING: AtomicU64 = AtomicU64::new(0);
-
-/// Counts a statement in [`RUNNING`] while it lives.
-pub(crate) struct Running;
-
-/// Says that the stop signal that came was answered (by stopping what was running).
-pub(crate) fn heed() {
-    HEEDED.fetch_add(1, Ordering::SeqCst);
-}
-
-impl Running {
-    pub(crate) fn start() -> Running {
-        RUNNING.fetch_add(1, Ordering::SeqCst);
-        Running
+/// `batchinfer refresh VIEW`: materialized view `name` refreshed as `schedule` says
+/// ([`crate::view::schedule`]), each refresh a statement of its own, its failed rows reported.
+pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Result<()> {
+    let _running = Running::start();
+    if !engine.view_exists(name).await? {
+        return Err(Error::view(
+            name,
+            format!("there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"),
+        ));
     }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// How long a statement has to answer a stop signal before the process ends.
-const HEED_WITHIN: Duration = Duration::from_secs(10);
-
-/// Ends the process when a stop signal goes unanswered. A statement stops at SIGINT or SIGTERM
-/// wherever it waits (reading, writing) and between a model's micro-batches ([`crate::stop`]),
-/// but planning one is work on a thread that checks for nothing, and a signal that comes between two statements finds none to stop.
-/// A signal with no statement running, a second signal before the first is answered, or none
-/// answered [`HEED_WITHIN`] after it, exits at once with status 1. Nothing a statement staged
-/// has been committed then, so nothing is lost: its hidden files stay hidden, and an S3 upload
-/// never completed is no object.
-pub fn exit_on_unheeded_signals() {
-    let watch = async {
-        loop {
-            let heeded = HEEDED.load(Ordering::SeqCst);
-            let signal = stop_signal().await;
-            // The running statement's scoring loops look for it between micro-batches.
-            crate::stop::request(signal);
-            // Read before HEEDED: a statement counts the signal it answers before it stops
-            // running, so a statement that already answered this one is seen to have.
-            let running = RUNNING.load(Ordering::SeqCst);
-            if HEEDED.load(Ordering::SeqCst) != heeded {
-                continue;
-            }
-            if running == 0 {
-                eprintln!("stopped by {signal}: no statement was running");
-                std::process::exit(1);
-            }
-            // Answered, or not: the statement ended without answering it (the signal came as it
-            // finished), or HEED_WITHIN passed.
-            let answer = async {
-                let started = Instant::now();
-                while RUNNING.load(Ordering::SeqCst) > 0
-                    && HEEDED.load(Ordering::SeqCst) == heeded
-                    && started.elapsed() < HEED_WITHIN
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            };
-            tokio::select! {
-                _ = stop_signal() => {}
-                _ = answer => {}
-            }
-            if HEEDED.load(Ordering::SeqCst) == heeded {
-                eprintln!("Error: {}", Error::Cancelled(signal));
-                std::process::exit(1);
-            }
-        }
-    };
-    // A thread and a runtime of its own: the statement's may be too busy to look.
-    let spawned = std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(watch),
-                Err(e) => eprintln!("warning: stop signals are heeded only between waits: {e}"),
-            }
-        });
-    if let Err(e) = spawned {
-        eprintln!("warning: stop signals are heeded only between waits: {e}");
-    }
-}
-
-/// The first of SIGINT (Ctrl-C) and SIGTERM to come.
-pub async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        },
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
+    crate::view::schedule::refresh_view(
+        name,
+        schedule,
+        async || engine.refresh(name).await,
+        async || report_failed_rows(engine).await,
+    )
+    .await
 }

@@ -3,7 +3,7 @@
 //!
 //! A model call runs on a thread that awaits nothing, so a statement busy inside `embed` or
 //! `predict` could not notice a signal until its record batch was done (minutes, for a heavy
-//! model). The signal watcher ([`crate::runner::exit_on_unheeded_signals`]) counts each signal
+//! model). The signal watcher ([`crate::signals::exit_on_unheeded_signals`]) counts each signal
 //! here and ends the model calls in flight ([`InFlight`]: ONNX Runtime stops a call it is told
 //! to terminate between two of its nodes). A statement takes a [`StopToken`] when it starts, and
 //! its scoring loops look before each micro-batch (and while waiting for a free call) whether a

@@ -653,6 +653,28 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
         &["'scores' is a materialized view"],
     );
     assert!(!wh.join("tables/scores").exists());
+    // IF NOT EXISTS over a name another kind of object holds creates nothing, and says so.
+    let out = query(&wh, "CREATE TABLE IF NOT EXISTS scores AS SELECT 1 AS one");
+    assert_ok(&out);
+    assert!(
+        common::stderr(&out).contains("CREATE TABLE IF NOT EXISTS scores created nothing"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert!(!wh.join("tables/scores").exists());
+    assert_ok(&query(&wh, "CREATE TABLE taken AS SELECT 1 AS one"));
+    let out = query(
+        &wh,
+        &format!("CREATE MATERIALIZED VIEW IF NOT EXISTS taken AS SELECT id FROM '{input_text}'"),
+    );
+    assert_ok(&out);
+    assert!(
+        common::stderr(&out).contains("MATERIALIZED VIEW IF NOT EXISTS taken created nothing"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert!(!wh.join("views/taken").exists());
+    assert_eq!(assert_ok(&query(&wh, "SELECT one FROM taken")), "one\n1\n");
 
     // Every input file removed: the view is empty.
     std::fs::remove_file(input.join("a.parquet")).unwrap();

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableProvider;
@@ -14,12 +13,9 @@ use datafusion_table_providers_sqlite::DynSqliteConnectionPool;
 use datafusion_table_providers_sqlite::pool::SqliteConnectionPool;
 use datafusion_table_providers_sqlite::sql_table::SQLiteTable;
 
-use super::sqlite_insert::SqliteTarget;
+use super::sqlite_insert::{BUSY_TIMEOUT, SqliteTarget};
 use super::{Database, table_reference, unknown_option};
 use crate::error::{Error, Result};
-
-/// How long a statement waits for another writer's lock on the file before it fails.
-pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) async fn table(
     name: &str,

@@ -17,6 +17,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
@@ -30,7 +31,8 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
-use super::sqlite::BUSY_TIMEOUT;
+/// How long a statement waits for another writer's lock on the file before it fails.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a SQLite table is and how a message names it.
 #[derive(Debug, Clone)]

@@ -1,20 +1,27 @@
 //! What the engine adds to DataFusion's explanations: EXPLAIN ANALYZE's rows per model, and the
 //! cause behind "table not found" for an `s3://` path.
 
-use super::*;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::dataframe::DataFrame;
+use datafusion::sql::parser::Statement as DFStatement;
+
+use super::Engine;
+use crate::error::Result;
 
 impl Engine {
     /// EXPLAIN ANALYZE, with a row per model: rows scored, calls, and time inside the model.
     pub(super) async fn explain_analyze(&self, statement: DFStatement) -> Result<DataFrame> {
         let df = self.execute(statement).await?;
-        let before = self.registry.stats_by_model();
+        let before = self.session.registry().stats_by_model();
         let mut batches = df.collect().await?;
         let Some(schema) = batches.first().map(|b| b.schema()) else {
-            return self.empty();
+            return self.session.empty();
         };
         let mut kinds = Vec::new();
         let mut lines = Vec::new();
-        for (name, rows, nanos, calls) in self.registry.stats_by_model() {
+        for (name, rows, nanos, calls) in self.session.registry().stats_by_model() {
             let (r0, n0, c0) = before
                 .iter()
                 .find(|b| b.0 == name)
@@ -29,7 +36,7 @@ impl Engine {
                 ));
             }
         }
-        let (rejected, folder) = self.statement_rejects().await?;
+        let (rejected, folder) = self.session.statement_rejects().await?;
         for (name, rows) in rejected {
             kinds.push("batchinfer_rejects".to_string());
             lines.push(format!(
@@ -48,46 +55,6 @@ impl Engine {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             batches.push(RecordBatch::try_new(schema.clone(), columns)?);
         }
-        Ok(self.results.read_batches(batches)?)
-    }
-
-    /// DataFusion reports any failure to open `FROM 's3://...'` or `FROM 'path'` as "table not
-    /// found"; the store says why (no such object, file or bucket, credentials refused, endpoint
-    /// unreachable, not a regular file).
-    pub(super) async fn explain_missing_table(&self, err: DataFusionError) -> Error {
-        let message = err.to_string();
-        let missing = message
-            .split_once("table '")
-            .and_then(|(_, rest)| rest.split_once("' not found"))
-            .map(|(name, _)| name.trim_start_matches("datafusion.public."));
-        if let Some(name) = missing
-            && crate::warehouse::check_name("view", name).is_ok()
-            && self.is_view(name).await.unwrap_or(false)
-        {
-            // Left out because its manifest lists files that are not its own: that is why.
-            if let Some(e) = self.view_paths_refused(name).await {
-                return e;
-            }
-            return Error::view(
-                name,
-                format!(
-                    "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
-                 its manifest cannot be read): REFRESH MATERIALIZED VIEW {name}"
-                ),
-            );
-        }
-        let Some(name) = message
-            .split_once("table '")
-            .and_then(|(_, rest)| rest.split_once("' not found"))
-            .map(|(name, _)| name.trim_start_matches("datafusion.public."))
-            .filter(|name| is_object_store_url(name) || name.contains('/'))
-        else {
-            return err.into();
-        };
-        match self.registry.stores().why_nothing_at(name).await {
-            Ok(None) => err.into(),
-            Ok(Some(why)) => Error::location(name, why),
-            Err(e) => Error::location(name, format!("cannot read {name}: {}", display_error(&e))),
-        }
+        self.session.results(batches)
     }
 }

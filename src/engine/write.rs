@@ -3,26 +3,24 @@
 //! commits ([`crate::storage`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::datatypes::{Schema, UInt64Type};
+use datafusion::arrow::datatypes::Schema;
 use datafusion::catalog::TableProvider;
-use datafusion::common::TableReference;
-use datafusion::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
-use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::{ExplainStatement, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
     CreateTable, Ident, ObjectName, Statement as SQLStatement, TableObject,
 };
 
-use super::{Engine, lineage, table_name};
+use super::Engine;
 use crate::error::{Error, Result};
+use crate::lineage;
+use crate::session::{Registered, row_group_rows};
 use crate::storage::CommittedWrite;
 use crate::warehouse::Warehouse;
+use crate::warehouse::table_name;
 
 impl Engine {
     /// COPY, or INSERT INTO a listing table, whose files appear all at once when it succeeds,
@@ -60,10 +58,10 @@ impl Engine {
     /// (a cluster's executors: into a staging folder), into a copy of the table over that
     /// place, moved into the table's folder at commit.
     async fn place_write(&self, statement: DFStatement) -> Result<Placed<'_>> {
-        let stores = self.registry.stores();
+        let stores = self.session.registry().stores();
         let mut statement = match statement {
             DFStatement::CopyTo(mut copy) => {
-                let (write_to, write) = self.placement.write_to(stores, &copy.target)?;
+                let (write_to, write) = self.session.placement().write_to(stores, &copy.target)?;
                 copy.target = write_to;
                 let statement = DFStatement::CopyTo(copy);
                 return Ok(Placed::Write(PlacedWrite {
@@ -80,7 +78,7 @@ impl Engine {
         let SQLStatement::Insert(insert) = s.as_mut() else {
             return Ok(Placed::NotAWrite(statement));
         };
-        let Some(table) = self.insert_target(insert).await else {
+        let Some(table) = self.catalog.insert_target(insert, &self.session).await else {
             return Ok(Placed::NotAWrite(statement));
         };
         let Some(listing) = table.downcast_ref::<ListingTable>() else {
@@ -88,15 +86,15 @@ impl Engine {
         };
         // The folder an INSERT writes into: its table's first.
         let folder = listing.table_paths()[0].as_str().to_string();
-        let (write_to, write) = self.placement.write_to(stores, &folder)?;
+        let (write_to, write) = self.session.placement().write_to(stores, &folder)?;
         let mut staged = None;
         if write_to != folder {
-            let copy =
-                Registered::new(&self.ctx, staged_table(listing, table.as_ref(), &write_to)?)?;
-            insert.table = TableObject::TableName(ObjectName::from(vec![Ident::with_quote(
-                '"',
-                copy.name.as_str(),
-            )]));
+            let copy = Registered::hidden(
+                self.session.ctx(),
+                staged_table(listing, table.as_ref(), &write_to)?,
+            )?;
+            insert.table =
+                TableObject::TableName(ObjectName::from(vec![Ident::with_quote('"', copy.name())]));
             staged = Some(copy);
         }
         Ok(Placed::Write(PlacedWrite {
@@ -119,28 +117,19 @@ impl Engine {
                 self.copy_planned(self.execute(statement).await?)?
             };
             let batches = df.collect().await?;
-            self.check_rejects_budget().await?;
+            self.session.check_rejects_budget().await?;
             Ok::<_, Error>(batches)
         };
         match run.await {
             Ok(batches) => {
                 write.commit().await?;
-                Ok(self.results.read_batches(batches)?)
+                self.session.results(batches)
             }
             Err(e) => {
                 write.abort().await;
                 Err(e)
             }
         }
-    }
-
-    /// The Parquet options of a write of rows of `schema`: the session's, with row groups of
-    /// fewer rows where rows are wide ([`row_group_rows`]).
-    pub(super) fn parquet_options(&self, schema: &Schema) -> TableParquetOptions {
-        let mut options = self.ctx.state().default_table_options().parquet;
-        options.global.max_row_group_size =
-            row_group_rows(schema, options.global.max_row_group_size);
-        options
     }
 
     /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]; what its
@@ -158,11 +147,12 @@ impl Engine {
         if copy.file_type.get_ext().eq_ignore_ascii_case("parquet") {
             copy.options.insert(
                 format!("format.metadata::{}", lineage::MODELS_KEY),
-                lineage::models_used(&self.registry, &copy.input)?,
+                lineage::models_used(self.session.registry(), &copy.input)?,
             );
         }
         let configured = self
-            .ctx
+            .session
+            .ctx()
             .state_ref()
             .read()
             .config()
@@ -171,7 +161,7 @@ impl Engine {
             .parquet
             .max_row_group_size;
         let rows = row_group_rows(copy.input.schema().as_arrow(), configured);
-        let mut state = self.ctx.state();
+        let mut state = self.session.ctx().state();
         state
             .config_mut()
             .options_mut()
@@ -190,15 +180,28 @@ impl Engine {
         ct: &CreateTable,
     ) -> Result<DataFrame> {
         let name = table_name(&ct.name)?;
-        if self.is_view(&name).await? {
+        if self.views().is_view(&name).await? {
+            // IF NOT EXISTS asks for nothing where the name is taken, by a view too.
+            if ct.if_not_exists {
+                eprintln!(
+                    "a materialized view named '{name}' exists: CREATE TABLE IF NOT EXISTS {name} \
+                     created nothing"
+                );
+                return self.session.empty();
+            }
             return Err(Error::table(
                 &name,
                 format!("'{name}' is a materialized view; a table needs a name of its own"),
             ));
         }
-        if self.table_kind(&name).await?.is_some() {
+        if self
+            .catalog
+            .table_kind(&name, &self.session)
+            .await?
+            .is_some()
+        {
             if ct.if_not_exists {
-                return self.empty();
+                return self.session.empty();
             }
             if !ct.or_replace {
                 return Err(Error::table(
@@ -214,16 +217,16 @@ impl Engine {
         let df = self
             .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
             .await?;
-        let models = lineage::models_used(&self.registry, df.logical_plan())?;
+        let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
         let schema = df.schema().inner().clone();
-        let mut options = self.parquet_options(&schema);
+        let mut options = self.session.parquet_options(&schema);
         options
             .key_value_metadata
             .insert(lineage::MODELS_KEY.to_string(), Some(models.clone()));
         let empty_file = empty_table_file(schema.clone(), &models)?;
-        let stores = self.registry.stores();
+        let stores = self.session.registry().stores();
         let table = warehouse.begin_table(&name, ct.or_replace, |target| {
-            self.placement.write_to(stores, target)
+            self.session.placement().write_to(stores, target)
         })?;
         let written = match df
             .write_parquet(table.target(), DataFrameWriteOptions::new(), Some(options))
@@ -236,44 +239,18 @@ impl Engine {
                 return Err(e);
             }
         };
-        if let Err(e) = self.check_rejects_budget().await {
+        if let Err(e) = self.session.check_rejects_budget().await {
             table.abort().await;
             return Err(e);
         }
         table.commit(empty_file).await?;
         let table = listing_table(&warehouse.table_location(&name)?, schema)?;
         let version = warehouse.table_version(&name).await?;
-        if let Some(tables) = &self.seen.tables {
+        if let Some(tables) = self.catalog.warehouse_tables() {
             tables.written(&name, version, table);
         }
-        self.rows_written(&written)
+        self.session.rows_written(&written)
     }
-
-    /// A result of no columns whose rows are the rows a write reports in `counts` (its
-    /// `count`): nothing to print, and the summary of the statement says how many.
-    pub(super) fn rows_written(&self, counts: &[RecordBatch]) -> Result<DataFrame> {
-        self.rows_result(rows_in(counts))
-    }
-
-    /// A result of no columns and `rows` rows: what a write that wrote `rows` returns.
-    pub(super) fn rows_result(&self, rows: u64) -> Result<DataFrame> {
-        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
-        let batch = RecordBatch::try_new_with_options(
-            Arc::new(Schema::empty()),
-            vec![],
-            &RecordBatchOptions::new().with_row_count(Some(rows)),
-        )?;
-        Ok(self.results.read_batch(batch)?)
-    }
-}
-
-/// The rows a write reports in `counts` (its `count` column).
-pub(super) fn rows_in(counts: &[RecordBatch]) -> u64 {
-    counts
-        .first()
-        .and_then(|b| b.columns().first())
-        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-        .map_or(0, |c| c.values().iter().sum::<u64>())
 }
 
 /// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
@@ -359,77 +336,4 @@ struct PlacedWrite<'a> {
     write: CommittedWrite,
     /// The copy of an INSERT's table it writes through, registered while it runs.
     _staged: Option<Registered<'a>>,
-}
-
-/// A table registered under a hidden name (or a given one) for as long as this lives.
-pub(super) struct Registered<'a> {
-    ctx: &'a SessionContext,
-    name: String,
-}
-
-impl<'a> Registered<'a> {
-    fn new(ctx: &'a SessionContext, table: Arc<dyn TableProvider>) -> Result<Self> {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "__batchinfer_staged_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        Self::named(ctx, &name, table)
-    }
-
-    pub(super) fn named(
-        ctx: &'a SessionContext,
-        name: &str,
-        table: Arc<dyn TableProvider>,
-    ) -> Result<Self> {
-        ctx.register_table(TableReference::bare(name), table)?;
-        Ok(Registered {
-            ctx,
-            name: name.to_string(),
-        })
-    }
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .ctx
-            .deregister_table(TableReference::bare(self.name.as_str()));
-    }
-}
-
-/// What a row group the Parquet writer holds in memory may take: a write holds a few (the one it
-/// encodes, the ones it writes out), so memory stays flat whatever the number of rows.
-const ROW_GROUP_BYTES: usize = 16 << 20;
-
-/// Rows per row group for rows of `schema`: `configured` (256Ki by default), fewer when the rows
-/// are wide, such as vectors (384 float32 are 1.5 KiB: 256Ki rows would be 384 MiB held), but
-/// never under 4,096. A row group size set by the session (`SET
-/// datafusion.execution.parquet.max_row_group_size`) is kept as it is.
-pub(crate) fn row_group_rows(schema: &Schema, configured: usize) -> usize {
-    let width: usize = schema
-        .fields()
-        .iter()
-        .map(|f| estimated_width(f.data_type()))
-        .sum();
-    if configured != crate::context::ROW_GROUP_ROWS {
-        return configured;
-    }
-    (ROW_GROUP_BYTES / width.max(1)).clamp(4_096, configured)
-}
-
-/// Bytes a value of type `t` takes, about: exact for fixed widths, a guess for the rest.
-fn estimated_width(t: &datafusion::arrow::datatypes::DataType) -> usize {
-    use datafusion::arrow::datatypes::DataType;
-    match t {
-        DataType::FixedSizeList(item, n) => {
-            (*n).max(0) as usize * estimated_width(item.data_type())
-        }
-        DataType::Struct(fields) => fields.iter().map(|f| estimated_width(f.data_type())).sum(),
-        DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item) => {
-            8 * estimated_width(item.data_type())
-        }
-        other => other.primitive_width().unwrap_or(32),
-    }
 }

@@ -4,10 +4,12 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::table::STAGING;
 use crate::error::{Error, Result};
+
+/// Numbers the staging folders of this process (a table's, and a local folder's).
+pub(super) static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// Removes the hidden files of writes whose process is gone (an INSERT killed mid-way: SIGKILL
 /// or a power cut): `.NAME.batchinfer-PID-N.partial`, and its `#N` upload, in `folder` and the

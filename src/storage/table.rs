@@ -16,14 +16,14 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use url::Url;
 
-use super::folder::{Staging, exchange, remove_abandoned_partials};
+use super::folder::{STAGING, Staging, exchange, remove_abandoned_partials};
 use super::{
     CommitKind, CommitStore, CommittedWrite, delete_prefix, display_location, object_path,
 };
@@ -86,8 +86,6 @@ pub async fn named_folders(
     names.sort();
     Ok(names)
 }
-
-pub(super) static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// The `tables/` folder of a warehouse.
 #[derive(Debug, Clone)]

@@ -25,6 +25,8 @@
 //! `models/` the first time the warehouse is opened.
 
 pub mod schema;
+pub mod view_files;
+pub mod view_manifest;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -417,7 +419,7 @@ impl Warehouse {
         &self,
         name: &str,
         version: u64,
-        dropped: Option<&crate::view::Manifest>,
+        dropped: Option<&view_manifest::Manifest>,
     ) -> Result<()> {
         let manifests = self.view_manifests(name)?;
         manifests.remove_before(version).await?;
@@ -437,3 +439,32 @@ impl Warehouse {
 
 /// The largest `models/NAME.json` read.
 const MODEL_DEFINITION_CAP: u64 = 1 << 20;
+
+/// A warehouse table's name: without schema, normalized as DataFusion does (lower case unless
+/// quoted), and a plain name ([`check_name`]).
+pub fn table_name(name: &datafusion::sql::sqlparser::ast::ObjectName) -> Result<String> {
+    object_name("table", name)
+}
+
+/// A warehouse object's name (`kind`: table, view), as [`table_name`].
+pub fn object_name(
+    kind: &str,
+    name: &datafusion::sql::sqlparser::ast::ObjectName,
+) -> Result<String> {
+    use datafusion::sql::sqlparser::ast::ObjectNamePart;
+    match name.0.as_slice() {
+        [ObjectNamePart::Identifier(ident)] => {
+            // As DataFusion normalizes identifiers: ASCII lower case unless quoted.
+            let name = match ident.quote_style {
+                Some(_) => ident.value.clone(),
+                None => ident.value.to_ascii_lowercase(),
+            };
+            check_name(kind, &name)?;
+            Ok(name)
+        }
+        _ => Err(Error::table(
+            name,
+            format!("a warehouse {kind} is named without a schema, not '{name}'"),
+        )),
+    }
+}

@@ -21,10 +21,10 @@ use datafusion::execution::context::SessionState;
 use datafusion::prelude::ParquetReadOptions;
 use parking_lot::RwLock;
 
+use super::view_manifest::Manifest;
 use super::{Warehouse, check_name};
 use crate::error::{Error, Result};
 use crate::message::{Warnings, display_error};
-use crate::view::Manifest;
 
 /// What a name of the schema is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl WarehouseSchema {
             return Ok(Some(Kind::Table));
         }
         let latest = self.warehouse.view_manifests(name)?.latest().await?;
-        Ok(crate::view::live(latest).map(|_| Kind::View))
+        Ok(super::view_manifest::live(latest).map(|_| Kind::View))
     }
 
     async fn lookup(&self, name: &str) -> Result<Option<Opened>> {
@@ -211,7 +211,7 @@ impl WarehouseSchema {
             return Ok(None);
         };
         let folder = self.warehouse.view_folder(name)?;
-        let provider = crate::view::files::table(name, &folder, current)?;
+        let provider = super::view_files::table(name, &folder, current)?;
         Ok(Some(self.keep(name, Kind::View, version, provider)))
     }
 

@@ -1,23 +1,18 @@
-//! The engine's materialized-view statements ([`crate::view`]): CREATE, REFRESH, SHOW and DROP
-//! MATERIALIZED VIEW, and the registration of each view, by name, as the files its newest
-//! manifest lists.
+//! The materialized-view statements: CREATE, REFRESH, SHOW and DROP MATERIALIZED VIEW.
 
-use datafusion::arrow::array::{ArrayRef, StringArray, TimestampMillisecondArray, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
-use datafusion::sql::sqlparser::ast::Query;
+use std::collections::BTreeMap;
 
-use super::refresh::Refreshed;
+use datafusion::sql::sqlparser::ast::{Query, Statement as SQLStatement};
+
+use super::show::refreshed_batch;
 use super::*;
+use crate::message::display_error;
 use crate::statements::ViewStatement;
-use crate::view::{Manifest, live, newest_view, now_ms};
+use crate::warehouse::object_name;
+use crate::warehouse::schema::Kind;
 
-mod registered;
-mod show;
-
-use show::*;
-
-impl Engine {
-    pub(super) async fn run_view_statement(&self, statement: ViewStatement) -> Result<DataFrame> {
+impl Views<'_> {
+    pub async fn run(&self, statement: ViewStatement) -> Result<DataFrame> {
         match statement {
             ViewStatement::Create {
                 name,
@@ -31,7 +26,7 @@ impl Engine {
             }
             ViewStatement::Refresh { name } => {
                 let refreshed = self.refresh_view(&object_name("view", &name)?).await?;
-                Ok(self.results.read_batch(refreshed_batch(&refreshed)?)?)
+                self.session.result(refreshed_batch(&refreshed)?)
             }
             ViewStatement::Show => self.show_views().await,
             ViewStatement::Drop { name, if_exists } => {
@@ -46,12 +41,12 @@ impl Engine {
     /// last manifest names are removed, generation folder by generation folder: a view created
     /// again meanwhile writes into folders of its own.
     async fn drop_view(&self, name: &str, if_exists: bool) -> Result<DataFrame> {
-        let warehouse = self.view_warehouse()?;
+        let warehouse = self.warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
         let (version, dropped) = loop {
             let Some((version, bytes)) = live(manifests.latest().await?) else {
                 if if_exists {
-                    return self.empty();
+                    return self.session.empty();
                 }
                 return Err(Error::view(
                     name,
@@ -69,16 +64,7 @@ impl Engine {
         warehouse
             .remove_view_data(name, version, dropped.as_ref())
             .await?;
-        self.empty()
-    }
-
-    /// Runs REFRESH MATERIALIZED VIEW `name` as a statement of its own (as [`Engine::run`]
-    /// does): for `batchinfer refresh`.
-    pub async fn refresh(&self, name: &str) -> Result<Refreshed> {
-        crate::warehouse::check_name("view", name)?;
-        self.before_statement().await?;
-        let refreshed = self.refresh_view(name).await?;
-        Ok(refreshed)
+        self.session.empty()
     }
 
     /// CREATE MATERIALIZED VIEW: the definition kept, then the first refresh. When that fails,
@@ -90,12 +76,26 @@ impl Engine {
         or_replace: bool,
         if_not_exists: bool,
     ) -> Result<DataFrame> {
-        let warehouse = self.view_warehouse()?;
+        let warehouse = self.warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
         let latest = manifests.latest().await?;
         let exists = live(latest.clone()).is_some();
         if exists && if_not_exists {
-            return self.empty();
+            return self.session.empty();
+        }
+        // IF NOT EXISTS asks for nothing where the name is taken, by a table too (as PostgreSQL).
+        if if_not_exists
+            && self
+                .catalog
+                .table_kind(name, self.session)
+                .await?
+                .is_some_and(|kind| kind != Kind::View)
+        {
+            eprintln!(
+                "a table named '{name}' exists: CREATE MATERIALIZED VIEW IF NOT EXISTS {name} \
+                 created nothing"
+            );
+            return self.session.empty();
         }
         self.check_view_name(name, exists, or_replace).await?;
         let (query, literals) = with_absolute_paths(name, query)?;
@@ -150,7 +150,7 @@ impl Engine {
             }
         };
         match self.refresh_view(name).await {
-            Ok(refreshed) => self.rows_result(refreshed.rows_scored),
+            Ok(refreshed) => self.session.rows_result(refreshed.rows_scored),
             Err(e) => {
                 self.undo_create(name, &text, before).await;
                 Err(e)
@@ -172,7 +172,8 @@ impl Engine {
         }
         if !exists
             && self
-                .table_kind(name)
+                .catalog
+                .table_kind(name, self.session)
                 .await?
                 .is_some_and(|kind| kind != Kind::View)
         {
@@ -190,7 +191,7 @@ impl Engine {
     /// definition put back; what it held was never taken away). Unless another statement
     /// redefined the view meanwhile: then it is left as that one made it.
     async fn undo_create(&self, name: &str, query: &str, before: Option<Manifest>) {
-        let Ok(warehouse) = self.view_warehouse() else {
+        let Ok(warehouse) = self.warehouse() else {
             return;
         };
         let undone = async {
@@ -230,7 +231,7 @@ impl Engine {
     /// The session's settings a view keeps ([`crate::view::VIEW_SETTINGS`]), a rejects folder
     /// made absolute (so that any later refresh writes where this one would).
     fn view_settings_now(&self) -> Result<BTreeMap<String, String>> {
-        let options = self.batchinfer_options();
+        let options = self.session.batchinfer_options();
         let mut settings = BTreeMap::new();
         for entry in datafusion::config::ExtensionOptions::entries(&options) {
             let Some(key) = entry.key.strip_prefix("batchinfer.") else {

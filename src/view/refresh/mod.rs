@@ -14,8 +14,9 @@ use datafusion::logical_expr::LogicalPlan;
 use futures::{StreamExt, TryStreamExt};
 use url::Url;
 
-use super::Engine;
+use super::Views;
 use crate::error::{Error, Result};
+use crate::session::Session;
 use crate::statements::Statement;
 use crate::storage::Manifests;
 use crate::view::check::{Source, reading, row_wise_source, source_table};
@@ -25,7 +26,6 @@ use crate::view::plan::{CommitSize, Work, plan};
 use crate::view::{
     Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, newest_view, now_ms,
 };
-use crate::warehouse::Warehouse;
 
 mod repair;
 mod units;
@@ -84,23 +84,25 @@ async fn manifest_of(manifests: &Manifests, name: &str) -> Result<Manifest> {
     }
 }
 
-impl Engine {
+impl Views<'_> {
     /// Brings materialized view `name` up to date with its input files and models.
-    pub(super) async fn refresh_view(&self, name: &str) -> Result<Refreshed> {
+    pub async fn refresh_view(&self, name: &str) -> Result<Refreshed> {
         let started = Instant::now();
-        let warehouse = self.view_warehouse()?;
+        let warehouse = self.warehouse()?;
         let manifests = warehouse.view_manifests(name)?;
         let manifest = manifest_of(&manifests, name).await?;
         crate::view::check::without_credentials(name, &manifest.source)?;
         // Scored with the view's own settings, whichever session refreshes it; tagged as a
         // statement of its own (its rejects' folder).
-        let _settings = ViewSettings::apply(self, &manifest.settings)?;
-        self.tag_text(format!("REFRESH MATERIALIZED VIEW {name}"))?;
+        let _settings = ViewSettings::apply(self.session, &manifest.settings)?;
+        self.session
+            .tag_text(format!("REFRESH MATERIALIZED VIEW {name}"), Some(warehouse))?;
         for generation in manifest.current.iter().chain(manifest.pending.iter()) {
             crate::view::files::check_paths(name, generation)?;
         }
         let used = manifest.current.iter().chain(manifest.pending.iter());
-        self.reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
+        self.catalog
+            .reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
             .await?;
         let planned = self.plan_view(name, &manifest).await?;
         let mut target = choose_target(&manifest, &planned.models, &planned.schema)?;
@@ -337,19 +339,11 @@ impl Engine {
         })
     }
 
-    pub(super) fn view_warehouse(&self) -> Result<&Warehouse> {
-        self.warehouse.as_ref().ok_or_else(|| {
-            Error::Statement(
-                "materialized views are kept in a warehouse; this engine has none".into(),
-            )
-        })
-    }
-
     /// Plans a view's query (loading its models), checking that it is row-wise. Files the query
     /// names by path are read as the view keeps them, so that planning reads none of them.
     async fn plan_view(&self, name: &str, manifest: &Manifest) -> Result<Planned> {
         let query = &manifest.query;
-        let mut statements = self.statements(query)?;
+        let mut statements = self.session.statements(query)?;
         let statement = match (statements.pop(), statements.is_empty()) {
             (Some(Statement::Sql(statement)), true) => *statement,
             _ => {
@@ -363,10 +357,12 @@ impl Engine {
         };
         let _source = match &manifest.source_table {
             Some(kept) => {
-                let parquet = self.ctx.state().table_options().parquet.clone();
+                let parquet = self.session.ctx().state().table_options().parquet.clone();
                 let table = source_table(kept, parquet)?;
-                Some(super::write::Registered::named(
-                    &self.ctx, &kept.name, table,
+                Some(crate::session::Registered::named(
+                    self.session.ctx(),
+                    &kept.name,
+                    table,
                 )?)
             }
             None => None,
@@ -374,14 +370,14 @@ impl Engine {
         let df = self.execute(statement).await?;
         let plan = df.logical_plan().clone();
         let source = row_wise_source(&plan, name)?;
-        let models = super::lineage::models_in(&self.registry, &plan)
+        let models = crate::lineage::models_in(self.session.registry(), &plan)
             .into_iter()
             .map(|m| (m.name.clone(), m.sha256.clone()))
             .collect();
         // The scan's projection is known once the plan is optimized.
-        let read = read_columns(&self.ctx.state().optimize(&plan)?, &source.schema);
+        let read = read_columns(&self.session.ctx().state().optimize(&plan)?, &source.schema);
         Ok(Planned {
-            models_json: super::lineage::models_used(&self.registry, &plan)?,
+            models_json: crate::lineage::models_used(self.session.registry(), &plan)?,
             schema: df.schema().inner().clone(),
             read,
             plan,
@@ -392,7 +388,7 @@ impl Engine {
 
     /// How much a refresh scores between commits (`batchinfer.files_per_commit`).
     fn commit_size(&self) -> CommitSize {
-        let options = self.batchinfer_options();
+        let options = self.session.batchinfer_options();
         CommitSize {
             files: options.files_per_commit.max(1),
             bytes: COMMIT_BYTES,
@@ -400,24 +396,24 @@ impl Engine {
     }
 }
 
-/// A view's settings in force in the engine's session while it is refreshed; the session's own
+/// A view's settings in force in the session while it is refreshed; the session's own
 /// are put back when this is dropped.
 struct ViewSettings<'e> {
-    engine: &'e Engine,
+    session: &'e Session,
     before: Option<crate::config::BatchInferOptions>,
 }
 
 impl<'e> ViewSettings<'e> {
-    fn apply(engine: &'e Engine, settings: &BTreeMap<String, String>) -> Result<Self> {
+    fn apply(session: &'e Session, settings: &BTreeMap<String, String>) -> Result<Self> {
         // The guard first: a setting that cannot be applied leaves none of them behind.
         let guard = ViewSettings {
-            engine,
-            before: (!settings.is_empty()).then(|| engine.batchinfer_options()),
+            session,
+            before: (!settings.is_empty()).then(|| session.batchinfer_options()),
         };
         if settings.is_empty() {
             return Ok(guard);
         }
-        engine.update_options(|options| {
+        session.update_options(|options| {
             // A view kept before it kept `nulls` scored NULL features as NULL.
             options.nulls = Default::default();
             for (key, value) in settings {
@@ -434,7 +430,7 @@ impl Drop for ViewSettings<'_> {
         let Some(before) = self.before.take() else {
             return;
         };
-        let _ = self.engine.update_options(|options| {
+        let _ = self.session.update_options(|options| {
             options.on_error = before.on_error;
             options.rejects = before.rejects;
             options.max_errors = before.max_errors;

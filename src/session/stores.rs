@@ -1,21 +1,23 @@
 //! `OPTIONS (...)` of COPY and CREATE EXTERNAL TABLE: the buckets they name are connected with
 //! them, and the secrets among them blanked once used.
 
-use super::*;
-
 use std::ops::ControlFlow;
 
-use datafusion::sql::parser::CopyToSource;
-use datafusion::sql::sqlparser::ast::{ObjectNamePart, VisitMut, visit_relations_mut};
+use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{
+    ObjectNamePart, Value as SqlValue, VisitMut, visit_relations_mut,
+};
 
+use super::Session;
+use crate::error::Result;
 use crate::storage::{StoreOptions, blank_passwords};
 
-impl Engine {
+impl Session {
     /// Connects the buckets a statement names with its `OPTIONS`, then blanks the values of the
     /// options that are secrets (keys, tokens, passwords) in the statement, so that no plan,
     /// table definition or error printed from it shows them. The stores it connected for the
     /// first time are returned, so that a statement that fails leaves no settings behind ([`crate::storage::StoreRegistry::forget`]).
-    pub(super) fn connect_stores(&self, statement: &mut DFStatement) -> Result<Vec<String>> {
+    pub fn connect_stores(&self, statement: &mut DFStatement) -> Result<Vec<String>> {
         let mut connected = Vec::new();
         match statement {
             DFStatement::CopyTo(copy) => {
@@ -55,7 +57,7 @@ impl Engine {
     /// `('azure.account_name' '...')` on a location in an object store: its bucket or container
     /// is connected with them (over the environment's settings); its key where this connected it
     /// first.
-    pub(super) fn connect_with_options(
+    fn connect_with_options(
         &self,
         location: &str,
         options: &[(String, SqlValue)],
@@ -74,7 +76,7 @@ impl Engine {
 
 /// The text of `statement` as it may be shown (kept with its rejects, in progress lines and
 /// messages): with the secrets of a table definition's options blanked.
-pub(super) fn shown(statement: &DFStatement) -> String {
+pub fn shown(statement: &DFStatement) -> String {
     match statement {
         DFStatement::CreateExternalTable(table) => {
             let mut table = table.clone();
@@ -101,11 +103,11 @@ fn blank_table_passwords<V: VisitMut>(node: &mut V) {
 }
 
 /// What a secret option's value reads as once the statement has used it.
-pub(super) const REDACTED: &str = "<redacted>";
+const REDACTED: &str = "<redacted>";
 
 /// Blanks the values of the options whose name says they are secret, and the password of any
 /// URL in the others.
-pub(super) fn redact(options: &mut [(String, SqlValue)]) {
+fn redact(options: &mut [(String, SqlValue)]) {
     for (key, value) in options {
         if crate::statements::is_secret_name(key) {
             *value = SqlValue::SingleQuotedString(REDACTED.to_string());
@@ -119,7 +121,7 @@ pub(super) fn redact(options: &mut [(String, SqlValue)]) {
 }
 
 /// The text of a SQL option's value (`'us-east-1'`, `true`, `9000`).
-pub(super) fn option_text(value: &SqlValue) -> String {
+fn option_text(value: &SqlValue) -> String {
     match value {
         SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => s.clone(),
         other => other.to_string(),

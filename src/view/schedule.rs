@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::engine::{Engine, Refreshed};
+use super::Refreshed;
 use crate::error::{Error, Result};
 use crate::message::display_error;
-use crate::runner::{Running, heed, stop_signal};
+use crate::signals::{heed, stop_signal};
 
 /// When a view is refreshed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,27 +27,22 @@ pub enum Schedule {
 /// The longest wait before a failed refresh is tried again.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-/// Refreshes view `name` as `schedule` says, printing one summary line per refresh, until it is
-/// done (once) or stopped.
-pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Result<()> {
-    let _running = Running::start();
-    if !engine.view_exists(name).await? {
-        return Err(Error::view(
-            name,
-            format!("there is no materialized view '{name}' (SHOW MATERIALIZED VIEWS lists them)"),
-        ));
-    }
+/// Refreshes view `name` (`refresh`) as `schedule` says, printing one summary line per refresh
+/// and what `reported` says after each, until it is done (once) or stopped.
+pub async fn refresh_view(
+    name: &str,
+    schedule: Schedule,
+    refresh: impl AsyncFn() -> Result<Refreshed>,
+    reported: impl AsyncFn(),
+) -> Result<()> {
     // One listener for the whole loop: a signal that comes between two waits is not missed.
     let stop = std::pin::pin!(stop_signal());
     let mut stop = Stop(stop);
     let period = match schedule {
         Schedule::Once => {
-            let refreshed = stop
-                .until(engine.refresh(name))
-                .await
-                .map_err(Error::Cancelled)??;
+            let refreshed = stop.until(refresh()).await.map_err(Error::Cancelled)??;
             println!("{}", summary(&refreshed, None));
-            crate::runner::report_failed_rows(engine).await;
+            reported().await;
             return Ok(());
         }
         Schedule::Every(period) | Schedule::Watch(period) => period,
@@ -57,14 +52,14 @@ pub async fn refresh_view(engine: &Engine, name: &str, schedule: Schedule) -> Re
     let mut first = true;
     loop {
         let started = Instant::now();
-        let Ok(result) = stop.until(engine.refresh(name)).await else {
+        let Ok(result) = stop.until(refresh()).await else {
             eprintln!("stopped: the refresh in flight was abandoned; every commit it made stays");
             return Ok(());
         };
         let wait = match result {
             Ok(refreshed) => {
                 failures = 0;
-                crate::runner::report_failed_rows(engine).await;
+                reported().await;
                 let skipped = advance(&mut next, period);
                 let found = refreshed.new + refreshed.changed + refreshed.removed > 0;
                 if first || found || matches!(schedule, Schedule::Every(_)) {

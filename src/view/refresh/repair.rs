@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Engine {
+impl Views<'_> {
     /// Removes files under the view's `data/` that the manifest `now` does not list: those it
     /// retired an hour ago or more (a reader of an older manifest has had that long), and those
     /// of units never committed (a refresh killed, or beaten to them) begun a day ago or more.

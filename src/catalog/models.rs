@@ -1,10 +1,27 @@
-//! The engine's catalog statements: batchinfer's model statements (`CREATE/DROP/DESCRIBE MODEL`,
-//! `SHOW MODELS`), kept in the warehouse, and what DROP TABLE and INSERT need to know of tables.
+//! The catalog's model statements (`CREATE/DROP/DESCRIBE MODEL`, `SHOW MODELS`), kept in the
+//! warehouse, and the models brought up to the warehouse's definitions before each statement.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 
-impl Engine {
-    pub(super) async fn run_model_statement(&self, statement: ModelStatement) -> Result<DataFrame> {
+use datafusion::dataframe::DataFrame;
+
+use super::Catalog;
+use crate::error::{Error, Result};
+use crate::model::listing::{describe_batch, models_batch};
+use crate::model::{Model, ModelSource};
+use crate::session::Session;
+use crate::statements::ModelStatement;
+use crate::storage::StoreRegistry;
+use crate::warehouse::{Definition, check_name};
+
+impl Catalog {
+    pub async fn run_model_statement(
+        &self,
+        statement: ModelStatement,
+        session: &Session,
+    ) -> Result<DataFrame> {
         match statement {
             ModelStatement::Create {
                 name,
@@ -39,7 +56,7 @@ impl Engine {
                 if let Some(message) = quantized {
                     eprintln!("model '{name}' {message}");
                 }
-                self.empty()
+                session.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
                 self.check_not_a_folder_model(&name)?;
@@ -61,12 +78,12 @@ impl Engine {
                 if known || unusable {
                     eprintln!("model '{name}' dropped");
                 }
-                self.empty()
+                session.empty()
             }
-            ModelStatement::Show => Ok(self.results.read_batch(models_batch(&self.registry)?)?),
+            ModelStatement::Show => session.result(models_batch(&self.registry)?),
             ModelStatement::Describe { name } => {
                 let model = self.registry.get(&name)?;
-                Ok(self.results.read_batch(describe_batch(&model)?)?)
+                session.result(describe_batch(&model)?)
             }
         }
     }
@@ -93,7 +110,7 @@ impl Engine {
     /// Refuses to redefine or drop a model of `--models`: it is a file, read again by every
     /// process, which would hide the warehouse's definition from the next one.
     fn check_not_a_folder_model(&self, name: &str) -> Result<()> {
-        if !self.seen.folder_models.contains(name) {
+        if !self.folder_models.contains(name) {
             return Ok(());
         }
         let file = self
@@ -111,7 +128,7 @@ impl Engine {
     }
 
     /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
-    pub(super) async fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
+    async fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
@@ -138,17 +155,16 @@ impl Engine {
     /// loaded them are loaded again from it: a refresh that runs for days (`batchinfer refresh
     /// --every`) scores with the file there is, as a new process would. (A statement in a
     /// shell keeps the model it loaded, as said in docs/catalog.md.)
-    pub(super) async fn reload_changed_folder_models<'a>(
+    pub async fn reload_changed_folder_models<'a>(
         &self,
         names: impl Iterator<Item = &'a String>,
     ) -> Result<()> {
-        for name in names.filter(|n| self.seen.folder_models.contains(*n)) {
+        for name in names.filter(|n| self.folder_models.contains(*n)) {
             let Some(source) = self.registry.source(name) else {
                 continue;
             };
             let version = self.registry.stores().file_version(source.url()).await?;
             let mut seen = self
-                .seen
                 .folder_versions
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
@@ -164,20 +180,19 @@ impl Engine {
     /// changed since this one last read them: a model defined or redefined there (another file,
     /// or the same file with other bytes) is registered anew and loaded on first use, one dropped
     /// there is dropped here. So no statement scores with a model the warehouse no longer names.
-    pub(super) async fn refresh_models(&self) -> Result<()> {
+    pub async fn refresh_models(&self) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        self.seen
-            .opened
+        self.opened
             .get_or_try_init(|| warehouse.move_legacy_models())
             .await?;
         let definitions = warehouse.definitions().await?;
-        let warn = |warning: String| self.seen.warn_once(warning);
+        let warn = |warning: String| self.warn_once(warning);
         for why in definitions.unusable.values() {
             warn(format!("a model definition is left out: {why}"));
         }
-        for name in self.seen.folder_models.iter() {
+        for name in self.folder_models.iter() {
             if let Some(definition) = definitions.models.get(name)
                 && !self.same_model(name, definition)
             {
@@ -187,7 +202,7 @@ impl Engine {
         let defined = definitions.models;
         let mut seen = self.seen_models();
         for (name, definition) in &defined {
-            if self.seen.folder_models.contains(name) || seen.get(name) == Some(definition) {
+            if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
                 continue;
             }
             let source = ModelSource::parse(&definition.source)?;
@@ -225,7 +240,7 @@ impl Engine {
 
     /// The warning of a warehouse model hidden by a file of `--models` of the same name.
     fn hidden_warning(&self, name: &str, definition: &Definition) -> String {
-        let dir = self.config.models_dir.as_deref().unwrap_or(Path::new(""));
+        let dir = self.models_dir.as_deref().unwrap_or(Path::new(""));
         format!(
             "model '{name}' of --models {} hides the warehouse's model of that name (FROM '{}'); \
              DROP MODEL it in a process without --models, or rename the file",
@@ -234,55 +249,15 @@ impl Engine {
         )
     }
 
-    /// What `name` names in the session's default schema now (a table this process
-    /// registered, a warehouse table or view), if anything.
-    pub(super) async fn table_kind(&self, name: &str) -> Result<Option<Kind>> {
-        match &self.seen.tables {
-            Some(schema) => schema.kind(name).await,
-            None => {
-                Ok((self.ctx.table_exist(TableReference::bare(name))?).then_some(Kind::Registered))
-            }
-        }
-    }
-
-    /// Lists the warehouse's tables and views for a statement that asks for every name.
-    pub async fn list_tables(&self) -> Result<()> {
-        match &self.seen.tables {
-            Some(schema) => schema.list().await,
-            None => Ok(()),
-        }
-    }
-
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
-        self.seen.models.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The table an INSERT writes into, where it is a listing table (files in a folder).
-    pub(super) async fn insert_target(
-        &self,
-        insert: &datafusion::sql::sqlparser::ast::Insert,
-    ) -> Option<Arc<dyn datafusion::catalog::TableProvider>> {
-        use datafusion::datasource::listing::ListingTable;
-        use datafusion::sql::sqlparser::ast::TableObject;
-        let TableObject::TableName(name) = &insert.table else {
-            return None;
-        };
-        let provider = self.ctx.table_provider(name.to_string()).await.ok()?;
-        provider
-            .downcast_ref::<ListingTable>()
-            .is_some_and(|listing| !listing.table_paths().is_empty())
-            .then_some(provider)
+        self.models.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The model file a CREATE MODEL source names: a `.onnx` file, or a folder with `model.onnx`,
 /// local or in S3; a local path is made absolute so that the definition means the same in a
 /// process started elsewhere.
-pub(super) async fn model_source(
-    name: &str,
-    source: &str,
-    stores: &StoreRegistry,
-) -> Result<ModelSource> {
+async fn model_source(name: &str, source: &str, stores: &StoreRegistry) -> Result<ModelSource> {
     let url = ModelSource::parse(source)?;
     match stores.file_or_folder(url.url(), "model.onnx").await? {
         Some(file) => Ok(ModelSource::from_url(file)),
@@ -293,31 +268,5 @@ pub(super) async fn model_source(
              model.onnx; {url} does not exist, or is a folder without model.onnx"
             ),
         )),
-    }
-}
-
-/// What a process has seen of the warehouse's catalog, kept so that each statement registers
-/// only the models that changed, and says each warning once.
-#[derive(Default)]
-pub(super) struct Seen {
-    /// The models of `--models`: files, which every process reads again, so not redefined by
-    /// statements (a definition kept in the warehouse would be hidden by the file in the next).
-    pub(super) folder_models: BTreeSet<String>,
-    /// The warehouse's model definitions as this process last read or wrote them.
-    pub(super) models: Mutex<BTreeMap<String, Definition>>,
-    /// The warnings of model definitions already given.
-    pub(super) warned: Warnings,
-    /// Set once the warehouse has been opened: its legacy layout moved.
-    pub(super) opened: tokio::sync::OnceCell<()>,
-    /// The session's default schema, over the warehouse's tables and views (with a warehouse).
-    pub(super) tables: Option<Arc<WarehouseSchema>>,
-    /// The file version of each `--models` model a refresh used, as first seen.
-    pub(super) folder_versions: Mutex<BTreeMap<String, Option<String>>>,
-}
-
-impl Seen {
-    /// Says `warning` on standard error, unless it was said before.
-    pub(super) fn warn_once(&self, warning: String) {
-        self.warned.say_once(warning);
     }
 }

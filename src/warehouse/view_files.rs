@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use url::Url;
 
-use super::{Generation, OutputFile};
+use super::view_manifest::{Generation, OutputFile};
 use crate::error::{Error, Result};
 use crate::storage::Manifests;
 

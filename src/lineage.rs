@@ -15,7 +15,7 @@ use crate::model::{Model, ModelRegistry};
 
 /// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
 /// quantized model the quantization and the sha256 of the model it was made from.
-pub(super) fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Result<String> {
+pub fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Result<String> {
     let models: Vec<serde_json::Value> = models_in(registry, plan)
         .iter()
         .map(|m| {
@@ -35,7 +35,7 @@ pub(super) fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Resul
 }
 
 /// The models a plan calls by literal name.
-pub(super) fn models_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<Arc<Model>> {
+pub fn models_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<Arc<Model>> {
     let mut names = BTreeMap::new();
     // Nothing in the walk fails.
     let _ = plan.apply(|node| {
@@ -59,7 +59,7 @@ pub(super) fn models_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<Arc
 
 /// Refuses a column CSV cannot hold (a struct, as `predict` returns for a model of several
 /// outputs, or a list), saying how to write it.
-pub(super) fn csv_columns(schema: &Schema) -> Result<()> {
+pub fn csv_columns(schema: &Schema) -> Result<()> {
     for field in schema.fields() {
         let name = field.name();
         match field.data_type() {
@@ -93,4 +93,4 @@ pub(super) fn csv_columns(schema: &Schema) -> Result<()> {
 }
 
 /// The Parquet metadata key naming the models that produced a file's rows.
-pub(super) const MODELS_KEY: &str = "batchinfer.models";
+pub const MODELS_KEY: &str = "batchinfer.models";

@@ -2,10 +2,10 @@
 
 use super::*;
 
-impl Engine {
+impl Views<'_> {
     /// The input files of `source` now: each one's URL, size and version.
     pub(super) async fn list_inputs(&self, source: &Source) -> Result<Vec<Input>> {
-        let state = self.ctx.state();
+        let state = self.session.ctx().state();
         let mut inputs = Vec::new();
         for url in &source.paths {
             let store = state.runtime_env().object_store(url)?;
@@ -70,7 +70,7 @@ impl Engine {
         };
         for input in &work.inputs {
             let url = Url::parse(&input.path).map_err(|e| Error::Internal(e.to_string()))?;
-            let now = self.registry.stores().file_version(&url).await;
+            let now = self.session.registry().stores().file_version(&url).await;
             if now.ok().flatten().as_ref() != Some(&input.version) {
                 return Err(Error::location(
                     crate::storage::display_location(&url),
@@ -107,20 +107,17 @@ impl Engine {
                 Ok(ListingTableUrl::try_new(url, None)?)
             })
             .collect::<Result<Vec<_>>>()?;
-        check_columns(&self.ctx.state(), planned, &paths, &work.inputs).await?;
+        check_columns(&self.session.ctx().state(), planned, &paths, &work.inputs).await?;
         let config = ListingTableConfig::new_with_multi_paths(paths)
             .with_listing_options(planned.source.options.clone())
             .with_schema(planned.source.schema.clone());
         let table = Arc::new(ListingTable::try_new(config)?);
         let plan = reading(&planned.plan, table)?;
-        let df = DataFrame::new(self.ctx.state(), plan);
-        let mut options = self.parquet_options(df.schema().as_arrow());
+        let df = DataFrame::new(self.session.ctx().state(), plan);
+        let mut options = self.session.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
         for (key, value) in [
-            (
-                crate::engine::lineage::MODELS_KEY,
-                planned.models_json.clone(),
-            ),
+            (crate::lineage::MODELS_KEY, planned.models_json.clone()),
             ("batchinfer.inputs", inputs),
         ] {
             options
@@ -131,7 +128,10 @@ impl Engine {
             .join(&format!("data/{generation}/{id}/"))
             .map_err(|e| Error::Internal(e.to_string()))?;
         let location = crate::storage::display_location(&unit_folder);
-        let (write_to, write) = self.placement.write_to(self.registry.stores(), &location)?;
+        let (write_to, write) = self
+            .session
+            .placement()
+            .write_to(self.session.registry().stores(), &location)?;
         let counts = match df
             .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
             .await
@@ -148,14 +148,14 @@ impl Engine {
             id,
             inputs: work.inputs.clone(),
             files,
-            rows: crate::engine::write::rows_in(&counts),
+            rows: crate::session::rows_in(&counts),
             error: None,
         }))
     }
 
     /// The files a unit wrote in `unit_folder`, by their paths under the view's `folder`.
     async fn unit_files(&self, folder: &Url, unit_folder: &Url) -> Result<Vec<OutputFile>> {
-        let store = self.registry.stores().commit_store(unit_folder)?;
+        let store = self.session.registry().stores().commit_store(unit_folder)?;
         let prefix = crate::storage::object_path(unit_folder)?;
         let view_prefix = crate::storage::object_path(folder)?;
         let manifests = Manifests::new(store, view_prefix.clone());

@@ -1,11 +1,21 @@
 //! SHOW MATERIALIZED VIEWS, and what a refresh says it did.
 
-use super::*;
+use std::sync::Arc;
 
-impl Engine {
+use datafusion::arrow::array::{
+    ArrayRef, RecordBatch, StringArray, TimestampMillisecondArray, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::dataframe::DataFrame;
+
+use super::{Manifest, Refreshed, Views, newest_view};
+use crate::error::Result;
+use crate::message::display_error;
+
+impl Views<'_> {
     /// SHOW MATERIALIZED VIEWS: each view's source, last refresh, input files and rows.
     pub(crate) async fn show_views(&self) -> Result<DataFrame> {
-        let warehouse = self.view_warehouse()?;
+        let warehouse = self.warehouse()?;
         let mut views = Vec::new();
         for name in warehouse.view_names().await? {
             let shown = format!("view '{name}''s manifest");
@@ -13,7 +23,7 @@ impl Engine {
                 Ok(Some((_, view))) => views.push(view),
                 Ok(None) => {}
                 // One view that cannot be read does not hide the others.
-                Err(e) => self.seen.warn_once(format!(
+                Err(e) => self.catalog.warn_once(format!(
                     "materialized view '{name}' cannot be read and is left out: {}",
                     display_error(&e)
                 )),
@@ -50,7 +60,7 @@ impl Engine {
                 column(
                     views
                         .iter()
-                        .map(|v| Some(view_state(v, &self.registry)))
+                        .map(|v| Some(view_state(v, self.session.registry())))
                         .collect(),
                 ),
                 column(
@@ -77,7 +87,7 @@ impl Engine {
                 ),
             ],
         )?;
-        Ok(self.results.read_batch(batch)?)
+        self.session.result(batch)
     }
 }
 

@@ -1,0 +1,78 @@
+//! The session's settings: its `batchinfer.*` options, which a user can `SET`, and the statement
+//! at hand ([`StatementContext`]), which no user can.
+
+use datafusion::common::config::ConfigExtension;
+
+use super::Session;
+use crate::config::BatchInferOptions;
+use crate::error::Result;
+use crate::statement_context::StatementContext;
+
+impl Session {
+    /// The statement at hand, as it was tagged.
+    pub fn statement(&self) -> StatementContext {
+        self.session_options()
+    }
+
+    /// Changes the statement at hand with `change`.
+    pub fn update_statement(&self, change: impl FnOnce(&mut StatementContext)) {
+        let _ = self.update_session_options(|statement: &mut StatementContext| {
+            change(statement);
+            Ok(())
+        });
+    }
+
+    /// Changes the session's `batchinfer.*` options with `change`.
+    pub fn update_options(
+        &self,
+        change: impl FnOnce(&mut BatchInferOptions) -> datafusion::error::Result<()>,
+    ) -> Result<()> {
+        self.update_session_options(change)
+    }
+
+    /// The session's `batchinfer.*` options.
+    pub fn batchinfer_options(&self) -> BatchInferOptions {
+        self.session_options()
+    }
+
+    /// After `SET batchinfer.device = '...'`, models of later statements (their planning too)
+    /// load on that device.
+    pub fn follow_device_option(&self) {
+        let device = self
+            .batchinfer_options()
+            .device
+            .map(crate::device::Device::resolve);
+        if let Some(device) = device
+            && device != self.registry.device()
+        {
+            self.registry.set_device(device);
+        }
+    }
+
+    /// The session's options of one extension (its default where the session has none).
+    fn session_options<T: ConfigExtension + Clone + Default>(&self) -> T {
+        let state = self.ctx.state_ref();
+        let state = state.read();
+        state
+            .config()
+            .options()
+            .extensions
+            .get::<T>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Changes the session's options of one extension with `change` (nothing where the session
+    /// has none).
+    fn update_session_options<T: ConfigExtension>(
+        &self,
+        change: impl FnOnce(&mut T) -> datafusion::error::Result<()>,
+    ) -> Result<()> {
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        match state.config_mut().options_mut().extensions.get_mut::<T>() {
+            Some(options) => Ok(change(options)?),
+            None => Ok(()),
+        }
+    }
+}
