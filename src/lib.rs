@@ -9,18 +9,22 @@
 //!
 //! # Layout
 //! - [`engine`]: [`Engine`], the library entry point. It parses statements and routes each to
-//!   the feature that runs it, over one [`session::Session`]; it holds the session, the
-//!   configuration, the warehouse and the catalog, nothing more. `write.rs` holds the writes that
-//!   appear whole (COPY, INSERT, CREATE TABLE ... AS), `explain.rs` EXPLAIN ANALYZE.
+//!   the feature that runs it ([`catalog`], [`view`], [`write`]), each given narrow handles over
+//!   one [`session::Session`]; it holds the session, the configuration, the warehouse and the
+//!   catalog, nothing more.
 //! - [`session`]: the handle every feature gets on the SQL session: DataFusion's context, the
 //!   model registry, where statements run; statements planned and run (`mod.rs`), the
 //!   `batchinfer.*` options and the statement at hand (`settings.rs`), the statement tagged for
 //!   its rejects (`tag.rs`), the stores a statement's `OPTIONS` connect and its text with secrets
-//!   blanked (`stores.rs`), and what writes register and report (`tables.rs`).
+//!   blanked (`stores.rs`), what writes register and report (`tables.rs`), EXPLAIN ANALYZE's rows
+//!   per model (`explain.rs`).
 //! - [`catalog`]: the models and tables a session knows: the model statements and the models
 //!   brought up to the warehouse's definitions (`models.rs`); what a table name names, CREATE
 //!   EXTERNAL TABLE by the session's table factories, DROP TABLE, an INSERT's table
-//!   (`tables.rs`).
+//!   (`tables.rs`); statements run with a missing table explained (a view without a complete
+//!   refresh, a path the store says why it cannot open: `names.rs`).
+//! - [`write`]: the writes that appear whole or not at all (COPY, INSERT, CREATE TABLE ... AS),
+//!   in this process or on a cluster.
 //! - [`lineage`]: the models a write names in its files, and the columns CSV cannot hold.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
@@ -134,6 +138,7 @@ pub mod tensor;
 pub mod udf;
 pub mod view;
 pub mod warehouse;
+pub mod write;
 
 pub use cluster::Placement;
 pub use config::EngineConfig;

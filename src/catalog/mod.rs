@@ -17,6 +17,7 @@ use crate::warehouse::schema::WarehouseSchema;
 use crate::warehouse::{Definition, Warehouse};
 
 mod models;
+mod names;
 mod tables;
 
 /// The models and tables of a session (see the module's text).

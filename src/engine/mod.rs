@@ -22,7 +22,6 @@ use std::sync::Arc;
 use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
-use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{ObjectType, Statement as SQLStatement};
 use datafusion::sql::sqlparser::dialect::Dialect;
@@ -39,9 +38,7 @@ use crate::storage::StoreRegistry;
 use crate::udf::predict_table::tables_named;
 use crate::view::{Refreshed, Views};
 use crate::warehouse::Warehouse;
-
-mod explain;
-mod write;
+use crate::write::Writes;
 
 /// A batchinfer engine: run SQL with `predict` over the models it knows. It parses statements
 /// and routes each to the feature that runs it ([`crate::catalog`], [`crate::view`], the
@@ -220,15 +217,17 @@ impl Engine {
         };
         match &statement {
             DFStatement::Explain(e) if e.options.analyze && writes(&e.statement) => {
-                return self.write_committed(statement).await;
+                return self.writes().write_committed(statement).await;
             }
-            statement_ if writes(statement_) => return self.write_committed(statement).await,
+            statement_ if writes(statement_) => {
+                return self.writes().write_committed(statement).await;
+            }
             _ => {}
         }
         if let (Some(warehouse), DFStatement::Statement(s)) = (&self.warehouse, &statement) {
             match s.as_ref() {
                 SQLStatement::CreateTable(ct) if ct.query.is_some() => {
-                    return self.create_table_as(warehouse, ct).await;
+                    return self.writes().create_table_as(warehouse, ct).await;
                 }
                 SQLStatement::Drop {
                     object_type: ObjectType::Table,
@@ -246,25 +245,15 @@ impl Engine {
         if let DFStatement::Explain(explain) = &statement
             && explain.options.analyze
         {
-            return self.explain_analyze(statement).await;
+            let df = self.execute(statement).await?;
+            return self.session.explain_analyzed(df).await;
         }
         self.execute(statement).await
     }
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
-        let plan = match self.session.plan(statement).await {
-            Ok(plan) => plan,
-            Err(e) => return Err(self.views().explain_missing(e).await),
-        };
-        if let LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) = &plan {
-            return self
-                .catalog
-                .create_external_table(&self.session, create)
-                .await;
-        }
-        // Again now that planning loaded the query's models: with their hashes.
-        self.session.run_plan(plan).await
+        self.catalog.execute(&self.session, statement).await
     }
 
     /// Runs REFRESH MATERIALIZED VIEW `name` as a statement of its own (as [`Engine::run`]
@@ -294,6 +283,11 @@ impl Engine {
     /// The materialized views, over this engine's session, warehouse and catalog.
     fn views(&self) -> Views<'_> {
         Views::new(&self.session, self.warehouse.as_ref(), &self.catalog)
+    }
+
+    /// The writes that appear whole, over this engine's session and catalog.
+    fn writes(&self) -> Writes<'_> {
+        Writes::new(&self.session, &self.catalog)
     }
 }
 

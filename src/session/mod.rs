@@ -20,6 +20,7 @@ use crate::model::ModelRegistry;
 use crate::statements::{Statement, parse};
 use crate::udf::predict_table::ResolvedTables;
 
+mod explain;
 mod settings;
 mod stores;
 mod tables;

@@ -74,12 +74,8 @@ impl<'a> Views<'a> {
         })
     }
 
-    /// Plans and runs a view's query (planning errors explained as the engine's are).
+    /// Plans and runs a view's query, as the catalog runs statements.
     async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
-        let plan = match self.session.plan(statement).await {
-            Ok(plan) => plan,
-            Err(e) => return Err(self.explain_missing(e).await),
-        };
-        self.session.run_plan(plan).await
+        self.catalog.execute(self.session, statement).await
     }
 }

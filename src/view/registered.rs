@@ -1,11 +1,8 @@
 //! A statement that reads a view refused while the files its newest manifest lists are not all
-//! there; whether a name is a view. (Views are read by name through the warehouse's schema,
-//! [`crate::warehouse::schema`].)
+//! there. (Views are read by name through the warehouse's schema, [`crate::warehouse::schema`].)
 
-use super::{Views, live, newest_view};
-use crate::error::{Error, Result};
-use crate::message::display_error;
-use crate::storage::is_object_store_url;
+use super::{Views, newest_view};
+use crate::error::Result;
 use crate::warehouse::schema::Kind;
 
 impl Views<'_> {
@@ -16,16 +13,6 @@ impl Views<'_> {
             Some(Kind::View) => self.view_files_whole(name).await,
             _ => Ok(()),
         }
-    }
-
-    /// The error refusing view `name`'s newest manifest for the files it lists, if it names
-    /// any that is not the view's own (a manifest that cannot be read says nothing here).
-    pub(crate) async fn view_paths_refused(&self, name: &str) -> Option<Error> {
-        let warehouse = self.warehouse?;
-        let manifests = warehouse.view_manifests(name).ok()?;
-        let (_, manifest) = newest_view(&manifests, name).await.ok()??;
-        let current = manifest.current.as_ref()?;
-        crate::view::files::check_paths(name, current).err()
     }
 
     /// Whether view `name`'s newest manifest lists only files of its own, each there with the
@@ -54,59 +41,6 @@ impl Views<'_> {
     /// Whether the warehouse has a materialized view `name`, for `batchinfer refresh`.
     pub async fn view_exists(&self, name: &str) -> Result<bool> {
         crate::warehouse::check_name("view", name)?;
-        self.is_view(name).await
-    }
-
-    /// Whether the warehouse has a materialized view `name` (registered or not; one whose
-    /// manifest cannot be read counts).
-    pub(crate) async fn is_view(&self, name: &str) -> Result<bool> {
-        let Some(warehouse) = self.warehouse else {
-            return Ok(false);
-        };
-        let latest = warehouse.view_manifests(name)?.latest().await?;
-        Ok(live(latest).is_some())
-    }
-
-    /// DataFusion reports any failure to open `FROM 's3://...'` or `FROM 'path'` as "table not
-    /// found"; the store says why (no such object, file or bucket, credentials refused, endpoint
-    /// unreachable, not a regular file).
-    pub async fn explain_missing(&self, err: Error) -> Error {
-        let Error::DataFusion(inner) = &err else {
-            return err;
-        };
-        let message = inner.to_string();
-        let missing = message
-            .split_once("table '")
-            .and_then(|(_, rest)| rest.split_once("' not found"))
-            .map(|(name, _)| name.trim_start_matches("datafusion.public."));
-        if let Some(name) = missing
-            && crate::warehouse::check_name("view", name).is_ok()
-            && self.is_view(name).await.unwrap_or(false)
-        {
-            // Left out because its manifest lists files that are not its own: that is why.
-            if let Some(e) = self.view_paths_refused(name).await {
-                return e;
-            }
-            return Error::view(
-                name,
-                format!(
-                    "materialized view '{name}' has no complete refresh yet (one was interrupted, or \
-                 its manifest cannot be read): REFRESH MATERIALIZED VIEW {name}"
-                ),
-            );
-        }
-        let Some(name) = message
-            .split_once("table '")
-            .and_then(|(_, rest)| rest.split_once("' not found"))
-            .map(|(name, _)| name.trim_start_matches("datafusion.public."))
-            .filter(|name| is_object_store_url(name) || name.contains('/'))
-        else {
-            return err;
-        };
-        match self.session.registry().stores().why_nothing_at(name).await {
-            Ok(None) => err,
-            Ok(Some(why)) => Error::location(name, why),
-            Err(e) => Error::location(name, format!("cannot read {name}: {}", display_error(&e))),
-        }
+        self.catalog.is_view(name).await
     }
 }

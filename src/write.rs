@@ -14,19 +14,30 @@ use datafusion::sql::sqlparser::ast::{
     CreateTable, Ident, ObjectName, Statement as SQLStatement, TableObject,
 };
 
-use super::Engine;
+use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::lineage;
-use crate::session::{Registered, row_group_rows};
+use crate::session::{Registered, Session, row_group_rows};
 use crate::storage::CommittedWrite;
 use crate::warehouse::Warehouse;
 use crate::warehouse::table_name;
 
-impl Engine {
+/// The writes of a session: what they need, and nothing more.
+#[derive(Clone, Copy)]
+pub struct Writes<'a> {
+    session: &'a Session,
+    catalog: &'a Catalog,
+}
+
+impl<'a> Writes<'a> {
+    pub fn new(session: &'a Session, catalog: &'a Catalog) -> Self {
+        Writes { session, catalog }
+    }
+
     /// COPY, or INSERT INTO a listing table, whose files appear all at once when it succeeds,
     /// or not at all, wherever it runs ([`crate::cluster::Placement::write_to`]). An EXPLAIN
     /// ANALYZE runs the statement it explains: a write it explains is committed the same way.
-    pub(super) async fn write_committed(&self, statement: DFStatement) -> Result<DataFrame> {
+    pub async fn write_committed(&self, statement: DFStatement) -> Result<DataFrame> {
         let (explain, statement) = match statement {
             DFStatement::Explain(ExplainStatement { options, statement }) if options.analyze => {
                 (Some(options), *statement)
@@ -47,9 +58,9 @@ impl Engine {
                 self.run_then_commit(placed, explain.is_some()).await
             }
             Placed::NotAWrite(statement) if explain.is_some() => {
-                self.explain_analyze(rewrap(statement)).await
+                self.explain_analyzed(rewrap(statement)).await
             }
-            Placed::NotAWrite(statement) => self.execute(statement).await,
+            Placed::NotAWrite(statement) => self.catalog.execute(self.session, statement).await,
         }
     }
 
@@ -57,7 +68,7 @@ impl Engine {
     /// INSERT INTO a listing table writes into its folder; where the placement writes elsewhere
     /// (a cluster's executors: into a staging folder), into a copy of the table over that
     /// place, moved into the table's folder at commit.
-    async fn place_write(&self, statement: DFStatement) -> Result<Placed<'_>> {
+    async fn place_write(&self, statement: DFStatement) -> Result<Placed<'a>> {
         let stores = self.session.registry().stores();
         let mut statement = match statement {
             DFStatement::CopyTo(mut copy) => {
@@ -78,7 +89,7 @@ impl Engine {
         let SQLStatement::Insert(insert) = s.as_mut() else {
             return Ok(Placed::NotAWrite(statement));
         };
-        let Some(table) = self.catalog.insert_target(insert, &self.session).await else {
+        let Some(table) = self.catalog.insert_target(insert, self.session).await else {
             return Ok(Placed::NotAWrite(statement));
         };
         let Some(listing) = table.downcast_ref::<ListingTable>() else {
@@ -106,15 +117,15 @@ impl Engine {
 
     /// Runs a placed write to the end (with `analyze`, its EXPLAIN ANALYZE), then commits it; on
     /// failure (or when the future is dropped: cancellation) it is discarded.
-    async fn run_then_commit(&self, placed: PlacedWrite<'_>, analyze: bool) -> Result<DataFrame> {
+    async fn run_then_commit(&self, placed: PlacedWrite<'a>, analyze: bool) -> Result<DataFrame> {
         let PlacedWrite {
             statement, write, ..
         } = placed;
         let run = async {
             let df = if analyze {
-                self.explain_analyze(statement).await?
+                self.explain_analyzed(statement).await?
             } else {
-                self.copy_planned(self.execute(statement).await?)?
+                self.copy_planned(self.catalog.execute(self.session, statement).await?)?
             };
             let batches = df.collect().await?;
             self.session.check_rejects_budget().await?;
@@ -130,6 +141,12 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// EXPLAIN ANALYZE of `statement`, with its rows per model ([`Session::explain_analyzed`]).
+    async fn explain_analyzed(&self, statement: DFStatement) -> Result<DataFrame> {
+        let df = self.catalog.execute(self.session, statement).await?;
+        self.session.explain_analyzed(df).await
     }
 
     /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]; what its
@@ -174,13 +191,13 @@ impl Engine {
     /// CREATE TABLE name AS query, into the warehouse, with the models and model hashes that
     /// produced it in each file's metadata: the table appears when the statement succeeds
     /// ([`crate::storage::Tables`]), or not at all.
-    pub(super) async fn create_table_as(
+    pub async fn create_table_as(
         &self,
         warehouse: &Warehouse,
         ct: &CreateTable,
     ) -> Result<DataFrame> {
         let name = table_name(&ct.name)?;
-        if self.views().is_view(&name).await? {
+        if self.catalog.is_view(&name).await? {
             // IF NOT EXISTS asks for nothing where the name is taken, by a view too.
             if ct.if_not_exists {
                 eprintln!(
@@ -196,7 +213,7 @@ impl Engine {
         }
         if self
             .catalog
-            .table_kind(&name, &self.session)
+            .table_kind(&name, self.session)
             .await?
             .is_some()
         {
@@ -214,9 +231,8 @@ impl Engine {
             .query
             .clone()
             .ok_or_else(|| Error::Statement("CREATE TABLE AS needs a query".into()))?;
-        let df = self
-            .execute(DFStatement::Statement(Box::new(SQLStatement::Query(query))))
-            .await?;
+        let query = DFStatement::Statement(Box::new(SQLStatement::Query(query)));
+        let df = self.catalog.execute(self.session, query).await?;
         let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
         let schema = df.schema().inner().clone();
         let mut options = self.session.parquet_options(&schema);
@@ -325,7 +341,7 @@ fn staged_table(
     Ok(Arc::new(staged))
 }
 
-/// A statement that writes, and where it was pointed ([`Engine::place_write`]).
+/// A statement that writes, and where it was pointed ([`Writes::place_write`]).
 enum Placed<'a> {
     Write(PlacedWrite<'a>),
     NotAWrite(DFStatement),

@@ -1,27 +1,26 @@
-//! What the engine adds to DataFusion's explanations: EXPLAIN ANALYZE's rows per model, and the
-//! cause behind "table not found" for an `s3://` path.
+//! What EXPLAIN ANALYZE adds to DataFusion's: a row per model (rows scored, calls, time inside
+//! ONNX Runtime) and the rows it rejected.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::dataframe::DataFrame;
-use datafusion::sql::parser::Statement as DFStatement;
 
-use super::Engine;
+use super::Session;
 use crate::error::Result;
 
-impl Engine {
-    /// EXPLAIN ANALYZE, with a row per model: rows scored, calls, and time inside the model.
-    pub(super) async fn explain_analyze(&self, statement: DFStatement) -> Result<DataFrame> {
-        let df = self.execute(statement).await?;
-        let before = self.session.registry().stats_by_model();
+impl Session {
+    /// An EXPLAIN ANALYZE planned as `df`, run, with a row per model: rows scored, calls, and
+    /// time inside the model; and a row per model that rejected rows.
+    pub async fn explain_analyzed(&self, df: DataFrame) -> Result<DataFrame> {
+        let before = self.registry().stats_by_model();
         let mut batches = df.collect().await?;
         let Some(schema) = batches.first().map(|b| b.schema()) else {
-            return self.session.empty();
+            return self.empty();
         };
         let mut kinds = Vec::new();
         let mut lines = Vec::new();
-        for (name, rows, nanos, calls) in self.session.registry().stats_by_model() {
+        for (name, rows, nanos, calls) in self.registry().stats_by_model() {
             let (r0, n0, c0) = before
                 .iter()
                 .find(|b| b.0 == name)
@@ -36,7 +35,7 @@ impl Engine {
                 ));
             }
         }
-        let (rejected, folder) = self.session.statement_rejects().await?;
+        let (rejected, folder) = self.statement_rejects().await?;
         for (name, rows) in rejected {
             kinds.push("batchinfer_rejects".to_string());
             lines.push(format!(
@@ -55,6 +54,6 @@ impl Engine {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             batches.push(RecordBatch::try_new(schema.clone(), columns)?);
         }
-        self.session.results(batches)
+        self.results(batches)
     }
 }
