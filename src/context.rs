@@ -23,9 +23,8 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::ModelCallsOnce;
+use crate::rules::{ModelCallsOnce, TableSchemaLimits};
 use crate::statement_context::StatementContext;
-use crate::statements::limits::TableSchemaLimits;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{

@@ -159,7 +159,7 @@ impl Target {
 }
 
 fn cuda_error(device: Target, why: impl std::fmt::Display) -> Error {
-    Error::Runtime(format!("device {device} cannot be used: {why}"))
+    Error::Gpu(format!("device {device} cannot be used: {why}"))
 }
 
 /// The CUDA libraries ONNX Runtime 1.31's CUDA provider (`libonnxruntime_providers_cuda.so` of

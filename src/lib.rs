@@ -50,8 +50,9 @@
 //!   `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on
 //!   the statement as written (`by_name.rs`), and the short default names of model columns
 //!   (`names.rs`).
-//! - [`rules`]: the rules added to DataFusion's planning, in one place: each model call once per
-//!   row (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
+//! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
+//!   too many values per row refused (`list_limits.rs`), each model call once per row
+//!   (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
 //!   local Parquet read by the streaming reader (`streaming_scan.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the
 //!   subsets of them read of a model without its weights (`outline.rs`: its interface, metadata,
@@ -74,8 +75,8 @@
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
-//!   what is refused before it is tried (`limits.rs`: expressions too deep, lists too long per
-//!   row), so that no input can crash batchinfer or exhaust its memory; which names hold
+//!   what is refused before it is tried (`limits.rs`: expressions too deep, and the most values
+//!   per row a list may claim), so that no input can crash batchinfer or exhaust its memory; which names hold
 //!   secrets, and a statement's text with them blanked (`secrets.rs`).
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.

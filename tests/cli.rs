@@ -4,14 +4,14 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{DEADLINE, assert_ok, output_within, stderr, stdout};
 
 /// The binary, with a warehouse outside the repository unless a test names its own.
 fn batchinfer(args: &[&str]) -> Output {
     output_within(
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        common::binary()
             .args(args)
             .env("BATCHINFER_WAREHOUSE", scratch_warehouse()),
         DEADLINE,
@@ -207,18 +207,13 @@ fn directories_are_queried_by_path() {
 
 /// Runs batchinfer (no subcommand) with `input` piped to its standard input.
 fn piped(args: &[&str], input: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args(args)
-        .env("BATCHINFER_WAREHOUSE", scratch_warehouse())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    common::wait_with_deadline(&mut child, DEADLINE, "batchinfer reading standard input");
-    child.wait_with_output().unwrap()
+    common::output_with_input(
+        common::binary()
+            .args(args)
+            .env("BATCHINFER_WAREHOUSE", scratch_warehouse()),
+        input,
+        "batchinfer reading standard input",
+    )
 }
 
 #[test]
@@ -349,7 +344,7 @@ fn failed_statement_stops_the_script_with_a_nonzero_status() {
 #[test]
 fn unusable_onnx_runtime_library_says_how_to_provide_one() {
     let out = output_within(
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        common::binary()
             .args([
                 "query",
                 "--models",
@@ -414,26 +409,8 @@ fn models_and_tables_persist_across_processes() {
         .unwrap()
         .unwrap()
         .path();
-    let reader = datafusion::parquet::file::reader::SerializedFileReader::new(
-        std::fs::File::open(&file).unwrap(),
-    )
-    .unwrap();
-    use datafusion::parquet::file::reader::FileReader;
-    let kv = reader
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .cloned()
-        .unwrap_or_default();
-    let models = kv
-        .iter()
-        .find(|k| k.key == "batchinfer.models")
-        .and_then(|k| k.value.clone())
-        .unwrap();
-    use sha2::Digest;
-    let sha = hex::encode(sha2::Sha256::digest(
-        std::fs::read("data/models/churn.onnx").unwrap(),
-    ));
+    let models = common::parquet_footer_value(&file, "batchinfer.models").unwrap();
+    let sha = common::sha256_of("data/models/churn.onnx");
     assert!(
         models.contains("\"name\":\"churn2\"") && models.contains(&sha),
         "{models}"
@@ -660,7 +637,7 @@ fn stop_signals_end_the_process_where_no_statement_can_answer() {
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let spawn = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        common::binary()
             .arg("--warehouse")
             .arg(dir.path().join("wh"))
             .args(args)
@@ -732,25 +709,13 @@ fn sigterm_cancels_the_running_statement_and_ends_the_shell() {
 
 /// The shell over piped input, with `input` written to it and closed: its output.
 fn piped_shell(home: &std::path::Path, input: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .args(["--models", "data/models", "shell"])
-        .env("HOME", home)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_string();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(input.as_bytes());
-    });
-    let status = common::wait_with_deadline(&mut child, common::DEADLINE, "the piped shell");
-    writer.join().unwrap();
-    let mut out = child.wait_with_output().unwrap();
-    out.status = status;
-    out
+    common::output_with_input(
+        common::binary()
+            .args(["--models", "data/models", "shell"])
+            .env("HOME", home),
+        input.as_bytes(),
+        "the piped shell",
+    )
 }
 
 /// A statement of 20,000 lines piped to the shell is read once, not once per line: it runs

@@ -8,7 +8,7 @@ mod emulators;
 use common::random_rows;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{assert_failure, assert_ok};
@@ -18,12 +18,7 @@ const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
 
 /// The binary with no cloud settings from the test's own environment, a warehouse in `dir`.
 fn batchinfer(dir: &Path) -> Command {
-    let mut command = common::bin();
-    for (key, _) in std::env::vars() {
-        if key.starts_with("AZURE") || key.starts_with("GOOGLE") || key.starts_with("AWS") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = common::bin_without_env(&["AZURE", "GOOGLE", "AWS"]);
     command.env("BATCHINFER_WAREHOUSE", dir.join("wh"));
     command
 }
@@ -40,10 +35,6 @@ fn gcs(server: &FakeGcs, dir: &Path) -> Command {
         .env("GOOGLE_SERVICE_ACCOUNT_KEY", server.service_account_key())
         .env("GOOGLE_ALLOW_HTTP", "true");
     command
-}
-
-fn run(mut command: Command, args: &[&str]) -> Output {
-    common::output_within(command.args(args), common::DEADLINE)
 }
 
 /// Azurite with the sample features as 4 blobs in `data`, the test models in `models`, and
@@ -74,7 +65,7 @@ fn azurite_with_data(dir: &Path) -> Azurite {
 fn the_abfss_form_names_the_same_container() {
     let dir = tempfile::tempdir().unwrap();
     let server = azurite_with_data(dir.path());
-    let out = run(
+    let out = common::run_with(
         azure(&server, dir.path()),
         &[
             "query",
@@ -87,7 +78,7 @@ fn the_abfss_form_names_the_same_container() {
         ],
     );
     assert_ok(&out);
-    let reread = run(
+    let reread = common::run_with(
         azure(&server, dir.path()),
         &["query", "-e", "SELECT id, p FROM 'az://out/scores/'"],
     );
@@ -107,7 +98,7 @@ fn a_materialized_view_over_azure_scores_only_new_blobs() {
     let view = |sql: &str| {
         let mut command = azure(&server, dir.path());
         command.args(["--warehouse", "az://lake/wh/", "--models", "data/models"]);
-        run(command, &["query", "-e", sql])
+        common::run_with(command, &["query", "-e", sql])
     };
     let out = view(&format!(
         "CREATE MATERIALIZED VIEW scores AS
@@ -184,12 +175,12 @@ fn azure_writes_failed_by_a_model_error_leave_no_blob() {
 fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let server = azurite_with_data(dir.path());
-    let out = run(
+    let out = common::run_with(
         azure(&server, dir.path()),
         &["query", "-e", "SELECT * FROM 'az://nosuch/x.parquet'"],
     );
     assert_failure(&out, &["container 'nosuch' does not exist", &server.url()]);
-    let out = run(
+    let out = common::run_with(
         azure(&server, dir.path()),
         &[
             "query",
@@ -199,7 +190,7 @@ fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
     );
     assert_failure(&out, &["no object at az://data/nothing-here.parquet"]);
     // No account at all.
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &["query", "-e", "SELECT * FROM 'az://data/features/'"],
     );
@@ -208,7 +199,7 @@ fn azure_errors_name_the_container_and_what_is_missing_without_secrets() {
     let wrong = "d3JvbmcgYnV0IHdlbGwgZm9ybWVkIGtleSBvZiAzMiBieXRlcyE=";
     let mut command = azure(&server, dir.path());
     command.env("AZURE_STORAGE_ACCOUNT_KEY", wrong);
-    let out = run(
+    let out = common::run_with(
         command,
         &["query", "-e", "SELECT count(*) FROM 'az://data/features/'"],
     );
@@ -239,8 +230,8 @@ fn the_storage_guides_azure_example_runs() {
     );
     assert!(example.contains(AZURE_KEY), "{example}");
     let sql = format!("{example}\nSELECT count(*) AS n FROM customers;");
-    let out = run(batchinfer(dir.path()), &["query", "-e", &sql]);
-    let local = run(
+    let out = common::run_with(batchinfer(dir.path()), &["query", "-e", &sql]);
+    let local = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -267,7 +258,7 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     elsewhere
         .env("AZURE_STORAGE_USE_EMULATOR", "true")
         .env("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:9");
-    let out = run(
+    let out = common::run_with(
         elsewhere,
         &[
             "query",
@@ -313,7 +304,7 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     let (stdout, stderr) = (common::stdout(&out), common::stderr(&out));
     assert!(stderr.contains("refused"), "{stderr}");
     assert!(stdout.contains("n\n40000"), "{stdout}\n{stderr}");
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -326,7 +317,7 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     );
     let text = assert_failure(&out, &["'azure.no_such_setting'", "Azure"]);
     assert!(!text.contains(AZURE_KEY), "{text}");
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -337,7 +328,7 @@ fn azure_settings_in_sql_options_connect_the_container_and_are_not_shown() {
     );
     assert_failure(&out, &["'gcp.*' options are not for 'az://data/features/'"]);
     // A SAS token in a URL's query is in no message.
-    let out = run(
+    let out = common::run_with(
         azure(&server, dir.path()),
         &[
             "query",
@@ -371,7 +362,7 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
     let key = server.service_account_key().replace('\'', "''");
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -393,7 +384,7 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
     let other = server
         .service_account_key()
         .replace(&server.url(), "http://127.0.0.1:9");
-    let out = run(
+    let out = common::run_with(
         gcs(&server, dir.path()),
         &[
             "query",
@@ -407,7 +398,7 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
     );
     let text = assert_failure(&out, &["gs://data is connected already", "same OPTIONS"]);
     assert!(!text.contains("disable_oauth"), "{text}");
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -422,12 +413,12 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
         ],
     );
     assert_eq!(assert_ok(&out), "n\n50000\n");
-    let out = run(
+    let out = common::run_with(
         gcs(&server, dir.path()),
         &["query", "-e", "SELECT * FROM 'gs://nosuch/x.parquet'"],
     );
     assert_failure(&out, &["bucket 'nosuch' does not exist", &server.url()]);
-    let out = run(
+    let out = common::run_with(
         gcs(&server, dir.path()),
         &[
             "query",
@@ -436,7 +427,7 @@ fn gcs_settings_in_sql_options_and_errors_without_secrets() {
         ],
     );
     assert_failure(&out, &["no object at gs://data/nothing-here.parquet"]);
-    let out = run(
+    let out = common::run_with(
         gcs(&server, dir.path()),
         &[
             "query",
@@ -453,7 +444,7 @@ fn http_servers_are_read_and_never_written() {
     // fake-gcs-server serves its objects as a plain HTTP server does (HEAD, ranges).
     let server = FakeGcs::start(&dir.path().join("gcs"), &gcs_seed(dir.path()));
     let base = server.url();
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -468,7 +459,7 @@ fn http_servers_are_read_and_never_written() {
     let mut rows = common::rows(&assert_ok(&out));
     rows.sort_by_key(|r| r.0);
     common::assert_same_rows(&rows, &common::local_scores(1), 1e-6);
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",
@@ -477,7 +468,7 @@ fn http_servers_are_read_and_never_written() {
         ],
     );
     assert_failure(&out, &["reads from only"]);
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "--warehouse",
@@ -488,7 +479,7 @@ fn http_servers_are_read_and_never_written() {
         ],
     );
     assert_failure(&out, &["warehouse", "reads from only"]);
-    let out = run(
+    let out = common::run_with(
         batchinfer(dir.path()),
         &[
             "query",

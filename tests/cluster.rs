@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+    common::binary()
 }
 
 /// A port that was free a moment ago, with the next one free too (an executor uses both).

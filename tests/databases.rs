@@ -33,13 +33,7 @@ fn run(mut command: Command, sql: &str) -> Output {
 
 /// The binary with no `PG*` settings of the test's own environment.
 fn batchinfer() -> Command {
-    let mut command = common::bin();
-    for (key, _) in std::env::vars() {
-        if key.starts_with("PG") {
-            command.env_remove(key);
-        }
-    }
-    command
+    common::bin_without_env(&["PG"])
 }
 
 /// The scoring job both ways: id, label and the probability of churn.

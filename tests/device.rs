@@ -5,13 +5,13 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 const SCORES: &str = "SELECT id, predict('linear', f0, f1, f2, f3, f4, f5, f6, f7, f8, f9) AS p \
                       FROM 'data/sample/features.parquet' ORDER BY id LIMIT 5";
 
 fn batchinfer(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+    let mut command = common::binary();
     command
         .args(["--models", "data/models", "--format", "csv"])
         .args(args)

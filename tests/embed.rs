@@ -7,7 +7,6 @@ mod fixtures;
 mod s3_server;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 
 use batchinfer::message::display_error;
@@ -214,11 +213,7 @@ fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
         server.put_file("models", &format!("minilm/{file}"), &model.join(file));
     }
     let out = common::output_within(
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
-        .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
-        .env("AWS_ENDPOINT_URL", server.endpoint())
-        .env("AWS_ALLOW_HTTP", "true")
+        server.client(&mut common::binary())
         .env("BATCHINFER_WAREHOUSE", dir.path().join("wh"))
         .args(["--format", "csv", "--models"])
         .arg(models_dir())
@@ -326,7 +321,7 @@ fn ctrl_c_stops_a_long_embed_call_in_the_shell_within_a_micro_batch() {
     // One file of 2,000 texts: one partition, so the whole statement is one record batch.
     let dir = tempfile::tempdir().unwrap();
     let texts = dir.path().join("text2k.parquet");
-    let copied = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+    let copied = common::binary()
         .args(["query", "-e"])
         .arg(format!(
             "COPY (SELECT id, body FROM 'data/sample/sentences.parquet' WHERE id < 2000 ORDER BY id) TO '{}' STORED AS PARQUET",
@@ -422,7 +417,7 @@ async fn texts_in_many_small_files_are_gathered_and_embedded_in_row_order() {
 fn sigint_ends_a_model_call_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("vectors.parquet");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+    let mut child = common::binary()
         .args(["query", "--models"])
         .arg(models_dir())
         .args(["--partitions", "1", "-e"])

@@ -345,13 +345,9 @@ fn a_model_file_rewritten_after_create_model_is_refused_until_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let models = warehouse_with_late(dir.path());
     let wh = dir.path().join("wh");
-    let sha = |path: &Path| {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
-    };
-    let old = sha(&models.join("late.onnx"));
+    let old = common::sha256_of(models.join("late.onnx"));
     std::fs::copy("data/models/churn.onnx", models.join("late.onnx")).unwrap();
-    let new = sha(&models.join("late.onnx"));
+    let new = common::sha256_of(models.join("late.onnx"));
     let query = "SELECT predict('flights', 'lima', 30.0, 2.0) AS p";
     let out = timed(&wh, &[query]);
     let err = assert_failure(&out, &["model 'flights'", &old, &new]);
@@ -395,20 +391,9 @@ fn copy_names_its_models_and_views_say_when_a_model_changed() {
         )],
     );
     assert_ok(&out);
-    let file = std::fs::File::open(&target).unwrap();
-    let reader = datafusion::parquet::file::reader::SerializedFileReader::new(file).unwrap();
-    use datafusion::parquet::file::reader::FileReader;
-    let models_used = reader
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == "batchinfer.models").cloned())
-        .and_then(|k| k.value)
+    let models_used = common::parquet_footer_value(&target, "batchinfer.models")
         .expect("batchinfer.models in the footer");
-    use sha2::Digest;
-    let sha = hex::encode(sha2::Sha256::digest(
-        std::fs::read("data/models/late.onnx").unwrap(),
-    ));
+    let sha = common::sha256_of("data/models/late.onnx");
     assert!(
         models_used.contains("\"name\":\"flights\"")
             && models_used.contains(&sha)
@@ -507,7 +492,7 @@ fn the_small_things_a_first_user_meets() {
 
     // Wide rows, one line per column.
     let out = output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_batchinfer")).args([
+        common::binary().args([
             "--models",
             "data/models",
             "--format",

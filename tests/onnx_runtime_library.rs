@@ -121,7 +121,7 @@ fn what_is_loaded_is_what_was_checked() {
         ("relative HOME", None, Some("home")),
     ];
     for (what, cache_dir, home) in attempts {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+        let mut command = common::binary();
         command
             .current_dir(cwd.path())
             .env_remove("BATCHINFER_CACHE_DIR")

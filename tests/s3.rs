@@ -18,20 +18,11 @@ const FEATURES: &str = "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9";
 
 /// The binary with the environment of a user of this server: keys, region, endpoint.
 fn batchinfer(server: &S3Server, warehouse: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+    let mut command = common::bin();
+    server
+        .client(&mut command)
+        .env("BATCHINFER_WAREHOUSE", warehouse);
     command
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT_URL", server.endpoint())
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("BATCHINFER_WAREHOUSE", warehouse)
-        .args(["--format", "csv"]);
-    command
-}
-
-fn run(mut command: Command, args: &[&str]) -> Output {
-    common::output_within(command.args(args), common::DEADLINE)
 }
 
 /// A server holding the sample features (as 4 files) and the test models.
@@ -60,7 +51,7 @@ fn server_with_data(dir: &Path) -> S3Server {
 
 /// The rows of `s3://out/scores/`, re-read, equal those of the same scoring run locally.
 fn assert_scores_in_s3_match_a_local_run(server: &S3Server, wh: &Path) {
-    let reread = run(
+    let reread = common::run_with(
         batchinfer(server, wh),
         &["query", "-e", "SELECT id, p FROM 's3://out/scores/'"],
     );
@@ -80,7 +71,7 @@ fn models_folder_in_s3_registers_files_and_model_folders() {
         "SELECT id, predict('scorer', {FEATURES}) - predict('linear', {FEATURES}) AS d \
          FROM 's3://data/features/part-0.parquet'"
     );
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &["--models", "s3://models/", "query", "-e", &query],
     );
@@ -90,7 +81,7 @@ fn models_folder_in_s3_registers_files_and_model_folders() {
         rows.iter().all(|r| r.1 == [0.0]),
         "the same model gives the same scores"
     );
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &[
             "--models",
@@ -117,7 +108,7 @@ fn external_table_options_name_the_endpoint_and_region() {
         .env_remove("AWS_ENDPOINT_URL")
         .env_remove("AWS_ALLOW_HTTP")
         .env_remove("AWS_REGION");
-    let out = run(
+    let out = common::run_with(
         command,
         &[
             "query",
@@ -153,7 +144,7 @@ fn the_storage_guides_s3_example_runs() {
         .env_remove("AWS_ENDPOINT_URL")
         .env_remove("AWS_REGION");
     let sql = format!("{example}\nSELECT count(*) AS n FROM customers;");
-    let out = run(command, &["query", "-e", &sql]);
+    let out = common::run_with(command, &["query", "-e", &sql]);
     let local = common::output_within(
         common::bin().args([
             "query",
@@ -172,7 +163,7 @@ fn a_model_rewritten_in_s3_after_create_model_is_refused_until_replaced() {
     server.bucket("lake");
     let local = dir.path().join("unused");
     let in_wh = |sql: &str| {
-        run(
+        common::run_with(
             batchinfer(&server, &local),
             &["--warehouse", "s3://lake/wh/", "query", "-e", sql],
         )
@@ -207,7 +198,7 @@ fn missing_objects_buckets_and_models_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let server = server_with_data(dir.path());
     let wh = dir.path().join("wh");
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &[
             "query",
@@ -216,7 +207,7 @@ fn missing_objects_buckets_and_models_are_clear_errors() {
         ],
     );
     assert_failure(&out, &["no object at s3://data/nothing-here.parquet"]);
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &[
             "query",
@@ -228,7 +219,7 @@ fn missing_objects_buckets_and_models_are_clear_errors() {
         &out,
         &["bucket 'no-such-bucket' does not exist", &server.endpoint()],
     );
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &[
             "query",
@@ -248,7 +239,7 @@ fn wrong_credentials_are_rejected_with_a_clear_error() {
     let server = server_with_data(dir.path());
     let mut command = batchinfer(&server, &dir.path().join("wh"));
     command.env("AWS_SECRET_ACCESS_KEY", "not-the-secret");
-    let out = run(
+    let out = common::run_with(
         command,
         &["query", "-e", "SELECT count(*) FROM 's3://data/features/'"],
     );
@@ -269,7 +260,7 @@ fn an_unreachable_endpoint_fails_after_bounded_retries() {
     let command = batchinfer(&server, &dir.path().join("wh"));
     server.stop();
     let started = Instant::now();
-    let out = run(
+    let out = common::run_with(
         command,
         &["query", "-e", "SELECT count(*) FROM 's3://data/features/'"],
     );
@@ -329,7 +320,7 @@ fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
         Vec::<String>::new(),
         "no output file exists"
     );
-    let out = run(
+    let out = common::run_with(
         batchinfer(&server, &wh),
         &[
             "query",
@@ -343,7 +334,7 @@ fn a_copy_interrupted_by_the_server_leaves_no_table_and_reruns() {
         stdout(&out)
     );
 
-    assert_ok(&run(
+    assert_ok(&common::run_with(
         batchinfer(&server, &wh),
         &["--models", "data/models", "query", "-e", &copy],
     ));
@@ -373,7 +364,7 @@ fn credentials_and_region_come_from_the_aws_profile_files() {
         .env("AWS_CONFIG_FILE", &config)
         .env("AWS_PROFILE", "batch")
         .env("AWS_EC2_METADATA_DISABLED", "true");
-    let out = run(
+    let out = common::run_with(
         command,
         &[
             "query",
@@ -544,7 +535,7 @@ fn read_one_object_from(endpoint: &str) -> (Output, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let out = common::output_within(
-        Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+        common::binary()
             .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_REGION", "us-east-1")

@@ -157,12 +157,7 @@ impl Store {
         match &self.server {
             Server::Local(_) => {}
             Server::S3(server) => {
-                command
-                    .env("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY)
-                    .env("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY)
-                    .env("AWS_REGION", "us-east-1")
-                    .env("AWS_ENDPOINT_URL", server.endpoint())
-                    .env("AWS_ALLOW_HTTP", "true");
+                server.client(&mut command);
             }
             Server::Azure(server) => {
                 command.envs(server.env());

@@ -166,20 +166,8 @@ fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
     let files = parquet_files(&wh.join("views/scores/data"));
     assert!(!files.is_empty());
     for file in files {
-        let reader = datafusion::parquet::file::reader::SerializedFileReader::new(
-            std::fs::File::open(&file).unwrap(),
-        )
-        .unwrap();
-        use datafusion::parquet::file::reader::FileReader;
-        let meta = reader
-            .metadata()
-            .file_metadata()
-            .key_value_metadata()
-            .unwrap();
         let value = |key: &str| {
-            meta.iter()
-                .find(|kv| kv.key == key)
-                .and_then(|kv| kv.value.clone())
+            common::parquet_footer_value(&file, key)
                 .unwrap_or_else(|| panic!("no {key} in {}", file.display()))
         };
         assert!(value("batchinfer.inputs").contains("\"size\""));

@@ -1,12 +1,15 @@
-//! The rules batchinfer adds to DataFusion's planning, in one place: one logical rule, each model
-//! call computed once per row (`once.rs`), and two physical ones, `embed`'s input gathered across
-//! batches and files (`embed_buffer.rs`, with the exec it places) and local Parquet read by
-//! batchinfer's streaming reader (`streaming_scan.rs`, [`crate::scan`]).
+//! The rules batchinfer adds to DataFusion's planning, in one place: an analyzer rule, tables
+//! whose lists claim too many values per row refused (`list_limits.rs`); one logical rule, each
+//! model call computed once per row (`once.rs`); and two physical ones, `embed`'s input
+//! gathered across batches and files (`embed_buffer.rs`, with the exec it places) and local
+//! Parquet read by batchinfer's streaming reader (`streaming_scan.rs`, [`crate::scan`]).
 
 pub mod embed_buffer;
+pub mod list_limits;
 pub mod once;
 pub mod streaming_scan;
 
 pub use embed_buffer::EmbedBufferRule;
+pub use list_limits::TableSchemaLimits;
 pub use once::ModelCallsOnce;
 pub use streaming_scan::StreamingParquetRule;

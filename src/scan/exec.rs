@@ -260,7 +260,7 @@ fn arrow_reader(
     unit: &Unit,
     batch_size: usize,
     handle: &File,
-) -> std::result::Result<Option<ParquetRecordBatchReader>, Box<dyn std::error::Error>> {
+) -> ParquetResult<Option<ParquetRecordBatchReader>> {
     let Some(mask) = &file.mask else {
         return Ok(None);
     };

@@ -358,8 +358,13 @@ mod tests {
         let now = latest(&m).await;
         assert_eq!(now.retired.len(), 1);
         assert_eq!(now.retired[0].path, "data/u1.parquet");
-        // Redefined: a refresh of the former query stops at its next commit.
-        let mut redefined = latest(&m).await;
+        redefinition_and_drop_stop_a_refresh(&m, &mut c).await;
+    }
+
+    /// Redefined: a refresh of the former query stops at its next commit; dropped, likewise.
+    async fn redefinition_and_drop_stop_a_refresh(m: &Manifests, c: &mut Target) {
+        let schema = datafusion::arrow::datatypes::Schema::empty();
+        let mut redefined = latest(m).await;
         redefined.query = "q2".into();
         let (v, _) = m.latest().await.unwrap().unwrap();
         assert!(
@@ -367,18 +372,18 @@ mod tests {
                 .await
                 .unwrap()
         );
-        let err = commit(&m, &mut c, &work("z", &[]), Some(unit("u4", "z")), false).await;
+        let err = commit(m, c, &work("z", &[]), Some(unit("u4", "z")), false).await;
         assert!(err.unwrap_err().to_string().contains("redefined"));
         // A version behind the newest is never created.
         assert!(!m.create(2, b"{}".to_vec()).await.unwrap());
         // Dropped: the drop is the newest version, and a refresh that read the view before it
         // cannot commit after it.
         let (v, _) = m.latest().await.unwrap().unwrap();
-        let mut before_drop = choose_target(&latest(&m).await, &BTreeMap::new(), &schema).unwrap();
+        let mut before_drop = choose_target(&latest(m).await, &BTreeMap::new(), &schema).unwrap();
         let dropped = Manifest::dropped("v").to_bytes().unwrap();
         assert!(m.create(v + 1, dropped).await.unwrap());
         let err = commit(
-            &m,
+            m,
             &mut before_drop,
             &work("w", &[]),
             Some(unit("u5", "w")),

@@ -80,24 +80,12 @@ impl Views<'_> {
         let manifests = warehouse.view_manifests(name)?;
         let latest = manifests.latest().await?;
         let exists = live(latest.clone()).is_some();
-        if exists && if_not_exists {
-            return self.session.empty();
-        }
-        // IF NOT EXISTS asks for nothing where the name is taken, by a table too (as PostgreSQL).
-        if if_not_exists
-            && self
-                .catalog
-                .table_kind(name, self.session)
-                .await?
-                .is_some_and(|kind| kind != Kind::View)
+        if !self
+            .check_view_name(name, exists, or_replace, if_not_exists)
+            .await?
         {
-            eprintln!(
-                "a table named '{name}' exists: CREATE MATERIALIZED VIEW IF NOT EXISTS {name} \
-                 created nothing"
-            );
             return self.session.empty();
         }
-        self.check_view_name(name, exists, or_replace).await?;
         let (query, literals) = with_absolute_paths(name, query)?;
         let query = &query;
         // Refused now, before anything is kept, if it cannot be a view.
@@ -158,9 +146,19 @@ impl Views<'_> {
         }
     }
 
-    /// A CREATE may take `name`: the view is new, or replaced (`or_replace`), and no table
-    /// has the name.
-    async fn check_view_name(&self, name: &str, exists: bool, or_replace: bool) -> Result<()> {
+    /// Whether a CREATE makes view `name`: it is new, or replaced (`or_replace`), and no table
+    /// has the name. IF NOT EXISTS asks for nothing where the name is taken, by a table too (as
+    /// PostgreSQL): false, and said.
+    async fn check_view_name(
+        &self,
+        name: &str,
+        exists: bool,
+        or_replace: bool,
+        if_not_exists: bool,
+    ) -> Result<bool> {
+        if exists && if_not_exists {
+            return Ok(false);
+        }
         if exists && !or_replace {
             return Err(Error::view(
                 name,
@@ -170,21 +168,24 @@ impl Views<'_> {
                 ),
             ));
         }
-        if !exists
-            && self
-                .catalog
-                .table_kind(name, self.session)
-                .await?
-                .is_some_and(|kind| kind != Kind::View)
-        {
-            return Err(Error::view(
-                name,
-                format!(
-                    "a table named '{name}' exists; a materialized view needs a name of its own"
-                ),
-            ));
+        if exists {
+            return Ok(true);
         }
-        Ok(())
+        let kind = self.catalog.table_kind(name, self.session).await?;
+        if !kind.is_some_and(|kind| kind != Kind::View) {
+            return Ok(true);
+        }
+        if if_not_exists {
+            eprintln!(
+                "a table named '{name}' exists: CREATE MATERIALIZED VIEW IF NOT EXISTS {name} \
+                 created nothing"
+            );
+            return Ok(false);
+        }
+        Err(Error::view(
+            name,
+            format!("a table named '{name}' exists; a materialized view needs a name of its own"),
+        ))
     }
 
     /// After a CREATE of `query` whose first refresh failed: no view, or the one there was (its

@@ -120,7 +120,7 @@ pub fn table(
         .map(|f| {
             let url = folder
                 .join(&f.path)
-                .map_err(|e| Error::Internal(format!("{}: {e}", f.path)))?;
+                .map_err(|e| Error::view(name, format!("{}: {e}", f.path)))?;
             Ok(ListingTableUrl::try_new(url, None)?)
         })
         .collect::<Result<Vec<_>>>()?;

@@ -19,11 +19,71 @@ pub async fn run(
     }
 }
 
+/// The batchinfer binary, as it is (no argument, the test's environment).
+pub fn binary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_batchinfer"))
+}
+
 /// The batchinfer binary, with `--format csv`.
 pub fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+    let mut command = binary();
     command.args(["--format", "csv"]);
     command
+}
+
+/// [`bin`] without the test's environment variables that start with any of `prefixes` (a
+/// store's or a database's credentials the machine may have), so that only what a test sets
+/// is used.
+pub fn bin_without_env(prefixes: &[&str]) -> Command {
+    let mut command = bin();
+    for (key, _) in std::env::vars() {
+        if prefixes.iter().any(|prefix| key.starts_with(prefix)) {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// `command` run with `args` to the end, within [`DEADLINE`].
+pub fn run_with(mut command: Command, args: &[&str]) -> Output {
+    output_within(command.args(args), DEADLINE)
+}
+
+/// `command` run to the end, `input` written to its standard input (from a thread of its own,
+/// so that a process that does not read it cannot block the test), within [`DEADLINE`].
+pub fn output_with_input(command: &mut Command, input: &[u8], what: &str) -> Output {
+    use std::io::Write;
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let status = wait_with_deadline(&mut child, DEADLINE, what);
+    writer.join().unwrap();
+    let mut out = child.wait_with_output().unwrap();
+    out.status = status;
+    out
+}
+
+/// The value of `key` in the footer metadata of the Parquet file at `path`, if it has one.
+pub fn parquet_footer_value(path: impl AsRef<Path>, key: &str) -> Option<String> {
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+    let file = std::fs::File::open(path.as_ref()).unwrap();
+    let reader = SerializedFileReader::new(file).unwrap();
+    reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .clone()
 }
 
 /// Runs `query -e SQL` with `--warehouse WAREHOUSE` and the test models.

@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex, mpsc};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -47,6 +48,40 @@ impl S3Server {
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `command` set to reach this server (its key pair, endpoint and region), with no other
+    /// AWS setting the test's environment may have.
+    pub fn client<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        for (key, _) in std::env::vars() {
+            if key.starts_with("AWS") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", self.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+    }
+
+    /// The batchinfer binary (`--format csv`) over the warehouse `s3://lake/wh/` of this server,
+    /// running `query -e SQL` for each `sql` it is given.
+    pub fn lake_warehouse(&self) -> impl Fn(&str) -> Command + '_ {
+        move |sql: &str| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+            self.client(&mut command).args([
+                "--format",
+                "csv",
+                "--warehouse",
+                "s3://lake/wh/",
+                "query",
+                "-e",
+                sql,
+            ]);
+            command
+        }
     }
 
     /// A bucket (a folder of the root).

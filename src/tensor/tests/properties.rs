@@ -90,6 +90,35 @@ fn fits(values: &[f64], element: E, from_float: bool) -> bool {
     values.iter().all(|v| v.trunc() >= lo && v.trunc() <= hi)
 }
 
+/// A column of `values` (as Int64 or Float64; narrowed to 0..200 if `narrow`), sliced at
+/// `offset`, with its NULL rows set aside as predict does before conversion (see
+/// src/model/score.rs, whose tests feed NULLs through).
+fn dense_column(values: &[Option<f64>], as_int: bool, offset: usize, narrow: bool) -> ArrayRef {
+    // Narrow values too, so that every type gets columns that fit.
+    let values: Vec<Option<f64>> = values
+        .iter()
+        .map(|v| v.map(|x| if narrow { x.abs() % 200.0 } else { x }))
+        .collect();
+    let column: ArrayRef = if as_int {
+        Arc::new(
+            values
+                .iter()
+                .map(|v| v.map(|x| x as i64))
+                .collect::<Int64Array>(),
+        )
+    } else {
+        Arc::new(values.iter().copied().collect::<Float64Array>())
+    };
+    let offset = offset.min(column.len() - 1);
+    let column = column.slice(offset, column.len() - offset);
+    let keep = BooleanArray::from(
+        (0..column.len())
+            .map(|i| column.is_valid(i))
+            .collect::<Vec<_>>(),
+    );
+    filter(column.as_ref(), &keep).unwrap()
+}
+
 /// Scalar columns (with NULLs, sliced at an offset) converted to each element type: the
 /// tensor holds exactly the values cast, or, exactly when a value does not fit, an error
 /// saying so. Counted per element type, so that a converter that refused everything (or
@@ -111,31 +140,7 @@ fn scalar_columns_convert_exactly_or_fail() {
     let mut runner = TestRunner::new(Config::with_cases(400));
     runner
         .run(&strategy, |(values, as_int, offset, element, narrow)| {
-            // Narrow values too, so that every type gets columns that fit.
-            let values: Vec<Option<f64>> = values
-                .iter()
-                .map(|v| v.map(|x| if narrow > 0 { x.abs() % 200.0 } else { x }))
-                .collect();
-            let column: ArrayRef = if as_int {
-                Arc::new(
-                    values
-                        .iter()
-                        .map(|v| v.map(|x| x as i64))
-                        .collect::<Int64Array>(),
-                )
-            } else {
-                Arc::new(values.iter().copied().collect::<Float64Array>())
-            };
-            let offset = offset.min(column.len() - 1);
-            let column = column.slice(offset, column.len() - offset);
-            // predict sets NULL rows aside before conversion (see src/model/score.rs, whose
-            // tests feed NULLs through): do the same.
-            let keep = BooleanArray::from(
-                (0..column.len())
-                    .map(|i| column.is_valid(i))
-                    .collect::<Vec<_>>(),
-            );
-            let dense = filter(column.as_ref(), &keep).unwrap();
+            let dense = dense_column(&values, as_int, offset, narrow > 0);
             let rows = dense.len();
             let from_float = dense.data_type().is_floating();
             let expected_fit = fits(&arrow_values(&dense), element, from_float);

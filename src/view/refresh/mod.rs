@@ -95,15 +95,12 @@ impl Views<'_> {
         // Scored with the view's own settings, whichever session refreshes it; tagged as a
         // statement of its own (its rejects' folder).
         let _settings = ViewSettings::apply(self.session, &manifest.settings)?;
-        self.session
-            .tag_text(format!("REFRESH MATERIALIZED VIEW {name}"), Some(warehouse))?;
-        for generation in manifest.current.iter().chain(manifest.pending.iter()) {
-            crate::view::files::check_paths(name, generation)?;
-        }
-        let used = manifest.current.iter().chain(manifest.pending.iter());
-        self.catalog
-            .reload_changed_folder_models(used.flat_map(|g| g.models.keys()))
-            .await?;
+        let statement = format!("REFRESH MATERIALIZED VIEW {name}");
+        self.session.tag_text(statement, Some(warehouse))?;
+        let used = || manifest.current.iter().chain(manifest.pending.iter());
+        used().try_for_each(|generation| crate::view::files::check_paths(name, generation))?;
+        let models = used().flat_map(|g| g.models.keys());
+        self.catalog.reload_changed_folder_models(models).await?;
         let planned = self.plan_view(name, &manifest).await?;
         let mut target = choose_target(&manifest, &planned.models, &planned.schema)?;
         let generation = generation_of(&manifest, &target)?;

@@ -31,11 +31,11 @@ impl Views<'_> {
                 .try_collect()
                 .await?;
             let base = Url::parse(url.object_store().as_str())
-                .map_err(|e| Error::Internal(format!("{url}: {e}")))?;
+                .map_err(|e| Error::location(url.as_str(), format!("{url}: {e}")))?;
             for meta in files {
                 let mut file = base.clone();
                 file.path_segments_mut()
-                    .map_err(|()| Error::Internal(format!("{base} has no path")))?
+                    .map_err(|()| Error::location(&base, format!("{base} has no path")))?
                     .clear()
                     .extend(meta.location.parts().map(|p| p.as_ref().to_string()));
                 inputs.push(Input {
@@ -103,7 +103,8 @@ impl Views<'_> {
             .inputs
             .iter()
             .map(|i| {
-                let url = Url::parse(&i.path).map_err(|e| Error::Internal(format!("{e}")))?;
+                let url = Url::parse(&i.path)
+                    .map_err(|e| Error::location(&i.path, format!("{}: {e}", i.path)))?;
                 Ok(ListingTableUrl::try_new(url, None)?)
             })
             .collect::<Result<Vec<_>>>()?;
