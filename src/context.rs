@@ -61,7 +61,7 @@ pub fn build_context(
     ctx.register_table_options_extension(AwsOptions::default());
     ctx.register_table_options_extension(SqlStoreOptions::<Gcp>::default());
     ctx.register_table_options_extension(SqlStoreOptions::<Azure>::default());
-    // `STORED AS POSTGRES | SQLITE` beside DataFusion's file formats.
+    // `STORED AS POSTGRES | SQLITE | DELTATABLE` beside DataFusion's file formats.
     {
         let state = ctx.state_ref();
         let mut state = state.write();
@@ -69,6 +69,11 @@ pub fn build_context(
             state
                 .table_factories_mut()
                 .insert(name.to_string(), factory);
+        }
+        for name in crate::delta::STORED_AS {
+            state
+                .table_factories_mut()
+                .insert(name.to_string(), Arc::new(crate::delta::DeltaFactory));
         }
     }
     // After the placement, whose Ballista session upgrade replaces the function list.

@@ -36,6 +36,9 @@
 //! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
 //!   SQLITE`): where to connect, the providers of datafusion-table-providers, and SQLite's
 //!   INSERT in one transaction of its own (`sqlite_insert.rs`).
+//! - [`delta`]: Delta Lake tables (`CREATE EXTERNAL TABLE ... STORED AS DELTATABLE`), read by
+//!   delta-rs through batchinfer's stores: the newest version when a query is planned, or one
+//!   pinned by `OPTIONS ('version' | 'timestamp')`.
 //! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`]
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
@@ -111,6 +114,7 @@ pub mod commands;
 pub mod config;
 pub mod context;
 pub mod database;
+pub mod delta;
 pub mod device;
 pub mod engine;
 pub mod error;

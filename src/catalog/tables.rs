@@ -65,7 +65,10 @@ impl Catalog {
         if let Some(database) = crate::database::Database::of(&create.file_type) {
             session
                 .placement()
-                .reads_databases(&format!("a {} table", database.name()))?;
+                .reads_in_process(&format!("a {} table", database.name()))?;
+        }
+        if crate::delta::STORED_AS.contains(&create.file_type.to_ascii_uppercase().as_str()) {
+            session.placement().reads_in_process("a Delta table")?;
         }
         let name = create.name.clone();
         if create.temporary {

@@ -99,9 +99,10 @@ impl Placement {
         }
     }
 
-    /// Refuses a database table (PostgreSQL, SQLite) where statements run on a cluster: its
-    /// connection lives in this process, and a plan reading it cannot travel to an executor.
-    pub fn reads_databases(&self, what: &str) -> Result<()> {
+    /// Refuses a table read only in this process where statements run on a cluster: a database
+    /// table (PostgreSQL, SQLite), whose connection lives in this process, or a Delta table,
+    /// whose scan Ballista cannot send to an executor.
+    pub fn reads_in_process(&self, what: &str) -> Result<()> {
         match self {
             Placement::InProcess => Ok(()),
             Placement::Cluster(remote) => Err(crate::error::Error::Statement(format!(

@@ -132,6 +132,10 @@ impl Engine {
         match statement {
             Statement::Model(m) => self.catalog.run_model_statement(m, &self.session).await,
             Statement::View(v) => self.views().run(v).await,
+            Statement::History(name) => {
+                let history = crate::delta::history(self.session.ctx(), &name.to_string()).await?;
+                self.session.result(history)
+            }
             Statement::Sql(statement) => {
                 let result = self.run_sql(*statement).await;
                 self.session.follow_device_option();

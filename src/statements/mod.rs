@@ -17,6 +17,7 @@
 //! SHOW MATERIALIZED VIEWS;
 //! DROP MATERIALIZED VIEW [IF EXISTS] scores;
 //! ```
+//! and a Delta table's commits ([`crate::delta`]): `DESCRIBE HISTORY customers`.
 //! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
 pub mod limits;
@@ -44,6 +45,8 @@ pub enum Statement {
     Model(ModelStatement),
     /// A statement about materialized views, handled by batchinfer.
     View(ViewStatement),
+    /// `DESCRIBE HISTORY name`: a Delta table's commits ([`crate::delta`]'s tables).
+    History(ObjectName),
     /// Anything else, as DataFusion's parser read it.
     Sql(Box<DFStatement>),
 }
@@ -126,7 +129,10 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
             Some(statement) => Statement::Model(statement),
             None => match view_statement(&mut df.parser)? {
                 Some(statement) => Statement::View(statement),
-                None => view_or_sql(sql_statement(&mut df)?)?,
+                None => match history_statement(&mut df.parser)? {
+                    Some(name) => Statement::History(name),
+                    None => view_or_sql(sql_statement(&mut df)?)?,
+                },
             },
         });
         let next = df.parser.peek_token().token;
@@ -357,6 +363,21 @@ fn view_statement(parser: &mut Parser<'_>) -> Result<Option<ViewStatement>> {
         return Ok(Some(ViewStatement::Show));
     }
     Ok(None)
+}
+
+/// Recognizes and reads `DESCRIBE HISTORY name`, which DataFusion's parser does not know.
+fn history_statement(parser: &mut Parser<'_>) -> Result<Option<ObjectName>> {
+    let first = keyword(&parser.peek_nth_token(0).token);
+    if !matches!(first, Some(Keyword::DESCRIBE | Keyword::DESC))
+        || !is_word(&parser.peek_nth_token(1).token, "HISTORY")
+    {
+        return Ok(None);
+    }
+    advance(parser, 2);
+    let name = parser
+        .parse_object_name(false)
+        .map_err(|_| Error::Statement("expected a table name: DESCRIBE HISTORY name".into()))?;
+    Ok(Some(name))
 }
 
 /// CREATE and DROP MATERIALIZED VIEW, as DataFusion's parser reads them, as batchinfer's.
