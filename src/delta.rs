@@ -16,25 +16,26 @@
 //! Cloud Storage, Azure, HTTP), with the settings and credentials of every other path.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
 use datafusion::datasource::TableType;
-use datafusion::error::DataFusionError;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::{CreateExternalTable, Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
-use deltalake_core::delta_datafusion::TableProviderBuilder;
+use deltalake_core::delta_datafusion::{DeltaScanNext as DeltaScan, TableProviderBuilder};
 use deltalake_core::kernel::Version;
 use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
 use deltalake_core::{DeltaTable, DeltaTableError};
-use object_store::ObjectStore;
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{blank_passwords, folder_location};
+use crate::storage::{blank_passwords, folder_location, local_path};
 
 /// The names `STORED AS` gives a Delta table.
 pub const STORED_AS: [&str; 2] = ["DELTATABLE", "DELTA"];
@@ -119,6 +120,9 @@ pub struct DeltaTableProvider {
     /// The version every query reads, where one is pinned.
     version: Option<Version>,
     schema: SchemaRef,
+    /// The scan of the query planned last, by when its planning began: every reference to the
+    /// table in one query (a self-join, a union) reads the one version the first loaded.
+    planned: Mutex<Option<(DateTime<Utc>, Arc<DeltaScan>)>>,
 }
 
 impl DeltaTableProvider {
@@ -131,6 +135,12 @@ impl DeltaTableProvider {
             ));
         };
         let location = blank_passwords(given);
+        if local_path(given)?.is_some_and(|path| path.is_file()) {
+            return Err(Error::table(
+                &name,
+                format!("Delta table '{name}': {location} is a file; a Delta table is a folder"),
+            ));
+        }
         if !create.table_partition_cols.is_empty() || !create.schema.fields().is_empty() {
             return Err(Error::table(
                 &name,
@@ -153,18 +163,49 @@ impl DeltaTableProvider {
             At::Newest => None,
             _ => table.version(),
         };
-        let provider = TableProviderBuilder::default()
-            .with_log_store(table.log_store())
-            .with_table_version(table.version())
-            .build()
-            .await?;
+        let scan = checked_scan(&table, &name, &location).await?;
         Ok(DeltaTableProvider {
             name,
             location,
             log_store: table.log_store(),
             version,
-            schema: provider.schema(),
+            schema: scan.schema(),
+            planned: Mutex::default(),
         })
+    }
+
+    /// The scan of the version a query whose planning began at `began` reads: the pinned one, or
+    /// the newest now; the same scan for every reference to the table in that query.
+    async fn scan_for(&self, began: Option<DateTime<Utc>>) -> Result<Arc<DeltaScan>> {
+        let planned = || self.planned.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(began), Some((at, scan))) = (began, planned().as_ref())
+            && *at == began
+        {
+            return Ok(scan.clone());
+        }
+        let mut table = DeltaTable::new(self.log_store.clone());
+        let loaded = match self.version {
+            Some(version) => table.load_version(version).await,
+            None => table.load().await,
+        };
+        loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
+        let scan = Arc::new(checked_scan(&table, &self.name, &self.location).await?);
+        if scan.schema().fields() != self.schema.fields() {
+            return Err(Error::table(
+                &self.name,
+                format!(
+                    "Delta table '{}' at {}: its columns changed since it was defined (now {}); \
+                     define it again (CREATE OR REPLACE EXTERNAL TABLE)",
+                    self.name,
+                    self.location,
+                    columns(&scan.schema())
+                ),
+            ));
+        }
+        if let Some(began) = began {
+            *planned() = Some((began, scan.clone()));
+        }
+        Ok(scan)
     }
 
     /// The version this table reads (None: the newest when a query is planned).
@@ -205,18 +246,122 @@ pub async fn open(
     let mut table = DeltaTable::new(log_store);
     match at {
         At::Newest => table.load().await?,
-        At::Version(version) => {
+        At::Version(version) => match table.load_version(*version).await {
             // A version past the newest is named as such (the kernel's own word is about log
             // segments).
-            table.load().await?;
-            if table.version().is_some_and(|newest| *version > newest) {
+            Err(e)
+                if e.to_string()
+                    .contains("not the same as the specified end version") =>
+            {
                 return Err(DeltaTableError::InvalidVersion(*version));
             }
-            table.load_version(*version).await?
+            loaded => loaded?,
+        },
+        At::Time(time) => {
+            table.load_with_datetime(*time).await?;
+            committed_by(&table, *time).await?;
         }
-        At::Time(time) => table.load_with_datetime(*time).await?,
     }
     Ok(table)
+}
+
+/// Refuses a table loaded for `time` whose version was committed after it: no version existed
+/// then (delta-rs reads its first version for any earlier time).
+async fn committed_by(
+    table: &DeltaTable,
+    time: DateTime<Utc>,
+) -> std::result::Result<(), DeltaTableError> {
+    let Some(version) = table.version() else {
+        return Ok(());
+    };
+    let commit = object_store::path::Path::from(format!("_delta_log/{version:020}.json"));
+    // A commit whose file a checkpoint replaced has no time to compare; delta-rs chose it.
+    let Ok(meta) = table.log_store().object_store(None).head(&commit).await else {
+        return Ok(());
+    };
+    if meta.last_modified > time {
+        return Err(DeltaTableError::Generic(format!(
+            "no version existed at {time}: version {version}, the oldest, was committed at {}",
+            meta.last_modified
+        )));
+    }
+    Ok(())
+}
+
+/// The scan of `table` as loaded, once every file its version names is known to be its own: a
+/// path relative to its folder (no `..`, no absolute path or URL, which would read files of
+/// another folder, store or host), and no deletion vector (not read yet); and a column mapping
+/// batchinfer knows.
+async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<DeltaScan> {
+    let refuse = |problem: String| {
+        Error::table(
+            name,
+            format!("Delta table '{name}' at {location}: {problem}"),
+        )
+    };
+    let state = table
+        .snapshot()
+        .map_err(|e| delta_error(name, location, e))?;
+    let mapping = state
+        .metadata()
+        .configuration()
+        .get("delta.columnMapping.mode");
+    if let Some(mode) = mapping.filter(|m| !["none", "name", "id"].contains(&m.as_str())) {
+        return Err(refuse(format!(
+            "its column mapping mode is {mode:?}; Delta's modes are 'none', 'name' and 'id'"
+        )));
+    }
+    let log_store = table.log_store();
+    let mut files = state.snapshot().file_views(log_store.as_ref(), None);
+    while let Some(file) = files
+        .try_next()
+        .await
+        .map_err(|e| delta_error(name, location, e))?
+    {
+        let path = file.path();
+        if !is_own_file(&path) {
+            return Err(refuse(format!(
+                "its log names the file {path:?}, which is not in the table's folder; \
+                 batchinfer reads a Delta table's own files only"
+            )));
+        }
+        if file.deletion_vector_descriptor().is_some() {
+            return Err(refuse(format!(
+                "its file {path:?} has a deletion vector, which batchinfer does not read yet \
+                 (rewrite the table without them: OPTIMIZE or REORG ... APPLY (PURGE) in Spark)"
+            )));
+        }
+    }
+    Ok(TableProviderBuilder::default()
+        .with_log_store(log_store)
+        .with_eager_snapshot(state.snapshot().clone())
+        .build()
+        .await?)
+}
+
+/// Whether a data file's path (as the log names it, URL-decoded) is a file of the table's own
+/// folder: relative, with no `.` or `..` part, no backslash, and no URL scheme.
+fn is_own_file(path: &str) -> bool {
+    !path.is_empty()
+        && !path.contains('\\')
+        && Url::parse(path).is_err()
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+/// A message of delta-rs or its kernel with what is not for a person cut: a backtrace (kept
+/// where `RUST_BACKTRACE` is set), a log segment's debug dump (which would show a URL's user).
+fn readable(message: &str) -> String {
+    if message.contains("found gap") {
+        return "its _delta_log has a gap: a commit file between two others is missing".into();
+    }
+    let end = ["\nStack backtrace", "\n\nStack backtrace", "\nBacktrace"]
+        .iter()
+        .filter_map(|mark| message.find(mark))
+        .min()
+        .unwrap_or(message.len());
+    blank_passwords(message[..end].trim_end())
 }
 
 /// A delta-rs error as a person reads it: which table, where, and what is wrong.
@@ -228,7 +373,7 @@ fn delta_error(name: &str, location: &str, e: DeltaTableError) -> Error {
         DeltaTableError::InvalidVersion(version) => {
             format!("{location} has no version {version}")
         }
-        _ => format!("{location}: {e}"),
+        _ => format!("{location}: {}", readable(&e.to_string())),
     };
     Error::table(name, format!("Delta table '{name}': {problem}"))
 }
@@ -259,30 +404,8 @@ impl TableProvider for DeltaTableProvider {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let scan = TableProviderBuilder::default()
-            .with_log_store(self.log_store.clone())
-            .with_table_version(self.version)
-            .build()
-            .await
-            .map_err(|e| {
-                DataFusionError::from(Error::table(
-                    &self.name,
-                    format!("Delta table '{}' at {}: {e}", self.name, self.location),
-                ))
-            })?;
-        if scan.schema().fields() != self.schema.fields() {
-            return Err(Error::table(
-                &self.name,
-                format!(
-                    "Delta table '{}' at {}: its columns changed since it was defined (now {}); \
-                     define it again (CREATE OR REPLACE EXTERNAL TABLE)",
-                    self.name,
-                    self.location,
-                    columns(&scan.schema())
-                ),
-            )
-            .into());
-        }
+        let began = state.execution_props().query_execution_start_time;
+        let scan = self.scan_for(began).await?;
         scan.scan(state, projection, filters, limit).await
     }
 }
@@ -388,6 +511,77 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         At::from_options("t", &options)
+    }
+
+    /// The table of `data/sample/customers_delta/` with its first commit only, in `dir`.
+    fn first_version_in(dir: &std::path::Path) {
+        let source = std::path::Path::new("data/sample/customers_delta");
+        std::fs::create_dir_all(dir.join("_delta_log")).unwrap();
+        for entry in std::fs::read_dir(source).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        add_commit(dir, 0);
+    }
+
+    fn add_commit(dir: &std::path::Path, version: u64) {
+        let name = format!("_delta_log/{version:020}.json");
+        let source = std::path::Path::new("data/sample/customers_delta").join(&name);
+        std::fs::copy(source, dir.join(name)).unwrap();
+    }
+
+    /// Every reference to a table in one query (one planning start) gets the one scan, even
+    /// where a commit came between them; the next query gets a scan of its own.
+    #[tokio::test]
+    async fn one_query_reads_one_version_however_often_it_names_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        first_version_in(dir.path());
+        let url = folder_location(&format!("{}/", dir.path().display())).unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
+        let table = open(&url, store, &At::Newest).await.unwrap();
+        let scan = checked_scan(&table, "t", "here").await.unwrap();
+        let provider = DeltaTableProvider {
+            name: "t".into(),
+            location: "here".into(),
+            log_store: table.log_store(),
+            version: None,
+            schema: scan.schema(),
+            planned: Mutex::default(),
+        };
+        let began = Utc::now();
+        let first = provider.scan_for(Some(began)).await.unwrap();
+        add_commit(dir.path(), 1);
+        let again = provider.scan_for(Some(began)).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        let next = provider.scan_for(Some(Utc::now())).await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &next));
+    }
+
+    #[test]
+    fn data_files_are_the_tables_own() {
+        for own in [
+            "part-0.parquet",
+            "city=lima/part-0.parquet",
+            "a b/c:d.parquet",
+        ] {
+            assert!(is_own_file(own), "{own}");
+        }
+        for other in [
+            "",
+            "../x.parquet",
+            "a/../../x.parquet",
+            "./x.parquet",
+            "/tmp/x.parquet",
+            "a//x.parquet",
+            "..\\x.parquet",
+            "file:///tmp/x.parquet",
+            "s3://bucket/x.parquet",
+            "https://host/x.parquet",
+        ] {
+            assert!(!is_own_file(other), "{other}");
+        }
     }
 
     #[test]

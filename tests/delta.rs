@@ -379,3 +379,100 @@ fn describe_history_lists_the_commits_as_the_deltalake_package_does() {
     );
     assert_failure(&query(&wh, "DESCRIBE HISTORY nowhere"), &["nowhere"]);
 }
+
+/// A commit after the table's three that adds `add` (an `add` action's JSON) to it.
+fn forge_commit(table: &Path, add: serde_json::Value) {
+    let commit = serde_json::json!({ "add": add });
+    let info = serde_json::json!({"commitInfo": {"timestamp": 1, "operation": "WRITE"}});
+    std::fs::write(
+        table.join(format!("_delta_log/{:020}.json", 3)),
+        format!("{commit}\n{info}\n"),
+    )
+    .unwrap();
+}
+
+/// An `add` action for the file at `path` (as the log names it), of the size of `real`.
+fn add_of(path: &str, real: &Path) -> serde_json::Value {
+    serde_json::json!({
+        "path": path,
+        "partitionValues": {},
+        "size": std::fs::metadata(real).unwrap().len(),
+        "modificationTime": 1,
+        "dataChange": true,
+    })
+}
+
+/// A log that names files outside the table's folder (a relative path that climbs out, an
+/// absolute path, a URL of this machine's files or of another store) is refused before any file
+/// is read, naming the table and the file; so is a file with a deletion vector.
+#[test]
+fn a_log_naming_files_outside_the_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    copy_up_to(2, &table);
+    // A real Parquet file beside the table, with rows of its own.
+    let outside = dir.path().join("outside.parquet");
+    std::fs::copy("data/sample/customers.parquet", &outside).unwrap();
+    let inside = std::fs::read_dir(&table)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    let wh = dir.path().join("wh");
+    let read = || {
+        query(
+            &wh,
+            &format!(
+                "CREATE EXTERNAL TABLE t STORED AS DELTATABLE LOCATION '{}/'; \
+                 SELECT count(*) FROM t",
+                table.display()
+            ),
+        )
+    };
+    let absolute = outside.display().to_string();
+    for path in [
+        "../outside.parquet".to_string(),
+        "./../outside.parquet".to_string(),
+        "%2E%2E/outside.parquet".to_string(),
+        "..\\outside.parquet".to_string(),
+        absolute.clone(),
+        format!("file://{absolute}"),
+        "s3://another-bucket/x.parquet".to_string(),
+        "http://127.0.0.1:1/x.parquet".to_string(),
+    ] {
+        forge_commit(&table, add_of(&path, &outside));
+        assert_failure(&read(), &["Delta table 't'", "not in the table's folder"]);
+    }
+    // The same file named as the table's own reads (the forged commit is otherwise sound).
+    let own = inside.file_name().unwrap().to_str().unwrap().to_string();
+    std::fs::copy(&outside, table.join("copied.parquet")).unwrap();
+    forge_commit(&table, add_of("copied.parquet", &outside));
+    let rows = assert_ok(&read());
+    let churned = reference(2)["rows"].as_i64().unwrap();
+    assert_eq!(rows, format!("count(*)\n{}\n", churned + 2000), "{own}");
+    // A deletion vector is refused, not read.
+    let mut add = add_of("copied.parquet", &outside);
+    add["deletionVector"] = serde_json::json!({
+        "storageType": "i", "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L",
+        "sizeInBytes": 40, "cardinality": 6
+    });
+    forge_commit(&table, add);
+    assert_failure(&read(), &["Delta table 't'", "deletion vector"]);
+}
+
+/// A time before the first commit names no version: refused, not read as the first.
+#[test]
+fn a_time_before_the_first_commit_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = query(
+        &dir.path().join("wh"),
+        &format!(
+            "CREATE EXTERNAL TABLE t STORED AS DELTATABLE LOCATION '{TABLE}' \
+             OPTIONS ('timestamp' '2000-01-01T00:00:00Z'); SELECT count(*) FROM t"
+        ),
+    );
+    assert_failure(
+        &out,
+        &["Delta table 't'", "no version existed at 2000-01-01"],
+    );
+}

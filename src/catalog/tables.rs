@@ -68,7 +68,8 @@ impl Catalog {
                 .reads_in_process(&format!("a {} table", database.name()))?;
         }
         if crate::delta::STORED_AS.contains(&create.file_type.to_ascii_uppercase().as_str()) {
-            session.placement().reads_in_process("a Delta table")?;
+            let what = format!("the Delta table '{}'", create.name);
+            session.placement().reads_in_process(&what)?;
         }
         let name = create.name.clone();
         if create.temporary {
