@@ -16,7 +16,7 @@
 //! Cloud Storage, Azure, HTTP), with the settings and credentials of every other path.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -122,7 +122,8 @@ pub struct DeltaTableProvider {
     schema: SchemaRef,
     /// The scan of the query planned last, by when its planning began: every reference to the
     /// table in one query (a self-join, a union) reads the one version the first loaded.
-    planned: Mutex<Option<(DateTime<Utc>, Arc<DeltaScan>)>>,
+    /// Held while a scan loads, so that references planned at once wait for the one load.
+    planned: tokio::sync::Mutex<Option<(DateTime<Utc>, Arc<DeltaScan>)>>,
 }
 
 impl DeltaTableProvider {
@@ -170,15 +171,15 @@ impl DeltaTableProvider {
             log_store: table.log_store(),
             version,
             schema: scan.schema(),
-            planned: Mutex::default(),
+            planned: Default::default(),
         })
     }
 
     /// The scan of the version a query whose planning began at `began` reads: the pinned one, or
     /// the newest now; the same scan for every reference to the table in that query.
     async fn scan_for(&self, began: Option<DateTime<Utc>>) -> Result<Arc<DeltaScan>> {
-        let planned = || self.planned.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some(began), Some((at, scan))) = (began, planned().as_ref())
+        let mut planned = self.planned.lock().await;
+        if let (Some(began), Some((at, scan))) = (began, planned.as_ref())
             && *at == began
         {
             return Ok(scan.clone());
@@ -203,7 +204,7 @@ impl DeltaTableProvider {
             ));
         }
         if let Some(began) = began {
-            *planned() = Some((began, scan.clone()));
+            *planned = Some((began, scan.clone()));
         }
         Ok(scan)
     }
@@ -325,7 +326,14 @@ async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<
                  batchinfer reads a Delta table's own files only"
             )));
         }
-        if file.deletion_vector_descriptor().is_some() {
+        // delta-rs panics on a vector of a kind it does not know: refused as one, too.
+        let vector = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            file.deletion_vector_descriptor().is_some()
+        }));
+        if vector.unwrap_or_else(|panic| {
+            let _ = crate::error::panic_message(panic.as_ref());
+            true
+        }) {
             return Err(refuse(format!(
                 "its file {path:?} has a deletion vector, which batchinfer does not read yet \
                  (rewrite the table without them: OPTIMIZE or REORG ... APPLY (PURGE) in Spark)"
@@ -342,25 +350,39 @@ async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<
 /// Whether a data file's path (as the log names it, URL-decoded) is a file of the table's own
 /// folder: relative, with no `.` or `..` part, no backslash, and no URL scheme.
 fn is_own_file(path: &str) -> bool {
+    // A URL parser (which delta-rs resolves paths with) drops tabs and newlines, trims spaces and
+    // control characters, reads `\\` as `/`, `|` as a drive's `:`, and ends a path at `?`, `#`.
     !path.is_empty()
-        && !path.contains('\\')
+        && !path
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '\\' | '|' | '?' | '#'))
         && Url::parse(path).is_err()
         && path
             .split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..")
+            .all(|part| !part.is_empty() && part.trim() == part && part != "." && part != "..")
 }
 
-/// A message of delta-rs or its kernel with what is not for a person cut: a backtrace (kept
-/// where `RUST_BACKTRACE` is set), a log segment's debug dump (which would show a URL's user).
+/// A message of delta-rs or its kernel with what is not for a person cut: a backtrace (which
+/// the kernel adds where `RUST_BACKTRACE` is set), a log segment's debug dump (which would show
+/// a URL's user).
 fn readable(message: &str) -> String {
     if message.contains("found gap") {
         return "its _delta_log has a gap: a commit file between two others is missing".into();
     }
-    let end = ["\nStack backtrace", "\n\nStack backtrace", "\nBacktrace"]
-        .iter()
-        .filter_map(|mark| message.find(mark))
-        .min()
-        .unwrap_or(message.len());
+    // The first line that starts a backtrace ("Stack backtrace:", "Backtrace", "   0: ...").
+    let mut end = message.len();
+    let mut at = 0;
+    for line in message.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        let frame = trimmed
+            .split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if at > 0 && (frame || trimmed.to_ascii_lowercase().contains("backtrace")) {
+            end = at;
+            break;
+        }
+        at += line.len();
+    }
     blank_passwords(message[..end].trim_end())
 }
 
@@ -548,7 +570,7 @@ mod tests {
             log_store: table.log_store(),
             version: None,
             schema: scan.schema(),
-            planned: Mutex::default(),
+            planned: Default::default(),
         };
         let began = Utc::now();
         let first = provider.scan_for(Some(began)).await.unwrap();
@@ -557,6 +579,16 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &again));
         let next = provider.scan_for(Some(Utc::now())).await.unwrap();
         assert!(!Arc::ptr_eq(&first, &next));
+    }
+
+    #[test]
+    fn messages_lose_backtraces_and_debug_dumps() {
+        let kernel = "Invalid JSON in commit 2: EOF\n   0: buoyant_kernel::error::Error::with_backtrace\n   1: x";
+        assert_eq!(readable(kernel), "Invalid JSON in commit 2: EOF");
+        let stack = "bad schema\n\nStack backtrace:\n   0: x";
+        assert_eq!(readable(stack), "bad schema");
+        assert_eq!(readable("one line"), "one line");
+        assert!(readable("found gap: ParsedLogPath { username: \"k\" }").contains("has a gap"));
     }
 
     #[test]
@@ -579,6 +611,13 @@ mod tests {
             "file:///tmp/x.parquet",
             "s3://bucket/x.parquet",
             "https://host/x.parquet",
+            ".\t./x.parquet",
+            " ../x.parquet",
+            "\u{1f}../x.parquet",
+            " /tmp/x.parquet",
+            "c|/tmp/x.parquet",
+            "..?x",
+            "#/../x",
         ] {
             assert!(!is_own_file(other), "{other}");
         }

@@ -435,6 +435,8 @@ fn a_log_naming_files_outside_the_table_is_refused() {
         "./../outside.parquet".to_string(),
         "%2E%2E/outside.parquet".to_string(),
         "..\\outside.parquet".to_string(),
+        ".\t./outside.parquet".to_string(),
+        format!(" {absolute}"),
         absolute.clone(),
         format!("file://{absolute}"),
         "s3://another-bucket/x.parquet".to_string(),
