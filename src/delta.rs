@@ -216,22 +216,15 @@ impl DeltaTableProvider {
 }
 
 /// The options of a definition, without the stores' own (`aws.*`, `gcp.*`, `azure.*`, which
-/// connect the store) and DataFusion's `format.` prefix.
+/// connect the store).
 fn delta_options(create: &CreateExternalTable) -> BTreeMap<String, String> {
-    create
-        .options
-        .iter()
-        .map(|(key, value)| {
-            let key = key.to_ascii_lowercase();
-            let key = key.strip_prefix("format.").unwrap_or(&key).to_string();
-            (key, value.clone())
-        })
-        .filter(|(key, _)| {
-            !["aws.", "gcp.", "azure."]
-                .iter()
-                .any(|p| key.starts_with(p))
-        })
-        .collect()
+    let mut options = crate::statements::external_table_options(create);
+    options.retain(|key, _| {
+        !["aws.", "gcp.", "azure."]
+            .iter()
+            .any(|p| key.starts_with(p))
+    });
+    options
 }
 
 /// The table at `url` (a folder URL) in `store` (the store of its scheme and host), loaded at

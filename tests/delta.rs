@@ -290,7 +290,7 @@ fn a_delta_table_in_s3_reads_as_the_local_one() {
     let dir = tempfile::tempdir().unwrap();
     let server = s3_server::S3Server::start(&dir.path().join("s3"));
     server.bucket("lake");
-    for entry in walk(Path::new(TABLE)) {
+    for entry in common::files_under(Path::new(TABLE)) {
         let key = entry
             .strip_prefix(TABLE)
             .unwrap()
@@ -316,20 +316,6 @@ fn a_delta_table_in_s3_reads_as_the_local_one() {
             &format!("S3, version {version}"),
         );
     }
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
 
 /// `DESCRIBE HISTORY` lists each commit, newest first, as the `deltalake` package's `history()`

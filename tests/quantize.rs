@@ -521,22 +521,8 @@ fn hostile_names_with_quantize_write_nothing() {
         assert_failure(&out, &["model name"]);
         assert!(!stderr(&out).contains("quantized to int8"), "{name}");
     }
-    let left: Vec<_> = walk(root.path());
+    let left: Vec<_> = common::files_under(root.path());
     assert!(left.is_empty(), "written: {left:?}");
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
 
 /// A symbolic link planted where a quantized model goes (`quantized/int8-v3-KEY`, pointing
@@ -562,8 +548,8 @@ fn a_link_planted_for_a_quantized_model_is_not_written_through() {
     let out = cli(&warehouse, sql);
     assert_failure(&out, &["is a symbolic link"]);
     assert!(
-        walk(&elsewhere).is_empty(),
+        common::files_under(&elsewhere).is_empty(),
         "written through the link: {:?}",
-        walk(&elsewhere)
+        common::files_under(&elsewhere)
     );
 }

@@ -23,7 +23,6 @@ mod rows;
 mod sqlite;
 mod sqlite_insert;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -90,16 +89,7 @@ pub async fn table(
     database: Database,
     create: &CreateExternalTable,
 ) -> Result<Arc<dyn TableProvider>> {
-    let options: BTreeMap<String, String> = create
-        .options
-        .iter()
-        // DataFusion's planner puts options with no prefix under `format.`.
-        .map(|(key, value)| {
-            let key = key.to_ascii_lowercase();
-            let key = key.strip_prefix("format.").unwrap_or(&key).to_string();
-            (key, value.clone())
-        })
-        .collect();
+    let options = crate::statements::external_table_options(create);
     let name = create.name.to_string();
     let (inner, sqlite) = match database {
         Database::Postgres => (postgres::table(&name, create, options).await?, None),

@@ -425,6 +425,22 @@ fn view_or_sql(statement: DFStatement) -> Result<Statement> {
     }
 }
 
+/// The `OPTIONS` of a `CREATE EXTERNAL TABLE`, keys lower-cased and without the `format.`
+/// prefix DataFusion's planner gives keys that have none.
+pub fn external_table_options(
+    create: &datafusion::logical_expr::CreateExternalTable,
+) -> std::collections::BTreeMap<String, String> {
+    create
+        .options
+        .iter()
+        .map(|(key, value)| {
+            let key = key.to_ascii_lowercase();
+            let key = key.strip_prefix("format.").unwrap_or(&key).to_string();
+            (key, value.clone())
+        })
+        .collect()
+}
+
 fn advance(parser: &mut Parser<'_>, tokens: usize) {
     for _ in 0..tokens {
         parser.next_token();

@@ -71,6 +71,20 @@ pub fn output_with_input(command: &mut Command, input: &[u8], what: &str) -> Out
     out
 }
 
+/// Every file under `dir` (none where it does not exist).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// The value of `key` in the footer metadata of the Parquet file at `path`, if it has one.
 pub fn parquet_footer_value(path: impl AsRef<Path>, key: &str) -> Option<String> {
     use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
