@@ -15,6 +15,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use crate::catalog::Catalog;
+use crate::delta::{self, DeltaTableProvider};
 use crate::error::{Error, Result};
 use crate::lineage;
 use crate::session::{Registered, Session, row_group_rows};
@@ -57,6 +58,7 @@ impl<'a> Writes<'a> {
                 placed.statement = rewrap(placed.statement);
                 self.run_then_commit(placed, explain.is_some()).await
             }
+            Placed::Append(statement, table) => self.append(statement, table, explain).await,
             Placed::NotAWrite(statement) if explain.is_some() => {
                 self.explain_analyzed(rewrap(statement)).await
             }
@@ -92,6 +94,9 @@ impl<'a> Writes<'a> {
         let Some(table) = self.catalog.insert_target(insert, self.session).await else {
             return Ok(Placed::NotAWrite(statement));
         };
+        if table.downcast_ref::<DeltaTableProvider>().is_some() {
+            return Ok(Placed::Append(statement, table));
+        }
         let Some(listing) = table.downcast_ref::<ListingTable>() else {
             return Ok(Placed::NotAWrite(statement));
         };
@@ -234,63 +239,225 @@ impl<'a> Writes<'a> {
         let query = DFStatement::Statement(Box::new(SQLStatement::Query(query)));
         let df = self.catalog.execute(self.session, query).await?;
         let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
+        let df = delta_typed(df, &name)?;
+        let schema = df.schema().inner().clone();
+        let (url, store) = warehouse.table_folder(&name)?;
+        let table = delta::write::TableWrite::begin(&name, &url, store).await?;
+        // A folder of Parquet files (a table written before tables were Delta tables) that
+        // this statement replaces: its files go once the commit is made.
+        let replaces_files =
+            table.read_version().is_none() && warehouse.table_is_complete(&name).await?;
+        let written = self.write_files(df, &table.folder(), &models).await;
+        let written = match written {
+            Ok(written) => written,
+            Err(e) => {
+                table.discard().await;
+                return Err(e);
+            }
+        };
+        let mode = match ct.or_replace {
+            true => delta::write::Mode::Replace,
+            false => delta::write::Mode::Create,
+        };
+        let lineage = self.lineage(models);
+        let version = table.commit(mode, &schema, &lineage).await?;
+        if replaces_files {
+            warehouse.remove_top_level_files(&name).await?;
+        }
+        self.opened(warehouse, &name, version).await?;
+        self.session.rows_written(&written)
+    }
+
+    /// The rows of `df` written as Parquet files into the folder `folder`, with `models` (the
+    /// models that produced them) in each file's metadata, where the placement writes and
+    /// committed as it commits; the rejects budget checked before they are.
+    async fn write_files(
+        &self,
+        df: DataFrame,
+        folder: &str,
+        models: &str,
+    ) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
         let schema = df.schema().inner().clone();
         let mut options = self.session.parquet_options(&schema);
         options
             .key_value_metadata
-            .insert(lineage::MODELS_KEY.to_string(), Some(models.clone()));
-        let empty_file = empty_table_file(schema.clone(), &models)?;
+            .insert(lineage::MODELS_KEY.to_string(), Some(models.to_string()));
         let stores = self.session.registry().stores();
-        let table = warehouse.begin_table(&name, ct.or_replace, |target| {
-            self.session.placement().write_to(stores, target)
-        })?;
-        let written = match df
-            .write_parquet(table.target(), DataFrameWriteOptions::new(), Some(options))
-            .await
-            .map_err(Error::from)
-        {
-            Ok(written) => written,
+        let (target, write) = self.session.placement().write_to(stores, folder)?;
+        let run = async {
+            let written = df
+                .write_parquet(&target, DataFrameWriteOptions::new(), Some(options))
+                .await?;
+            self.session.check_rejects_budget().await?;
+            Ok::<_, Error>(written)
+        };
+        match run.await {
+            Ok(written) => {
+                write.commit().await?;
+                Ok(written)
+            }
             Err(e) => {
-                table.abort().await;
+                write.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// What a commit says of the statement at hand and the models it called.
+    fn lineage(&self, models: String) -> delta::write::Lineage {
+        delta::write::Lineage {
+            statement: self.session.statement().text,
+            models,
+        }
+    }
+
+    /// Table `name` of the warehouse as this statement committed it (at `version`), opened for
+    /// the statements that follow.
+    async fn opened(&self, warehouse: &Warehouse, name: &str, version: u64) -> Result<()> {
+        let (url, store) = warehouse.table_folder(name)?;
+        let provider = DeltaTableProvider::of_warehouse(name, &url, store, version).await?;
+        if let Some(tables) = self.catalog.warehouse_tables() {
+            // Known as written, never as the warehouse's newest: the next lookup opens that.
+            tables.written(name, Some(format!("written:{version}")), Arc::new(provider));
+        }
+        Ok(())
+    }
+
+    /// INSERT INTO a Delta table of the warehouse: the rows written into a folder of the
+    /// statement's own through a listing table over it (DataFusion places the columns, as into
+    /// any table), then one commit that appends them. Columns that do not fit are refused first
+    /// ([`delta::write::check_insert`]).
+    async fn append(
+        &self,
+        mut statement: DFStatement,
+        table: Arc<dyn TableProvider>,
+        analyze: Option<datafusion::common::format::ExplainStatementOptions>,
+    ) -> Result<DataFrame> {
+        let Some(delta) = table.downcast_ref::<DeltaTableProvider>() else {
+            return Err(Error::Internal("an append to a table that is not Delta".into()));
+        };
+        let name = delta.name().to_string();
+        let DFStatement::Statement(s) = &mut statement else {
+            return Err(Error::Internal("an append that is not an INSERT".into()));
+        };
+        let SQLStatement::Insert(insert) = s.as_mut() else {
+            return Err(Error::Internal("an append that is not an INSERT".into()));
+        };
+        self.check_columns(&name, &table.schema(), insert).await?;
+        let write = delta.begin_append().await?;
+        let stores = self.session.registry().stores();
+        let (target, files) = self.session.placement().write_to(stores, &write.folder())?;
+        let copy = Registered::hidden(self.session.ctx(), folder_table(&target, table.schema())?)?;
+        insert.table =
+            TableObject::TableName(ObjectName::from(vec![Ident::with_quote('"', copy.name())]));
+        let models = match &insert.source {
+            Some(query) => {
+                let query = DFStatement::Statement(Box::new(SQLStatement::Query(query.clone())));
+                let plan = self.session.plan(query).await?;
+                lineage::models_used(self.session.registry(), &plan)?
+            }
+            None => "[]".to_string(),
+        };
+        let statement = match analyze {
+            Some(options) => DFStatement::Explain(ExplainStatement {
+                options,
+                statement: Box::new(statement),
+            }),
+            None => statement,
+        };
+        let analyzed = matches!(statement, DFStatement::Explain(_));
+        let run = async {
+            let df = if analyzed {
+                self.explain_analyzed(statement).await?
+            } else {
+                self.catalog.execute(self.session, statement).await?
+            };
+            let batches = df.collect().await?;
+            self.session.check_rejects_budget().await?;
+            Ok::<_, Error>(batches)
+        };
+        let batches = match run.await {
+            Ok(batches) => batches,
+            Err(e) => {
+                files.abort().await;
+                write.discard().await;
                 return Err(e);
             }
         };
-        if let Err(e) = self.session.check_rejects_budget().await {
-            table.abort().await;
+        drop(copy);
+        if let Err(e) = files.commit().await {
+            write.discard().await;
             return Err(e);
         }
-        table.commit(empty_file).await?;
-        let table = listing_table(&warehouse.table_location(&name)?, schema)?;
-        let version = warehouse.table_version(&name).await?;
-        if let Some(tables) = self.catalog.warehouse_tables() {
-            tables.written(&name, version, table);
-        }
-        self.session.rows_written(&written)
+        write
+            .commit(delta::write::Mode::Append, &table.schema(), &self.lineage(models))
+            .await?;
+        self.session.results(batches)
+    }
+
+    /// Refuses an INSERT whose query's columns do not fit the table's (those it names, or all).
+    async fn check_columns(
+        &self,
+        name: &str,
+        schema: &datafusion::arrow::datatypes::SchemaRef,
+        insert: &datafusion::sql::sqlparser::ast::Insert,
+    ) -> Result<()> {
+        let Some(source) = &insert.source else {
+            return Ok(());
+        };
+        let query = DFStatement::Statement(Box::new(SQLStatement::Query(source.clone())));
+        let plan = self.session.plan(query).await?;
+        let fields: Vec<_> = if insert.columns.is_empty() {
+            schema.fields().iter().map(|f| f.as_ref().clone()).collect()
+        } else {
+            let mut fields = Vec::new();
+            for column in &insert.columns {
+                let column = column.to_string();
+                let column = column.trim_matches('"');
+                let field = schema.field_with_name(column).map_err(|_| {
+                    Error::table(
+                        name,
+                        format!(
+                            "INSERT INTO {name}: the table has no column '{}' (its columns: {})",
+                            column,
+                            delta::columns(schema)
+                        ),
+                    )
+                })?;
+                fields.push(field.clone());
+            }
+            fields
+        };
+        delta::write::check_insert(name, &fields, plan.schema().as_arrow())
     }
 }
 
-/// An empty result writes no file; a table needs one to carry its schema: this one, with no rows.
-fn empty_table_file(
-    schema: datafusion::arrow::datatypes::SchemaRef,
-    models: &str,
-) -> Result<Vec<u8>> {
-    use datafusion::parquet::arrow::ArrowWriter;
-    use datafusion::parquet::file::metadata::KeyValue;
-    use datafusion::parquet::file::properties::WriterProperties;
-    let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(vec![KeyValue::new(
-            lineage::MODELS_KEY.to_string(),
-            models.to_string(),
-        )]))
-        .build();
-    let mut bytes = Vec::new();
-    let writer = ArrowWriter::try_new(&mut bytes, schema, Some(props))?;
-    writer.close()?;
-    Ok(bytes)
+/// `df` with each column Delta reads as another type cast to it
+/// ([`delta::write::written_types`]).
+fn delta_typed(df: DataFrame, name: &str) -> Result<DataFrame> {
+    use datafusion::logical_expr::{cast, col};
+    let schema = df.schema().inner().clone();
+    let types = delta::write::written_types(name, &schema)?;
+    if types.iter().all(Option::is_none) {
+        return Ok(df);
+    }
+    let columns = schema
+        .fields()
+        .iter()
+        .zip(types)
+        .map(|(field, to)| {
+            let column = col(datafusion::common::Column::from_name(field.name()));
+            match to {
+                Some(to) => cast(column, to).alias(field.name()),
+                None => column,
+            }
+        })
+        .collect::<Vec<_>>();
+    Ok(df.select(columns)?)
 }
 
-/// The Parquet files of the folder `location`, read with `schema`.
-fn listing_table(
+/// The Parquet files of the folder `location`, read and written with `schema`.
+fn folder_table(
     location: &str,
     schema: datafusion::arrow::datatypes::SchemaRef,
 ) -> Result<Arc<dyn TableProvider>> {
@@ -344,6 +511,8 @@ fn staged_table(
 /// A statement that writes, and where it was pointed ([`Writes::place_write`]).
 enum Placed<'a> {
     Write(PlacedWrite<'a>),
+    /// An INSERT INTO a Delta table of the warehouse ([`Writes::append`]).
+    Append(DFStatement, Arc<dyn TableProvider>),
     NotAWrite(DFStatement),
 }
 

@@ -36,7 +36,8 @@ impl Catalog {
         }
     }
 
-    /// The table an INSERT writes into, where it is a listing table (files in a folder).
+    /// The table an INSERT writes into, where it is a listing table (files in a folder) or a
+    /// Delta table of the warehouse.
     pub async fn insert_target(
         &self,
         insert: &datafusion::sql::sqlparser::ast::Insert,
@@ -48,10 +49,13 @@ impl Catalog {
             return None;
         };
         let provider = session.ctx().table_provider(name.to_string()).await.ok()?;
-        provider
+        let listing = provider
             .downcast_ref::<ListingTable>()
-            .is_some_and(|listing| !listing.table_paths().is_empty())
-            .then_some(provider)
+            .is_some_and(|listing| !listing.table_paths().is_empty());
+        let delta = provider
+            .downcast_ref::<crate::delta::DeltaTableProvider>()
+            .is_some_and(|delta| delta.is_warehouse_table());
+        (listing || delta).then_some(provider)
     }
 
     /// CREATE EXTERNAL TABLE, of every kind (files, PostgreSQL, SQLite), by the session's table

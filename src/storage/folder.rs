@@ -1,12 +1,7 @@
-//! What a table in a local warehouse folder needs beside [`super::table`]: the hidden, locked
-//! folder a CREATE TABLE is staged in, the swap of two folders in one step, and the removal of
-//! the hidden files an INSERT killed mid-way left.
+//! What a table in a local warehouse folder needs beside [`super::table`]: the removal of the
+//! hidden files a write killed mid-way left.
 
-use std::fs::File;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::error::{Error, Result};
+use std::sync::atomic::AtomicU64;
 
 /// Numbers the staging folders of this process (a table's, and a local folder's).
 pub(super) static STAGING: AtomicU64 = AtomicU64::new(0);
@@ -65,85 +60,6 @@ fn writer_of(name: &str) -> Option<libc::pid_t> {
     };
     (digits(pid) && digits(n) && upload).then_some(())?;
     pid.parse().ok()
-}
-
-/// A table being written in a local warehouse: its hidden folder, and the lock that says a
-/// process is writing it. Dropped, the folder is removed.
-#[derive(Debug)]
-pub(super) struct Staging {
-    pub(super) dir: PathBuf,
-    lock_path: PathBuf,
-    _lock: File,
-}
-
-impl Staging {
-    /// A fresh hidden folder in `tables` to write table `name` into, locked for as long as the
-    /// returned value lives.
-    pub(super) fn new(tables: &std::path::Path, name: &str) -> Result<Self> {
-        let n = STAGING.fetch_add(1, Ordering::Relaxed);
-        let base = format!(".staging-{name}-{}-{n}", std::process::id());
-        std::fs::create_dir_all(tables)
-            .map_err(|e| Error::io(format!("creating {}", tables.display()), e))?;
-        let lock_path = tables.join(format!("{base}.lock"));
-        let lock = File::create(&lock_path)
-            .map_err(|e| Error::io(format!("creating {}", lock_path.display()), e))?;
-        lock.lock()
-            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
-        let staging = Staging {
-            dir: tables.join(base),
-            lock_path,
-            _lock: lock,
-        };
-        std::fs::create_dir(&staging.dir)
-            .map_err(|e| Error::io(format!("creating {}", staging.dir.display()), e))?;
-        Ok(staging)
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(&self.lock_path);
-    }
-}
-
-/// Swaps two folders in one step: `renameat2(RENAME_EXCHANGE)`.
-#[cfg(target_os = "linux")]
-pub(super) fn exchange(a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &std::path::Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
-    };
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: two valid NUL-terminated paths; the call reads them and nothing else.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Swaps two folders where there is no exchange: two renames, the second undone if it fails.
-#[cfg(not(target_os = "linux"))]
-pub(super) fn exchange(a: &std::path::Path, b: &std::path::Path) -> std::io::Result<()> {
-    let aside = a.with_extension("old");
-    std::fs::rename(b, &aside)?;
-    if let Err(e) = std::fs::rename(a, b) {
-        let _ = std::fs::rename(&aside, b);
-        return Err(e);
-    }
-    std::fs::rename(&aside, a)
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub use location::{
 };
 pub use manifest::Manifests;
 pub use staging::StagedOutput;
-pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, TableWrite, Tables, check_name, named_folders};
+pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, Tables, check_name, named_folders};
 
 use crate::error::{Error, Result};
 use cloud::bucket_of;

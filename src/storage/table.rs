@@ -1,31 +1,24 @@
-//! The tables of a warehouse: one folder per table under `tables/`, which appears whole or not
-//! at all, in one way per store kind:
+//! The tables of a warehouse: one folder per table under `tables/`. A table is a Delta table
+//! ([`crate::delta::write`] commits it); a folder of Parquet files written before tables were
+//! Delta tables (its files directly in the folder, in S3 with a claim object, [`TABLE_CLAIM`]) is
+//! read as such until a CREATE OR REPLACE TABLE makes it a Delta table.
 //!
-//! - **Local files**: a table is written into a hidden staging folder beside the others
-//!   (`tables/.staging-NAME-PID-N/`, held by a lock while its statement runs) and made the table
-//!   by one rename; a CREATE OR REPLACE TABLE swaps it with the old folder in one
-//!   `renameat2(RENAME_EXCHANGE)` (two renames elsewhere). A staging folder no process holds is
-//!   removed by the next process that opens the warehouse.
-//! - **S3** has no rename: a table's files are uploaded in place with their completion held back
-//!   ([`super::commit`]), and completed together once all are written. While they complete, the
-//!   name is claimed by an object ([`TABLE_CLAIM`]) created only where none exists, so that of
-//!   two statements creating one table exactly one goes on.
-//!
-//! Either way, a statement that fails or is interrupted leaves no file a later query would read.
+//! Here: the names and folders of tables, what identifies a folder of Parquet files as written,
+//! DROP TABLE's removal (out of sight in one rename first where there are folders), and the
+//! cleanup of what interrupted writes left in a local warehouse.
 
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
-use super::folder::{STAGING, Staging, exchange, remove_abandoned_partials};
+use super::folder::{STAGING, remove_abandoned_partials};
 use super::{
-    CommitKind, CommitStore, CommittedWrite, delete_prefix, display_location, object_path,
+    CommitKind, CommitStore, delete_prefix, display_location, object_path,
 };
 use crate::error::{Error, Result};
 
@@ -96,28 +89,6 @@ pub struct Tables {
     prefix: Path,
 }
 
-/// A table being written: DataFusion writes to [`TableWrite::target`]; the files become the table
-/// on [`TableWrite::commit`], or are discarded.
-#[derive(Debug)]
-pub struct TableWrite {
-    name: String,
-    replace: bool,
-    target: String,
-    output: CommittedWrite,
-    how: How,
-}
-
-#[derive(Debug)]
-enum How {
-    /// Into a staging folder, renamed to `dest` at commit (local files).
-    Rename { staging: Staging, dest: PathBuf },
-    /// In place, completed at commit under a claim (S3).
-    Claim {
-        store: Arc<dyn ObjectStore>,
-        prefix: Path,
-    },
-}
-
 impl Tables {
     /// The `tables/` folder under a warehouse's `root` (a URL ending in `/`) in `store`.
     pub fn new(store: Arc<CommitStore>, root: &Url) -> Result<Self> {
@@ -154,26 +125,41 @@ impl Tables {
         named_folders(self.store.inner().as_ref(), &self.prefix, "table").await
     }
 
-    /// Whether table `name` is complete: its folder holds a file other than a claim or a hidden
-    /// file (a write in progress).
+    /// Whether table `name`, as a folder of Parquet files (not a Delta table), is complete: its
+    /// folder holds a file other than a claim or a hidden file (a write in progress). Files in
+    /// its subfolders are not its own (a Delta table's first statement writes there).
     pub async fn is_complete(&self, name: &str) -> Result<bool> {
+        Ok(!self.top_level_files(name).await?.is_empty())
+    }
+
+    /// The files directly in table `name`'s folder, claims and hidden files aside: a table of
+    /// Parquet files written before tables were Delta tables.
+    pub async fn top_level_files(&self, name: &str) -> Result<Vec<Path>> {
         let prefix = object_path(&self.url(name)?)?;
-        let mut objects = self.store.inner().list(Some(&prefix));
-        while let Some(object) = objects.next().await {
-            match object {
-                Ok(object)
-                    if object
-                        .location
-                        .filename()
-                        .is_some_and(|f| f != TABLE_CLAIM && !f.starts_with('.')) =>
-                {
-                    return Ok(true);
-                }
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(false)
+        let listed = match self.store.inner().list_with_delimiter(Some(&prefix)).await {
+            Ok(listed) => listed.objects,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(listed
+            .into_iter()
+            .map(|object| object.location)
+            .filter(|location| {
+                location
+                    .filename()
+                    .is_some_and(|f| f != TABLE_CLAIM && !f.starts_with('.'))
+            })
+            .collect())
+    }
+
+    /// Table `name`'s folder, as a URL ending in `/`.
+    pub fn table_url(&self, name: &str) -> Result<Url> {
+        self.url(name)
+    }
+
+    /// The store the tables are in (the whole bucket or file system: paths are the URLs').
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.inner().clone()
     }
 
     /// What changes when table `name` is created again or replaced: locally its folder's
@@ -205,40 +191,6 @@ impl Tables {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Begins writing table `name` (replacing one of that name at commit with `replace`; without,
-    /// a table there then is an error). `place` says where the files are written and how they
-    /// commit ([`crate::cluster::Placement::write_to`]) given where they go.
-    pub fn begin(
-        &self,
-        name: &str,
-        replace: bool,
-        place: impl FnOnce(&str) -> Result<(String, CommittedWrite)>,
-    ) -> Result<TableWrite> {
-        let location = self.location(name)?;
-        let (to, how) = match self.local_dir() {
-            Some(tables) => {
-                let staging = Staging::new(&tables, name)?;
-                let mut to = staging.dir.display().to_string();
-                to.push('/');
-                let dest = tables.join(name);
-                (to, How::Rename { staging, dest })
-            }
-            None => {
-                let prefix = object_path(&self.url(name)?)?;
-                let store = self.store.inner().clone();
-                (location, How::Claim { store, prefix })
-            }
-        };
-        let (target, output) = place(&to)?;
-        Ok(TableWrite {
-            name: name.to_string(),
-            replace,
-            target,
-            output,
-            how,
-        })
     }
 
     /// Removes table `name`'s files: out of sight in one rename first where there are folders,
@@ -292,126 +244,4 @@ impl Tables {
             }
         }
     }
-}
-
-impl TableWrite {
-    /// Where the statement writes the table's files.
-    pub fn target(&self) -> &str {
-        &self.target
-    }
-
-    /// Makes the written files the table; `empty` is its one file when the write made none (a
-    /// table needs one to carry its schema).
-    pub async fn commit(self, empty: Vec<u8>) -> Result<()> {
-        let TableWrite {
-            name,
-            replace,
-            output,
-            how,
-            ..
-        } = self;
-        let taken = || {
-            Error::table(
-                &name,
-                format!("table '{name}' already exists (another statement created it meanwhile)"),
-            )
-        };
-        match how {
-            How::Rename { staging, dest } => {
-                output.commit().await?;
-                if std::fs::read_dir(&staging.dir)
-                    .map_err(|e| Error::io(format!("reading {}", staging.dir.display()), e))?
-                    .next()
-                    .is_none()
-                {
-                    let file = staging.dir.join("part-0.parquet");
-                    std::fs::write(&file, empty)
-                        .map_err(|e| Error::io(format!("writing {}", file.display()), e))?;
-                }
-                let renamed = if replace && dest.exists() {
-                    exchange(&staging.dir, &dest)
-                } else {
-                    std::fs::rename(&staging.dir, &dest)
-                };
-                renamed.map_err(|e| match e.raw_os_error() {
-                    Some(code) if code == libc::ENOTEMPTY || code == libc::EEXIST => taken(),
-                    _ => Error::io(format!("committing table {name} to {}", dest.display()), e),
-                })?;
-                // After an exchange the staging folder holds the old table: dropping it removes
-                // it.
-                drop(staging);
-            }
-            How::Claim { store, prefix } => {
-                let claim = prefix.clone().join(TABLE_CLAIM);
-                let claimed = if replace {
-                    // Objects already complete under the prefix are the old table's.
-                    match delete_prefix(store.as_ref(), &prefix).await {
-                        Ok(()) => store
-                            .put(&claim, PutPayload::new())
-                            .await
-                            .map(drop)
-                            .map_err(Error::from),
-                        Err(e) => Err(e),
-                    }
-                } else {
-                    claim_table(store.as_ref(), &prefix, &claim, taken).await
-                };
-                if let Err(e) = claimed {
-                    output.abort().await;
-                    return Err(e);
-                }
-                let committed = match output.commit().await {
-                    Ok(files) => files,
-                    Err(e) => {
-                        if !replace {
-                            let _ = store.delete(&claim).await;
-                        }
-                        return Err(e);
-                    }
-                };
-                if committed == 0 {
-                    store
-                        .put(&prefix.clone().join("part-0.parquet"), empty.into())
-                        .await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Discards the written files.
-    pub async fn abort(self) {
-        self.output.abort().await;
-    }
-}
-
-/// Claims a table in S3: the claim is created only where none exists (S3's conditional PUT). A
-/// table with files and no claim (written before claims were made) counts as taken too.
-async fn claim_table(
-    store: &dyn ObjectStore,
-    prefix: &Path,
-    claim: &Path,
-    taken: impl Fn() -> Error,
-) -> Result<()> {
-    match store
-        .put_opts(claim, PutPayload::new(), PutMode::Create.into())
-        .await
-    {
-        Ok(_) => {}
-        Err(object_store::Error::AlreadyExists { .. }) => return Err(taken()),
-        // A store without conditional writes: the listing below is the only check.
-        Err(object_store::Error::NotImplemented { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let others: Vec<_> = store
-        .list(Some(prefix))
-        .try_filter(|object| futures::future::ready(object.location != *claim))
-        .take(1)
-        .try_collect()
-        .await?;
-    if !others.is_empty() {
-        let _ = store.delete(claim).await;
-        return Err(taken());
-    }
-    Ok(())
 }

@@ -3,8 +3,10 @@
 //! ```text
 //! warehouse/
 //!   models/NAME.json         one file per model, from CREATE MODEL: {"name", "source"}
-//!   tables/NAME/*.parquet    one folder per table, from CREATE TABLE ... AS
-//!   tables/.staging-*/       a CREATE TABLE in progress; renamed to tables/NAME/ when complete
+//!   tables/NAME/             one Delta Lake table per name, from CREATE TABLE ... AS and
+//!                            INSERT INTO: _delta_log/ and each statement's data-UUID/ folder
+//!                            ([`crate::delta::write`]); a folder of Parquet files written
+//!                            before tables were Delta tables is read as such until replaced
 //!   views/NAME/              one folder per materialized view: its manifests and data
 //!                            ([`crate::view`])
 //!   quantized/KEY/           a model quantized by CREATE MODEL ... OPTIONS ('quantize' ...):
@@ -17,8 +19,9 @@
 //!
 //! The warehouse is one object store and a prefix in it: a local folder or a prefix in S3, Google
 //! Cloud Storage or Azure (`--warehouse s3://bucket/wh/`, `gs://...`, `az://...`), with one layout. A table appears whole or not at all, each
-//! store kind committing in its own way ([`crate::storage::Tables`]): a CREATE TABLE that fails
-//! or is interrupted leaves nothing a later query would read. One file per model, each written
+//! table is a Delta table: each statement one commit of its log, which every store makes atomic
+//! (a conditional PUT): a statement that fails or is interrupted leaves nothing a later query
+//! would read. One file per model, each written
 //! whole, means concurrent CREATE MODEL statements never overwrite each other's definitions.
 //!
 //! Warehouses written before one file per model keep `models.json`; its definitions are moved to
@@ -39,7 +42,7 @@ use url::Url;
 
 use crate::error::{Error, Result};
 use crate::storage::{
-    CommitStore, CommittedWrite, Manifests, StoreRegistry, TableWrite, Tables, read_object,
+    CommitStore, Manifests, StoreRegistry, Tables, read_object,
 };
 
 pub use crate::storage::{MAX_NAME_BYTES, check_name};
@@ -321,24 +324,67 @@ impl Warehouse {
         self.tables.folders().await
     }
 
-    /// What changes when table `name` is created again or replaced ([`Tables::version`]).
+    /// What changes when table `name` is written: its newest Delta commit (the version and
+    /// what identifies that commit's file), or for a folder of Parquet files what
+    /// [`Tables::version`] says.
     pub async fn table_version(&self, name: &str) -> Result<Option<String>> {
+        if let Some((version, commit)) = self.delta_version(name).await? {
+            return Ok(Some(format!("delta:{version}:{commit}")));
+        }
         self.tables.version(name).await
+    }
+
+    /// The newest commit of table `name`'s Delta log (its version, and its file's tag and time,
+    /// which tell a table made again apart): None where the table is not a Delta table.
+    pub async fn delta_version(&self, name: &str) -> Result<Option<(u64, String)>> {
+        let log = crate::storage::object_path(&self.tables.table_url(name)?)?.join("_delta_log");
+        let store = self.tables.store();
+        let listed = match store.list_with_delimiter(Some(&log)).await {
+            Ok(listed) => listed.objects,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(listed
+            .into_iter()
+            .filter_map(|object| {
+                let file = object.location.filename()?;
+                let version = file.strip_suffix(".json")?;
+                (version.len() == 20 && version.bytes().all(|b| b.is_ascii_digit())).then(|| {
+                    let commit = format!(
+                        "{}:{}",
+                        object.e_tag.clone().unwrap_or_default(),
+                        object.last_modified.timestamp_nanos_opt().unwrap_or_default()
+                    );
+                    (version.parse::<u64>().unwrap_or_default(), commit)
+                })
+            })
+            .max_by_key(|(version, _)| *version))
+    }
+
+    /// Table `name`'s folder (a URL ending in `/`) and the store it is in.
+    pub fn table_folder(&self, name: &str) -> Result<(Url, Arc<dyn ObjectStore>)> {
+        Ok((self.tables.table_url(name)?, self.tables.store()))
+    }
+
+    /// Deletes the Parquet files directly in table `name`'s folder: those of a table written
+    /// before tables were Delta tables, once a Delta commit replaced it.
+    pub async fn remove_top_level_files(&self, name: &str) -> Result<()> {
+        let store = self.tables.store();
+        for file in self.tables.top_level_files(name).await? {
+            match store.delete(&file).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let claim = crate::storage::object_path(&self.tables.table_url(name)?)?
+            .join(crate::storage::TABLE_CLAIM);
+        let _ = store.delete(&claim).await;
+        Ok(())
     }
 
     /// Whether table `name` is complete (not still being created).
     pub async fn table_is_complete(&self, name: &str) -> Result<bool> {
         self.tables.is_complete(name).await
-    }
-
-    /// Begins writing table `name` ([`Tables::begin`]).
-    pub fn begin_table(
-        &self,
-        name: &str,
-        replace: bool,
-        place: impl FnOnce(&str) -> Result<(String, CommittedWrite)>,
-    ) -> Result<TableWrite> {
-        self.tables.begin(name, replace, place)
     }
 
     /// Removes a table's files.

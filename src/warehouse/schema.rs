@@ -151,14 +151,25 @@ impl WarehouseSchema {
         }
     }
 
-    /// Table `name` of the warehouse, once it is complete (not while its first CREATE runs).
+    /// Table `name` of the warehouse, once it is complete (not while its first CREATE runs): a
+    /// Delta table at its newest version now (each statement that names it reads that one), or
+    /// a folder of Parquet files written before tables were Delta tables.
     async fn open_table(&self, name: &str) -> Result<Option<Opened>> {
         let Some(version) = self.warehouse.table_version(name).await? else {
             return Ok(None);
         };
+        let delta = version
+            .strip_prefix("delta:")
+            .and_then(|v| v.split(':').next()?.parse::<u64>().ok());
         let version = Some(version);
         if let Some(opened) = self.opened_at(name, Kind::Table, &version) {
             return Ok(Some(opened));
+        }
+        if let Some(number) = delta {
+            let (url, store) = self.warehouse.table_folder(name)?;
+            let provider =
+                crate::delta::DeltaTableProvider::of_warehouse(name, &url, store, number).await?;
+            return Ok(Some(self.keep(name, Kind::Table, version, Arc::new(provider))));
         }
         if !self.warehouse.table_is_complete(name).await? {
             return Ok(None);

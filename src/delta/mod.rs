@@ -37,6 +37,8 @@ use url::Url;
 use crate::error::{Error, Result};
 use crate::storage::{blank_passwords, folder_location, local_path};
 
+pub mod write;
+
 /// The names `STORED AS` gives a Delta table.
 pub const STORED_AS: [&str; 2] = ["DELTATABLE", "DELTA"];
 
@@ -119,7 +121,13 @@ pub struct DeltaTableProvider {
     log_store: LogStoreRef,
     /// The version every query reads, where one is pinned.
     version: Option<Version>,
+    /// The columns as queries see them: those of its scan, vectors restored
+    /// ([`write::restored`]).
     schema: SchemaRef,
+    /// The columns of its scan, as the version read at CREATE has them.
+    scanned: SchemaRef,
+    /// Whether it is a table of the warehouse (INSERT INTO appends to it).
+    warehouse: bool,
     /// The scan of the query planned last, by when its planning began: every reference to the
     /// table in one query (a self-join, a union) reads the one version the first loaded.
     /// Held while a scan loads, so that references planned at once wait for the one load.
@@ -164,15 +172,74 @@ impl DeltaTableProvider {
             At::Newest => None,
             _ => table.version(),
         };
-        let scan = checked_scan(&table, &name, &location).await?;
+        Self::of(name, location, &table, version, false).await
+    }
+
+    /// The table `name` of a warehouse, at `url` (its folder) in `store`, at `version`: every
+    /// query reads that version.
+    pub async fn of_warehouse(
+        name: &str,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+        version: Version,
+    ) -> Result<Self> {
+        let location = crate::storage::display_location(url);
+        let table = open(url, store, &At::Version(version))
+            .await
+            .map_err(|e| delta_error(name, &location, e))?;
+        Self::of(name.to_string(), location, &table, Some(version), true).await
+    }
+
+    async fn of(
+        name: String,
+        location: String,
+        table: &DeltaTable,
+        version: Option<Version>,
+        warehouse: bool,
+    ) -> Result<Self> {
+        let scan = checked_scan(table, &name, &location).await?;
+        let state = table
+            .snapshot()
+            .map_err(|e| delta_error(&name, &location, e))?;
+        let schema = write::restored(&scan.schema(), &state.schema());
         Ok(DeltaTableProvider {
             name,
             location,
             log_store: table.log_store(),
             version,
-            schema: scan.schema(),
+            schema,
+            scanned: scan.schema(),
+            warehouse,
             planned: Default::default(),
         })
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's log.
+    pub fn log_store(&self) -> LogStoreRef {
+        self.log_store.clone()
+    }
+
+    /// Whether it is a table of the warehouse.
+    pub fn is_warehouse_table(&self) -> bool {
+        self.warehouse
+    }
+
+    /// Begins an append to this table, on the version it reads (the pinned one, or the newest).
+    pub async fn begin_append(&self) -> Result<write::TableWrite> {
+        let mut table = DeltaTable::new(self.log_store.clone());
+        let loaded = match self.version {
+            Some(version) => table.load_version(version).await,
+            None => table.load().await,
+        };
+        loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
+        let url = self.log_store.root_url().clone();
+        let store = self.log_store.root_object_store(None);
+        write::TableWrite::at(&self.name, &url, store, self.log_store.clone(), Some(table))
     }
 
     /// The scan of the version a query whose planning began at `began` reads: the pinned one, or
@@ -191,7 +258,7 @@ impl DeltaTableProvider {
         };
         loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
         let scan = Arc::new(checked_scan(&table, &self.name, &self.location).await?);
-        if scan.schema().fields() != self.schema.fields() {
+        if scan.schema().fields() != self.scanned.fields() {
             return Err(Error::table(
                 &self.name,
                 format!(
@@ -358,7 +425,7 @@ fn is_own_file(path: &str) -> bool {
 /// A message of delta-rs or its kernel with what is not for a person cut: a backtrace (which
 /// the kernel adds where `RUST_BACKTRACE` is set), a log segment's debug dump (which would show
 /// a URL's user).
-fn readable(message: &str) -> String {
+pub(crate) fn readable(message: &str) -> String {
     if message.contains("found gap") {
         return "its _delta_log has a gap: a commit file between two others is missing".into();
     }
@@ -421,12 +488,42 @@ impl TableProvider for DeltaTableProvider {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let began = state.execution_props().query_execution_start_time;
         let scan = self.scan_for(began).await?;
-        scan.scan(state, projection, filters, limit).await
+        let plan = scan.scan(state, projection, filters, limit).await?;
+        Ok(restore_vectors(plan, &self.schema)?)
     }
 }
 
+/// `plan` with each column `schema` has as a vector (a Delta array) cast back to it.
+fn restore_vectors(
+    plan: Arc<dyn ExecutionPlan>,
+    schema: &SchemaRef,
+) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::physical_expr::expressions::{CastExpr, Column};
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let scanned = plan.schema();
+    let mut changed = false;
+    let mut exprs: Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> = Vec::new();
+    for (i, field) in scanned.fields().iter().enumerate() {
+        let column: Arc<dyn datafusion::physical_expr::PhysicalExpr> =
+            Arc::new(Column::new(field.name(), i));
+        let wanted = schema.field_with_name(field.name()).ok();
+        match wanted.filter(|w| w.data_type() != field.data_type()) {
+            Some(wanted) => {
+                changed = true;
+                let cast = CastExpr::new(column, wanted.data_type().clone(), None);
+                exprs.push((Arc::new(cast), field.name().clone()));
+            }
+            None => exprs.push((column, field.name().clone())),
+        }
+    }
+    if !changed {
+        return Ok(plan);
+    }
+    Ok(Arc::new(ProjectionExec::try_new(exprs, plan)?))
+}
+
 /// A schema's columns as a person reads them: `id Int64, p Float32`.
-fn columns(schema: &SchemaRef) -> String {
+pub(crate) fn columns(schema: &SchemaRef) -> String {
     schema
         .fields()
         .iter()
@@ -563,6 +660,8 @@ mod tests {
             log_store: table.log_store(),
             version: None,
             schema: scan.schema(),
+            scanned: scan.schema(),
+            warehouse: false,
             planned: Default::default(),
         };
         let began = Utc::now();

@@ -1,0 +1,553 @@
+//! A statement's files made one commit of a Delta table: the files are written first, into a
+//! folder of the statement's own under the table's (`data-<uuid>/`), where no reader looks (a
+//! Delta table is the files its log names); then one entry of the `_delta_log` names them, written
+//! only where no entry of that version exists (a conditional PUT in S3 and Azure, a link made
+//! where no file is locally). Of two statements that commit the same version, one does; the
+//! other's files are deleted and it fails, naming the table.
+//!
+//! - A table created (`CREATE TABLE`) is version 0: its protocol, its columns and its files.
+//! - A table replaced (`CREATE OR REPLACE TABLE`) is a commit that removes every file of the
+//!   version the statement began on and adds its own, with the new columns: it commits only on
+//!   the version after that one, so that a replace never lands on a change it did not see.
+//! - Rows appended (`INSERT INTO`) are a commit that adds files: appends that race each other
+//!   all commit (delta-rs checks that none of the versions between changed the columns or the
+//!   protocol).
+//!
+//! Each commit carries its lineage in Delta's commit info (`batchinfer.statement`,
+//! `batchinfer.models`: each model's name, source and sha256), where `DESCRIBE HISTORY` and other
+//! tools read it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake_core::kernel::{Action, Add, StructType, Version, new_metadata};
+use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
+use deltalake_core::protocol::{DeltaOperation, SaveMode};
+use deltalake_core::{DeltaTable, DeltaTableError};
+use futures::TryStreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path;
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// The field metadata that keeps a vector's length in a Delta schema (Delta has arrays of any
+/// length only): a column written as `FixedSizeList(n)` reads back as one.
+pub const FIXED_SIZE_KEY: &str = "batchinfer.fixedSize";
+
+/// The table settings (Delta's `configuration`) of a table batchinfer creates: none.
+const NO_SETTINGS: [(&str, &str); 0] = [];
+
+/// What a statement does to a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Makes a table that does not exist (version 0).
+    Create,
+    /// Replaces every row and the columns (a table that does not exist yet is created).
+    Replace,
+    /// Adds rows.
+    Append,
+}
+
+/// What a commit says of where its rows came from.
+#[derive(Debug, Clone, Default)]
+pub struct Lineage {
+    /// The statement, secrets blanked.
+    pub statement: String,
+    /// The models it called (JSON: name, sha256, source), as [`crate::lineage::models_used`].
+    pub models: String,
+}
+
+/// The log store of the Delta table at `url` (a folder URL) in `store` (the store of its bucket
+/// or file system root).
+pub fn log_store(url: &Url, store: Arc<dyn ObjectStore>) -> Result<LogStoreRef> {
+    let config = StorageConfig::default();
+    let prefixed = Arc::from(
+        config
+            .decorate_store(store.clone(), url)
+            .map_err(|e| Error::table(url, e.to_string()))?,
+    );
+    Ok(default_logstore(prefixed, store, url, &config))
+}
+
+/// A statement writing table `name`: where its files go, and the version it began on.
+pub struct TableWrite {
+    name: String,
+    url: Url,
+    store: Arc<dyn ObjectStore>,
+    log_store: LogStoreRef,
+    /// The table as the statement began (None: no Delta table there).
+    read: Option<DeltaTable>,
+    /// `data-<uuid>/` under the table's folder.
+    folder: Url,
+}
+
+impl TableWrite {
+    /// Begins a write of the table `name` at `url` (a folder URL) in `store` (its bucket's):
+    /// reads the version it begins on, if there is a table.
+    pub async fn begin(name: &str, url: &Url, store: Arc<dyn ObjectStore>) -> Result<Self> {
+        let log_store = log_store(url, store.clone())?;
+        let read = load_newest(name, &log_store).await?;
+        Self::at(name, url, store, log_store, read)
+    }
+
+    /// Begins a write of table `name` that reads `read` (the version its statement planned on).
+    pub fn at(
+        name: &str,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+        log_store: LogStoreRef,
+        read: Option<DeltaTable>,
+    ) -> Result<Self> {
+        let folder = url
+            .join(&format!("data-{}/", uuid::Uuid::new_v4().simple()))
+            .map_err(|e| Error::table(name, format!("{url}: {e}")))?;
+        Ok(TableWrite {
+            name: name.to_string(),
+            url: url.clone(),
+            store,
+            log_store,
+            read,
+            folder,
+        })
+    }
+
+    /// Where the statement writes its files (a folder location, ending in `/`).
+    pub fn folder(&self) -> String {
+        crate::storage::display_location(&self.folder)
+    }
+
+    /// The version the statement began on, if the table existed.
+    pub fn read_version(&self) -> Option<Version> {
+        self.read.as_ref().and_then(|t| t.version())
+    }
+
+    /// Commits the files of the statement's folder as `mode`, with the columns `schema` (the
+    /// Arrow schema the files were written with) and `lineage`; returns the version committed.
+    /// On any failure the files are deleted and nothing is committed.
+    pub async fn commit(self, mode: Mode, schema: &Schema, lineage: &Lineage) -> Result<Version> {
+        match self.try_commit(mode, schema, lineage).await {
+            Ok(version) => Ok(version),
+            Err(e) => {
+                self.discard().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn try_commit(&self, mode: Mode, schema: &Schema, lineage: &Lineage) -> Result<Version> {
+        let name = &self.name;
+        let mut actions = Vec::new();
+        let read = self.read.as_ref().map(|t| t.snapshot()).transpose();
+        let read = read.map_err(|e| self.error(e))?;
+        let (operation, retries) = match (mode, read) {
+            (Mode::Append, None) => {
+                return Err(Error::table(
+                    name,
+                    format!("table '{name}' has no Delta log to append to"),
+                ));
+            }
+            (Mode::Append, Some(_)) => {
+                let operation = DeltaOperation::Write {
+                    mode: SaveMode::Append,
+                    partition_by: None,
+                    predicate: None,
+                };
+                (operation, 15)
+            }
+            (Mode::Create, Some(_)) => return Err(self.taken()),
+            (Mode::Create | Mode::Replace, read) => {
+                let columns = delta_schema(name, schema)?;
+                let metadata = new_metadata(&columns, Vec::<String>::new(), NO_SETTINGS)
+                    .map_err(|e| Error::table(name, format!("Delta table '{name}': {e}")))?;
+                if read.is_none() {
+                    actions.push(Action::Protocol(protocol()?));
+                }
+                actions.push(Action::Metadata(metadata.clone()));
+                if let Some(read) = read {
+                    let mut files = read
+                        .snapshot()
+                        .file_views(self.log_store.as_ref(), None);
+                    while let Some(file) = files.try_next().await.map_err(|e| self.error(e))? {
+                        actions.push(Action::Remove(file.remove_action(true)));
+                    }
+                }
+                let operation = DeltaOperation::Write {
+                    mode: if read.is_none() {
+                        SaveMode::ErrorIfExists
+                    } else {
+                        SaveMode::Overwrite
+                    },
+                    partition_by: None,
+                    predicate: None,
+                };
+                (operation, 0)
+            }
+        };
+        actions.extend(self.adds().await?);
+        let properties = CommitProperties::default()
+            .with_metadata([
+                (
+                    "batchinfer.statement".to_string(),
+                    serde_json::Value::from(lineage.statement.clone()),
+                ),
+                (
+                    "batchinfer.models".to_string(),
+                    serde_json::from_str(&lineage.models).unwrap_or_default(),
+                ),
+            ])
+            .with_max_retries(retries);
+        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
+        let committed = CommitBuilder::from(properties)
+            .with_actions(actions)
+            .build(
+                read_state.map(|s| s as _),
+                self.log_store.clone(),
+                operation,
+            )
+            .await;
+        match committed {
+            Ok(done) => Ok(done.version()),
+            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => {
+                Err(match (mode, self.read.is_some()) {
+                    (Mode::Create, _) | (Mode::Replace, false) => self.taken(),
+                    _ => self.conflict(),
+                })
+            }
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// An `add` for each file the statement wrote, with its row count.
+    async fn adds(&self) -> Result<Vec<Action>> {
+        let prefix = crate::storage::object_path(&self.folder)?;
+        let table = crate::storage::object_path(&self.url)?;
+        let files: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut adds = Vec::with_capacity(files.len());
+        for file in files {
+            let Some(relative) = relative(&table, &file.location) else {
+                continue;
+            };
+            let rows = row_count(self.store.clone(), &file).await?;
+            adds.push(Action::Add(Add {
+                path: relative,
+                partition_values: HashMap::new(),
+                size: file.size as i64,
+                modification_time: file.last_modified.timestamp_millis(),
+                data_change: true,
+                stats: Some(serde_json::json!({ "numRecords": rows }).to_string()),
+                tags: None,
+                deletion_vector: None,
+                base_row_id: None,
+                default_row_commit_version: None,
+                clustering_provider: None,
+            }));
+        }
+        Ok(adds)
+    }
+
+    /// Deletes the statement's files.
+    pub async fn discard(&self) {
+        if let Ok(prefix) = crate::storage::object_path(&self.folder) {
+            let _ = crate::storage::delete_prefix(self.store.as_ref(), &prefix).await;
+        }
+    }
+
+    fn taken(&self) -> Error {
+        let name = &self.name;
+        Error::table(
+            name,
+            format!(
+                "table '{name}' already exists (another statement created it meanwhile); \
+                 nothing was written"
+            ),
+        )
+    }
+
+    fn conflict(&self) -> Error {
+        let name = &self.name;
+        let read = self
+            .read_version()
+            .map(|v| format!(" (version {v})"))
+            .unwrap_or_default();
+        Error::table(
+            name,
+            format!(
+                "table '{name}' was changed by another statement after this one read it{read}: \
+                 a conflict; nothing of this statement was committed (run it again)"
+            ),
+        )
+    }
+
+    fn error(&self, e: DeltaTableError) -> Error {
+        let name = &self.name;
+        Error::table(
+            name,
+            format!("Delta table '{name}': {}", super::readable(&e.to_string())),
+        )
+    }
+}
+
+/// Whether a commit failed because another commit took its version.
+fn lost_race(e: &TransactionError) -> bool {
+    matches!(
+        e,
+        TransactionError::VersionAlreadyExists(_)
+            | TransactionError::MaxCommitAttempts(_)
+            | TransactionError::CommitConflict(_)
+    )
+}
+
+/// The newest version of the table of `log_store`, None where it has no commit.
+pub async fn load_newest(name: &str, log_store: &LogStoreRef) -> Result<Option<DeltaTable>> {
+    let error = |e: DeltaTableError| {
+        Error::table(
+            name,
+            format!("Delta table '{name}': {}", super::readable(&e.to_string())),
+        )
+    };
+    if !log_store.is_delta_table_location().await.map_err(error)? {
+        return Ok(None);
+    }
+    let mut table = DeltaTable::new(log_store.clone());
+    match table.load().await {
+        Ok(()) => Ok(Some(table)),
+        Err(DeltaTableError::NotATable(_)) => Ok(None),
+        Err(e) => Err(error(e)),
+    }
+}
+
+/// A table's files as its log names them: relative to its folder.
+fn relative(table: &Path, file: &Path) -> Option<String> {
+    let parts: Vec<_> = file.prefix_match(table)?.map(|p| p.as_ref().to_string()).collect();
+    (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+/// The rows of a Parquet file the statement wrote, from its footer (checked before it is read:
+/// [`crate::storage::footer`]).
+async fn row_count(store: Arc<dyn ObjectStore>, file: &object_store::ObjectMeta) -> Result<i64> {
+    use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+    use object_store::ObjectStoreExt;
+    let size = file.size;
+    let what = file.location.to_string();
+    let tail = store.get_range(&file.location, size.saturating_sub(8)..size).await?;
+    let tail: [u8; 8] = tail.as_ref().try_into().map_err(|_| {
+        Error::Internal(format!("{what}: {size} bytes is not a Parquet file"))
+    })?;
+    let length = crate::storage::footer::metadata_len(&what, size, tail)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let footer = store
+        .get_range(&file.location, size - 8 - length..size - 8)
+        .await?;
+    let metadata = ParquetMetaDataReader::decode_metadata(&footer)?;
+    Ok(metadata.file_metadata().num_rows())
+}
+
+/// Delta's protocol for a new table: reader version 1, writer version 2 (what every reader
+/// reads).
+fn protocol() -> Result<deltalake_core::kernel::Protocol> {
+    serde_json::from_value(serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2}))
+        .map_err(|e| Error::Internal(format!("Delta protocol: {e}")))
+}
+
+/// The Delta schema of the Arrow `schema` a table's files are written with; a vector
+/// (`FixedSizeList(n)`) keeps its length in its field's metadata ([`FIXED_SIZE_KEY`]). A
+/// type Delta has no counterpart of is refused, naming the column.
+pub fn delta_schema(name: &str, schema: &Schema) -> Result<StructType> {
+    use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| marked(f.as_ref()))
+        .collect();
+    let marked = Schema::new(fields);
+    (&marked).try_into_kernel().map_err(|e| {
+        Error::table(
+            name,
+            format!(
+                "table '{name}': its columns ({}) cannot be a Delta table's: {e}",
+                super::columns(&Arc::new(schema.clone()))
+            ),
+        )
+    })
+}
+
+/// `field` with the length of each vector in it kept in its metadata.
+fn marked(field: &Field) -> Field {
+    match field.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let mut metadata = field.metadata().clone();
+            metadata.insert(FIXED_SIZE_KEY.to_string(), n.to_string());
+            field.clone().with_metadata(metadata)
+        }
+        DataType::Struct(children) => {
+            let children: Vec<Field> = children.iter().map(|c| marked(c)).collect();
+            field
+                .clone()
+                .with_data_type(DataType::Struct(children.into()))
+        }
+        _ => field.clone(),
+    }
+}
+
+/// The Arrow schema a Delta table's scan gives (`scanned`) with each vector restored where the
+/// table's schema (`delta`) keeps its length ([`FIXED_SIZE_KEY`]).
+pub fn restored(scanned: &SchemaRef, delta: &StructType) -> SchemaRef {
+    let fields: Vec<Field> = scanned
+        .fields()
+        .iter()
+        .map(|f| match delta.field(f.name()) {
+            Some(kept) => restore(f, kept),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, scanned.metadata().clone()))
+}
+
+fn restore(field: &Field, kept: &deltalake_core::kernel::StructField) -> Field {
+    use deltalake_core::kernel::{DataType as DeltaType, MetadataValue};
+    let length = match kept.metadata().get(FIXED_SIZE_KEY) {
+        Some(MetadataValue::String(n)) => n.parse::<i32>().ok(),
+        Some(MetadataValue::Number(n)) => i32::try_from(*n).ok(),
+        _ => None,
+    };
+    match (field.data_type(), kept.data_type(), length) {
+        (DataType::List(item), _, Some(n)) if n > 0 => field
+            .clone()
+            .with_data_type(DataType::FixedSizeList(item.clone(), n)),
+        (DataType::Struct(children), DeltaType::Struct(inner), _) => {
+            let children: Vec<Field> = children
+                .iter()
+                .map(|c| match inner.field(c.name()) {
+                    Some(k) => restore(c, k),
+                    None => c.as_ref().clone(),
+                })
+                .collect();
+            field
+                .clone()
+                .with_data_type(DataType::Struct(children.into()))
+        }
+        _ => field.clone(),
+    }
+}
+
+/// For each column of `schema`, the type its files are written with for a Delta table, where it
+/// is not its own: the type Delta reads its values as (an unsigned integer as the signed one of
+/// its width, a nanosecond time as microseconds, a view as a plain string). A vector
+/// (`FixedSizeList`) and a struct of them stay as they are: Parquet stores them as Delta's arrays.
+pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>>> {
+    use deltalake_core::kernel::engine::arrow_conversion::TryIntoArrow;
+    let delta = delta_schema(name, schema)?;
+    schema
+        .fields()
+        .iter()
+        .zip(delta.fields())
+        .map(|(field, kept)| {
+            if holds_vector(field.data_type()) {
+                return Ok(None);
+            }
+            let wanted: DataType = kept.data_type().try_into_arrow().map_err(|e| {
+                Error::table(name, format!("table '{name}': column '{}': {e}", field.name()))
+            })?;
+            Ok((wanted != *field.data_type()).then_some(wanted))
+        })
+        .collect()
+}
+
+fn holds_vector(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::FixedSizeList(..) => true,
+        DataType::Struct(children) => children.iter().any(|c| holds_vector(c.data_type())),
+        _ => false,
+    }
+}
+
+/// Refuses an INSERT into table `name` (columns `table`, those the statement names) of a query
+/// (columns `query`) whose columns do not fit: another count, or a column whose values the
+/// table's column cannot hold as they are (text into a number, a number into a narrower one, a
+/// list into a scalar). Both lists of columns are named.
+pub fn check_insert(name: &str, table: &[Field], query: &Schema) -> Result<()> {
+    let listed = |fields: &mut dyn Iterator<Item = &Field>| {
+        fields
+            .map(|f| format!("{} {}", f.name(), f.data_type()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let refuse = |problem: String| {
+        Error::table(
+            name,
+            format!(
+                "INSERT INTO {name}: {problem}; the table has ({}), the query gives ({})",
+                listed(&mut table.iter()),
+                listed(&mut query.fields().iter().map(|f| f.as_ref()))
+            ),
+        )
+    };
+    if table.len() != query.fields().len() {
+        return Err(refuse(format!(
+            "the query gives {} columns for {} of the table's",
+            query.fields().len(),
+            table.len()
+        )));
+    }
+    for (to, from) in table.iter().zip(query.fields()) {
+        if !fits(from.data_type(), to.data_type()) {
+            return Err(refuse(format!(
+                "column '{}' is {}, which the table's column '{}' ({}) cannot hold as it is",
+                from.name(),
+                from.data_type(),
+                to.name(),
+                to.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether values of type `from` go into a column of type `to` as they are (or widened).
+fn fits(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let int_bits = |t: &DataType| match t {
+        Int8 => Some((8, true)),
+        Int16 => Some((16, true)),
+        Int32 => Some((32, true)),
+        Int64 => Some((64, true)),
+        UInt8 => Some((8, false)),
+        UInt16 => Some((16, false)),
+        UInt32 => Some((32, false)),
+        UInt64 => Some((64, false)),
+        _ => None,
+    };
+    let list_item = |t: &DataType| match t {
+        List(f) | LargeList(f) | FixedSizeList(f, _) | ListView(f) | LargeListView(f) => {
+            Some(f.data_type().clone())
+        }
+        _ => None,
+    };
+    if from == to || *from == Null {
+        return true;
+    }
+    match (from, to) {
+        (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
+        (Float16, Float32 | Float64) | (Float32, Float64) => true,
+        (Date32 | Date64, Date32 | Date64) | (Timestamp(..), Timestamp(..)) => true,
+        (FixedSizeList(_, n), FixedSizeList(_, m)) if n != m => false,
+        (Struct(a), Struct(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| x.name() == y.name() && fits(x.data_type(), y.data_type()))
+        }
+        _ => match (int_bits(from), int_bits(to), list_item(from), list_item(to)) {
+            (Some((a, signed_a)), Some((b, signed_b)), ..) => {
+                (signed_a == signed_b && a <= b) || (!signed_a && signed_b && a < b)
+            }
+            (Some(_), None, ..) => matches!(to, Float32 | Float64),
+            (_, _, Some(a), Some(b)) => fits(&a, &b),
+            _ => false,
+        },
+    }
+}
