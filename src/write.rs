@@ -237,12 +237,15 @@ impl<'a> Writes<'a> {
             .clone()
             .ok_or_else(|| Error::Statement("CREATE TABLE AS needs a query".into()))?;
         let query = DFStatement::Statement(Box::new(SQLStatement::Query(query)));
-        let df = self.catalog.execute(self.session, query).await?;
-        let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
-        let df = delta_typed(df, &name)?;
-        let schema = df.schema().inner().clone();
+        // The version the statement begins on, read before its query reads the table (it may):
+        // a replace commits only on the next.
         let (url, store) = warehouse.table_folder(&name)?;
         let table = delta::write::TableWrite::begin(&name, &url, store).await?;
+        let df = self.catalog.execute(self.session, query).await?;
+        let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
+        // The columns as the query gives them (the table's), then as Delta keeps them.
+        let schema = df.schema().inner().clone();
+        let df = delta_typed(df, &name)?;
         // A folder of Parquet files (a table written before tables were Delta tables) that
         // this statement replaces: its files go once the commit is made.
         let replaces_files =
@@ -334,7 +337,9 @@ impl<'a> Writes<'a> {
         analyze: Option<datafusion::common::format::ExplainStatementOptions>,
     ) -> Result<DataFrame> {
         let Some(delta) = table.downcast_ref::<DeltaTableProvider>() else {
-            return Err(Error::Internal("an append to a table that is not Delta".into()));
+            return Err(Error::Internal(
+                "an append to a table that is not Delta".into(),
+            ));
         };
         let name = delta.name().to_string();
         let DFStatement::Statement(s) = &mut statement else {
@@ -347,7 +352,8 @@ impl<'a> Writes<'a> {
         let write = delta.begin_append().await?;
         let stores = self.session.registry().stores();
         let (target, files) = self.session.placement().write_to(stores, &write.folder())?;
-        let copy = Registered::hidden(self.session.ctx(), folder_table(&target, table.schema())?)?;
+        let written = delta_schema_of(&name, &table.schema())?;
+        let copy = Registered::hidden(self.session.ctx(), folder_table(&target, written)?)?;
         insert.table =
             TableObject::TableName(ObjectName::from(vec![Ident::with_quote('"', copy.name())]));
         let models = match &insert.source {
@@ -390,7 +396,11 @@ impl<'a> Writes<'a> {
             return Err(e);
         }
         write
-            .commit(delta::write::Mode::Append, &table.schema(), &self.lineage(models))
+            .commit(
+                delta::write::Mode::Append,
+                &table.schema(),
+                &self.lineage(models),
+            )
             .await?;
         self.session.results(batches)
     }
@@ -454,6 +464,28 @@ fn delta_typed(df: DataFrame, name: &str) -> Result<DataFrame> {
         })
         .collect::<Vec<_>>();
     Ok(df.select(columns)?)
+}
+
+/// `schema` with each column's type the one a Delta table's files hold
+/// ([`delta::write::written_types`]).
+fn delta_schema_of(
+    name: &str,
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+) -> Result<datafusion::arrow::datatypes::SchemaRef> {
+    let types = delta::write::written_types(name, schema)?;
+    let fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .zip(types)
+        .map(|(field, to)| match to {
+            Some(to) => field.as_ref().clone().with_data_type(to),
+            None => field.as_ref().clone(),
+        })
+        .collect();
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
 }
 
 /// The Parquet files of the folder `location`, read and written with `schema`.

@@ -403,12 +403,7 @@ fn models_and_tables_persist_across_processes() {
     assert!(text.contains("scored"), "{text}");
 
     // The table's files name the model and its file's hash.
-    let file = std::fs::read_dir(wh.join("tables/scored"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let file = common::parquet_files(&wh.join("tables/scored"))[0].clone();
     let models = common::parquet_footer_value(&file, "batchinfer.models").unwrap();
     let sha = common::sha256_of("data/models/churn.onnx");
     assert!(

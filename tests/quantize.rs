@@ -326,11 +326,7 @@ fn a_quantized_model_persists_across_processes_and_is_not_quantized_again() {
         "{text}"
     );
     // The table's files name the model, its quantization and its source.
-    let table = std::fs::read_dir(warehouse.path().join("tables/scores"))
-        .unwrap()
-        .map(|f| f.unwrap().path())
-        .find(|f| f.extension().is_some_and(|e| e == "parquet"))
-        .unwrap();
+    let table = common::parquet_files(&warehouse.path().join("tables/scores"))[0].clone();
     let metadata = String::from_utf8_lossy(&std::fs::read(&table).unwrap()).into_owned();
     assert!(
         metadata.contains(&format!("\"quantized_from_sha256\":\"{source_sha}\"")),

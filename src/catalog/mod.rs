@@ -56,7 +56,10 @@ impl Catalog {
             None => BTreeSet::new(),
         };
         let tables = match warehouse {
-            Some(warehouse) => Some(warehouse_schema(session.ctx(), warehouse)?),
+            Some(warehouse) => {
+                let files_only = !matches!(session.placement(), crate::Placement::InProcess);
+                Some(warehouse_schema(session.ctx(), warehouse, files_only)?)
+            }
             None => None,
         };
         Ok(Catalog {
@@ -84,7 +87,11 @@ impl Catalog {
 }
 
 /// The session's default schema made the warehouse's ([`WarehouseSchema`]).
-fn warehouse_schema(ctx: &SessionContext, warehouse: &Warehouse) -> Result<Arc<WarehouseSchema>> {
+fn warehouse_schema(
+    ctx: &SessionContext,
+    warehouse: &Warehouse,
+    files_only: bool,
+) -> Result<Arc<WarehouseSchema>> {
     let state = ctx.state();
     let names = &state.config().options().catalog;
     let catalog = ctx
@@ -93,6 +100,7 @@ fn warehouse_schema(ctx: &SessionContext, warehouse: &Warehouse) -> Result<Arc<W
     let schema = Arc::new(WarehouseSchema::new(
         warehouse.clone(),
         ctx.state_weak_ref(),
+        files_only,
     ));
     catalog.register_schema(&names.default_schema, schema.clone())?;
     Ok(schema)

@@ -37,6 +37,7 @@ use url::Url;
 use crate::error::{Error, Result};
 use crate::storage::{blank_passwords, folder_location, local_path};
 
+pub mod maintenance;
 pub mod write;
 
 /// The names `STORED AS` gives a Delta table.
@@ -94,6 +95,32 @@ impl At {
             }
         }
         Ok(at)
+    }
+}
+
+impl At {
+    /// The table and version a name of time travel gives (`t@v3`, `t@2026-12-03T10:00:00Z`:
+    /// [`crate::statements::time_travel`]); None for any other name.
+    pub fn of_name(name: &str) -> Option<(&str, Result<At>)> {
+        let (table, at) = name.split_once('@')?;
+        let parsed = match at.strip_prefix('v') {
+            Some(version) if version.bytes().all(|b| b.is_ascii_digit()) => version
+                .parse::<Version>()
+                .map(At::Version)
+                .map_err(|_| Error::table(table, format!("'{version}' is not a version number"))),
+            _ => chrono::DateTime::parse_from_rfc3339(at.trim())
+                .map(|time| At::Time(time.with_timezone(&chrono::Utc)))
+                .map_err(|e| {
+                    Error::table(
+                        table,
+                        format!(
+                            "TIMESTAMP AS OF '{at}' ({e}): expected a time as RFC 3339 \
+                             ('2026-12-01T10:00:00Z')"
+                        ),
+                    )
+                }),
+        };
+        Some((table, parsed))
     }
 }
 
@@ -190,6 +217,65 @@ impl DeltaTableProvider {
         Self::of(name.to_string(), location, &table, Some(version), true).await
     }
 
+    /// The table `name` of a warehouse at `version` as a table of its files (a listing table over
+    /// exactly the files that version names), for a cluster: Ballista sends a listing table's
+    /// scan to its executors, not a Delta scan. A version whose rows are not all in its files
+    /// (partition columns, column mapping) is refused: it is read in one process.
+    pub async fn files_of_warehouse(
+        name: &str,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+        version: Version,
+    ) -> Result<Arc<dyn TableProvider>> {
+        use datafusion::datasource::file_format::parquet::ParquetFormat;
+        use datafusion::datasource::listing::{
+            ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+        };
+        let location = crate::storage::display_location(url);
+        let table = open(url, store, &At::Version(version))
+            .await
+            .map_err(|e| delta_error(name, &location, e))?;
+        let provider = Self::of(name.to_string(), location.clone(), &table, None, true).await?;
+        let state = table
+            .snapshot()
+            .map_err(|e| delta_error(name, &location, e))?;
+        let mapped = state
+            .metadata()
+            .configuration()
+            .get("delta.columnMapping.mode")
+            .is_some_and(|m| m != "none");
+        if !state.metadata().partition_columns().is_empty() || mapped {
+            return Err(Error::table(
+                name,
+                format!(
+                    "table '{name}' has partition columns or column mapping: it is read in one \
+                     process, not by a cluster (run batchinfer without --remote for it)"
+                ),
+            ));
+        }
+        let log_store = table.log_store();
+        let mut paths = Vec::new();
+        let mut files = state.snapshot().file_views(log_store.as_ref(), None);
+        while let Some(file) = files
+            .try_next()
+            .await
+            .map_err(|e| delta_error(name, &location, e))?
+        {
+            let file_url = url
+                .join(&file.path())
+                .map_err(|e| Error::table(name, format!("{location}: {e}")))?;
+            paths.push(ListingTableUrl::parse(crate::storage::display_location(
+                &file_url,
+            ))?);
+        }
+        let options =
+            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        let config = ListingTableConfig::new_with_multi_paths(paths)
+            .with_listing_options(options)
+            .with_schema(provider.schema.clone());
+        Ok(Arc::new(ListingTable::try_new(config)?))
+    }
+
     async fn of(
         name: String,
         location: String,
@@ -212,6 +298,31 @@ impl DeltaTableProvider {
             warehouse,
             planned: Default::default(),
         })
+    }
+
+    /// This table at `at` (time travel), named `name`: every query reads that version.
+    pub async fn as_of(&self, name: &str, at: &At) -> Result<Self> {
+        let mut table = DeltaTable::new(self.log_store.clone());
+        let loaded = match at {
+            At::Newest => table.load().await,
+            At::Version(version) => table.load_version(*version).await.map_err(|e| {
+                match e
+                    .to_string()
+                    .contains("not the same as the specified end version")
+                {
+                    true => DeltaTableError::InvalidVersion(*version),
+                    false => e,
+                }
+            }),
+            At::Time(time) => match table.load_with_datetime(*time).await {
+                Ok(()) => committed_by(&table, *time).await,
+                Err(e) => Err(e),
+            },
+        };
+        loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
+        let version = table.version();
+        let location = self.location.clone();
+        Self::of(name.to_string(), location, &table, version, false).await
     }
 
     /// The table's name.

@@ -138,6 +138,47 @@ impl TableWrite {
     }
 
     async fn try_commit(&self, mode: Mode, schema: &Schema, lineage: &Lineage) -> Result<Version> {
+        let (mut actions, operation, retries) = self.operation(mode, schema).await?;
+        actions.extend(self.adds().await?);
+        let properties = CommitProperties::default()
+            .with_metadata([
+                (
+                    "batchinfer.statement".to_string(),
+                    serde_json::Value::from(lineage.statement.clone()),
+                ),
+                (
+                    "batchinfer.models".to_string(),
+                    serde_json::from_str(&lineage.models).unwrap_or_default(),
+                ),
+            ])
+            .with_max_retries(retries);
+        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
+        let committed = CommitBuilder::from(properties)
+            .with_actions(actions)
+            .build(
+                read_state.map(|s| s as _),
+                self.log_store.clone(),
+                operation,
+            )
+            .await;
+        match committed {
+            Ok(done) => Ok(done.version()),
+            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => Err(match mode {
+                Mode::Create => self.taken(),
+                Mode::Replace | Mode::Append => self.conflict(),
+            }),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// The actions `mode` begins a commit with (a new table's protocol and columns; a replace's
+    /// columns and the removal of every file it began on), its operation, and how often it may
+    /// be retried on a version another statement took (a replace or create: never).
+    async fn operation(
+        &self,
+        mode: Mode,
+        schema: &Schema,
+    ) -> Result<(Vec<Action>, DeltaOperation, usize)> {
         let name = &self.name;
         let mut actions = Vec::new();
         let read = self.read.as_ref().map(|t| t.snapshot()).transpose();
@@ -167,9 +208,7 @@ impl TableWrite {
                 }
                 actions.push(Action::Metadata(metadata.clone()));
                 if let Some(read) = read {
-                    let mut files = read
-                        .snapshot()
-                        .file_views(self.log_store.as_ref(), None);
+                    let mut files = read.snapshot().file_views(self.log_store.as_ref(), None);
                     while let Some(file) = files.try_next().await.map_err(|e| self.error(e))? {
                         actions.push(Action::Remove(file.remove_action(true)));
                     }
@@ -186,38 +225,7 @@ impl TableWrite {
                 (operation, 0)
             }
         };
-        actions.extend(self.adds().await?);
-        let properties = CommitProperties::default()
-            .with_metadata([
-                (
-                    "batchinfer.statement".to_string(),
-                    serde_json::Value::from(lineage.statement.clone()),
-                ),
-                (
-                    "batchinfer.models".to_string(),
-                    serde_json::from_str(&lineage.models).unwrap_or_default(),
-                ),
-            ])
-            .with_max_retries(retries);
-        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
-        let committed = CommitBuilder::from(properties)
-            .with_actions(actions)
-            .build(
-                read_state.map(|s| s as _),
-                self.log_store.clone(),
-                operation,
-            )
-            .await;
-        match committed {
-            Ok(done) => Ok(done.version()),
-            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => {
-                Err(match (mode, self.read.is_some()) {
-                    (Mode::Create, _) | (Mode::Replace, false) => self.taken(),
-                    _ => self.conflict(),
-                })
-            }
-            Err(e) => Err(self.error(e)),
-        }
+        Ok((actions, operation, retries))
     }
 
     /// An `add` for each file the statement wrote, with its row count.
@@ -321,7 +329,10 @@ pub async fn load_newest(name: &str, log_store: &LogStoreRef) -> Result<Option<D
 
 /// A table's files as its log names them: relative to its folder.
 fn relative(table: &Path, file: &Path) -> Option<String> {
-    let parts: Vec<_> = file.prefix_match(table)?.map(|p| p.as_ref().to_string()).collect();
+    let parts: Vec<_> = file
+        .prefix_match(table)?
+        .map(|p| p.as_ref().to_string())
+        .collect();
     (!parts.is_empty()).then(|| parts.join("/"))
 }
 
@@ -332,10 +343,13 @@ async fn row_count(store: Arc<dyn ObjectStore>, file: &object_store::ObjectMeta)
     use object_store::ObjectStoreExt;
     let size = file.size;
     let what = file.location.to_string();
-    let tail = store.get_range(&file.location, size.saturating_sub(8)..size).await?;
-    let tail: [u8; 8] = tail.as_ref().try_into().map_err(|_| {
-        Error::Internal(format!("{what}: {size} bytes is not a Parquet file"))
-    })?;
+    let tail = store
+        .get_range(&file.location, size.saturating_sub(8)..size)
+        .await?;
+    let tail: [u8; 8] = tail
+        .as_ref()
+        .try_into()
+        .map_err(|_| Error::Internal(format!("{what}: {size} bytes is not a Parquet file")))?;
     let length = crate::storage::footer::metadata_len(&what, size, tail)
         .map_err(|e| Error::Internal(e.to_string()))?;
     let footer = store
@@ -357,11 +371,7 @@ fn protocol() -> Result<deltalake_core::kernel::Protocol> {
 /// type Delta has no counterpart of is refused, naming the column.
 pub fn delta_schema(name: &str, schema: &Schema) -> Result<StructType> {
     use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| marked(f.as_ref()))
-        .collect();
+    let fields: Vec<Field> = schema.fields().iter().map(|f| marked(f.as_ref())).collect();
     let marked = Schema::new(fields);
     (&marked).try_into_kernel().map_err(|e| {
         Error::table(
@@ -403,7 +413,10 @@ pub fn restored(scanned: &SchemaRef, delta: &StructType) -> SchemaRef {
             None => f.as_ref().clone(),
         })
         .collect();
-    Arc::new(Schema::new_with_metadata(fields, scanned.metadata().clone()))
+    Arc::new(Schema::new_with_metadata(
+        fields,
+        scanned.metadata().clone(),
+    ))
 }
 
 fn restore(field: &Field, kept: &deltalake_core::kernel::StructField) -> Field {
@@ -414,9 +427,13 @@ fn restore(field: &Field, kept: &deltalake_core::kernel::StructField) -> Field {
         _ => None,
     };
     match (field.data_type(), kept.data_type(), length) {
-        (DataType::List(item), _, Some(n)) if n > 0 => field
-            .clone()
-            .with_data_type(DataType::FixedSizeList(item.clone(), n)),
+        // The item named as Arrow names it (Delta's lists name theirs `element`).
+        (DataType::List(item), _, Some(n)) if n > 0 => {
+            let item = Field::new_list_field(item.data_type().clone(), item.is_nullable());
+            field
+                .clone()
+                .with_data_type(DataType::FixedSizeList(Arc::new(item), n))
+        }
         (DataType::Struct(children), DeltaType::Struct(inner), _) => {
             let children: Vec<Field> = children
                 .iter()
@@ -434,9 +451,9 @@ fn restore(field: &Field, kept: &deltalake_core::kernel::StructField) -> Field {
 }
 
 /// For each column of `schema`, the type its files are written with for a Delta table, where it
-/// is not its own: the type Delta reads its values as (an unsigned integer as the signed one of
-/// its width, a nanosecond time as microseconds, a view as a plain string). A vector
-/// (`FixedSizeList`) and a struct of them stay as they are: Parquet stores them as Delta's arrays.
+/// is not its own: the type Delta reads its values as (a vector as a list, an unsigned integer as
+/// the signed one of its width, a nanosecond time as microseconds, a view as a plain string), so
+/// that every reader of the table finds in its files the types its log declares.
 pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>>> {
     use deltalake_core::kernel::engine::arrow_conversion::TryIntoArrow;
     let delta = delta_schema(name, schema)?;
@@ -445,23 +462,15 @@ pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>
         .iter()
         .zip(delta.fields())
         .map(|(field, kept)| {
-            if holds_vector(field.data_type()) {
-                return Ok(None);
-            }
             let wanted: DataType = kept.data_type().try_into_arrow().map_err(|e| {
-                Error::table(name, format!("table '{name}': column '{}': {e}", field.name()))
+                Error::table(
+                    name,
+                    format!("table '{name}': column '{}': {e}", field.name()),
+                )
             })?;
             Ok((wanted != *field.data_type()).then_some(wanted))
         })
         .collect()
-}
-
-fn holds_vector(data_type: &DataType) -> bool {
-    match data_type {
-        DataType::FixedSizeList(..) => true,
-        DataType::Struct(children) => children.iter().any(|c| holds_vector(c.data_type())),
-        _ => false,
-    }
 }
 
 /// Refuses an INSERT into table `name` (columns `table`, those the statement names) of a query

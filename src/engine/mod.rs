@@ -136,6 +136,17 @@ impl Engine {
                 let history = crate::delta::history(self.session.ctx(), &name.to_string()).await?;
                 self.session.result(history)
             }
+            Statement::Vacuum { name, retain_hours } => {
+                let ctx = self.session.ctx();
+                let vacuumed =
+                    crate::delta::maintenance::vacuum(ctx, &name.to_string(), retain_hours).await?;
+                self.session.result(vacuumed)
+            }
+            Statement::Optimize(name) => {
+                let ctx = self.session.ctx();
+                let optimized = crate::delta::maintenance::optimize(ctx, &name.to_string()).await?;
+                self.session.result(optimized)
+            }
             Statement::Sql(statement) => {
                 let result = self.run_sql(*statement).await;
                 self.session.follow_device_option();

@@ -22,6 +22,7 @@
 
 pub mod limits;
 mod secrets;
+pub mod time_travel;
 
 pub use secrets::{blank_secrets, is_secret_name};
 
@@ -47,6 +48,14 @@ pub enum Statement {
     View(ViewStatement),
     /// `DESCRIBE HISTORY name`: a Delta table's commits ([`crate::delta`]'s tables).
     History(ObjectName),
+    /// `VACUUM name [RETAIN n HOURS]`: the files a Delta table's versions no longer name
+    /// deleted, once older than the retention.
+    Vacuum {
+        name: ObjectName,
+        retain_hours: Option<u64>,
+    },
+    /// `OPTIMIZE name`: a Delta table's small files rewritten as fewer.
+    Optimize(ObjectName),
     /// Anything else, as DataFusion's parser read it.
     Sql(Box<DFStatement>),
 }
@@ -112,6 +121,10 @@ impl Statement {
     }
 }
 
+/// The depth DataFusion's parser goes to (its `DEFAULT_RECURSION_LIMIT`), for a script whose
+/// tokens were rewritten ([`time_travel`]).
+const RECURSION_LIMIT: usize = 50;
+
 const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quantize' 'int8')]";
 
 /// The statements of a script, separated by `;` (empty ones dropped). A statement whose
@@ -119,6 +132,11 @@ const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quan
 pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
     limits::check_two_way_calls(script, dialect)?;
     let mut df = DFParserBuilder::new(script).with_dialect(dialect).build()?;
+    if let Some(tokens) = time_travel::rewrite(script, dialect)? {
+        df.parser = Parser::new(dialect)
+            .with_recursion_limit(RECURSION_LIMIT)
+            .with_tokens_with_locations(tokens);
+    }
     let mut statements = Vec::new();
     loop {
         while df.parser.consume_token(&Token::SemiColon) {}
@@ -129,8 +147,8 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
             Some(statement) => Statement::Model(statement),
             None => match view_statement(&mut df.parser)? {
                 Some(statement) => Statement::View(statement),
-                None => match history_statement(&mut df.parser)? {
-                    Some(name) => Statement::History(name),
+                None => match table_statement(&mut df.parser)? {
+                    Some(statement) => statement,
                     None => view_or_sql(sql_statement(&mut df)?)?,
                 },
             },
@@ -366,18 +384,46 @@ fn view_statement(parser: &mut Parser<'_>) -> Result<Option<ViewStatement>> {
 }
 
 /// Recognizes and reads `DESCRIBE HISTORY name`, which DataFusion's parser does not know.
-fn history_statement(parser: &mut Parser<'_>) -> Result<Option<ObjectName>> {
-    let first = keyword(&parser.peek_nth_token(0).token);
-    if !matches!(first, Some(Keyword::DESCRIBE | Keyword::DESC))
-        || !is_word(&parser.peek_nth_token(1).token, "HISTORY")
+fn table_statement(parser: &mut Parser<'_>) -> Result<Option<Statement>> {
+    let first = parser.peek_nth_token(0).token;
+    let table_name = |parser: &mut Parser<'_>, syntax: &str| {
+        parser
+            .parse_object_name(false)
+            .map_err(|_| Error::Statement(format!("expected a table name: {syntax}")))
+    };
+    if matches!(keyword(&first), Some(Keyword::DESCRIBE | Keyword::DESC))
+        && is_word(&parser.peek_nth_token(1).token, "HISTORY")
     {
+        advance(parser, 2);
+        let name = table_name(parser, "DESCRIBE HISTORY name")?;
+        return Ok(Some(Statement::History(name)));
+    }
+    if is_word(&first, "OPTIMIZE") {
+        advance(parser, 1);
+        let name = table_name(parser, "OPTIMIZE name")?;
+        return Ok(Some(Statement::Optimize(name)));
+    }
+    if !is_word(&first, "VACUUM") {
         return Ok(None);
     }
-    advance(parser, 2);
-    let name = parser
-        .parse_object_name(false)
-        .map_err(|_| Error::Statement("expected a table name: DESCRIBE HISTORY name".into()))?;
-    Ok(Some(name))
+    const VACUUM: &str = "VACUUM name [RETAIN n HOURS]";
+    advance(parser, 1);
+    let name = table_name(parser, VACUUM)?;
+    let mut retain_hours = None;
+    if is_word(&parser.peek_nth_token(0).token, "RETAIN") {
+        advance(parser, 1);
+        let hours = match parser.next_token().token {
+            Token::Number(n, _) => n.parse::<u64>().ok(),
+            _ => None,
+        };
+        if hours.is_none() || !is_word(&parser.next_token().token, "HOURS") {
+            return Err(Error::Statement(format!(
+                "expected a whole number of hours: {VACUUM}"
+            )));
+        }
+        retain_hours = hours;
+    }
+    Ok(Some(Statement::Vacuum { name, retain_hours }))
 }
 
 /// CREATE and DROP MATERIALIZED VIEW, as DataFusion's parser reads them, as batchinfer's.

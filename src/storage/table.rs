@@ -17,9 +17,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 use super::folder::{STAGING, remove_abandoned_partials};
-use super::{
-    CommitKind, CommitStore, delete_prefix, display_location, object_path,
-};
+use super::{CommitKind, CommitStore, delete_prefix, display_location, object_path};
 use crate::error::{Error, Result};
 
 /// The object that claims a table's name in S3 while its CREATE TABLE commits. It is not

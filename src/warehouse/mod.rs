@@ -41,9 +41,7 @@ use serde_json::Value;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{
-    CommitStore, Manifests, StoreRegistry, Tables, read_object,
-};
+use crate::storage::{CommitStore, Manifests, StoreRegistry, Tables, read_object};
 
 pub use crate::storage::{MAX_NAME_BYTES, check_name};
 
@@ -353,7 +351,10 @@ impl Warehouse {
                     let commit = format!(
                         "{}:{}",
                         object.e_tag.clone().unwrap_or_default(),
-                        object.last_modified.timestamp_nanos_opt().unwrap_or_default()
+                        object
+                            .last_modified
+                            .timestamp_nanos_opt()
+                            .unwrap_or_default()
                     );
                     (version.parse::<u64>().unwrap_or_default(), commit)
                 })

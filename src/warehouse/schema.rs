@@ -56,6 +56,9 @@ pub struct WarehouseSchema {
     /// since by this process: what `table_exist` and `table_names` answer from.
     listed: Mutex<BTreeSet<String>>,
     warnings: Warnings,
+    /// Whether Delta tables are opened as tables of their files (statements run on a cluster,
+    /// whose executors are sent listing tables' scans).
+    files_only: bool,
 }
 
 impl std::fmt::Debug for WarehouseSchema {
@@ -68,7 +71,9 @@ impl std::fmt::Debug for WarehouseSchema {
 
 impl WarehouseSchema {
     /// The schema of `warehouse` for the session `state` refers to.
-    pub fn new(warehouse: Warehouse, state: Weak<RwLock<SessionState>>) -> Self {
+    /// The schema of `warehouse` for the session `state` refers to; `files_only` where its
+    /// statements run on a cluster.
+    pub fn new(warehouse: Warehouse, state: Weak<RwLock<SessionState>>, files_only: bool) -> Self {
         WarehouseSchema {
             warehouse,
             registered: MemorySchemaProvider::new(),
@@ -76,7 +81,22 @@ impl WarehouseSchema {
             opened: Mutex::default(),
             listed: Mutex::default(),
             warnings: Warnings::default(),
+            files_only,
         }
+    }
+
+    /// Whether `name` is a Delta table of the warehouse (no table this process registered takes
+    /// its name).
+    pub async fn is_delta_table(&self, name: &str) -> Result<bool> {
+        if self.registered.table_exist(name) || check_name("table", name).is_err() {
+            return Ok(false);
+        }
+        Ok(self.warehouse.delta_version(name).await?.is_some())
+    }
+
+    /// The warehouse.
+    pub fn warehouse(&self) -> &Warehouse {
+        &self.warehouse
     }
 
     /// Lists the warehouse's tables and views, for a statement that asks for every name.
@@ -122,6 +142,9 @@ impl WarehouseSchema {
     }
 
     async fn lookup(&self, name: &str) -> Result<Option<Opened>> {
+        if let Some((table, at)) = crate::delta::At::of_name(name) {
+            return self.travel(table, name, &at?).await;
+        }
         if let Some(provider) = self.registered.table(name).await? {
             let kind = Kind::Registered;
             return Ok(Some(Opened {
@@ -151,6 +174,37 @@ impl WarehouseSchema {
         }
     }
 
+    /// Delta table `table` (of the warehouse, or one this process registered) at `at`, as the
+    /// table `name` (time travel: [`crate::statements::time_travel`]).
+    async fn travel(
+        &self,
+        table: &str,
+        name: &str,
+        at: &crate::delta::At,
+    ) -> Result<Option<Opened>> {
+        let Some(found) = Box::pin(self.lookup(table)).await? else {
+            return Ok(None);
+        };
+        let Some(delta) = found
+            .provider
+            .downcast_ref::<crate::delta::DeltaTableProvider>()
+        else {
+            return Err(Error::table(
+                table,
+                format!(
+                    "'{table}' is not a Delta table: VERSION AS OF and TIMESTAMP AS OF read a \
+                     Delta table's older versions"
+                ),
+            ));
+        };
+        let provider = Arc::new(delta.as_of(name, at).await?);
+        Ok(Some(Opened {
+            kind: Kind::Registered,
+            version: None,
+            provider,
+        }))
+    }
+
     /// Table `name` of the warehouse, once it is complete (not while its first CREATE runs): a
     /// Delta table at its newest version now (each statement that names it reads that one), or
     /// a folder of Parquet files written before tables were Delta tables.
@@ -166,10 +220,15 @@ impl WarehouseSchema {
             return Ok(Some(opened));
         }
         if let Some(number) = delta {
+            use crate::delta::DeltaTableProvider;
             let (url, store) = self.warehouse.table_folder(name)?;
-            let provider =
-                crate::delta::DeltaTableProvider::of_warehouse(name, &url, store, number).await?;
-            return Ok(Some(self.keep(name, Kind::Table, version, Arc::new(provider))));
+            let provider: Arc<dyn TableProvider> = match self.files_only {
+                true => DeltaTableProvider::files_of_warehouse(name, &url, store, number).await?,
+                false => {
+                    Arc::new(DeltaTableProvider::of_warehouse(name, &url, store, number).await?)
+                }
+            };
+            return Ok(Some(self.keep(name, Kind::Table, version, provider)));
         }
         if !self.warehouse.table_is_complete(name).await? {
             return Ok(None);
