@@ -24,7 +24,8 @@
 //!   (`tables.rs`); statements run with a missing table explained (a view without a complete
 //!   refresh, a path the store says why it cannot open: `names.rs`).
 //! - [`write`]: the writes that appear whole or not at all (COPY, INSERT, CREATE TABLE ... AS),
-//!   in this process or on a cluster.
+//!   in this process or on a cluster; a warehouse table's written as one Delta commit
+//!   ([`delta::write`]).
 //! - [`lineage`]: the models a write names in its files, and the columns CSV cannot hold.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
@@ -36,9 +37,11 @@
 //! - [`database`]: PostgreSQL and SQLite tables (`CREATE EXTERNAL TABLE ... STORED AS POSTGRES |
 //!   SQLITE`): where to connect, the providers of datafusion-table-providers, and SQLite's
 //!   INSERT in one transaction of its own (`sqlite_insert.rs`).
-//! - [`delta`]: Delta Lake tables (`CREATE EXTERNAL TABLE ... STORED AS DELTATABLE`), read by
-//!   delta-rs through batchinfer's stores: the newest version when a query is planned, or one
-//!   pinned by `OPTIONS ('version' | 'timestamp')`.
+//! - [`delta`]: Delta Lake tables, through delta-rs over batchinfer's stores: read (`CREATE
+//!   EXTERNAL TABLE ... STORED AS DELTATABLE`, the warehouse's tables) at the newest version when
+//!   a query is planned or at one pinned (`OPTIONS`, `VERSION AS OF`), `DESCRIBE HISTORY`
+//!   (`mod.rs`); a statement's files made one commit of a table, with its lineage, and the
+//!   columns Delta keeps (`write.rs`); `VACUUM` and `OPTIMIZE` (`maintenance.rs`).
 //! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`]
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
@@ -80,15 +83,17 @@
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
 //!   what is refused before it is tried (`limits.rs`: expressions too deep, and the most values
 //!   per row a list may claim), so that no input can crash batchinfer or exhaust its memory; which names hold
-//!   secrets, and a statement's text with them blanked (`secrets.rs`).
+//!   secrets, and a statement's text with them blanked (`secrets.rs`); `VERSION AS OF` and
+//!   `TIMESTAMP AS OF` read as names of a table's version (`time_travel.rs`).
 //! - [`stop`]: stop signals: the model calls in flight are ended, and the scoring loops look for
 //!   one between micro-batches.
 //! - [`storage`]: every path, local or in an object store, answered here: where a location
 //!   points (`location.rs`), which store a URL is in and the clients of Google Cloud Storage,
 //!   Azure and HTTP(S) servers (`cloud.rs`), S3 clients (`s3.rs`) and credentials from the AWS
 //!   SDK's chain (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
-//!   `deferred.rs`, `staging.rs`), the tables of a warehouse appearing whole (`table.rs`; a local
-//!   folder's staging, swap and cleanup in `folder.rs`), whole
+//!   `deferred.rs`, `staging.rs`), the tables of a warehouse: their names, folders, removal and
+//!   the older layout's files (`table.rs`; what killed writes left in a local folder, removed in
+//!   `folder.rs`), whole
 //!   files read for models (`files.rs`), a Parquet footer checked before it is trusted
 //!   (`footer.rs`), and what an object store's error means for a person (`hints.rs`).
 //! - [`view`]: materialized views, the feature whole, given the session, the warehouse and the
@@ -97,8 +102,9 @@
 //!   (`plan.rs`), its commits (`commit.rs`), the queries a view may have (`check.rs`), a view
 //!   read only while whole (`registered.rs`), and `batchinfer refresh VIEW` once, `--every` so
 //!   often or `--watch`ing for new files (`schedule.rs`).
-//! - [`warehouse`]: model definitions, tables and views that persist, over one object store and
-//!   prefix (a folder or a prefix in S3, Google Cloud Storage or Azure); the session's default
+//! - [`warehouse`]: model definitions, tables (Delta Lake tables) and views that persist, over one
+//!   object store and prefix (a folder or a prefix in S3, Google Cloud Storage or Azure); the
+//!   session's default
 //!   schema over it (`schema.rs`: tables and views looked up by name when a statement names
 //!   them, the tables a process registers itself first); a view's manifest, its format
 //!   (`view_manifest.rs`), and the files a view may read (its own, of their recorded sizes:
