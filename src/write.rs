@@ -126,17 +126,7 @@ impl<'a> Writes<'a> {
         let PlacedWrite {
             statement, write, ..
         } = placed;
-        let run = async {
-            let df = if analyze {
-                self.explain_analyzed(statement).await?
-            } else {
-                self.copy_planned(self.catalog.execute(self.session, statement).await?)?
-            };
-            let batches = df.collect().await?;
-            self.session.check_rejects_budget().await?;
-            Ok::<_, Error>(batches)
-        };
-        match run.await {
+        match self.run_to_end(statement, analyze).await {
             Ok(batches) => {
                 write.commit().await?;
                 self.session.results(batches)
@@ -146,6 +136,23 @@ impl<'a> Writes<'a> {
                 Err(e)
             }
         }
+    }
+
+    /// Runs a write to its end (with `analyze`, its EXPLAIN ANALYZE) and checks the rejects
+    /// budget: its result, nothing committed yet.
+    async fn run_to_end(
+        &self,
+        statement: DFStatement,
+        analyze: bool,
+    ) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
+        let df = if analyze {
+            self.explain_analyzed(statement).await?
+        } else {
+            self.copy_planned(self.catalog.execute(self.session, statement).await?)?
+        };
+        let batches = df.collect().await?;
+        self.session.check_rejects_budget().await?;
+        Ok(batches)
     }
 
     /// EXPLAIN ANALYZE of `statement`, with its rows per model ([`Session::explain_analyzed`]).
@@ -263,11 +270,13 @@ impl<'a> Writes<'a> {
             false => delta::write::Mode::Create,
         };
         let lineage = self.lineage(models);
-        let version = table.commit(mode, &schema, &lineage).await?;
+        table.commit(mode, &schema, &lineage).await?;
         if replaces_files {
             warehouse.remove_top_level_files(&name).await?;
         }
-        self.opened(warehouse, &name, version).await?;
+        if let Some(tables) = self.catalog.warehouse_tables() {
+            tables.committed(&name);
+        }
         self.session.rows_written(&written)
     }
 
@@ -314,18 +323,6 @@ impl<'a> Writes<'a> {
         }
     }
 
-    /// Table `name` of the warehouse as this statement committed it (at `version`), opened for
-    /// the statements that follow.
-    async fn opened(&self, warehouse: &Warehouse, name: &str, version: u64) -> Result<()> {
-        let (url, store) = warehouse.table_folder(name)?;
-        let provider = DeltaTableProvider::of_warehouse(name, &url, store, version).await?;
-        if let Some(tables) = self.catalog.warehouse_tables() {
-            // Known as written, never as the warehouse's newest: the next lookup opens that.
-            tables.written(name, Some(format!("written:{version}")), Arc::new(provider));
-        }
-        Ok(())
-    }
-
     /// INSERT INTO a Delta table of the warehouse: the rows written into a folder of the
     /// statement's own through a listing table over it (DataFusion places the columns, as into
     /// any table), then one commit that appends them. Columns that do not fit are refused first
@@ -348,22 +345,15 @@ impl<'a> Writes<'a> {
         let SQLStatement::Insert(insert) = s.as_mut() else {
             return Err(Error::Internal("an append that is not an INSERT".into()));
         };
-        self.check_columns(&name, &table.schema(), insert).await?;
+        let models = self.check_columns(&name, &table.schema(), insert).await?;
         let write = delta.begin_append().await?;
         let stores = self.session.registry().stores();
         let (target, files) = self.session.placement().write_to(stores, &write.folder())?;
-        let written = delta_schema_of(&name, &table.schema())?;
+        let written = delta::write::written_schema(&name, &table.schema())?;
         let copy = Registered::hidden(self.session.ctx(), folder_table(&target, written)?)?;
         insert.table =
             TableObject::TableName(ObjectName::from(vec![Ident::with_quote('"', copy.name())]));
-        let models = match &insert.source {
-            Some(query) => {
-                let query = DFStatement::Statement(Box::new(SQLStatement::Query(query.clone())));
-                let plan = self.session.plan(query).await?;
-                lineage::models_used(self.session.registry(), &plan)?
-            }
-            None => "[]".to_string(),
-        };
+        let analyzed = analyze.is_some();
         let statement = match analyze {
             Some(options) => DFStatement::Explain(ExplainStatement {
                 options,
@@ -371,18 +361,7 @@ impl<'a> Writes<'a> {
             }),
             None => statement,
         };
-        let analyzed = matches!(statement, DFStatement::Explain(_));
-        let run = async {
-            let df = if analyzed {
-                self.explain_analyzed(statement).await?
-            } else {
-                self.catalog.execute(self.session, statement).await?
-            };
-            let batches = df.collect().await?;
-            self.session.check_rejects_budget().await?;
-            Ok::<_, Error>(batches)
-        };
-        let batches = match run.await {
+        let batches = match self.run_to_end(statement, analyzed).await {
             Ok(batches) => batches,
             Err(e) => {
                 files.abort().await;
@@ -395,28 +374,28 @@ impl<'a> Writes<'a> {
             write.discard().await;
             return Err(e);
         }
+        let lineage = self.lineage(models);
+        let schema = table.schema();
         write
-            .commit(
-                delta::write::Mode::Append,
-                &table.schema(),
-                &self.lineage(models),
-            )
+            .commit(delta::write::Mode::Append, &schema, &lineage)
             .await?;
         self.session.results(batches)
     }
 
-    /// Refuses an INSERT whose query's columns do not fit the table's (those it names, or all).
+    /// Refuses an INSERT whose query's columns do not fit the table's (those it names, or all);
+    /// the models its query calls ([`lineage::models_used`]).
     async fn check_columns(
         &self,
         name: &str,
         schema: &datafusion::arrow::datatypes::SchemaRef,
         insert: &datafusion::sql::sqlparser::ast::Insert,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let Some(source) = &insert.source else {
-            return Ok(());
+            return Ok("[]".to_string());
         };
         let query = DFStatement::Statement(Box::new(SQLStatement::Query(source.clone())));
         let plan = self.session.plan(query).await?;
+        let models = lineage::models_used(self.session.registry(), &plan)?;
         let fields: Vec<_> = if insert.columns.is_empty() {
             schema.fields().iter().map(|f| f.as_ref().clone()).collect()
         } else {
@@ -438,54 +417,33 @@ impl<'a> Writes<'a> {
             }
             fields
         };
-        delta::write::check_insert(name, &fields, plan.schema().as_arrow())
+        delta::write::check_insert(name, &fields, plan.schema().as_arrow())?;
+        Ok(models)
     }
 }
 
 /// `df` with each column Delta reads as another type cast to it
-/// ([`delta::write::written_types`]).
+/// ([`delta::write::written_schema`]).
 fn delta_typed(df: DataFrame, name: &str) -> Result<DataFrame> {
     use datafusion::logical_expr::{cast, col};
     let schema = df.schema().inner().clone();
-    let types = delta::write::written_types(name, &schema)?;
-    if types.iter().all(Option::is_none) {
+    let written = delta::write::written_schema(name, &schema)?;
+    if written.fields() == schema.fields() {
         return Ok(df);
     }
     let columns = schema
         .fields()
         .iter()
-        .zip(types)
+        .zip(written.fields())
         .map(|(field, to)| {
             let column = col(datafusion::common::Column::from_name(field.name()));
-            match to {
-                Some(to) => cast(column, to).alias(field.name()),
-                None => column,
+            match to.data_type() == field.data_type() {
+                true => column,
+                false => cast(column, to.data_type().clone()).alias(field.name()),
             }
         })
         .collect::<Vec<_>>();
     Ok(df.select(columns)?)
-}
-
-/// `schema` with each column's type the one a Delta table's files hold
-/// ([`delta::write::written_types`]).
-fn delta_schema_of(
-    name: &str,
-    schema: &datafusion::arrow::datatypes::SchemaRef,
-) -> Result<datafusion::arrow::datatypes::SchemaRef> {
-    let types = delta::write::written_types(name, schema)?;
-    let fields: Vec<_> = schema
-        .fields()
-        .iter()
-        .zip(types)
-        .map(|(field, to)| match to {
-            Some(to) => field.as_ref().clone().with_data_type(to),
-            None => field.as_ref().clone(),
-        })
-        .collect();
-    Ok(Arc::new(Schema::new_with_metadata(
-        fields,
-        schema.metadata().clone(),
-    )))
 }
 
 /// The Parquet files of the folder `location`, read and written with `schema`.

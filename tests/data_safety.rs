@@ -70,6 +70,23 @@ fn table_names_are_names_never_paths_in_a_local_warehouse() {
             assert!(changed.is_empty(), "{sql} changed {changed:?}");
         }
     }
+    // The statements of a Delta table's upkeep and its older versions name tables the same way.
+    let mut travelled: Vec<String> = hostile_names().iter().map(|n| format!("{n}@v0")).collect();
+    travelled.extend(["kept@v0/../../victim", "kept@../../victim"].map(String::from));
+    for name in hostile_names().into_iter().chain(travelled) {
+        let quoted = name.replace('"', "\"\"");
+        for sql in [
+            format!("VACUUM \"{quoted}\" RETAIN 0 HOURS"),
+            format!("OPTIMIZE \"{quoted}\""),
+            format!("INSERT INTO \"{quoted}\" SELECT 1"),
+            format!("SELECT * FROM \"{quoted}\""),
+            format!("SELECT * FROM \"{quoted}\" VERSION AS OF 0"),
+        ] {
+            assert_failure(&query(&wh, &sql), &[]);
+            let changed = changes(&before, &snapshot(base.path()));
+            assert!(changed.is_empty(), "{sql} changed {changed:?}");
+        }
+    }
     // The empty name, which SQL cannot even quote.
     let out = query(&wh, "DROP TABLE IF EXISTS \"\"");
     assert_failure(&out, &[]);

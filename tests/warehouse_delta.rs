@@ -42,20 +42,6 @@ fn python(script: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `query -e SQL --format csv` over `warehouse`.
-fn csv(warehouse: &Path, sql: &str) -> Output {
-    common::output_within(
-        bin().arg("--warehouse").arg(warehouse).args([
-            "--models",
-            "data/models",
-            "query",
-            "-e",
-            sql,
-        ]),
-        Duration::from_secs(300),
-    )
-}
-
 /// The one row of a CSV result, its fields.
 fn one_row(out: &Output) -> Vec<String> {
     let text = assert_ok(out);
@@ -107,7 +93,7 @@ fn tables_written_read_alike_in_deltalake_and_polars() {
          INSERT INTO scores SELECT id, label, probabilities \
          FROM predict_table('churn', 'data/sample/customers.parquet') WHERE id >= 1500",
     ));
-    let ours = one_row(&csv(
+    let ours = one_row(&query(
         wh,
         "SELECT count(*), sum(id), sum(CAST(probabilities[1] AS DOUBLE)), \
          arrow_typeof(first_value(probabilities)) FROM scores",
@@ -147,7 +133,10 @@ fn tables_written_read_alike_in_deltalake_and_polars() {
         "CREATE TABLE flowers AS SELECT predict('iris', sepal_length, sepal_width, \
          petal_length, petal_width) AS p FROM 'data/sample/iris.parquet'",
     ));
-    let typed = one_row(&csv(wh, "SELECT arrow_typeof(first_value(p)) FROM flowers"));
+    let typed = one_row(&query(
+        wh,
+        "SELECT arrow_typeof(first_value(p)) FROM flowers",
+    ));
     assert!(
         typed.join(",").contains("FixedSizeList(3 x Float32)"),
         "{typed:?}"
@@ -166,7 +155,7 @@ fn a_table_deltalake_writes_is_read() {
          deltalake.write_deltalake(sys.argv[1], t.slice(0, 10), mode='append')\n",
         &[table.to_str().unwrap()],
     );
-    let row = one_row(&csv(
+    let row = one_row(&query(
         dir.path(),
         "SELECT count(*), sum(x), max(y) FROM written",
     ));
@@ -251,9 +240,9 @@ fn concurrent_replaces_leave_one_writers_rows_in_s3() {
 
 /// What `DESCRIBE HISTORY t` and `count(*)` say: the newest version and the rows.
 fn version_and_rows(wh: &Path) -> (u64, u64) {
-    let history = assert_ok(&csv(wh, "DESCRIBE HISTORY t"));
+    let history = assert_ok(&query(wh, "DESCRIBE HISTORY t"));
     let newest = history.lines().nth(1).unwrap().split(',').next().unwrap();
-    let rows = one_row(&csv(wh, "SELECT count(*) FROM t"));
+    let rows = one_row(&query(wh, "SELECT count(*) FROM t"));
     (newest.parse().unwrap(), rows[0].parse().unwrap())
 }
 
@@ -268,7 +257,7 @@ fn a_failed_or_killed_replace_leaves_the_version_before() {
         wh,
         "CREATE TABLE t AS SELECT value AS i FROM generate_series(1, 2000)",
     ));
-    let out = csv(
+    let out = query(
         wh,
         "CREATE OR REPLACE TABLE t AS SELECT CAST(CASE WHEN value > 1500000 THEN 'x' \
          ELSE CAST(value AS VARCHAR) END AS BIGINT) AS i FROM generate_series(1, 2000000)",
@@ -352,7 +341,7 @@ fn time_travel_history_vacuum_and_optimize() {
          INSERT INTO t SELECT value FROM generate_series(16, 20)",
     ));
     assert_ok(&query(wh, "CREATE OR REPLACE TABLE t AS SELECT 7 AS i"));
-    let count = |sql: &str| one_row(&csv(wh, sql))[0].clone();
+    let count = |sql: &str| one_row(&query(wh, sql))[0].clone();
     assert_eq!(count("SELECT count(*) FROM t VERSION AS OF 0"), "10");
     assert_eq!(count("SELECT count(*) FROM t VERSION AS OF 2"), "20");
     assert_eq!(count("SELECT count(*) FROM t"), "1");
@@ -366,14 +355,14 @@ fn time_travel_history_vacuum_and_optimize() {
         &query(wh, "SELECT * FROM t VERSION AS OF 9"),
         &["no version 9"],
     );
-    let history = assert_ok(&csv(wh, "DESCRIBE HISTORY t"));
+    let history = assert_ok(&query(wh, "DESCRIBE HISTORY t"));
     assert_eq!(history.lines().count(), 5, "{history}");
     assert!(
         history.contains("CREATE OR REPLACE TABLE t AS SELECT 7 AS i"),
         "{history}"
     );
 
-    let vacuumed = one_row(&csv(wh, "VACUUM t RETAIN 0 HOURS"));
+    let vacuumed = one_row(&query(wh, "VACUUM t RETAIN 0 HOURS"));
     assert_eq!(vacuumed, ["3"], "the three files the replace removed");
     assert_eq!(count("SELECT sum(i) FROM t"), "7");
     assert_failure(&query(wh, "SELECT sum(i) FROM t VERSION AS OF 0"), &["t"]);
@@ -382,7 +371,7 @@ fn time_travel_history_vacuum_and_optimize() {
         wh,
         "INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); INSERT INTO t VALUES (3)",
     ));
-    let optimized = one_row(&csv(wh, "OPTIMIZE t"));
+    let optimized = one_row(&query(wh, "OPTIMIZE t"));
     assert_eq!(optimized, ["1", "4"]);
     assert_eq!(count("SELECT sum(i) FROM t"), "13");
 }
@@ -404,7 +393,7 @@ fn a_folder_of_parquet_files_is_read_then_converted() {
     let old = wh.join("tables/old");
     std::fs::create_dir_all(&old).unwrap();
     std::fs::copy("data/sample/customers.parquet", old.join("part-0.parquet")).unwrap();
-    let before = one_row(&csv(wh, "SELECT count(*), sum(id) FROM old"));
+    let before = one_row(&query(wh, "SELECT count(*), sum(id) FROM old"));
     assert_eq!(before[0], "2000");
     assert_ok(&query(
         wh,
@@ -412,6 +401,6 @@ fn a_folder_of_parquet_files_is_read_then_converted() {
     ));
     assert!(!old.join("part-0.parquet").exists());
     assert!(old.join("_delta_log").is_dir());
-    let after = one_row(&csv(wh, "SELECT count(*) FROM old"));
+    let after = one_row(&query(wh, "SELECT count(*) FROM old"));
     assert_eq!(after[0], "1000");
 }

@@ -50,13 +50,9 @@ impl Catalog {
         };
         // A Delta table of the warehouse, opened as one whatever the placement reads it as.
         if let (Some(schema), Ok(bare)) = (&self.tables, table_name(name))
-            && schema.is_delta_table(&bare).await.unwrap_or(false)
+            && let Ok(Some(delta)) = schema.delta_table(&bare).await
         {
-            let warehouse = schema.warehouse();
-            let (url, store) = warehouse.table_folder(&bare).ok()?;
-            let (version, _) = warehouse.delta_version(&bare).await.ok()??;
-            let delta = crate::delta::DeltaTableProvider::of_warehouse(&bare, &url, store, version);
-            return Some(Arc::new(delta.await.ok()?));
+            return Some(delta);
         }
         let provider = session.ctx().table_provider(name.to_string()).await.ok()?;
         let listing = provider

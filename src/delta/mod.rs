@@ -155,6 +155,8 @@ pub struct DeltaTableProvider {
     scanned: SchemaRef,
     /// Whether it is a table of the warehouse (INSERT INTO appends to it).
     warehouse: bool,
+    /// The version a warehouse table reads, as loaded: what an INSERT into it begins on.
+    loaded: Option<DeltaTable>,
     /// The scan of the query planned last, by when its planning began: every reference to the
     /// table in one query (a self-join, a union) reads the one version the first loaded.
     /// Held while a scan loads, so that references planned at once wait for the one load.
@@ -296,6 +298,7 @@ impl DeltaTableProvider {
             schema,
             scanned: scan.schema(),
             warehouse,
+            loaded: warehouse.then(|| table.clone()),
             planned: Default::default(),
         })
     }
@@ -303,22 +306,7 @@ impl DeltaTableProvider {
     /// This table at `at` (time travel), named `name`: every query reads that version.
     pub async fn as_of(&self, name: &str, at: &At) -> Result<Self> {
         let mut table = DeltaTable::new(self.log_store.clone());
-        let loaded = match at {
-            At::Newest => table.load().await,
-            At::Version(version) => table.load_version(*version).await.map_err(|e| {
-                match e
-                    .to_string()
-                    .contains("not the same as the specified end version")
-                {
-                    true => DeltaTableError::InvalidVersion(*version),
-                    false => e,
-                }
-            }),
-            At::Time(time) => match table.load_with_datetime(*time).await {
-                Ok(()) => committed_by(&table, *time).await,
-                Err(e) => Err(e),
-            },
-        };
+        let loaded = load_at(&mut table, at).await;
         loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
         let version = table.version();
         let location = self.location.clone();
@@ -330,24 +318,22 @@ impl DeltaTableProvider {
         &self.name
     }
 
-    /// The table's log.
-    pub fn log_store(&self) -> LogStoreRef {
-        self.log_store.clone()
-    }
-
     /// Whether it is a table of the warehouse.
     pub fn is_warehouse_table(&self) -> bool {
         self.warehouse
     }
 
-    /// Begins an append to this table, on the version it reads (the pinned one, or the newest).
+    /// Begins an append to this warehouse table, on the version it reads.
     pub async fn begin_append(&self) -> Result<write::TableWrite> {
-        let mut table = DeltaTable::new(self.log_store.clone());
-        let loaded = match self.version {
-            Some(version) => table.load_version(version).await,
-            None => table.load().await,
+        let Some(table) = self.loaded.clone() else {
+            return Err(Error::table(
+                &self.name,
+                format!(
+                    "INSERT INTO {}: only the warehouse's Delta tables take rows",
+                    self.name
+                ),
+            ));
         };
-        loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
         let url = self.log_store.root_url().clone();
         let store = self.log_store.root_object_store(None);
         write::TableWrite::at(&self.name, &url, store, self.log_store.clone(), Some(table))
@@ -405,6 +391,17 @@ fn delta_options(create: &CreateExternalTable) -> BTreeMap<String, String> {
     options
 }
 
+/// The log store of the Delta table at `url` (a folder URL) in `store` (the store of its scheme
+/// and host: the table's paths are the URL's).
+pub(crate) fn log_store(
+    url: &Url,
+    store: Arc<dyn ObjectStore>,
+) -> std::result::Result<LogStoreRef, DeltaTableError> {
+    let config = StorageConfig::default();
+    let prefixed = Arc::from(config.decorate_store(store.clone(), url)?);
+    Ok(default_logstore(prefixed, store, url, &config))
+}
+
 /// The table at `url` (a folder URL) in `store` (the store of its scheme and host), loaded at
 /// `at`.
 pub async fn open(
@@ -412,29 +409,31 @@ pub async fn open(
     store: Arc<dyn ObjectStore>,
     at: &At,
 ) -> std::result::Result<DeltaTable, DeltaTableError> {
-    let config = StorageConfig::default();
-    let prefixed = Arc::from(config.decorate_store(store.clone(), url)?);
-    let log_store = default_logstore(prefixed, store, url, &config);
-    let mut table = DeltaTable::new(log_store);
+    let mut table = DeltaTable::new(log_store(url, store)?);
+    load_at(&mut table, at).await?;
+    Ok(table)
+}
+
+/// Loads `table` at `at`: a version past the newest is named as such, a time before the first
+/// commit refused.
+async fn load_at(table: &mut DeltaTable, at: &At) -> std::result::Result<(), DeltaTableError> {
     match at {
-        At::Newest => table.load().await?,
+        At::Newest => table.load().await,
         At::Version(version) => match table.load_version(*version).await {
-            // A version past the newest is named as such (the kernel's own word is about log
-            // segments).
+            // The kernel's own word is about log segments.
             Err(e)
                 if e.to_string()
                     .contains("not the same as the specified end version") =>
             {
-                return Err(DeltaTableError::InvalidVersion(*version));
+                Err(DeltaTableError::InvalidVersion(*version))
             }
-            loaded => loaded?,
+            loaded => loaded,
         },
         At::Time(time) => {
             table.load_with_datetime(*time).await?;
-            committed_by(&table, *time).await?;
+            committed_by(table, *time).await
         }
     }
-    Ok(table)
 }
 
 /// Refuses a table loaded for `time` whose version was committed after it: no version existed
@@ -773,6 +772,7 @@ mod tests {
             schema: scan.schema(),
             scanned: scan.schema(),
             warehouse: false,
+            loaded: None,
             planned: Default::default(),
         };
         let began = Utc::now();

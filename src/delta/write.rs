@@ -23,7 +23,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
 use deltalake_core::kernel::{Action, Add, StructType, Version, new_metadata};
-use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
+use deltalake_core::logstore::LogStoreRef;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
 use futures::TryStreamExt;
@@ -60,18 +60,6 @@ pub struct Lineage {
     pub models: String,
 }
 
-/// The log store of the Delta table at `url` (a folder URL) in `store` (the store of its bucket
-/// or file system root).
-pub fn log_store(url: &Url, store: Arc<dyn ObjectStore>) -> Result<LogStoreRef> {
-    let config = StorageConfig::default();
-    let prefixed = Arc::from(
-        config
-            .decorate_store(store.clone(), url)
-            .map_err(|e| Error::table(url, e.to_string()))?,
-    );
-    Ok(default_logstore(prefixed, store, url, &config))
-}
-
 /// A statement writing table `name`: where its files go, and the version it began on.
 pub struct TableWrite {
     name: String,
@@ -88,7 +76,8 @@ impl TableWrite {
     /// Begins a write of the table `name` at `url` (a folder URL) in `store` (its bucket's):
     /// reads the version it begins on, if there is a table.
     pub async fn begin(name: &str, url: &Url, store: Arc<dyn ObjectStore>) -> Result<Self> {
-        let log_store = log_store(url, store.clone())?;
+        let log_store = super::log_store(url, store.clone())
+            .map_err(|e| Error::table(name, format!("Delta table '{name}': {e}")))?;
         let read = load_newest(name, &log_store).await?;
         Self::at(name, url, store, log_store, read)
     }
@@ -450,14 +439,14 @@ fn restore(field: &Field, kept: &deltalake_core::kernel::StructField) -> Field {
     }
 }
 
-/// For each column of `schema`, the type its files are written with for a Delta table, where it
-/// is not its own: the type Delta reads its values as (a vector as a list, an unsigned integer as
-/// the signed one of its width, a nanosecond time as microseconds, a view as a plain string), so
-/// that every reader of the table finds in its files the types its log declares.
-pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>>> {
+/// `schema` with each column's type the one a Delta table's files hold for it: the type Delta
+/// reads its values as (a vector as a list, an unsigned integer as the signed one of its width, a
+/// nanosecond time as microseconds, a view as a plain string), so that every reader of the table
+/// finds in its files the types its log declares.
+pub fn written_schema(name: &str, schema: &Schema) -> Result<SchemaRef> {
     use deltalake_core::kernel::engine::arrow_conversion::TryIntoArrow;
     let delta = delta_schema(name, schema)?;
-    schema
+    let fields = schema
         .fields()
         .iter()
         .zip(delta.fields())
@@ -468,9 +457,13 @@ pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>
                     format!("table '{name}': column '{}': {e}", field.name()),
                 )
             })?;
-            Ok((wanted != *field.data_type()).then_some(wanted))
+            Ok(field.as_ref().clone().with_data_type(wanted))
         })
-        .collect()
+        .collect::<Result<Vec<Field>>>()?;
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
 }
 
 /// Refuses an INSERT into table `name` (columns `table`, those the statement names) of a query
@@ -478,19 +471,14 @@ pub fn written_types(name: &str, schema: &Schema) -> Result<Vec<Option<DataType>
 /// table's column cannot hold as they are (text into a number, a number into a narrower one, a
 /// list into a scalar). Both lists of columns are named.
 pub fn check_insert(name: &str, table: &[Field], query: &Schema) -> Result<()> {
-    let listed = |fields: &mut dyn Iterator<Item = &Field>| {
-        fields
-            .map(|f| format!("{} {}", f.name(), f.data_type()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let refuse = |problem: String| {
+        let table = Schema::new(table.to_vec());
         Error::table(
             name,
             format!(
                 "INSERT INTO {name}: {problem}; the table has ({}), the query gives ({})",
-                listed(&mut table.iter()),
-                listed(&mut query.fields().iter().map(|f| f.as_ref()))
+                super::columns(&Arc::new(table)),
+                super::columns(&Arc::new(query.clone()))
             ),
         )
     };

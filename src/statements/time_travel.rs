@@ -13,8 +13,12 @@ use crate::error::Result;
 /// The tokens of `script` with each `name VERSION AS OF n` and `name TIMESTAMP AS OF 'time'`
 /// made one quoted name, where it has any (None: the script as it is).
 pub fn rewrite(script: &str, dialect: &dyn Dialect) -> Result<Option<Vec<TokenWithSpan>>> {
-    // A script that does not say `AS OF` needs no second look.
-    if !script.to_ascii_uppercase().contains(" OF") {
+    // A script without the word `OF` after a space needs no second look.
+    let says_of = script
+        .as_bytes()
+        .windows(3)
+        .any(|w| w[0].is_ascii_whitespace() && w[1..].eq_ignore_ascii_case(b"OF"));
+    if !says_of {
         return Ok(None);
     }
     let Ok(tokens) = Tokenizer::new(dialect, script).tokenize_with_location() else {

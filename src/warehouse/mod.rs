@@ -45,6 +45,12 @@ use crate::storage::{CommitStore, Manifests, StoreRegistry, Tables, read_object}
 
 pub use crate::storage::{MAX_NAME_BYTES, check_name};
 
+/// What identifies a Delta table's version `version`, committed as `commit` (its log file's tag
+/// and time): a table made again has versions of the same numbers.
+fn delta_key(version: u64, commit: &str) -> String {
+    format!("delta:{version}:{commit}")
+}
+
 /// A model as CREATE MODEL defined it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Definition {
@@ -327,8 +333,13 @@ impl Warehouse {
     /// [`Tables::version`] says.
     pub async fn table_version(&self, name: &str) -> Result<Option<String>> {
         if let Some((version, commit)) = self.delta_version(name).await? {
-            return Ok(Some(format!("delta:{version}:{commit}")));
+            return Ok(Some(delta_key(version, &commit)));
         }
+        self.files_version(name).await
+    }
+
+    /// What identifies table `name` as a folder of Parquet files ([`Tables::version`]).
+    pub async fn files_version(&self, name: &str) -> Result<Option<String>> {
         self.tables.version(name).await
     }
 

@@ -85,18 +85,22 @@ impl WarehouseSchema {
         }
     }
 
-    /// Whether `name` is a Delta table of the warehouse (no table this process registered takes
-    /// its name).
-    pub async fn is_delta_table(&self, name: &str) -> Result<bool> {
+    /// Delta table `name` of the warehouse as a Delta table, whatever this session reads it as
+    /// (on a cluster, a table of its files): for a write to it. None where it is not one, or
+    /// where a table this process registered takes its name.
+    pub async fn delta_table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         if self.registered.table_exist(name) || check_name("table", name).is_err() {
-            return Ok(false);
+            return Ok(None);
         }
-        Ok(self.warehouse.delta_version(name).await?.is_some())
-    }
-
-    /// The warehouse.
-    pub fn warehouse(&self) -> &Warehouse {
-        &self.warehouse
+        if !self.files_only {
+            return Ok(self.open_table(name).await?.map(|opened| opened.provider));
+        }
+        let Some((version, _)) = self.warehouse.delta_version(name).await? else {
+            return Ok(None);
+        };
+        let (url, store) = self.warehouse.table_folder(name)?;
+        let table = crate::delta::DeltaTableProvider::of_warehouse(name, &url, store, version);
+        Ok(Some(Arc::new(table.await?)))
     }
 
     /// Lists the warehouse's tables and views, for a statement that asks for every name.
@@ -108,14 +112,13 @@ impl WarehouseSchema {
         Ok(())
     }
 
-    /// Table `name` as this process has just written it (at `version`, with the columns it
-    /// wrote): nothing is listed or read to open it, so that another process replacing the
-    /// table meanwhile cannot fail the statement that committed it. A table this process
-    /// registered under that name gives way to it.
-    pub fn written(&self, name: &str, version: Option<String>, provider: Arc<dyn TableProvider>) {
+    /// Table `name` as this process has just committed it: a table this process registered
+    /// under that name gives way to it, and the next statement that names it opens its newest
+    /// version.
+    pub fn committed(&self, name: &str) {
         let _ = self.registered.deregister_table(name);
         self.listed().insert(name.to_string());
-        self.keep(name, Kind::Table, version, provider);
+        self.opened().remove(name);
     }
 
     /// Forgets `name` (its table was dropped).
@@ -209,18 +212,12 @@ impl WarehouseSchema {
     /// Delta table at its newest version now (each statement that names it reads that one), or
     /// a folder of Parquet files written before tables were Delta tables.
     async fn open_table(&self, name: &str) -> Result<Option<Opened>> {
-        let Some(version) = self.warehouse.table_version(name).await? else {
-            return Ok(None);
-        };
-        let delta = version
-            .strip_prefix("delta:")
-            .and_then(|v| v.split(':').next()?.parse::<u64>().ok());
-        let version = Some(version);
-        if let Some(opened) = self.opened_at(name, Kind::Table, &version) {
-            return Ok(Some(opened));
-        }
-        if let Some(number) = delta {
+        if let Some((number, commit)) = self.warehouse.delta_version(name).await? {
             use crate::delta::DeltaTableProvider;
+            let version = Some(super::delta_key(number, &commit));
+            if let Some(opened) = self.opened_at(name, Kind::Table, &version) {
+                return Ok(Some(opened));
+            }
             let (url, store) = self.warehouse.table_folder(name)?;
             let provider: Arc<dyn TableProvider> = match self.files_only {
                 true => DeltaTableProvider::files_of_warehouse(name, &url, store, number).await?,
@@ -229,6 +226,13 @@ impl WarehouseSchema {
                 }
             };
             return Ok(Some(self.keep(name, Kind::Table, version, provider)));
+        }
+        let Some(version) = self.warehouse.files_version(name).await? else {
+            return Ok(None);
+        };
+        let version = Some(version);
+        if let Some(opened) = self.opened_at(name, Kind::Table, &version) {
+            return Ok(Some(opened));
         }
         if !self.warehouse.table_is_complete(name).await? {
             return Ok(None);
