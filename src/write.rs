@@ -254,9 +254,11 @@ impl<'a> Writes<'a> {
         let schema = df.schema().inner().clone();
         let df = delta_typed(df, &name)?;
         // A folder of Parquet files (a table written before tables were Delta tables) that
-        // this statement replaces: its files go once the commit is made.
-        let replaces_files =
-            table.read_version().is_none() && warehouse.table_is_complete(&name).await?;
+        // this statement replaces: its files as they are now go once the commit is made.
+        let old_files = match table.read_version() {
+            None => warehouse.top_level_files(&name).await?,
+            Some(_) => Vec::new(),
+        };
         let written = self.write_files(df, &table.folder(), &models).await;
         let written = match written {
             Ok(written) => written,
@@ -270,10 +272,13 @@ impl<'a> Writes<'a> {
             false => delta::write::Mode::Create,
         };
         let lineage = self.lineage(models);
-        table.commit(mode, &schema, &lineage).await?;
-        if replaces_files {
-            warehouse.remove_top_level_files(&name).await?;
+        // An INSERT into those files meanwhile: a conflict, as with a Delta table.
+        if !old_files.is_empty() && warehouse.top_level_files(&name).await? != old_files {
+            table.discard().await;
+            return Err(table.conflict());
         }
+        table.commit(mode, &schema, &lineage).await?;
+        warehouse.remove_files(&name, &old_files).await?;
         if let Some(tables) = self.catalog.warehouse_tables() {
             tables.committed(&name);
         }

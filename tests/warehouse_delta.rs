@@ -162,6 +162,18 @@ fn a_table_deltalake_writes_is_read() {
     assert_eq!(row, ["1010", "499545", "999"]);
 }
 
+/// The rows and rounds of the concurrency tests: `default`, or `BATCHINFER_CONCURRENT_ROWS` and
+/// `BATCHINFER_CONCURRENT_ROUNDS` (the full case: 3000000 and 8).
+fn size(default: (u64, usize)) -> (u64, usize) {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    (
+        var("BATCHINFER_CONCURRENT_ROWS").unwrap_or(default.0),
+        var("BATCHINFER_CONCURRENT_ROUNDS")
+            .map(|r: u64| r as usize)
+            .unwrap_or(default.1),
+    )
+}
+
 /// Concurrent `CREATE OR REPLACE TABLE` of one table, each writer its own rows, `rounds` times
 /// through `command` (the binary over one warehouse): after each round the table holds exactly
 /// one writer's rows, all of them; each writer succeeded or failed with a conflict that names
@@ -219,7 +231,8 @@ fn concurrent_replaces_leave_one_writers_rows_locally() {
             .stderr(std::process::Stdio::piped());
         command
     };
-    replaces_leave_one_writer(&command, 300_000, 4);
+    let (rows, rounds) = size((300_000, 4));
+    replaces_leave_one_writer(&command, rows, rounds);
 }
 
 #[test]
@@ -235,7 +248,8 @@ fn concurrent_replaces_leave_one_writers_rows_in_s3() {
             .stderr(std::process::Stdio::piped());
         command
     };
-    replaces_leave_one_writer(&command, 200_000, 3);
+    let (rows, rounds) = size((200_000, 3));
+    replaces_leave_one_writer(&command, rows, rounds);
 }
 
 /// What `DESCRIBE HISTORY t` and `count(*)` say: the newest version and the rows.
@@ -403,4 +417,147 @@ fn a_folder_of_parquet_files_is_read_then_converted() {
     assert!(old.join("_delta_log").is_dir());
     let after = one_row(&query(wh, "SELECT count(*) FROM old"));
     assert_eq!(after[0], "1000");
+}
+
+/// Columns Delta holds otherwise: a time without a time zone (the `timestampNtz` feature, which
+/// the `deltalake` package reads), an unsigned integer (widened), a column of no type (refused,
+/// named), a vector of no values (refused); a replace that adds such a time keeps the table
+/// readable.
+#[test]
+fn times_unsigned_and_untyped_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    assert_ok(&query(wh, "CREATE TABLE t AS SELECT 1 AS id"));
+    assert_ok(&query(
+        wh,
+        "CREATE OR REPLACE TABLE t AS SELECT 2 AS id, \
+         CAST('2024-01-01 10:00:00' AS TIMESTAMP) AS ts, arrow_cast(200, 'UInt8') AS u",
+    ));
+    let row = one_row(&query(wh, "SELECT id, ts, u, arrow_typeof(u) FROM t"));
+    assert_eq!(row, ["2", "2024-01-01T10:00:00", "200", "Int16"]);
+    let theirs = python(
+        "import sys, deltalake\nt = deltalake.DeltaTable(sys.argv[1]).to_pyarrow_table()\n\
+         print(t.column('ts')[0].as_py().isoformat(), t.column('u')[0].as_py())",
+        &[wh.join("tables/t").to_str().unwrap()],
+    );
+    assert_eq!(theirs.trim(), "2024-01-01T10:00:00 200");
+    assert_failure(
+        &query(wh, "CREATE TABLE n AS SELECT NULL AS c, 1 AS k"),
+        &["column 'c' has no type"],
+    );
+    assert_failure(
+        &query(
+            wh,
+            "CREATE TABLE z AS SELECT arrow_cast(make_array(), 'FixedSizeList(0, Int64)') AS c",
+        ),
+        &["column 'c' is a vector of no values"],
+    );
+    assert!(!wh.join("tables/n").exists() && !wh.join("tables/z").exists());
+}
+
+/// What a commit keeps of its statement has its secrets blanked; a path with `@` in it is a path,
+/// not a version; a version far past the newest is refused at once.
+#[test]
+fn history_keeps_no_secret_and_names_with_at_are_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    assert_ok(&query(
+        wh,
+        "CREATE TABLE s AS SELECT 'https://user:SEKRET1@example.com/x?sig=SEKRET2' AS u \
+         WHERE 'password' = 'SEKRET3' OR 1 = 1",
+    ));
+    let history = assert_ok(&query(wh, "DESCRIBE HISTORY s"));
+    assert!(history.contains("CREATE TABLE s"), "{history}");
+    assert!(!history.contains("SEKRET"), "{history}");
+    let file = dir.path().join("in@2026.parquet");
+    std::fs::copy("data/sample/customers.parquet", &file).unwrap();
+    let row = one_row(&query(
+        wh,
+        &format!("SELECT count(*) FROM '{}'", file.display()),
+    ));
+    assert_eq!(row, ["2000"]);
+    let started = std::time::Instant::now();
+    assert_failure(
+        &query(wh, "SELECT * FROM s VERSION AS OF 100000000000"),
+        &["has no version 100000000000"],
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// A CREATE TABLE killed before it commits leaves the name free: a later CREATE TABLE makes the
+/// table.
+#[test]
+fn a_killed_create_leaves_the_name_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let mut killed = bin()
+        .arg("--warehouse")
+        .arg(wh)
+        .args([
+            "query",
+            "-e",
+            "CREATE TABLE k AS SELECT value AS i, value * 2 AS j FROM generate_series(1, 200000000)",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let table = wh.join("tables/k");
+    common::poll_until(
+        Duration::from_secs(120),
+        "the killed statement's files",
+        || table.exists() && !common::files_under(&table).is_empty(),
+    );
+    common::send(killed.id(), libc::SIGKILL);
+    let _ = killed.wait();
+    assert_failure(&query(wh, "SELECT * FROM k"), &["k"]);
+    assert_ok(&query(wh, "CREATE TABLE k AS SELECT 1 AS i"));
+    assert_eq!(one_row(&query(wh, "SELECT count(*) FROM k")), ["1"]);
+}
+
+/// A CREATE OR REPLACE that converts a folder of Parquet files, while an INSERT adds a file to
+/// that folder: the replace fails with a conflict, and the inserted row stays.
+#[test]
+fn converting_a_folder_an_insert_changed_meanwhile_is_a_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let old = wh.join("tables/oi");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::copy("data/sample/features.parquet", old.join("part-0.parquet")).unwrap();
+    let mut replace = bin()
+        .arg("--warehouse")
+        .arg(wh)
+        .args([
+            "query",
+            "-e",
+            "CREATE OR REPLACE TABLE oi AS SELECT id FROM oi UNION ALL \
+             SELECT value + 100000 AS id FROM range(10000000) \
+             WHERE md5(CAST(value AS VARCHAR)) <> 'x'",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::poll_until(Duration::from_secs(120), "the replace writing", || {
+        std::fs::read_dir(&old)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("data-"))
+    });
+    assert!(
+        !old.join("_delta_log").exists(),
+        "the replace is still writing"
+    );
+    let features: Vec<String> = (0..10).map(|j| format!("f{j}")).collect();
+    assert_ok(&query(
+        wh,
+        &format!(
+            "INSERT INTO oi SELECT 424242 AS id, {} FROM oi LIMIT 1",
+            features.join(", ")
+        ),
+    ));
+    let out = replace.wait_with_output().unwrap();
+    assert_failure(&out, &["table 'oi'", "conflict"]);
+    let row = one_row(&query(wh, "SELECT count(*) FROM oi WHERE id = 424242"));
+    assert_eq!(row, ["1"]);
 }

@@ -103,6 +103,8 @@ impl At {
     /// [`crate::statements::time_travel`]); None for any other name.
     pub fn of_name(name: &str) -> Option<(&str, Result<At>)> {
         let (table, at) = name.split_once('@')?;
+        // A path or URL with an `@` in it is not a table's version.
+        crate::storage::check_name("table", table).ok()?;
         let parsed = match at.strip_prefix('v') {
             Some(version) if version.bytes().all(|b| b.is_ascii_digit()) => version
                 .parse::<Version>()
@@ -419,6 +421,9 @@ pub async fn open(
 async fn load_at(table: &mut DeltaTable, at: &At) -> std::result::Result<(), DeltaTableError> {
     match at {
         At::Newest => table.load().await,
+        At::Version(version) if *version > newest(table).await? => {
+            Err(DeltaTableError::InvalidVersion(*version))
+        }
         At::Version(version) => match table.load_version(*version).await {
             // The kernel's own word is about log segments.
             Err(e)
@@ -434,6 +439,36 @@ async fn load_at(table: &mut DeltaTable, at: &At) -> std::result::Result<(), Del
             committed_by(table, *time).await
         }
     }
+}
+
+/// The newest version of the table of `table`'s log (delta-rs looks for a version past it one
+/// by one).
+async fn newest(table: &DeltaTable) -> std::result::Result<Version, DeltaTableError> {
+    let store = table.log_store().object_store(None);
+    let log = object_store::path::Path::from("_delta_log");
+    let newest = newest_commit(store.as_ref(), &log).await?;
+    Ok(newest.map(|(version, _)| version).unwrap_or(0))
+}
+
+/// The newest commit file of the log at `log` (a `_delta_log` folder) in `store`: its version
+/// and what was listed of it. None where it has none.
+pub async fn newest_commit(
+    store: &dyn ObjectStore,
+    log: &object_store::path::Path,
+) -> object_store::Result<Option<(Version, object_store::ObjectMeta)>> {
+    let listed = match store.list_with_delimiter(Some(log)).await {
+        Ok(listed) => listed.objects,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(listed
+        .into_iter()
+        .filter_map(|object| {
+            let version = object.location.filename()?.strip_suffix(".json")?;
+            let digits = version.len() == 20 && version.bytes().all(|b| b.is_ascii_digit());
+            Some((version.parse::<Version>().ok().filter(|_| digits)?, object))
+        })
+        .max_by_key(|(version, _)| *version))
 }
 
 /// Refuses a table loaded for `time` whose version was committed after it: no version existed

@@ -115,21 +115,65 @@ impl TableWrite {
 
     /// Commits the files of the statement's folder as `mode`, with the columns `schema` (the
     /// Arrow schema the files were written with) and `lineage`; returns the version committed.
-    /// On any failure the files are deleted and nothing is committed.
+    /// Where nothing was committed the files are deleted; where it is not known (the log entry's
+    /// write failed midway) they are left, for VACUUM once no version names them; after the
+    /// commit, what delta-rs does (a checkpoint) is not the statement's to fail.
     pub async fn commit(self, mode: Mode, schema: &Schema, lineage: &Lineage) -> Result<Version> {
-        match self.try_commit(mode, schema, lineage).await {
-            Ok(version) => Ok(version),
+        let prepared = async {
+            let (mut actions, operation, retries) = self.operation(mode, schema).await?;
+            actions.extend(self.adds().await?);
+            Ok::<_, Error>((actions, operation, self.properties(lineage, retries)))
+        };
+        let (actions, operation, properties) = match prepared.await {
+            Ok(prepared) => prepared,
             Err(e) => {
                 self.discard().await;
-                Err(e)
+                return Err(e);
             }
+        };
+        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
+        let commit = CommitBuilder::from(properties)
+            .with_actions(actions)
+            .build(
+                read_state.map(|s| s as _),
+                self.log_store.clone(),
+                operation,
+            )
+            .into_prepared_commit_future()
+            .await;
+        let written = match commit {
+            Ok(commit) => commit.await,
+            Err(e) => {
+                self.discard().await;
+                return Err(self.error(e));
+            }
+        };
+        let post = match written {
+            Ok(post) => post,
+            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => {
+                self.discard().await;
+                return Err(match mode {
+                    Mode::Create => self.taken(),
+                    Mode::Replace | Mode::Append => self.conflict(),
+                });
+            }
+            Err(e) => return Err(self.error(e)),
+        };
+        let version = post.version;
+        if let Err(e) = post.await {
+            eprintln!(
+                "table '{}': version {version} is committed; what follows a commit failed: {}",
+                self.name,
+                super::readable(&e.to_string())
+            );
         }
+        Ok(version)
     }
 
-    async fn try_commit(&self, mode: Mode, schema: &Schema, lineage: &Lineage) -> Result<Version> {
-        let (mut actions, operation, retries) = self.operation(mode, schema).await?;
-        actions.extend(self.adds().await?);
-        let properties = CommitProperties::default()
+    /// What a commit records beside its actions: its lineage, and how often it is retried on a
+    /// version another statement took.
+    fn properties(&self, lineage: &Lineage, retries: usize) -> CommitProperties {
+        CommitProperties::default()
             .with_metadata([
                 (
                     "batchinfer.statement".to_string(),
@@ -140,24 +184,7 @@ impl TableWrite {
                     serde_json::from_str(&lineage.models).unwrap_or_default(),
                 ),
             ])
-            .with_max_retries(retries);
-        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
-        let committed = CommitBuilder::from(properties)
-            .with_actions(actions)
-            .build(
-                read_state.map(|s| s as _),
-                self.log_store.clone(),
-                operation,
-            )
-            .await;
-        match committed {
-            Ok(done) => Ok(done.version()),
-            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => Err(match mode {
-                Mode::Create => self.taken(),
-                Mode::Replace | Mode::Append => self.conflict(),
-            }),
-            Err(e) => Err(self.error(e)),
-        }
+            .with_max_retries(retries)
     }
 
     /// The actions `mode` begins a commit with (a new table's protocol and columns; a replace's
@@ -192,9 +219,8 @@ impl TableWrite {
                 let columns = delta_schema(name, schema)?;
                 let metadata = new_metadata(&columns, Vec::<String>::new(), NO_SETTINGS)
                     .map_err(|e| Error::table(name, format!("Delta table '{name}': {e}")))?;
-                if read.is_none() {
-                    actions.push(Action::Protocol(protocol()?));
-                }
+                let protocol = protocol(read.map(|r| r.protocol()), holds_time_ntz(schema))?;
+                actions.extend(protocol.map(Action::Protocol));
                 actions.push(Action::Metadata(metadata.clone()));
                 if let Some(read) = read {
                     let mut files = read.snapshot().file_views(self.log_store.as_ref(), None);
@@ -263,7 +289,8 @@ impl TableWrite {
         )
     }
 
-    fn conflict(&self) -> Error {
+    /// The error of a statement that lost to another that changed the table after it read it.
+    pub fn conflict(&self) -> Error {
         let name = &self.name;
         let read = self
             .read_version()
@@ -348,11 +375,55 @@ async fn row_count(store: Arc<dyn ObjectStore>, file: &object_store::ObjectMeta)
     Ok(metadata.file_metadata().num_rows())
 }
 
-/// Delta's protocol for a new table: reader version 1, writer version 2 (what every reader
-/// reads).
-fn protocol() -> Result<deltalake_core::kernel::Protocol> {
-    serde_json::from_value(serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2}))
-        .map_err(|e| Error::Internal(format!("Delta protocol: {e}")))
+/// The protocol a commit sets, where it sets one: for a new table reader version 1 and writer
+/// version 2 (what every reader reads), unless its columns hold a time without a time zone
+/// (`timestamp_ntz`): then that table feature, on the table's protocol where it has one (versions
+/// 3 and 7, its other features kept). None: the table's protocol as it is.
+fn protocol(
+    table: Option<&deltalake_core::kernel::Protocol>,
+    time_ntz: bool,
+) -> Result<Option<deltalake_core::kernel::Protocol>> {
+    const NTZ: &str = "timestampNtz";
+    let invalid = |e: serde_json::Error| Error::Internal(format!("Delta protocol: {e}"));
+    let mut protocol = match table {
+        Some(table) => serde_json::to_value(table).map_err(invalid)?,
+        None => serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2}),
+    };
+    let has_ntz = protocol["readerFeatures"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == NTZ));
+    if !time_ntz || has_ntz {
+        return match table {
+            Some(_) => Ok(None),
+            None => serde_json::from_value(protocol).map(Some).map_err(invalid),
+        };
+    }
+    for (version, at_least) in [("minReaderVersion", 3), ("minWriterVersion", 7)] {
+        let now = protocol[version].as_i64().unwrap_or(0);
+        protocol[version] = now.max(at_least).into();
+    }
+    for features in ["readerFeatures", "writerFeatures"] {
+        let mut list = protocol[features].as_array().cloned().unwrap_or_default();
+        list.push(NTZ.into());
+        protocol[features] = list.into();
+    }
+    serde_json::from_value(protocol).map(Some).map_err(invalid)
+}
+
+/// Whether `schema` holds a time without a time zone, anywhere.
+fn holds_time_ntz(schema: &Schema) -> bool {
+    fn holds(data_type: &DataType) -> bool {
+        match data_type {
+            DataType::Timestamp(_, None) => true,
+            DataType::Struct(children) => children.iter().any(|c| holds(c.data_type())),
+            DataType::List(f)
+            | DataType::LargeList(f)
+            | DataType::FixedSizeList(f, _)
+            | DataType::Map(f, _) => holds(f.data_type()),
+            _ => false,
+        }
+    }
+    schema.fields().iter().any(|f| holds(f.data_type()))
 }
 
 /// The Delta schema of the Arrow `schema` a table's files are written with; a vector
@@ -360,35 +431,63 @@ fn protocol() -> Result<deltalake_core::kernel::Protocol> {
 /// type Delta has no counterpart of is refused, naming the column.
 pub fn delta_schema(name: &str, schema: &Schema) -> Result<StructType> {
     use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
-    let fields: Vec<Field> = schema.fields().iter().map(|f| marked(f.as_ref())).collect();
-    let marked = Schema::new(fields);
-    (&marked).try_into_kernel().map_err(|e| {
+    let fields = schema
+        .fields()
+        .iter()
+        .map(|f| prepared(name, f.as_ref()))
+        .collect::<Result<Vec<Field>>>()?;
+    let prepared = Schema::new(fields);
+    (&prepared).try_into_kernel().map_err(|e| {
         Error::table(
             name,
             format!(
-                "table '{name}': its columns ({}) cannot be a Delta table's: {e}",
-                super::columns(&Arc::new(schema.clone()))
+                "table '{name}': its columns ({}) cannot be a Delta table's: {}",
+                super::columns(&Arc::new(schema.clone())),
+                super::readable(&e.to_string())
             ),
         )
     })
 }
 
-/// `field` with the length of each vector in it kept in its metadata.
-fn marked(field: &Field) -> Field {
-    match field.data_type() {
+/// `field` as a Delta column: the length of each vector in it kept in its metadata, an unsigned
+/// integer widened to the signed type that holds all its values (Delta has no unsigned types);
+/// a column of no type (only NULLs, which other readers cannot read) and a vector of no values
+/// refused, naming the column.
+fn prepared(name: &str, field: &Field) -> Result<Field> {
+    let refuse = |problem: &str| {
+        Err(Error::table(
+            name,
+            format!("table '{name}': column '{}' {problem}", field.name()),
+        ))
+    };
+    let widened = match field.data_type() {
+        DataType::Null => {
+            return refuse("has no type (only NULLs): give it one, e.g. CAST(NULL AS DOUBLE)");
+        }
+        DataType::FixedSizeList(_, n) if *n <= 0 => return refuse("is a vector of no values"),
+        DataType::FixedSizeList(item, _) | DataType::List(item) | DataType::LargeList(item)
+            if item.data_type() == &DataType::Null =>
+        {
+            return refuse("is a list of no type (only NULLs): give its items one");
+        }
+        DataType::UInt8 => DataType::Int16,
+        DataType::UInt16 => DataType::Int32,
+        DataType::UInt32 | DataType::UInt64 => DataType::Int64,
         DataType::FixedSizeList(_, n) => {
             let mut metadata = field.metadata().clone();
             metadata.insert(FIXED_SIZE_KEY.to_string(), n.to_string());
-            field.clone().with_metadata(metadata)
+            return Ok(field.clone().with_metadata(metadata));
         }
         DataType::Struct(children) => {
-            let children: Vec<Field> = children.iter().map(|c| marked(c)).collect();
-            field
-                .clone()
-                .with_data_type(DataType::Struct(children.into()))
+            let children = children
+                .iter()
+                .map(|c| prepared(name, c))
+                .collect::<Result<Vec<Field>>>()?;
+            DataType::Struct(children.into())
         }
-        _ => field.clone(),
-    }
+        other => other.clone(),
+    };
+    Ok(field.clone().with_data_type(widened))
 }
 
 /// The Arrow schema a Delta table's scan gives (`scanned`) with each vector restored where the

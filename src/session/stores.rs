@@ -74,9 +74,19 @@ impl Session {
     }
 }
 
-/// The text of `statement` as it may be shown (kept with its rejects, in progress lines and
-/// messages): with the secrets of a table definition's options blanked.
+/// The text of `statement` as it may be shown (kept with its rejects and in a Delta table's
+/// commits, in progress lines and messages): with the secrets of a table definition's options
+/// blanked, and every other secret its text holds ([`crate::statements::blank_secrets`]: a value
+/// after a name that says it is one, a URL's password and query).
 pub fn shown(statement: &DFStatement) -> String {
+    let text = options_blanked(statement);
+    crate::statements::blank_secrets(
+        &text,
+        &datafusion::sql::sqlparser::dialect::GenericDialect {},
+    )
+}
+
+fn options_blanked(statement: &DFStatement) -> String {
     match statement {
         DFStatement::CreateExternalTable(table) => {
             let mut table = table.clone();

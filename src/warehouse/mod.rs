@@ -338,8 +338,13 @@ impl Warehouse {
         self.files_version(name).await
     }
 
-    /// What identifies table `name` as a folder of Parquet files ([`Tables::version`]).
+    /// What identifies table `name` as a folder of Parquet files ([`Tables::version`]); None
+    /// where its folder holds none of its own (only what a write to a Delta table that never
+    /// committed left: no table).
     pub async fn files_version(&self, name: &str) -> Result<Option<String>> {
+        if !self.tables.is_complete(name).await? {
+            return Ok(None);
+        }
         self.tables.version(name).await
     }
 
@@ -348,29 +353,18 @@ impl Warehouse {
     pub async fn delta_version(&self, name: &str) -> Result<Option<(u64, String)>> {
         let log = crate::storage::object_path(&self.tables.table_url(name)?)?.join("_delta_log");
         let store = self.tables.store();
-        let listed = match store.list_with_delimiter(Some(&log)).await {
-            Ok(listed) => listed.objects,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        Ok(listed
-            .into_iter()
-            .filter_map(|object| {
-                let file = object.location.filename()?;
-                let version = file.strip_suffix(".json")?;
-                (version.len() == 20 && version.bytes().all(|b| b.is_ascii_digit())).then(|| {
-                    let commit = format!(
-                        "{}:{}",
-                        object.e_tag.clone().unwrap_or_default(),
-                        object
-                            .last_modified
-                            .timestamp_nanos_opt()
-                            .unwrap_or_default()
-                    );
-                    (version.parse::<u64>().unwrap_or_default(), commit)
-                })
-            })
-            .max_by_key(|(version, _)| *version))
+        let newest = crate::delta::newest_commit(store.as_ref(), &log).await?;
+        Ok(newest.map(|(version, object)| {
+            let commit = format!(
+                "{}:{}",
+                object.e_tag.unwrap_or_default(),
+                object
+                    .last_modified
+                    .timestamp_nanos_opt()
+                    .unwrap_or_default()
+            );
+            (version, commit)
+        }))
     }
 
     /// Table `name`'s folder (a URL ending in `/`) and the store it is in.
@@ -378,12 +372,21 @@ impl Warehouse {
         Ok((self.tables.table_url(name)?, self.tables.store()))
     }
 
-    /// Deletes the Parquet files directly in table `name`'s folder: those of a table written
-    /// before tables were Delta tables, once a Delta commit replaced it.
-    pub async fn remove_top_level_files(&self, name: &str) -> Result<()> {
+    /// The files directly in table `name`'s folder: those of a table written before tables were
+    /// Delta tables ([`Tables::top_level_files`]).
+    pub async fn top_level_files(&self, name: &str) -> Result<Vec<Path>> {
+        self.tables.top_level_files(name).await
+    }
+
+    /// Deletes `files` of table `name` (those of a table written before tables were Delta tables,
+    /// once a Delta commit replaced it) and its claim.
+    pub async fn remove_files(&self, name: &str, files: &[Path]) -> Result<()> {
+        if files.is_empty() {
+            return Ok(());
+        }
         let store = self.tables.store();
-        for file in self.tables.top_level_files(name).await? {
-            match store.delete(&file).await {
+        for file in files {
+            match store.delete(file).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -392,11 +395,6 @@ impl Warehouse {
             .join(crate::storage::TABLE_CLAIM);
         let _ = store.delete(&claim).await;
         Ok(())
-    }
-
-    /// Whether table `name` is complete (not still being created).
-    pub async fn table_is_complete(&self, name: &str) -> Result<bool> {
-        self.tables.is_complete(name).await
     }
 
     /// Removes a table's files.

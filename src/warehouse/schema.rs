@@ -234,9 +234,6 @@ impl WarehouseSchema {
         if let Some(opened) = self.opened_at(name, Kind::Table, &version) {
             return Ok(Some(opened));
         }
-        if !self.warehouse.table_is_complete(name).await? {
-            return Ok(None);
-        }
         match self.listing(name).await {
             Ok(provider) => Ok(Some(self.keep(name, Kind::Table, version, provider))),
             Err(e) => {
