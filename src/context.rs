@@ -28,7 +28,8 @@ use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{
-    CosineSimilarity, EmbedUdf, ModelsFunction, PredictTableFunction, PredictUdf, RejectsFunction,
+    CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction, PredictUdf,
+    RejectsFunction,
 };
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -199,5 +200,11 @@ pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(PredictUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(EmbedUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(CosineSimilarity::default())),
+        Arc::new(
+            datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(GenerateUdf::new(
+                registry.clone(),
+            )))
+            .into_scalar_udf(),
+        ),
     ]
 }

@@ -134,6 +134,10 @@ pub enum Error {
     #[error("{0}")]
     Library(String),
 
+    /// An endpoint model's ([`crate::llm`]).
+    #[error(transparent)]
+    Llm(#[from] crate::llm::LlmError),
+
     /// A GPU (CUDA) that was asked for cannot be used.
     #[error("{0}")]
     Gpu(String),

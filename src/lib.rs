@@ -126,6 +126,7 @@ pub mod engine;
 pub mod error;
 pub mod help;
 pub mod lineage;
+pub mod llm;
 pub mod message;
 pub mod model;
 pub mod onnx;

@@ -30,6 +30,8 @@ pub struct RunReport {
     pub model_calls: u64,
     pub model_time: Duration,
     pub model_occupied: Duration,
+    /// What endpoint models did for it: requests, retries, answers from the cache, tokens, cost.
+    pub llm: crate::llm::Usage,
 }
 
 impl RunReport {
@@ -61,6 +63,10 @@ impl RunReport {
                 line.push_str(&format!(", {at_once:.1} calls at a time"));
             }
         }
+        if !self.llm.is_empty() {
+            line.push_str("; ");
+            line.push_str(&llm_usage(&self.llm, wall));
+        }
         line
     }
 
@@ -86,6 +92,36 @@ impl RunReport {
     }
 }
 
+/// What endpoint models did in `wall`: "20 requests (2 retried), 5 answers from the cache,
+/// 1,234 prompt + 567 completion tokens, 45 tokens/s, $0.001200".
+fn llm_usage(usage: &crate::llm::Usage, wall: Duration) -> String {
+    let sent = usage.requests - usage.retries.min(usage.requests);
+    let mut line = format!(
+        "{} request{}",
+        thousands(sent),
+        if sent == 1 { "" } else { "s" }
+    );
+    if usage.retries > 0 {
+        line.push_str(&format!(" ({} retried)", thousands(usage.retries)));
+    }
+    if usage.cache_hits > 0 {
+        line.push_str(&format!(
+            ", {} answer{} from the cache",
+            thousands(usage.cache_hits),
+            if usage.cache_hits == 1 { "" } else { "s" }
+        ));
+    }
+    let tokens = usage.prompt_tokens + usage.completion_tokens;
+    line.push_str(&format!(
+        ", {} prompt + {} completion tokens, {:.0} tokens/s, {}",
+        thousands(usage.prompt_tokens),
+        thousands(usage.completion_tokens),
+        tokens as f64 / wall.as_secs_f64().max(1e-9),
+        crate::llm::spend::money(usage.cost)
+    ));
+    line
+}
+
 /// "1 row", "10,000 rows".
 fn rows(n: u64) -> String {
     format!("{} row{}", thousands(n), if n == 1 { "" } else { "s" })
@@ -109,6 +145,7 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
     let written = statement.writes();
     let registry = engine.registry().clone();
     let before = registry.totals();
+    let llm_before = registry.llm_usage();
     let total = Arc::new(AtomicU64::new(0));
     let work = {
         let total = total.clone();
@@ -125,7 +162,7 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
     let line = std::io::stderr().is_terminal().then(|| {
         ProgressLine::start(
             registry.clone(),
-            before.rows,
+            (before.rows, llm_before),
             total,
             engine.placement().running_on(),
         )
@@ -142,6 +179,7 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
         model_time: Duration::from_nanos(used.nanos),
         model_calls: used.calls,
         model_occupied: Duration::from_nanos(used.occupied_nanos),
+        llm: registry.llm_usage().since(&llm_before),
     })
 }
 
@@ -157,7 +195,7 @@ struct ProgressLine {
 impl ProgressLine {
     fn start(
         registry: Arc<crate::model::ModelRegistry>,
-        base_rows: u64,
+        (base_rows, llm_before): (u64, crate::llm::Usage),
         total: Arc<AtomicU64>,
         elsewhere: Option<String>,
     ) -> ProgressLine {
@@ -182,7 +220,16 @@ impl ProgressLine {
                     }
                     None => {
                         let rows = registry.totals().rows.saturating_sub(base_rows);
-                        progress(rows, total.load(Ordering::Relaxed), elapsed)
+                        let llm = registry.llm_usage().since(&llm_before);
+                        if llm.is_empty() {
+                            progress(rows, total.load(Ordering::Relaxed), elapsed)
+                        } else {
+                            format!(
+                                "{}, {:.1} s elapsed",
+                                llm_usage(&llm, elapsed),
+                                elapsed.as_secs_f64()
+                            )
+                        }
                     }
                 };
                 eprint!("\r\x1b[2K{line}");

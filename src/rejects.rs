@@ -106,10 +106,27 @@ static FILES: AtomicU64 = AtomicU64::new(0);
 
 /// Writes the rows of `columns` (the model's arguments, described by `fields`) that `model`
 /// failed on to the statement's rejects folder, with the model's messages.
+/// The model whose failed rows are kept: its name and sha256 (a model file's, or an endpoint
+/// model's definition's).
+#[derive(Debug, Clone, Copy)]
+pub struct Rejecting<'a> {
+    pub name: &'a str,
+    pub sha256: &'a str,
+}
+
+impl<'a> From<&'a Model> for Rejecting<'a> {
+    fn from(model: &'a Model) -> Self {
+        Rejecting {
+            name: &model.name,
+            sha256: &model.sha256,
+        }
+    }
+}
+
 pub fn keep(
     stores: &StoreRegistry,
     statement: &StatementContext,
-    model: &Model,
+    model: Rejecting<'_>,
     fields: &[FieldRef],
     columns: &[ArrayRef],
     failed: &[(usize, String)],
@@ -131,8 +148,8 @@ pub fn keep(
         repeat(&statement.id),
         repeat(&statement.text),
         Arc::new(TimestampMicrosecondArray::from(vec![now; rows]).with_timezone("UTC")),
-        repeat(&model.name),
-        repeat(&model.sha256),
+        repeat(model.name),
+        repeat(model.sha256),
         Arc::new(StringArray::from_iter_values(
             failed.iter().map(|(_, m)| m.as_str()),
         )),
@@ -154,8 +171,8 @@ pub fn keep(
     let folder = statement_folder(statement)?;
     // A model's name is a name (CREATE MODEL, --models and the warehouse check it); one that
     // came otherwise (a cluster client's definitions) is not put in a path.
-    let name = match crate::storage::check_name("model", &model.name) {
-        Ok(()) => model.name.as_str(),
+    let name = match crate::storage::check_name("model", model.name) {
+        Ok(()) => model.name,
         Err(_) => "model",
     };
     let file = folder

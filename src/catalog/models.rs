@@ -9,7 +9,8 @@ use datafusion::dataframe::DataFrame;
 
 use super::Catalog;
 use crate::error::{Error, Result};
-use crate::model::listing::{describe_batch, models_batch};
+use crate::llm::{Endpoint, EndpointModel};
+use crate::model::listing::{describe_batch, describe_endpoint_batch, models_batch};
 use crate::model::{Model, ModelSource};
 use crate::session::Session;
 use crate::statements::ModelStatement;
@@ -58,6 +59,39 @@ impl Catalog {
                 }
                 session.empty()
             }
+            ModelStatement::CreateEndpoint {
+                name,
+                or_replace,
+                options,
+            } => {
+                check_name("model", &name)?;
+                self.check_not_a_folder_model(&name)?;
+                if self.registry.contains(&name) && !or_replace {
+                    return Err(Error::model(
+                        &name,
+                        format!(
+                            "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
+                        ),
+                    ));
+                }
+                let endpoint = Endpoint::from_options(&name, &options)?;
+                let definition = Definition {
+                    source: endpoint.endpoint.clone(),
+                    sha256: Some(endpoint.sha256()),
+                    endpoint: Some(endpoint.to_json()),
+                };
+                let model = Arc::new(self.endpoint_model(&name, endpoint)?);
+                self.persist_definition(&name, Some(definition)).await?;
+                eprintln!(
+                    "model '{name}' {} as {} at {} (definition sha256 {})",
+                    if or_replace { "defined" } else { "created" },
+                    model.endpoint.model,
+                    model.endpoint.endpoint,
+                    model.sha256
+                );
+                self.registry.register_endpoint(&name, model);
+                session.empty()
+            }
             ModelStatement::Drop { name, if_exists } => {
                 self.check_not_a_folder_model(&name)?;
                 let known = self.registry.unregister(&name);
@@ -82,6 +116,9 @@ impl Catalog {
             }
             ModelStatement::Show => session.result(models_batch(&self.registry)?),
             ModelStatement::Describe { name } => {
+                if let Some(model) = self.registry.endpoint_model(&name) {
+                    return session.result(describe_endpoint_batch(&model)?);
+                }
                 let model = self.registry.get(&name)?;
                 session.result(describe_batch(&model)?)
             }
@@ -129,18 +166,22 @@ impl Catalog {
 
     /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
     async fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
+        let definition = model.map(|model| Definition {
+            source: model.source.to_string(),
+            sha256: Some(model.sha256.clone()),
+            endpoint: None,
+        });
+        self.persist_definition(name, definition).await
+    }
+
+    /// Keeps the definition of `name` (`None`: its removal) in the warehouse.
+    async fn persist_definition(&self, name: &str, definition: Option<Definition>) -> Result<()> {
         let Some(warehouse) = &self.warehouse else {
             return Ok(());
         };
-        match model {
-            Some(model) => {
-                let definition = Definition {
-                    source: model.source.to_string(),
-                    sha256: Some(model.sha256.clone()),
-                };
-                warehouse
-                    .save_model(name, &definition.source, definition.sha256.as_deref())
-                    .await?;
+        match definition {
+            Some(definition) => {
+                warehouse.save_model(name, &definition).await?;
                 self.seen_models().insert(name.to_string(), definition);
             }
             None => {
@@ -149,6 +190,18 @@ impl Catalog {
             }
         }
         Ok(())
+    }
+
+    /// The endpoint model `name` of `endpoint`, keeping its answers in the warehouse's cache.
+    fn endpoint_model(&self, name: &str, endpoint: Endpoint) -> Result<EndpointModel> {
+        let cache = match &self.warehouse {
+            Some(warehouse) => {
+                let (store, prefix) = warehouse.area(crate::llm::cache::FOLDER)?;
+                Some(crate::llm::cache::Cache::new(store, prefix))
+            }
+            None => None,
+        };
+        Ok(EndpointModel::new(name, endpoint, cache)?)
     }
 
     /// Models of `--models` among `names` whose file was written again since this process
@@ -203,6 +256,17 @@ impl Catalog {
         let mut seen = self.seen_models();
         for (name, definition) in &defined {
             if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
+                continue;
+            }
+            if let Some(endpoint) = &definition.endpoint {
+                match Endpoint::from_json(endpoint) {
+                    Ok(endpoint) => {
+                        let model = self.endpoint_model(name, endpoint)?;
+                        self.registry.register_endpoint(name, Arc::new(model));
+                    }
+                    Err(why) => warn(format!("the definition of model '{name}' {why}")),
+                }
+                seen.insert(name.clone(), definition.clone());
                 continue;
             }
             let source = ModelSource::parse(&definition.source)?;

@@ -140,6 +140,12 @@ pub struct BatchInferOptions {
     /// The largest Parquet footer (metadata) read, in bytes: a file claiming more is refused
     /// before anything is allocated for it.
     pub max_footer_bytes: u64,
+    /// Endpoint models: the most tokens (prompt and completion) a statement may spend.
+    pub max_llm_tokens: Option<u64>,
+    /// Endpoint models: the most a statement may cost, at the models' prices.
+    pub max_cost: Option<f64>,
+    /// Endpoint models' answers kept in the warehouse: 'on', 'read' (not written) or 'off'.
+    pub cache: CacheMode,
 }
 
 impl Default for BatchInferOptions {
@@ -155,6 +161,9 @@ impl Default for BatchInferOptions {
             max_errors: None,
             files_per_commit: 64,
             max_footer_bytes: DEFAULT_MAX_FOOTER_BYTES,
+            max_llm_tokens: None,
+            max_cost: None,
+            cache: Default::default(),
         }
     }
 }
@@ -234,10 +243,43 @@ impl BatchInferOptions {
                     as u64;
                 Ok(())
             }
+            "max_llm_tokens" => {
+                self.max_llm_tokens = match value.trim() {
+                    "" => None,
+                    text => Some(text.replace(['_', ','], "").parse().map_err(|_| {
+                        DataFusionError::Configuration(format!(
+                            "batchinfer.max_llm_tokens must be a whole number of tokens, not '{text}'"
+                        ))
+                    })?),
+                };
+                Ok(())
+            }
+            "max_cost" => {
+                self.max_cost = match value.trim() {
+                    "" => None,
+                    text => Some(
+                        text.trim_start_matches('$')
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|c| c.is_finite() && *c >= 0.0)
+                            .ok_or_else(|| {
+                                DataFusionError::Configuration(format!(
+                                    "batchinfer.max_cost must be an amount of at least 0 (as \
+                                     '2.50'), not '{text}'"
+                                ))
+                            })?,
+                    ),
+                };
+                Ok(())
+            }
+            "cache" => {
+                self.cache = value.parse().map_err(DataFusionError::Configuration)?;
+                Ok(())
+            }
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
                  nulls, token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
-                 max_footer_bytes"
+                 max_footer_bytes, max_llm_tokens, max_cost, cache"
             ))),
         }
     }
@@ -316,6 +358,21 @@ impl BatchInferOptions {
             v,
             "batchinfer.max_footer_bytes",
             "The largest Parquet footer (file metadata) read, in bytes ('256M', '1G'): a file claiming more is refused.",
+        );
+        let about = "Endpoint models: the most tokens (prompt and completion) a statement may spend; unset: no limit.";
+        match self.max_llm_tokens {
+            Some(n) => v.some("batchinfer.max_llm_tokens", n, about),
+            None => v.none("batchinfer.max_llm_tokens", about),
+        }
+        let about = "Endpoint models: the most a statement may cost at the models' prices; unset: no limit.";
+        match self.max_cost {
+            Some(c) => v.some("batchinfer.max_cost", c, about),
+            None => v.none("batchinfer.max_cost", about),
+        }
+        v.some(
+            "batchinfer.cache",
+            self.cache,
+            "Endpoint models' answers kept in the warehouse by request: 'on', 'read' (read, not written) or 'off'.",
         );
         entries.0
     }

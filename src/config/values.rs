@@ -297,3 +297,40 @@ mod tests {
         assert_eq!(parse_size("1024T"), Ok(1 << 50));
     }
 }
+
+/// `SET batchinfer.cache = 'on' | 'read' | 'off'`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Answers are read from the cache and new ones kept (the default).
+    #[default]
+    On,
+    /// Answers are read from the cache; new ones are not kept.
+    Read,
+    /// The cache is neither read nor written.
+    Off,
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CacheMode::On => "on",
+            CacheMode::Read => "read",
+            CacheMode::Off => "off",
+        })
+    }
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "on" | "true" => Ok(CacheMode::On),
+            "read" => Ok(CacheMode::Read),
+            "off" | "false" => Ok(CacheMode::Off),
+            other => Err(format!(
+                "batchinfer.cache must be 'on', 'read' or 'off', not '{other}'"
+            )),
+        }
+    }
+}

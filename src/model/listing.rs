@@ -34,6 +34,21 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     let names = registry.names();
     let mut rows: Vec<ModelRow> = Vec::new();
     for name in names {
+        if let Some(model) = registry.endpoint_model(&name) {
+            rows.push((
+                name,
+                model.endpoint.endpoint.clone(),
+                "prompt (text)".to_string(),
+                format!(
+                    "text, or the columns given (endpoint model '{}')",
+                    model.endpoint.model
+                ),
+                None,
+                Some(model.sha256.clone()),
+                None,
+            ));
+            continue;
+        }
         let source = registry
             .source(&name)
             .map(|s| s.to_string())
@@ -118,6 +133,36 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
             .map(|r| (!r[3].is_empty()).then(|| r[3].clone()))
             .collect::<StringArray>(),
     ));
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// DESCRIBE MODEL of an endpoint model: its definition, one setting a row (never a key).
+pub fn describe_endpoint_batch(model: &crate::llm::EndpointModel) -> Result<RecordBatch> {
+    let mut rows: Vec<[String; 4]> = model
+        .endpoint
+        .described()
+        .into_iter()
+        .map(|(name, value)| setting("endpoint", &name, value))
+        .collect();
+    rows.push(setting(
+        "endpoint",
+        "definition sha256",
+        model.sha256.clone(),
+    ));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("type", DataType::Utf8, false),
+        Field::new("shape", DataType::Utf8, true),
+    ]));
+    let mut columns: Vec<ArrayRef> = (0..3)
+        .map(|c| {
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r[c].clone()),
+            )) as ArrayRef
+        })
+        .collect();
+    columns.push(Arc::new(StringArray::new_null(rows.len())));
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 

@@ -80,6 +80,8 @@ pub struct ModelRegistry {
     by_content: ByContent,
     /// Where models come from, for the message of an unknown one.
     origins: String,
+    /// Endpoint models ([`crate::llm`]), by name.
+    endpoints: endpoints::Endpoints,
 }
 
 /// Where the models of an engine configured by `config` come from, as a person reads it.
@@ -102,6 +104,7 @@ fn origins(config: &EngineConfig) -> String {
     )
 }
 
+mod endpoints;
 mod stats;
 
 pub use stats::Totals;
@@ -123,6 +126,7 @@ impl ModelRegistry {
                 device: config.device,
             },
             origins: origins(config),
+            endpoints: Default::default(),
         }
     }
 
@@ -223,6 +227,7 @@ impl ModelRegistry {
             loads: self.loads.clone(),
             by_content: self.by_content.clone(),
             origins: self.origins.clone(),
+            endpoints: self.endpoints.clone(),
         }))
     }
 
@@ -268,12 +273,13 @@ impl ModelRegistry {
 
     /// Removes a model; whether it was there.
     pub fn unregister(&self, name: &str) -> bool {
-        self.write().remove(name).is_some()
+        let file = self.write().remove(name).is_some();
+        self.unregister_endpoint(name) || file
     }
 
     /// Whether `name` is registered.
     pub fn contains(&self, name: &str) -> bool {
-        self.read().contains_key(name)
+        self.read().contains_key(name) || self.endpoint_model(name).is_some()
     }
 
     /// The file a registered model comes from.
@@ -296,7 +302,10 @@ impl ModelRegistry {
 
     /// Names of the registered models, sorted.
     pub fn names(&self) -> Vec<String> {
-        self.read().keys().cloned().collect()
+        let mut names: Vec<String> = self.read().keys().cloned().collect();
+        names.extend(self.endpoint_names());
+        names.sort();
+        names
     }
 
     /// What SHOW MODELS says of model `name`: a loaded model's own description, else what its
@@ -371,16 +380,7 @@ impl ModelRegistry {
         let device = device.unwrap_or_else(|| self.device());
         let entry = self.read().get(name).cloned();
         let Some(entry) = entry else {
-            let names = self.names();
-            let available = if names.is_empty() {
-                format!("no models are registered; {}", self.origins)
-            } else {
-                format!("the models are: {}; {}", names.join(", "), self.origins)
-            };
-            return Err(Error::UnknownModel {
-                name: name.to_string(),
-                available,
-            });
+            return Err(self.not_a_file(name).unwrap_or_else(|| self.unknown(name)));
         };
         self.load(name, &entry, Some(device))
     }

@@ -26,6 +26,7 @@ pub mod time_travel;
 
 pub use secrets::{blank_secrets, is_secret_name};
 
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::{CopyToSource, DFParser, DFParserBuilder, Statement as DFStatement};
@@ -69,6 +70,13 @@ pub enum ModelStatement {
         or_replace: bool,
         /// `OPTIONS ('quantize' 'int8')`: the model quantized ([`crate::quantize`]).
         quantize: Option<String>,
+    },
+    /// `CREATE [OR REPLACE] MODEL name OPTIONS (...)` without FROM: an endpoint model
+    /// ([`crate::llm`]); options keyed in lower case.
+    CreateEndpoint {
+        name: String,
+        or_replace: bool,
+        options: BTreeMap<String, String>,
     },
     Show,
     Describe {
@@ -125,7 +133,9 @@ impl Statement {
 /// tokens were rewritten ([`time_travel`]).
 const RECURSION_LIMIT: usize = 50;
 
-const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quantize' 'int8')]";
+const CREATE: &str = "CREATE [OR REPLACE] MODEL name FROM 'path' [OPTIONS ('quantize' 'int8')], \
+                      or CREATE [OR REPLACE] MODEL name OPTIONS ('endpoint' 'http://.../v1', \
+                      'model' '...', ...) for an endpoint model";
 
 /// The statements of a script, separated by `;` (empty ones dropped). A statement whose
 /// expressions nest too deep is refused here ([`limits::check_depth`]).
@@ -268,6 +278,15 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
             }
             advance(parser, at + 1);
             let name = identifier(parser, &format!("a model name: {CREATE}"))?;
+            if parser.parse_keyword(Keyword::OPTIONS) {
+                let options = option_list(df)?;
+                return Ok(Some(ModelStatement::CreateEndpoint {
+                    name,
+                    or_replace,
+                    options,
+                }));
+            }
+            let parser = &mut df.parser;
             if !parser.parse_keyword(Keyword::FROM) {
                 return Err(Error::Statement(format!(
                     "expected FROM after the model name: {CREATE}"
@@ -306,32 +325,14 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
     Ok(Some(statement))
 }
 
-/// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for. Keys and
-/// values are read as DataFusion reads those of CREATE EXTERNAL TABLE.
+/// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for.
 fn model_options(df: &mut DFParser<'_>) -> Result<Option<String>> {
-    use datafusion::sql::sqlparser::ast::Value;
     if !df.parser.parse_keyword(Keyword::OPTIONS) {
         return Ok(None);
     }
-    let expected = || Error::Statement(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
-    df.parser
-        .expect_token(&Token::LParen)
-        .map_err(|_| expected())?;
-    let mut quantize;
-    let mut seen = std::collections::HashSet::new();
-    loop {
-        let key = df.parse_option_key().map_err(|_| expected())?;
-        let value = match df.parse_option_value().map_err(|_| expected())? {
-            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s,
-            other => other.to_string(),
-        };
-        if !seen.insert(key.to_ascii_lowercase()) {
-            return Err(Error::setting(
-                &key,
-                format!("the option '{key}' is given twice"),
-            ));
-        }
-        match key.to_ascii_lowercase().as_str() {
+    let mut quantize = None;
+    for (key, value) in option_list(df)? {
+        match key.as_str() {
             "quantize" if value.eq_ignore_ascii_case(crate::quantize::INT8) => {
                 quantize = Some(crate::quantize::INT8.to_string());
             }
@@ -348,13 +349,41 @@ fn model_options(df: &mut DFParser<'_>) -> Result<Option<String>> {
                 return Err(Error::setting(
                     &key,
                     format!(
-                        "unknown model option '{key}': CREATE MODEL takes OPTIONS ('quantize' 'int8')"
+                        "unknown model option '{key}': CREATE MODEL ... FROM takes OPTIONS \
+                         ('quantize' 'int8'); an endpoint model is CREATE MODEL name OPTIONS \
+                         ('endpoint' ..., 'model' ...) without FROM"
                     ),
                 ));
             }
         }
+    }
+    Ok(quantize)
+}
+
+/// `('key' 'value', ...)` after OPTIONS: keys lower-cased, each once. Keys and values are read
+/// as DataFusion reads those of CREATE EXTERNAL TABLE.
+fn option_list(df: &mut DFParser<'_>) -> Result<BTreeMap<String, String>> {
+    use datafusion::sql::sqlparser::ast::Value;
+    let expected = || Error::Statement(format!("expected OPTIONS ('key' 'value', ...): {CREATE}"));
+    df.parser
+        .expect_token(&Token::LParen)
+        .map_err(|_| expected())?;
+    let mut options = BTreeMap::new();
+    loop {
+        let key = df.parse_option_key().map_err(|_| expected())?;
+        let value = match df.parse_option_value().map_err(|_| expected())? {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s,
+            other => other.to_string(),
+        };
+        let key = key.to_ascii_lowercase();
+        if options.insert(key.clone(), value).is_some() {
+            return Err(Error::setting(
+                &key,
+                format!("the option '{key}' is given twice"),
+            ));
+        }
         if df.parser.consume_token(&Token::RParen) {
-            return Ok(quantize);
+            return Ok(options);
         }
         if !df.parser.consume_token(&Token::Comma) {
             return Err(expected());

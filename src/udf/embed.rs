@@ -155,7 +155,14 @@ impl ScalarUDFImpl for EmbedUdf {
                 let fields = args.arg_fields.get(1..2).unwrap_or_default();
                 let columns = [text_array.clone()];
                 let stores = self.registry.stores();
-                rejects::keep(stores, statement, &model, fields, &columns, &failed)?;
+                rejects::keep(
+                    stores,
+                    statement,
+                    (&*model).into(),
+                    fields,
+                    &columns,
+                    &failed,
+                )?;
             }
             rejects::count(session, statement, &name, present.len(), &failed)?;
         }

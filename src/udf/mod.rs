@@ -2,6 +2,7 @@
 
 pub mod by_name;
 pub mod embed;
+pub mod generate;
 pub mod models;
 pub mod names;
 pub mod predict;
@@ -10,6 +11,7 @@ pub mod rejects;
 pub mod vector;
 
 pub use embed::EmbedUdf;
+pub use generate::GenerateUdf;
 pub use models::ModelsFunction;
 pub use predict::PredictUdf;
 pub use predict_table::PredictTableFunction;

@@ -125,7 +125,7 @@ impl ScalarUDFImpl for PredictUdf {
                 rejects::keep(
                     stores,
                     statement,
-                    &model,
+                    (&*model).into(),
                     features,
                     &columns,
                     &scoring.failed,

@@ -56,8 +56,11 @@ fn delta_key(version: u64, commit: &str) -> String {
 pub struct Definition {
     /// The model's file or folder: a path or an object store's URL.
     pub source: String,
-    /// The sha256 of the model CREATE MODEL loaded (absent in definitions written before).
+    /// The sha256 of the model CREATE MODEL loaded (absent in definitions written before); of
+    /// an endpoint model, its definition's.
     pub sha256: Option<String>,
+    /// An endpoint model's definition ([`crate::llm::Endpoint`]; `source` is then its URL).
+    pub endpoint: Option<Value>,
 }
 
 /// The model definitions of a warehouse.
@@ -219,6 +222,7 @@ impl Warehouse {
                         .get("sha256")
                         .and_then(Value::as_str)
                         .map(str::to_string),
+                    endpoint: json.get("endpoint").cloned(),
                 })
             });
             match definition {
@@ -267,17 +271,27 @@ impl Warehouse {
         Ok(files)
     }
 
+    /// The store and prefix of the warehouse's folder `folder`, where a feature keeps files
+    /// of its own (endpoint models' answers: `llm-cache`).
+    pub fn area(&self, folder: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path)> {
+        check_name("folder", folder)?;
+        Ok((self.store.inner().clone(), self.object(folder)?))
+    }
+
     /// Keeps `name -> source` (replacing any definition of that name), with the sha256 of the
     /// model the statement loaded, so that other processes see a redefinition from the same
     /// file: one file written whole (by rename locally, by one PUT in S3).
-    pub async fn save_model(&self, name: &str, source: &str, sha256: Option<&str>) -> Result<()> {
+    pub async fn save_model(&self, name: &str, model: &Definition) -> Result<()> {
         check_name("model", name)?;
         let mut definition = serde_json::json!({
             "name": name,
-            "source": source,
+            "source": model.source,
         });
-        if let Some(sha256) = sha256 {
-            definition["sha256"] = sha256.into();
+        if let Some(sha256) = &model.sha256 {
+            definition["sha256"] = sha256.clone().into();
+        }
+        if let Some(endpoint) = &model.endpoint {
+            definition["endpoint"] = endpoint.clone();
         }
         let text = serde_json::to_string_pretty(&definition)
             .map_err(|e| Error::warehouse(format!("models/{name}.json"), e.to_string()))?;
@@ -316,7 +330,12 @@ impl Warehouse {
         if let Some(models) = json.get("models").and_then(Value::as_object) {
             for (name, source) in models {
                 if let (Some(source), None) = (source.as_str(), existing.get(name)) {
-                    self.save_model(name, source, None).await?;
+                    let definition = Definition {
+                        source: source.to_string(),
+                        sha256: None,
+                        endpoint: None,
+                    };
+                    self.save_model(name, &definition).await?;
                 }
             }
         }

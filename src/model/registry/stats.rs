@@ -43,6 +43,7 @@ impl ModelRegistry {
 
     /// Rows given NULL on model failure since the last call, per model; resets the counts.
     pub fn take_failed_rows(&self) -> Vec<(String, u64)> {
+        let endpoints = self.take_failed_endpoint_rows();
         self.read()
             .iter()
             .filter_map(|(name, entry)| {
@@ -53,6 +54,7 @@ impl ModelRegistry {
                     .sum();
                 (n > 0).then(|| (name.clone(), n))
             })
+            .chain(endpoints)
             .collect()
     }
 }

@@ -1,0 +1,121 @@
+//! The answers of endpoint models, kept in the warehouse (`llm-cache/`) by the sha256 of their
+//! request (the endpoint's URL and the whole request body: model, messages, schema,
+//! temperature, seed, max_tokens): the same request again, in this process or any later one, is
+//! answered from here and not paid twice.
+//!
+//! Each entry is one object, `llm-cache/ab/abcd....json`, written whole by one PUT (a file
+//! renamed into place on a local disk), so two writers of one key leave one whole entry. An entry
+//! holds its key and the sha256 of the reply it keeps: one that does not match, does not parse or
+//! is too large is ignored (and written again), never trusted.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+/// The warehouse's folder of answers.
+pub const FOLDER: &str = "llm-cache";
+
+/// The largest entry read: a reply past this is not cached.
+const MAX_ENTRY: usize = 16 << 20;
+
+pub use crate::config::CacheMode as Mode;
+
+/// A warehouse's cache of answers.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    store: Arc<dyn ObjectStore>,
+    /// `.../llm-cache`
+    prefix: Path,
+}
+
+/// The key of `request` sent to `endpoint`.
+pub fn key(endpoint: &str, request: &Value) -> String {
+    let text = super::canonical(&json!({"endpoint": endpoint, "request": request}));
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+impl Cache {
+    /// The cache under `prefix` (the warehouse's `llm-cache`) of `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Cache {
+        Cache { store, prefix }
+    }
+
+    fn path(&self, key: &str) -> Path {
+        self.prefix
+            .clone()
+            .join(key.get(..2).unwrap_or("00"))
+            .join(format!("{key}.json").as_str())
+    }
+
+    /// The reply kept for `key`, if a whole one is.
+    pub async fn get(&self, key: &str) -> Option<String> {
+        let path = self.path(key);
+        let result = self.store.get(&path).await.ok()?;
+        if result.meta.size > MAX_ENTRY as u64 {
+            return None;
+        }
+        let bytes = result.bytes().await.ok()?;
+        let entry: Value = serde_json::from_slice(&bytes).ok()?;
+        let reply = entry.get("reply")?.as_str()?;
+        let whole = entry.get("key")?.as_str() == Some(key)
+            && entry.get("sha256")?.as_str()? == hex::encode(Sha256::digest(reply.as_bytes()));
+        whole.then(|| reply.to_string())
+    }
+
+    /// Keeps `reply` for `key` (a reply too large to keep is not kept).
+    pub async fn put(&self, key: &str, reply: &str) -> Result<(), String> {
+        if reply.len() > MAX_ENTRY - 1024 {
+            return Ok(());
+        }
+        let entry = json!({
+            "key": key,
+            "sha256": hex::encode(Sha256::digest(reply.as_bytes())),
+            "reply": reply,
+        });
+        let bytes = entry.to_string().into_bytes();
+        self.store
+            .put(&self.path(key), bytes.into())
+            .await
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "an answer could not be kept in the cache ({}): {e}",
+                    self.prefix
+                )
+            })
+    }
+
+    /// The entries and their bytes.
+    pub async fn size(&self) -> crate::error::Result<(u64, u64)> {
+        let mut listing = self.store.list(Some(&self.prefix));
+        let (mut entries, mut bytes) = (0, 0);
+        while let Some(meta) = listing.try_next().await? {
+            entries += 1;
+            bytes += meta.size;
+        }
+        Ok((entries, bytes))
+    }
+
+    /// Removes every entry; returns how many.
+    pub async fn clear(&self) -> crate::error::Result<u64> {
+        let paths: Vec<Path> = self
+            .store
+            .list(Some(&self.prefix))
+            .map_ok(|meta| meta.location)
+            .try_collect()
+            .await?;
+        let mut removed = 0;
+        for path in paths {
+            match self.store.delete(&path).await {
+                Ok(()) => removed += 1,
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(removed)
+    }
+}

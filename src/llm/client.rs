@@ -1,0 +1,519 @@
+//! One endpoint model at run time: its HTTP client (rustls, the system's roots), the requests
+//! at once (`max_concurrency`, one semaphore shared by every partition and statement of the
+//! process), its pace, retries, the cache, identical requests of a statement sent once, and the
+//! counts of what it did.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, Semaphore};
+
+use super::cache::{self, Cache, Mode};
+use super::output::excerpt;
+use super::pace::{Pace, header_duration};
+use super::{Endpoint, LlmError, spend};
+use crate::config::BatchInferOptions;
+use crate::message::Warnings;
+
+/// A chat completion as the endpoint gave it.
+#[derive(Debug)]
+pub struct Reply {
+    /// The text of the first choice.
+    pub content: Option<String>,
+    /// What the model said instead of answering (OpenAI's `refusal`).
+    pub refusal: Option<String>,
+    /// Why it stopped: `stop`, or `length` when `max_tokens` cut it.
+    pub finish_reason: Option<String>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The reply's body as sent, which the cache keeps.
+    pub raw: String,
+}
+
+impl Reply {
+    /// The reply in `raw`, a chat completion's body.
+    pub fn parse(raw: String) -> Result<Reply, String> {
+        let json: Value = serde_json::from_str(&raw).map_err(|_| {
+            format!(
+                "the endpoint's reply is not a chat completion: {}",
+                excerpt(&raw)
+            )
+        })?;
+        let choice = json
+            .get("choices")
+            .and_then(|c| c.get(0))
+            .ok_or_else(|| format!("the endpoint's reply holds no choice: {}", excerpt(&raw)))?;
+        let message = choice.get("message");
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+        let tokens = |key: &str| {
+            json.get("usage")
+                .and_then(|u| u.get(key))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        Ok(Reply {
+            content: text(message.and_then(|m| m.get("content"))),
+            refusal: text(message.and_then(|m| m.get("refusal"))),
+            finish_reason: text(choice.get("finish_reason")),
+            prompt_tokens: tokens("prompt_tokens"),
+            completion_tokens: tokens("completion_tokens"),
+            raw,
+        })
+    }
+}
+
+/// A row's answer: the reply, or why there is none (the row's error).
+pub type Outcome = Result<Arc<Reply>, String>;
+
+/// What the endpoint models of a process have done; see [`EndpointModel::usage`].
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// Requests sent (each try counts).
+    pub requests: u64,
+    /// Of those, the tries again after a failure.
+    pub retries: u64,
+    /// Answers the cache gave, sending nothing.
+    pub cache_hits: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// In dollars (or the unit the prices are in).
+    pub cost: f64,
+}
+
+impl Usage {
+    /// The work done since `before`.
+    pub fn since(&self, before: &Usage) -> Usage {
+        Usage {
+            requests: self.requests.saturating_sub(before.requests),
+            retries: self.retries.saturating_sub(before.retries),
+            cache_hits: self.cache_hits.saturating_sub(before.cache_hits),
+            prompt_tokens: self.prompt_tokens.saturating_sub(before.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_sub(before.completion_tokens),
+            cost: (self.cost - before.cost).max(0.0),
+        }
+    }
+
+    pub fn add(&mut self, other: &Usage) {
+        self.requests += other.requests;
+        self.retries += other.retries;
+        self.cache_hits += other.cache_hits;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.cost += other.cost;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0 && self.cache_hits == 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    cache_hits: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    /// Billionths of the price unit.
+    cost_nanos: AtomicU64,
+}
+
+/// Answers of the statements at hand by request, so that a statement sends each request once;
+/// answered ones are forgotten oldest first past [`MEMO_BYTES`] (the cache keeps them).
+#[derive(Debug, Default)]
+struct Memo {
+    cells: HashMap<String, Arc<OnceCell<Outcome>>>,
+    answered: VecDeque<(String, usize)>,
+    bytes: usize,
+}
+
+const MEMO_BYTES: usize = 64 << 20;
+
+/// What a statement's call asks of the model: the statement (for its budget and its requests
+/// sent once), its options, and the cache's use.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub statement: &'a str,
+    pub options: Option<&'a BatchInferOptions>,
+    pub cache: Mode,
+}
+
+/// What a try of a request came to.
+enum Verdict {
+    Reply(Reply),
+    /// Worth trying again (after at least the duration, when the server said one).
+    Retry {
+        why: String,
+        after: Option<Duration>,
+        slow_down: bool,
+    },
+    /// The row's error.
+    Final(String),
+}
+
+/// An endpoint model, shared by every statement of the process.
+#[derive(Debug)]
+pub struct EndpointModel {
+    pub name: String,
+    pub endpoint: Endpoint,
+    /// The definition's sha256 ([`Endpoint::sha256`]).
+    pub sha256: String,
+    /// Rows given NULL because their request or reply failed (`batchinfer.on_error`).
+    pub failed_rows: AtomicU64,
+    http: reqwest::Client,
+    permits: Semaphore,
+    pace: Pace,
+    cache: Option<Cache>,
+    counters: Counters,
+    memo: Mutex<Memo>,
+    warned: Warnings,
+}
+
+impl EndpointModel {
+    /// The model `name` of `endpoint`, keeping answers in `cache` (a warehouse's).
+    pub fn new(name: &str, endpoint: Endpoint, cache: Option<Cache>) -> Result<Self, LlmError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| LlmError::Definition {
+                model: name.to_string(),
+                problem: format!("no HTTP client: {e}"),
+            })?;
+        Ok(EndpointModel {
+            name: name.to_string(),
+            sha256: endpoint.sha256(),
+            failed_rows: AtomicU64::new(0),
+            permits: Semaphore::new(endpoint.max_concurrency),
+            pace: Pace::new(endpoint.requests_per_minute, endpoint.tokens_per_minute),
+            endpoint,
+            http,
+            cache,
+            counters: Counters::default(),
+            memo: Mutex::new(Memo::default()),
+            warned: Warnings::default(),
+        })
+    }
+
+    /// What this model has done since it was defined in this process.
+    pub fn usage(&self) -> Usage {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Usage {
+            requests: get(&c.requests),
+            retries: get(&c.retries),
+            cache_hits: get(&c.cache_hits),
+            prompt_tokens: get(&c.prompt_tokens),
+            completion_tokens: get(&c.completion_tokens),
+            cost: get(&c.cost_nanos) as f64 / 1e9,
+        }
+    }
+
+    /// The body of the chat request for `prompt`, with the JSON schema of a typed output.
+    pub fn chat_request(&self, prompt: &str, schema: Option<&Value>) -> Value {
+        let e = &self.endpoint;
+        let mut messages = Vec::new();
+        if let Some(system) = &e.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let mut body = json!({
+            "model": e.model,
+            "messages": messages,
+            "max_tokens": e.max_tokens,
+        });
+        if let Some(t) = e.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(seed) = e.seed {
+            body["seed"] = json!(seed);
+        }
+        if let Some(schema) = schema {
+            body["response_format"] = json!({
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema, "strict": true},
+            });
+        }
+        body
+    }
+
+    /// The answer to `body` for the statement of `call`: from the statement's earlier identical
+    /// request, from the cache, or sent. `Err`: the statement stops (its budget, no key).
+    pub async fn ask(&self, call: &Call<'_>, body: &Value) -> Result<Outcome, LlmError> {
+        let key = cache::key(&self.endpoint.endpoint, body);
+        let memo_key = format!("{}/{key}", call.statement);
+        let cell = self
+            .memo()
+            .cells
+            .entry(memo_key.clone())
+            .or_default()
+            .clone();
+        let outcome = cell
+            .get_or_try_init(|| async {
+                let outcome = self.fetch(call, &key, body).await?;
+                let size = outcome.as_ref().map_or(64, |r| r.raw.len() + 64);
+                self.remember(memo_key, size);
+                Ok::<_, LlmError>(outcome)
+            })
+            .await?;
+        Ok(outcome.clone())
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
+        self.memo.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remember(&self, memo_key: String, size: usize) {
+        let mut memo = self.memo();
+        memo.answered.push_back((memo_key, size));
+        memo.bytes += size;
+        while memo.bytes > MEMO_BYTES {
+            let Some((old, size)) = memo.answered.pop_front() else {
+                break;
+            };
+            memo.bytes -= size;
+            memo.cells.remove(&old);
+        }
+    }
+
+    /// The key from the environment variable the definition names, read now.
+    fn api_key(&self) -> Result<Option<String>, LlmError> {
+        let Some(var) = &self.endpoint.api_key_env else {
+            return Ok(None);
+        };
+        match std::env::var(var) {
+            Ok(key) if !key.trim().is_empty() => Ok(Some(key.trim().to_string())),
+            _ => Err(LlmError::Request {
+                model: self.name.clone(),
+                problem: format!(
+                    "the environment variable {var} that 'api_key_env' names is not set: set it \
+                     to the endpoint's key"
+                ),
+            }),
+        }
+    }
+
+    async fn fetch(&self, call: &Call<'_>, key: &str, body: &Value) -> Result<Outcome, LlmError> {
+        let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
+        if let Some(cache) = cache
+            && let Some(raw) = cache.get(key).await
+            && let Ok(reply) = Reply::parse(raw)
+        {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Ok(Arc::new(reply)));
+        }
+        spend::check(call.statement, call.options)?;
+        let api_key = self.api_key()?;
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| LlmError::Call("the model's requests were closed".into()))?;
+        let prompt_chars: usize = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
+        let estimate = (prompt_chars / 4 + self.endpoint.max_tokens as usize) as f64;
+        let mut attempt: u32 = 0;
+        loop {
+            self.pace.take(estimate).await;
+            spend::check(call.statement, call.options)?;
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let timeout = Duration::from_secs_f64(self.endpoint.timeout);
+            let verdict =
+                match tokio::time::timeout(timeout, self.send(body, api_key.as_deref())).await {
+                    Ok(verdict) => verdict,
+                    Err(_) => Verdict::Retry {
+                        why: format!("no reply within {} s ('timeout')", self.endpoint.timeout),
+                        after: None,
+                        slow_down: false,
+                    },
+                };
+            match verdict {
+                Verdict::Reply(reply) => {
+                    let used = (reply.prompt_tokens + reply.completion_tokens) as f64;
+                    self.pace.settle(estimate, used);
+                    let cost = (reply.prompt_tokens as f64 * self.endpoint.input_price_per_million
+                        + reply.completion_tokens as f64 * self.endpoint.output_price_per_million)
+                        / 1e6;
+                    let c = &self.counters;
+                    c.prompt_tokens
+                        .fetch_add(reply.prompt_tokens, Ordering::Relaxed);
+                    c.completion_tokens
+                        .fetch_add(reply.completion_tokens, Ordering::Relaxed);
+                    c.cost_nanos
+                        .fetch_add((cost * 1e9).round() as u64, Ordering::Relaxed);
+                    spend::charge(
+                        call.statement,
+                        reply.prompt_tokens,
+                        reply.completion_tokens,
+                        cost,
+                    );
+                    if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
+                        && let Err(warning) = cache.put(key, &reply.raw).await
+                    {
+                        self.warned.say_once(warning);
+                    }
+                    // Past its budget, the statement stops now: this answer is kept in the
+                    // cache, and the requests in flight are cancelled.
+                    spend::check(call.statement, call.options)?;
+                    return Ok(Ok(Arc::new(reply)));
+                }
+                Verdict::Final(why) => return Ok(Err(self.scrub(why, api_key.as_deref()))),
+                Verdict::Retry {
+                    why,
+                    after,
+                    slow_down,
+                } => {
+                    if attempt >= self.endpoint.max_retries {
+                        let tries = attempt + 1;
+                        return Ok(Err(self.scrub(
+                            format!(
+                                "{why} (tried {tries} time{}; 'max_retries' is {})",
+                                if tries == 1 { "" } else { "s" },
+                                self.endpoint.max_retries
+                            ),
+                            api_key.as_deref(),
+                        )));
+                    }
+                    attempt += 1;
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    let wait = backoff(attempt).max(after.unwrap_or_default());
+                    if slow_down {
+                        // A rate limit is the model's, not the request's: every request of it
+                        // waits.
+                        self.pace.pause(wait);
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// One try of `body`.
+    async fn send(&self, body: &Value, api_key: Option<&str>) -> Verdict {
+        let url = format!("{}/chat/completions", self.endpoint.endpoint);
+        let mut request = self.http.post(&url).json(body);
+        if let Some(key) = api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => return transport(e),
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        self.honour_rate_limits(&headers);
+        let text = match response.text().await {
+            Ok(text) => text,
+            Err(e) => return transport(e),
+        };
+        if status.is_success() {
+            return match Reply::parse(text) {
+                Ok(reply) => Verdict::Reply(reply),
+                Err(why) => Verdict::Final(why),
+            };
+        }
+        let error = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("error").cloned());
+        let said = error
+            .as_ref()
+            .and_then(|e| e.get("message").and_then(Value::as_str).or(e.as_str()))
+            .map_or_else(|| excerpt(text.trim()), excerpt);
+        let code = error
+            .as_ref()
+            .and_then(|e| e.get("code").or(e.get("type")))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let why = format!("the endpoint answered {status}: {said}");
+        let retry_after = headers
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(header_duration);
+        match status.as_u16() {
+            429 if code == "insufficient_quota" => Verdict::Final(why),
+            429 => Verdict::Retry {
+                why,
+                after: retry_after,
+                slow_down: true,
+            },
+            408 | 409 | 425 | 500..=599 => Verdict::Retry {
+                why,
+                after: retry_after,
+                slow_down: status.as_u16() == 503,
+            },
+            _ => Verdict::Final(why),
+        }
+    }
+
+    /// A server that says its requests or tokens are used up until a reset holds every request
+    /// of the model until then.
+    fn honour_rate_limits(&self, headers: &reqwest::header::HeaderMap) {
+        for kind in ["requests", "tokens"] {
+            let get = |name: String| headers.get(name).and_then(|v| v.to_str().ok());
+            let remaining = get(format!("x-ratelimit-remaining-{kind}"));
+            if remaining.and_then(|r| r.trim().parse::<f64>().ok()) == Some(0.0)
+                && let Some(reset) =
+                    get(format!("x-ratelimit-reset-{kind}")).and_then(header_duration)
+            {
+                self.pace.pause(reset);
+            }
+        }
+    }
+
+    /// `text` without the key, should a server have echoed it.
+    fn scrub(&self, text: String, api_key: Option<&str>) -> String {
+        match api_key {
+            Some(key) if key.len() >= 4 && text.contains(key) => text.replace(key, "<redacted>"),
+            _ => text,
+        }
+    }
+}
+
+/// A request that did not reach the server or got no whole reply: tried again, except for one
+/// that could not be built.
+fn transport(e: reqwest::Error) -> Verdict {
+    let why = format!("the request failed: {}", chain(&e));
+    if e.is_builder() {
+        Verdict::Final(why)
+    } else {
+        Verdict::Retry {
+            why,
+            after: None,
+            slow_down: false,
+        }
+    }
+}
+
+/// The wait before try `attempt` (1, 2, ...): half a second doubled each time up to 30 s, times
+/// a random factor between 0.5 and 1 so that requests failed together do not come back
+/// together.
+fn backoff(attempt: u32) -> Duration {
+    let base = (0.5 * 2f64.powi(attempt.saturating_sub(1).min(16) as i32)).min(30.0);
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let jitter = 0.5 + 0.5 * (random as f64 / u64::MAX as f64);
+    Duration::from_secs_f64(base * jitter)
+}
+
+/// An error with its causes: reqwest's own says only "error sending request".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,358 @@
+//! Endpoint models: LLMs behind an OpenAI-compatible HTTP API (OpenAI, vLLM, llama.cpp's server,
+//! Ollama), defined by `CREATE MODEL name OPTIONS ('endpoint' ..., 'model' ...)` and called by
+//! `generate('name', prompt [, 'col TYPE, ...'])`, one request per row.
+//!
+//! - `mod.rs`: the definition ([`Endpoint`]): its options, checked, kept in the warehouse as
+//!   JSON; the feature's errors ([`LlmError`]).
+//! - `client.rs`: one endpoint model at run time ([`EndpointModel`]): its HTTP client, the
+//!   requests at once (a semaphore shared by every partition and statement), retries, identical
+//!   requests sent once, what it has done ([`Usage`]).
+//! - `pace.rs`: `requests_per_minute` and `tokens_per_minute` as token buckets, and a pause of the
+//!   whole model after a 429 or a server's rate-limit headers.
+//! - `output.rs`: typed output: `'name VARCHAR, age INT'` as an Arrow struct, the JSON schema
+//!   sent with each request, replies checked and decoded into the struct.
+//! - `cache.rs`: every answer kept in the warehouse by the sha256 of its request, so that the
+//!   same request is never paid twice.
+//! - `spend.rs`: what a statement has spent, against `batchinfer.max_llm_tokens` and
+//!   `batchinfer.max_cost`.
+//!
+//! The key is read from the environment variable the definition names when requests are made,
+//! and is kept nowhere.
+
+pub mod cache;
+pub mod client;
+pub mod output;
+pub mod pace;
+pub mod spend;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use client::{EndpointModel, Usage};
+
+/// The feature's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// A definition that cannot be used: an unknown option, a value of the wrong kind.
+    #[error("model '{model}': {problem}")]
+    Definition { model: String, problem: String },
+    /// A statement's call that fails the statement: the endpoint refused every request
+    /// (a wrong key, an unknown model), or stayed unreachable past its retries.
+    #[error("model '{model}': {problem}")]
+    Request { model: String, problem: String },
+    /// `generate`'s arguments: not a model name, an output schema that cannot be read.
+    #[error("{0}")]
+    Call(String),
+    /// A statement past `batchinfer.max_llm_tokens` or `batchinfer.max_cost`.
+    #[error("{0}")]
+    Budget(String),
+}
+
+/// What an endpoint model answers: chat completions (`generate`) or embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    #[default]
+    Chat,
+    Embedding,
+}
+
+/// An endpoint model's definition, as `CREATE MODEL name OPTIONS (...)` gives it and the
+/// warehouse keeps it (`models/NAME.json`, under `"endpoint"`). Never the key: only the name of
+/// the environment variable that holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The API's base URL, up to `/v1`: requests go to `{endpoint}/chat/completions`.
+    pub endpoint: String,
+    /// The endpoint's name of the model.
+    pub model: String,
+    #[serde(default)]
+    pub kind: Kind,
+    /// The environment variable holding the key (none: requests carry no key).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    pub max_concurrency: usize,
+    #[serde(default)]
+    pub requests_per_minute: Option<f64>,
+    #[serde(default)]
+    pub tokens_per_minute: Option<f64>,
+    pub max_tokens: u32,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub system: Option<String>,
+    #[serde(default)]
+    pub input_price_per_million: f64,
+    #[serde(default)]
+    pub output_price_per_million: f64,
+    pub max_retries: u32,
+    /// Seconds one request may take before it is tried again.
+    pub timeout: f64,
+}
+
+/// The options `CREATE MODEL name OPTIONS (...)` takes for an endpoint model, for messages.
+pub const OPTIONS: &[&str] = &[
+    "endpoint",
+    "model",
+    "kind",
+    "api_key_env",
+    "max_concurrency",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_tokens",
+    "temperature",
+    "seed",
+    "system",
+    "input_price_per_million",
+    "output_price_per_million",
+    "max_retries",
+    "timeout",
+];
+
+impl Endpoint {
+    /// The definition `options` (keys lower-cased) give the model `name`; unknown options and
+    /// values of the wrong kind refused, naming the option.
+    pub fn from_options(name: &str, options: &BTreeMap<String, String>) -> Result<Self, LlmError> {
+        let problem = |problem: String| LlmError::Definition {
+            model: name.to_string(),
+            problem,
+        };
+        for key in options.keys() {
+            if key == "api_key" || key == "key" {
+                return Err(problem(format!(
+                    "the option '{key}' is not taken: give 'api_key_env', the NAME of an \
+                     environment variable holding the key, which is read when requests are made \
+                     and never kept"
+                )));
+            }
+            if !OPTIONS.contains(&key.as_str()) {
+                return Err(problem(format!(
+                    "unknown option '{key}': an endpoint model takes {}",
+                    OPTIONS.join(", ")
+                )));
+            }
+        }
+        let text = |key: &str| options.get(key).map(|v| v.trim().to_string());
+        let number = |key: &str| -> Result<Option<f64>, LlmError> {
+            match text(key) {
+                None => Ok(None),
+                Some(v) => match v.parse::<f64>() {
+                    Ok(n) if n.is_finite() && n >= 0.0 => Ok(Some(n)),
+                    _ => Err(problem(format!(
+                        "'{key}' must be a number of at least 0, not '{v}'"
+                    ))),
+                },
+            }
+        };
+        let whole = |key: &str, default: u64, least: u64| -> Result<u64, LlmError> {
+            match text(key) {
+                None => Ok(default),
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if n >= least && n <= u32::MAX as u64 => Ok(n),
+                    _ => Err(problem(format!(
+                        "'{key}' must be a whole number of at least {least}, not '{v}'"
+                    ))),
+                },
+            }
+        };
+        let endpoint = text("endpoint").ok_or_else(|| {
+            problem(
+                "an endpoint model needs 'endpoint', the API's base URL (as \
+                 'https://api.openai.com/v1' or 'http://127.0.0.1:8080/v1'), and 'model'"
+                    .into(),
+            )
+        })?;
+        let url = url::Url::parse(&endpoint).map_err(|e| {
+            problem(format!(
+                "'endpoint' is not a URL ({e}): {}",
+                crate::storage::blank_passwords(&endpoint)
+            ))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(problem(format!(
+                "'endpoint' must be an http:// or https:// URL, not {}",
+                crate::storage::blank_passwords(&endpoint)
+            )));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(problem(
+                "'endpoint' must not hold a user or password: name the environment variable \
+                 holding the key with 'api_key_env'"
+                    .into(),
+            ));
+        }
+        let model = text("model").filter(|m| !m.is_empty()).ok_or_else(|| {
+            problem("an endpoint model needs 'model', the endpoint's name of the model".into())
+        })?;
+        let kind = match text("kind")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("chat") | Some("generate") => Kind::Chat,
+            Some("embedding") | Some("embeddings") => Kind::Embedding,
+            Some(other) => {
+                return Err(problem(format!(
+                    "'kind' must be 'chat' or 'embedding', not '{other}'"
+                )));
+            }
+        };
+        let api_key_env = match text("api_key_env") {
+            None => None,
+            Some(var)
+                if !var.is_empty()
+                    && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !var.starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                Some(var)
+            }
+            Some(_) => {
+                return Err(problem(
+                    "'api_key_env' must be the NAME of an environment variable (letters, digits \
+                     and _), not a key"
+                        .into(),
+                ));
+            }
+        };
+        let temperature = number("temperature")?;
+        if temperature.is_some_and(|t| t > 2.0) {
+            return Err(problem("'temperature' must be between 0 and 2".into()));
+        }
+        let seed = match text("seed") {
+            None => None,
+            Some(v) => Some(
+                v.parse::<i64>()
+                    .map_err(|_| problem(format!("'seed' must be a whole number, not '{v}'")))?,
+            ),
+        };
+        let timeout = number("timeout")?.unwrap_or(120.0);
+        if !(0.001..=86_400.0).contains(&timeout) {
+            return Err(problem(
+                "'timeout' must be seconds between 0.001 and 86400".into(),
+            ));
+        }
+        let rate = |key: &str| -> Result<Option<f64>, LlmError> {
+            match number(key)? {
+                Some(r) if r <= 0.0 => Err(problem(format!("'{key}' must be more than 0"))),
+                r => Ok(r),
+            }
+        };
+        Ok(Endpoint {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            model,
+            kind,
+            api_key_env,
+            max_concurrency: whole("max_concurrency", 8, 1)?.min(4096) as usize,
+            requests_per_minute: rate("requests_per_minute")?,
+            tokens_per_minute: rate("tokens_per_minute")?,
+            max_tokens: whole("max_tokens", 512, 1)? as u32,
+            temperature,
+            seed,
+            system: text("system").filter(|s| !s.is_empty()),
+            input_price_per_million: number("input_price_per_million")?.unwrap_or(0.0),
+            output_price_per_million: number("output_price_per_million")?.unwrap_or(0.0),
+            max_retries: whole("max_retries", 6, 0)?.min(100) as u32,
+            timeout,
+        })
+    }
+
+    /// The definition as the warehouse keeps it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// The definition a warehouse's `"endpoint"` holds.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, String> {
+        serde_json::from_value(value.clone()).map_err(|e| format!("is not an endpoint model: {e}"))
+    }
+
+    /// The sha256 of the definition (its canonical JSON): what lineage and rejects record of an
+    /// endpoint model, as a file's sha256 for a model file. Another endpoint, model, limit or
+    /// price is another definition.
+    pub fn sha256(&self) -> String {
+        hex::encode(Sha256::digest(canonical(&self.to_json()).as_bytes()))
+    }
+
+    /// What a person reads of the definition (DESCRIBE MODEL, SHOW MODELS): never a key.
+    pub fn described(&self) -> Vec<(String, String)> {
+        let mut rows = vec![
+            ("endpoint".to_string(), self.endpoint.clone()),
+            ("model".to_string(), self.model.clone()),
+            (
+                "kind".to_string(),
+                match self.kind {
+                    Kind::Chat => "chat",
+                    Kind::Embedding => "embedding",
+                }
+                .to_string(),
+            ),
+        ];
+        let mut add = |key: &str, value: Option<String>| {
+            if let Some(value) = value {
+                rows.push((key.to_string(), value));
+            }
+        };
+        add(
+            "api_key_env",
+            self.api_key_env
+                .as_ref()
+                .map(|v| format!("{v} (the key itself is never kept)")),
+        );
+        add("max_concurrency", Some(self.max_concurrency.to_string()));
+        add(
+            "requests_per_minute",
+            self.requests_per_minute.map(|v| v.to_string()),
+        );
+        add(
+            "tokens_per_minute",
+            self.tokens_per_minute.map(|v| v.to_string()),
+        );
+        add("max_tokens", Some(self.max_tokens.to_string()));
+        add("temperature", self.temperature.map(|v| v.to_string()));
+        add("seed", self.seed.map(|v| v.to_string()));
+        add("system", self.system.clone());
+        add(
+            "input_price_per_million",
+            Some(self.input_price_per_million.to_string()),
+        );
+        add(
+            "output_price_per_million",
+            Some(self.output_price_per_million.to_string()),
+        );
+        add("max_retries", Some(self.max_retries.to_string()));
+        add("timeout", Some(format!("{} s", self.timeout)));
+        rows
+    }
+}
+
+/// `value` as JSON with every object's keys in order, whatever order it was built in: the text
+/// a cache key and a definition's sha256 are taken of.
+pub fn canonical(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| {
+                    format!(
+                        "{}:{}",
+                        serde_json::to_string(k).unwrap_or_default(),
+                        canonical(&map[k])
+                    )
+                })
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(canonical).collect();
+            format!("[{}]", items.join(","))
+        }
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,378 @@
+//! Typed output: `generate('m', prompt, 'name VARCHAR, age INT, tags VARCHAR[]')` returns a
+//! struct of those columns. The columns become a JSON schema sent with each request (OpenAI's
+//! strict `json_schema`: every field required, `additionalProperties: false`, each value
+//! nullable), which vLLM and llama.cpp enforce by grammar; the reply is checked against the
+//! columns and decoded here all the same, since a server can stop enforcing a schema without
+//! saying so.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::common::ScalarValue;
+use datafusion::common::scalar::ScalarStructBuilder;
+use datafusion::sql::sqlparser::ast::{ArrayElemTypeDef, DataType as SqlType};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
+use serde_json::{Value, json};
+
+/// The types an output column may have, for messages.
+const TYPES: &str = "VARCHAR, BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, REAL, DOUBLE, DATE, \
+                     T[] (a list) and STRUCT<name T, ...>";
+
+/// The columns `text` lists (`'name VARCHAR, age INT'`), as the fields of a struct.
+pub fn parse(text: &str) -> Result<Fields, String> {
+    let usage = format!(
+        "the output schema must list columns as 'name TYPE, ...' with the types {TYPES}, as in \
+         'name VARCHAR, age INT, tags VARCHAR[]'"
+    );
+    let mut parser = Parser::new(&GenericDialect {})
+        .try_with_sql(text)
+        .map_err(|e| format!("{usage}: {e}"))?;
+    let mut fields: Vec<Field> = Vec::new();
+    loop {
+        let name = parser
+            .parse_identifier()
+            .map_err(|e| format!("{usage}: {e}"))?
+            .value;
+        let sql_type = parser
+            .parse_data_type()
+            .map_err(|e| format!("{usage}: column '{name}': {e}"))?;
+        let data_type = arrow_type(&sql_type).map_err(|e| format!("column '{name}': {e}"))?;
+        if fields.iter().any(|f| f.name() == &name) {
+            return Err(format!("the output schema names the column '{name}' twice"));
+        }
+        fields.push(Field::new(name, data_type, true));
+        match parser.next_token().token {
+            Token::Comma => continue,
+            Token::EOF => break,
+            other => return Err(format!("{usage}: unexpected '{other}'")),
+        }
+    }
+    Ok(Fields::from(fields))
+}
+
+fn arrow_type(sql: &SqlType) -> Result<DataType, String> {
+    use SqlType as S;
+    Ok(match sql {
+        S::Varchar(_)
+        | S::Char(_)
+        | S::Character(_)
+        | S::CharacterVarying(_)
+        | S::CharVarying(_)
+        | S::Nvarchar(_)
+        | S::Text
+        | S::String(_) => DataType::Utf8,
+        S::Bool | S::Boolean => DataType::Boolean,
+        S::TinyInt(_) => DataType::Int8,
+        S::SmallInt(_) | S::Int2(_) => DataType::Int16,
+        S::Int(_) | S::Integer(_) | S::Int4(_) | S::Int32 => DataType::Int32,
+        S::BigInt(_) | S::Int8(_) | S::Int64 => DataType::Int64,
+        S::Real | S::Float4 | S::Float32 => DataType::Float32,
+        S::Double(_) | S::DoublePrecision | S::Float8 | S::Float64 | S::Float(_) => {
+            DataType::Float64
+        }
+        S::Date => DataType::Date32,
+        S::Array(
+            ArrayElemTypeDef::AngleBracket(inner)
+            | ArrayElemTypeDef::SquareBracket(inner, None)
+            | ArrayElemTypeDef::Parenthesis(inner),
+        ) => DataType::List(Arc::new(Field::new_list_field(arrow_type(inner)?, true))),
+        S::Struct(fields, _) => {
+            let mut out: Vec<Field> = Vec::new();
+            for field in fields {
+                let Some(name) = &field.field_name else {
+                    return Err("a STRUCT's fields need names: STRUCT<name T, ...>".into());
+                };
+                if out.iter().any(|f| f.name() == &name.value) {
+                    return Err(format!("the STRUCT names the field '{}' twice", name.value));
+                }
+                out.push(Field::new(
+                    &name.value,
+                    arrow_type(&field.field_type)?,
+                    true,
+                ));
+            }
+            if out.is_empty() {
+                return Err("a STRUCT needs at least one field".into());
+            }
+            DataType::Struct(Fields::from(out))
+        }
+        other => {
+            return Err(format!(
+                "the type {other} is not taken; the types are {TYPES}"
+            ));
+        }
+    })
+}
+
+/// The JSON schema of the struct `fields`, as OpenAI's strict mode wants it: every field
+/// required, none other allowed, each value nullable.
+pub fn json_schema(fields: &Fields) -> Value {
+    object_schema(fields, false)
+}
+
+fn object_schema(fields: &Fields, nullable: bool) -> Value {
+    let properties: serde_json::Map<String, Value> = fields
+        .iter()
+        .map(|f| (f.name().clone(), value_schema(f.data_type(), true)))
+        .collect();
+    let required: Vec<&String> = fields.iter().map(|f| f.name()).collect();
+    json!({
+        "type": kind("object", nullable),
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+fn kind(name: &str, nullable: bool) -> Value {
+    if nullable {
+        json!([name, "null"])
+    } else {
+        json!(name)
+    }
+}
+
+fn value_schema(data_type: &DataType, nullable: bool) -> Value {
+    match data_type {
+        DataType::Utf8 => json!({"type": kind("string", nullable)}),
+        DataType::Boolean => json!({"type": kind("boolean", nullable)}),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            json!({"type": kind("integer", nullable)})
+        }
+        DataType::Float32 | DataType::Float64 => json!({"type": kind("number", nullable)}),
+        DataType::Date32 => json!({"type": kind("string", nullable), "format": "date"}),
+        DataType::List(item) => json!({
+            "type": kind("array", nullable),
+            "items": value_schema(item.data_type(), false),
+        }),
+        DataType::Struct(fields) => object_schema(fields, nullable),
+        // `parse` makes no other type.
+        _ => json!({}),
+    }
+}
+
+/// The struct column of the replies: each row's reply text decoded into `fields`, or the reason
+/// it cannot be (the row is NULL then). `None`: a row with no reply (a NULL prompt, a failed
+/// request), NULL.
+pub fn decode(
+    fields: &Fields,
+    replies: &[Option<&str>],
+) -> datafusion::error::Result<(ArrayRef, Vec<(usize, String)>)> {
+    let struct_type = DataType::Struct(fields.clone());
+    let null = ScalarValue::try_from(&struct_type)?;
+    let mut failed = Vec::new();
+    let mut values = Vec::with_capacity(replies.len());
+    for (row, reply) in replies.iter().enumerate() {
+        let Some(text) = reply else {
+            values.push(null.clone());
+            continue;
+        };
+        let value = serde_json::from_str::<Value>(text)
+            .map_err(|e| format!("the reply is not JSON ({e}): {}", excerpt(text)))
+            .and_then(|json| match json {
+                Value::Object(_) => scalar(&json, &struct_type, ""),
+                other => Err(format!(
+                    "the reply is not a JSON object of the output columns: {}",
+                    excerpt(&other.to_string())
+                )),
+            });
+        match value {
+            Ok(value) => values.push(value),
+            Err(why) => {
+                failed.push((row, why));
+                values.push(null.clone());
+            }
+        }
+    }
+    if values.is_empty() {
+        return Ok((
+            datafusion::arrow::array::new_empty_array(&struct_type),
+            failed,
+        ));
+    }
+    Ok((ScalarValue::iter_to_array(values)?, failed))
+}
+
+/// At most 200 characters of `text`, for a message.
+pub fn excerpt(text: &str) -> String {
+    let mut out: String = text.chars().take(200).collect();
+    if out.len() < text.len() {
+        out.push_str("...");
+    }
+    out
+}
+
+/// `value` as a scalar of `data_type`, or what does not fit, naming its place (`tags[2]`,
+/// `address.city`).
+fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, String> {
+    let place = if at.is_empty() {
+        String::new()
+    } else {
+        format!("'{at}': ")
+    };
+    let wrong = |expected: &str| {
+        format!(
+            "{place}expected {expected}, got {}",
+            excerpt(&value.to_string())
+        )
+    };
+    if value.is_null() {
+        return ScalarValue::try_from(data_type).map_err(|e| e.to_string());
+    }
+    Ok(match data_type {
+        DataType::Utf8 => ScalarValue::Utf8(Some(
+            value.as_str().ok_or_else(|| wrong("a string"))?.to_string(),
+        )),
+        DataType::Boolean => {
+            ScalarValue::Boolean(Some(value.as_bool().ok_or_else(|| wrong("true or false"))?))
+        }
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            let n = value
+                .as_i64()
+                .or_else(|| {
+                    value
+                        .as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                        .map(|f| f as i64)
+                })
+                .ok_or_else(|| wrong("a whole number"))?;
+            let out_of_range = || format!("{place}{n} is out of the range of {data_type}");
+            match data_type {
+                DataType::Int8 => {
+                    ScalarValue::Int8(Some(i8::try_from(n).map_err(|_| out_of_range())?))
+                }
+                DataType::Int16 => {
+                    ScalarValue::Int16(Some(i16::try_from(n).map_err(|_| out_of_range())?))
+                }
+                DataType::Int32 => {
+                    ScalarValue::Int32(Some(i32::try_from(n).map_err(|_| out_of_range())?))
+                }
+                _ => ScalarValue::Int64(Some(n)),
+            }
+        }
+        DataType::Float32 => {
+            ScalarValue::Float32(Some(value.as_f64().ok_or_else(|| wrong("a number"))? as f32))
+        }
+        DataType::Float64 => {
+            ScalarValue::Float64(Some(value.as_f64().ok_or_else(|| wrong("a number"))?))
+        }
+        DataType::Date32 => {
+            let text = value.as_str().ok_or_else(|| wrong("a date 'YYYY-MM-DD'"))?;
+            let date = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d")
+                .map_err(|_| wrong("a date 'YYYY-MM-DD'"))?;
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
+            ScalarValue::Date32(Some((date - epoch).num_days() as i32))
+        }
+        DataType::List(item) => {
+            let items = value.as_array().ok_or_else(|| wrong("a list"))?;
+            let scalars = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| scalar(v, item.data_type(), &format!("{at}[{}]", i + 1)))
+                .collect::<Result<Vec<_>, _>>()?;
+            ScalarValue::List(ScalarValue::new_list_nullable(&scalars, item.data_type()))
+        }
+        DataType::Struct(fields) => {
+            let object = value.as_object().ok_or_else(|| wrong("an object"))?;
+            if let Some(extra) = object.keys().find(|k| fields.find(k).is_none()) {
+                return Err(format!(
+                    "{place}the field '{extra}' is not an output column (the columns are {})",
+                    fields
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            let mut builder = ScalarStructBuilder::new();
+            for field in fields.iter() {
+                let inner = if at.is_empty() {
+                    field.name().clone()
+                } else {
+                    format!("{at}.{}", field.name())
+                };
+                let value = scalar(
+                    object.get(field.name()).unwrap_or(&Value::Null),
+                    field.data_type(),
+                    &inner,
+                )?;
+                builder = builder.with_scalar(field.as_ref().clone(), value);
+            }
+            builder.build().map_err(|e| e.to_string())?
+        }
+        other => return Err(format!("{place}the type {other} is not an output type")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, AsArray};
+
+    #[test]
+    fn columns_are_parsed_and_refused() {
+        let fields = parse("name VARCHAR, age INT, tags VARCHAR[], at STRUCT<city TEXT>").unwrap();
+        assert_eq!(fields.len(), 4);
+        assert_eq!(fields[1].data_type(), &DataType::Int32);
+        assert!(matches!(fields[2].data_type(), DataType::List(_)));
+        assert!(
+            parse("name VARCHAR, name INT")
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(parse("x INTERVAL").unwrap_err().contains("not taken"));
+        assert!(parse("").is_err());
+        assert!(parse("a INT b INT").is_err());
+    }
+
+    #[test]
+    fn the_json_schema_is_strict() {
+        let fields = parse("name VARCHAR, tags VARCHAR[]").unwrap();
+        let schema = json_schema(&fields);
+        assert_eq!(schema["additionalProperties"], json!(false));
+        assert_eq!(schema["required"], json!(["name", "tags"]));
+        assert_eq!(
+            schema["properties"]["name"]["type"],
+            json!(["string", "null"])
+        );
+        assert_eq!(
+            schema["properties"]["tags"]["items"]["type"],
+            json!("string")
+        );
+    }
+
+    #[test]
+    fn replies_are_decoded_or_failed_row_by_row() {
+        let fields = parse("name VARCHAR, age INT, tags VARCHAR[]").unwrap();
+        let replies = [
+            Some(r#"{"name": "Ann", "age": 42, "tags": ["a", "b"]}"#),
+            Some(r#"{"name": "Bo", "age": "old", "tags": []}"#),
+            None,
+            Some(r#"{"name": "Cy", "age": 7.0, "tags": null, "extra": 1}"#),
+            Some(r#"{"name": "Di", "age": 3000000000, "tags": null}"#),
+            Some(r#"{"name": "Ed", "#),
+            Some(r#"{"name": null, "age": 1, "tags": ["x"]}"#),
+        ];
+        let (array, failed) = decode(&fields, &replies).unwrap();
+        let rows: Vec<usize> = failed.iter().map(|(r, _)| *r).collect();
+        assert_eq!(rows, vec![1, 3, 4, 5], "{failed:?}");
+        assert!(
+            failed[0].1.contains("'age': expected a whole number"),
+            "{failed:?}"
+        );
+        assert!(failed[1].1.contains("'extra'"), "{failed:?}");
+        assert!(failed[2].1.contains("out of the range"), "{failed:?}");
+        assert!(failed[3].1.contains("not JSON"), "{failed:?}");
+        let s = array.as_struct();
+        assert_eq!(s.len(), 7);
+        assert!(s.is_valid(0) && s.is_null(1) && s.is_null(2) && s.is_valid(6));
+        let ages = s
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int32Type>();
+        assert_eq!(ages.value(0), 42);
+        assert!(s.column(0).is_null(6));
+    }
+}

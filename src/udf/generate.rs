@@ -1,0 +1,298 @@
+//! `generate('model', prompt [, 'col TYPE, ...'])`: one chat request per row to an endpoint
+//! model ([`crate::llm`]), the reply's text as VARCHAR, or decoded into a struct of the columns
+//! given.
+//!
+//! ```sql
+//! SELECT id, generate('writer', 'Summarize: ' || body) AS summary FROM docs;
+//! SELECT id, generate('writer', 'Extract: ' || body, 'name VARCHAR, age INT') AS p FROM docs;
+//! ```
+//! DataFusion awaits an async function one record batch at a time per partition, so the
+//! requests of a batch are sent together here, as many at once as the model's
+//! `max_concurrency` lets every partition and statement of the process send. A NULL prompt
+//! gives NULL and sends nothing. A row whose request fails (past its retries), or whose reply is
+//! cut by `max_tokens`, refused, or does not fit the columns, is that row's error, under
+//! `batchinfer.on_error` and `max_errors` as a model's errors are.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
+use datafusion::common::{ScalarValue, exec_err, plan_err};
+use datafusion::error::Result;
+use datafusion::logical_expr::async_udf::AsyncScalarUDFImpl;
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility,
+};
+use serde_json::Value;
+
+use crate::config::{BatchInferOptions, OnError};
+use crate::error::Error;
+use crate::llm::client::{Call, Outcome};
+use crate::llm::{EndpointModel, Kind, LlmError, output};
+use crate::model::ModelRegistry;
+use crate::rejects::{self, Rejecting};
+use crate::statement_context::StatementContext;
+
+const USAGE: &str = "generate takes an endpoint model's name and a prompt, and optionally the \
+                     output's columns: generate('writer', 'Summarize: ' || body) or \
+                     generate('writer', prompt, 'name VARCHAR, age INT')";
+
+/// The `generate` function over a [`ModelRegistry`]'s endpoint models.
+#[derive(Debug)]
+pub struct GenerateUdf {
+    signature: Signature,
+    registry: Arc<ModelRegistry>,
+}
+
+super::same_registry_identity!(GenerateUdf);
+
+impl GenerateUdf {
+    pub fn new(registry: Arc<ModelRegistry>) -> Self {
+        GenerateUdf {
+            signature: Signature::one_of(
+                vec![TypeSignature::Any(2), TypeSignature::Any(3)],
+                Volatility::Volatile,
+            ),
+            registry,
+        }
+    }
+
+    fn model(&self, name: &str) -> Result<Arc<EndpointModel>> {
+        let model = self.registry.endpoint(name)?;
+        if model.endpoint.kind != Kind::Chat {
+            return plan_err!(
+                "model '{name}' is an embedding endpoint: generate takes a chat model \
+                 ('kind' 'chat'), embed('{name}', text) takes this one"
+            );
+        }
+        Ok(model)
+    }
+}
+
+fn string_literal(value: Option<&ScalarValue>) -> Option<String> {
+    match value {
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The output's columns, from the third argument's literal, if there is one.
+fn output_fields(value: Option<Option<&ScalarValue>>) -> Result<Option<Fields>> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Some(text) = string_literal(value) else {
+        return plan_err!(
+            "generate: the third argument must be the output's columns as a string literal, as \
+             in 'name VARCHAR, age INT, tags VARCHAR[]'"
+        );
+    };
+    output::parse(&text)
+        .map(Some)
+        .map_err(|e| LlmError::Call(format!("generate: {e}")))
+        .map_err(|e| Error::from(e).into())
+}
+
+fn is_text(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => true,
+        DataType::Dictionary(_, values) => is_text(values),
+        _ => false,
+    }
+}
+
+impl ScalarUDFImpl for GenerateUdf {
+    fn name(&self) -> &str {
+        "generate"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        exec_err!("generate: the result type is derived in return_field_from_args")
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let Some(name) = string_literal(args.scalar_arguments.first().copied().flatten()) else {
+            return plan_err!("{USAGE}");
+        };
+        self.model(&name)?;
+        let prompt = args.arg_fields[1].data_type();
+        if !is_text(prompt) {
+            return plan_err!(
+                "generate: model '{name}': the prompt must be text, got {prompt}; build it with \
+                 || and CAST(... AS VARCHAR)"
+            );
+        }
+        let output = match output_fields(args.scalar_arguments.get(2).copied())? {
+            Some(fields) => DataType::Struct(fields),
+            None => DataType::Utf8,
+        };
+        Ok(Arc::new(Field::new(self.name(), output, true)))
+    }
+
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        exec_err!("generate runs asynchronously")
+    }
+}
+
+#[async_trait]
+impl AsyncScalarUDFImpl for GenerateUdf {
+    async fn invoke_async_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let name = match &args.args[0] {
+            ColumnarValue::Scalar(value) => string_literal(Some(value)),
+            _ => None,
+        };
+        let Some(name) = name else {
+            return plan_err!("{USAGE}");
+        };
+        let model = self.model(&name)?;
+        let fields = match args.args.get(2) {
+            Some(ColumnarValue::Scalar(value)) => output_fields(Some(Some(value)))?,
+            Some(_) => output_fields(Some(None))?,
+            None => None,
+        };
+        let schema = fields.as_ref().map(output::json_schema);
+        let rows = args.number_rows;
+        let prompts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
+        let texts = prompts.as_string::<i32>();
+        let session = args.config_options.extensions.get::<BatchInferOptions>();
+        let untagged = StatementContext::default();
+        let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
+        let call = Call {
+            statement: &statement.id,
+            options: session,
+            cache: session.map(|o| o.cache).unwrap_or_default(),
+        };
+        let outcomes = ask_all(&model, &call, texts, schema.as_ref(), statement).await?;
+
+        // The rows' texts, and why those without one have none.
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        let mut answers: Vec<Option<&str>> = vec![None; rows];
+        let mut raw: Vec<Option<&str>> = vec![None; rows];
+        for (row, outcome) in outcomes.iter().enumerate() {
+            let Some(outcome) = outcome else { continue };
+            match outcome {
+                Ok(reply) => {
+                    raw[row] = Some(reply.content.as_deref().unwrap_or(reply.raw.as_str()));
+                    match text_of(reply, model.endpoint.max_tokens) {
+                        Ok(text) => answers[row] = Some(text),
+                        Err(why) => failed.push((row, why)),
+                    }
+                }
+                Err(why) => failed.push((row, why.clone())),
+            }
+        }
+        let column: ArrayRef = match &fields {
+            None => Arc::new(StringArray::from(answers.clone())),
+            Some(fields) => {
+                let (column, mut invalid) = output::decode(fields, &answers)?;
+                failed.append(&mut invalid);
+                failed.sort_by_key(|(row, _)| *row);
+                column
+            }
+        };
+        let on_error = session.map_or(OnError::Fail, |o| o.on_error);
+        if on_error == OnError::Fail
+            && let Some((row, why)) = failed.first()
+        {
+            return Err(Error::from(LlmError::Request {
+                model: name.clone(),
+                problem: format!(
+                    "row {row} of a batch: {why} (SET batchinfer.on_error = 'null' or 'reject' \
+                     to go on without such rows)"
+                ),
+            })
+            .into());
+        }
+        model
+            .failed_rows
+            .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Some(session) = session {
+            if session.on_error == OnError::Reject {
+                let fields = [
+                    args.arg_fields[1].clone(),
+                    Arc::new(Field::new("reply", DataType::Utf8, true)),
+                ];
+                let columns: [ArrayRef; 2] = [prompts.clone(), Arc::new(StringArray::from(raw))];
+                let rejecting = Rejecting {
+                    name: &model.name,
+                    sha256: &model.sha256,
+                };
+                rejects::keep(
+                    self.registry.stores(),
+                    statement,
+                    rejecting,
+                    &fields,
+                    &columns,
+                    &failed,
+                )?;
+            }
+            let asked = texts.len() - texts.null_count();
+            rejects::count(session, statement, &name, asked, &failed)?;
+        }
+        // A failed row is NULL: it has no answer, or its answer did not decode.
+        Ok(ColumnarValue::Array(column))
+    }
+}
+
+/// The text of a reply, or why it is the row's error: cut by `max_tokens`, refused, empty.
+fn text_of(reply: &crate::llm::client::Reply, max_tokens: u32) -> Result<&str, String> {
+    if let Some(refusal) = &reply.refusal {
+        return Err(format!("the model refused: {}", output::excerpt(refusal)));
+    }
+    if reply.finish_reason.as_deref() == Some("length") {
+        return Err(format!(
+            "the reply was cut at max_tokens ({max_tokens}) before it ended: {}",
+            output::excerpt(reply.content.as_deref().unwrap_or_default())
+        ));
+    }
+    reply
+        .content
+        .as_deref()
+        .ok_or_else(|| format!("the reply holds no text: {}", output::excerpt(&reply.raw)))
+}
+
+/// The outcome of every row's request (None under a NULL prompt), all sent at once (the model
+/// lets `max_concurrency` go); a stop signal or the statement's budget ends them all.
+async fn ask_all(
+    model: &EndpointModel,
+    call: &Call<'_>,
+    texts: &StringArray,
+    schema: Option<&Value>,
+    statement: &StatementContext,
+) -> Result<Vec<Option<Outcome>>> {
+    let requests: Vec<Option<Value>> = texts
+        .iter()
+        .map(|prompt| prompt.map(|p| model.chat_request(p, schema)))
+        .collect();
+    let asks = requests.iter().map(|body| async move {
+        match body {
+            Some(body) => model.ask(call, body).await.map(Some),
+            None => Ok(None),
+        }
+    });
+    let all = futures::future::try_join_all(asks);
+    let stop = statement.stop();
+    let stopped = async {
+        loop {
+            if let Err(e) = stop.check() {
+                return e;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        outcomes = all => outcomes.map_err(|e| Error::from(e).into()),
+        e = stopped => Err(e.into()),
+    }
+}

