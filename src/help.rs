@@ -70,7 +70,21 @@ batchinfer_rejects(): the rows models failed on with SET batchinfer.on_error = '
 CREATE [OR REPLACE] MODEL name FROM 'path or URL' [OPTIONS ('quantize' 'int8')]
   Defines a model in the warehouse, kept with its file's sha256: a file rewritten since is
   refused until CREATE OR REPLACE MODEL takes it.
-  CREATE MODEL late FROM 'models/late.onnx';",
+  CREATE MODEL late FROM 'models/late.onnx';
+CREATE [OR REPLACE] MODEL name OPTIONS ('endpoint' 'URL', 'model' 'NAME', ...)
+  Defines an endpoint model: an LLM behind an OpenAI-compatible API, called by generate.
+  Options: api_key_env (the NAME of the variable holding the key), max_concurrency,
+  requests_per_minute, tokens_per_minute, max_tokens, temperature, seed, system,
+  input_price_per_million, output_price_per_million, max_retries, timeout.",
+    },
+    Topic {
+        names: &["generate"],
+        text: "\
+generate('model', prompt [, 'col TYPE, ...']): one request per row to an endpoint model; the
+  reply's text, or a struct of the columns given (sent as a strict JSON schema, checked here).
+  SELECT id, generate('writer', 'Summarize: ' || body) FROM docs;
+  SET batchinfer.max_llm_tokens = '100000'; SET batchinfer.max_cost = '2.50';
+  SET batchinfer.cache = 'on' | 'read' | 'off'; SHOW LLM CACHE; CLEAR LLM CACHE",
     },
     Topic {
         names: &["drop model"],
@@ -112,7 +126,8 @@ REFRESH MATERIALIZED VIEW name: scores the view's new input files (all of them w
         names: &["set", "settings"],
         text: "\
 SET batchinfer.NAME = 'value': batch_size, on_error ('fail', 'null', 'reject'), nulls ('null',
-  'nan'), max_errors, rejects, token_budget, device, files_per_commit, max_footer_bytes.
+  'nan'), max_errors, rejects, token_budget, device, files_per_commit, max_footer_bytes,
+  max_llm_tokens, max_cost, cache.
   SHOW ALL lists them with what each does.",
     },
 ];

@@ -52,7 +52,7 @@
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
-//! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `cosine_similarity`,
+//! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `generate`, `cosine_similarity`,
 //!   `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on
 //!   the statement as written (`by_name.rs`), and the short default names of model columns
 //!   (`names.rs`).
@@ -111,6 +111,11 @@
 //!   `view_files.rs`, which also makes a view's table).
 //! - [`error`]: the crate's error type, and panics reported as errors; [`message`]: an error as a
 //!   person reads it, and warnings said once.
+//! - [`llm`]: endpoint models (LLMs behind an OpenAI-compatible API) and what `generate` needs
+//!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and
+//!   identical requests sent once (`client.rs`), pacing (`pace.rs`), typed output (`output.rs`),
+//!   the warehouse's cache of answers (`cache.rs`), a statement's spending against its budget
+//!   (`spend.rs`); the registry keeps them beside the model files (`model/registry/endpoints.rs`).
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 

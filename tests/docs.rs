@@ -20,6 +20,9 @@ fn server_of(sql: &str) -> Option<&'static str> {
         ("AZ://", "Azure"),
         ("GS://", "Google Cloud Storage"),
         ("STORED AS POSTGRES", "PostgreSQL"),
+        ("'ENDPOINT'", "an LLM server"),
+        ("GENERATE(", "an LLM server"),
+        ("LLM CACHE", "an LLM server"),
     ]
     .into_iter()
     .find(|(mark, _)| upper.contains(mark))

@@ -568,3 +568,103 @@ fn a_stop_signal_cancels_the_requests_in_flight() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("cancelled by SIGINT"), "{err}");
 }
+
+#[test]
+fn a_view_asks_only_for_the_rows_of_new_files_and_names_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = dir.path().join("in");
+    let front = proxy(&[]);
+    let write = |file: &str, first: usize, n: usize| {
+        let sql = format!(
+            "COPY (SELECT value AS id, 'word ' || CAST(value AS VARCHAR) AS w FROM \
+             range({first}, {})) TO '{}/{file}'",
+            first + n,
+            input.display()
+        );
+        assert_ok(&query(&wh, &sql));
+    };
+    write("a.parquet", 0, 3);
+    assert_ok(&query(
+        &wh,
+        &create("m", &front.url(), ", 'max_tokens' '24'"),
+    ));
+    // The cache off: every row the view scores is a request.
+    let settings = "SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null';";
+    let view = format!(
+        "{settings} CREATE MATERIALIZED VIEW said AS SELECT id, generate('m', 'Repeat: ' || w) \
+         AS g FROM '{}/'",
+        input.display()
+    );
+    assert_ok(&query(&wh, &view));
+    assert_eq!(front.count("received"), 3);
+    write("b.parquet", 3, 2);
+    assert_ok(&query(
+        &wh,
+        &format!("{settings} REFRESH MATERIALIZED VIEW said"),
+    ));
+    assert_eq!(front.count("received"), 5, "only the new file's rows");
+    let csv = assert_ok(&query(&wh, "SELECT count(*) AS n FROM said"));
+    assert!(csv.contains("\n5"), "{csv}");
+    // The view's files name the endpoint model and its definition's sha256.
+    let described = assert_ok(&query(&wh, "DESCRIBE MODEL m"));
+    let sha256 = described
+        .lines()
+        .find(|l| l.contains("definition sha256"))
+        .and_then(|l| l.split(',').nth(2))
+        .unwrap()
+        .to_string();
+    let files = common::parquet_files(&wh.join("views"));
+    assert!(!files.is_empty());
+    for file in files {
+        let models = common::parquet_footer_value(&file, "batchinfer.models").unwrap();
+        assert!(
+            models.contains(&sha256) && models.contains("\"endpoint_model\":\"smollm2\""),
+            "{models}"
+        );
+    }
+}
+
+#[test]
+fn explain_analyze_and_the_cache_statements_say_what_was_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&[]);
+    assert_ok(&query(wh, &create("m", &front.url(), ", 'max_tokens' '8'")));
+    let sql = format!(
+        "SET batchinfer.on_error = 'null'; EXPLAIN ANALYZE SELECT generate('m', 'Say ' || \
+         CAST(id % 3 AS VARCHAR)) AS g FROM {}",
+        numbers(9)
+    );
+    let plan = assert_ok(&query(wh, &sql));
+    assert!(plan.contains("model 'm': 3 requests"), "{plan}");
+    assert!(plan.contains("completion tokens"), "{plan}");
+    let shown = assert_ok(&query(wh, "SHOW LLM CACHE"));
+    assert!(shown.starts_with("answers,bytes\n3,"), "{shown}");
+    let cleared = query(wh, "CLEAR LLM CACHE");
+    assert!(
+        stderr(&cleared).contains("3 kept answers removed"),
+        "{}",
+        stderr(&cleared)
+    );
+    assert!(assert_ok(&query(wh, "SHOW LLM CACHE")).starts_with("answers,bytes\n0,0"));
+    assert!(common::files_under(&wh.join("llm-cache")).is_empty());
+}
+
+#[test]
+fn the_examples_of_docs_llm_run_against_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let mut ran = 0;
+    for sql in common::sql_blocks(&std::fs::read_to_string("docs/llm.md").unwrap()) {
+        let sql = sql.replace("http://127.0.0.1:8080/v1", &llama().url());
+        assert_ok(&query(wh, &sql));
+        ran += 1;
+    }
+    assert!(ran >= 2, "{ran}");
+    let people = assert_ok(&query(
+        wh,
+        "SELECT arrow_typeof(person) AS t FROM people LIMIT 1",
+    ));
+    assert!(people.contains("Struct"), "{people}");
+}

@@ -115,6 +115,41 @@ impl Catalog {
                 session.empty()
             }
             ModelStatement::Show => session.result(models_batch(&self.registry)?),
+            ModelStatement::ShowCache | ModelStatement::ClearCache => {
+                let Some(warehouse) = &self.warehouse else {
+                    return Err(Error::Usage(
+                        "the LLM cache is kept in the warehouse: give --warehouse DIR".into(),
+                    ));
+                };
+                let (store, prefix) = warehouse.area(crate::llm::cache::FOLDER)?;
+                let cache = crate::llm::cache::Cache::new(store, prefix);
+                let (entries, bytes) = match statement {
+                    ModelStatement::ClearCache => (cache.clear().await?, 0),
+                    _ => cache.size().await?,
+                };
+                let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+                    datafusion::arrow::datatypes::Field::new(
+                        "answers",
+                        datafusion::arrow::datatypes::DataType::UInt64,
+                        false,
+                    ),
+                    datafusion::arrow::datatypes::Field::new(
+                        "bytes",
+                        datafusion::arrow::datatypes::DataType::UInt64,
+                        false,
+                    ),
+                ]));
+                let columns: Vec<datafusion::arrow::array::ArrayRef> = vec![
+                    Arc::new(datafusion::arrow::array::UInt64Array::from(vec![entries])),
+                    Arc::new(datafusion::arrow::array::UInt64Array::from(vec![bytes])),
+                ];
+                if matches!(statement, ModelStatement::ClearCache) {
+                    eprintln!("{entries} kept answers removed from the LLM cache");
+                }
+                session.result(datafusion::arrow::array::RecordBatch::try_new(
+                    schema, columns,
+                )?)
+            }
             ModelStatement::Describe { name } => {
                 if let Some(model) = self.registry.endpoint_model(&name) {
                     return session.result(describe_endpoint_batch(&model)?);

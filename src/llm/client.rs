@@ -111,6 +111,35 @@ impl Usage {
     pub fn is_empty(&self) -> bool {
         self.requests == 0 && self.cache_hits == 0
     }
+
+    /// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
+    /// tokens, $0.001200".
+    pub fn described(&self) -> String {
+        use crate::progress::thousands;
+        let sent = self.requests - self.retries.min(self.requests);
+        let mut line = format!(
+            "{} request{}",
+            thousands(sent),
+            if sent == 1 { "" } else { "s" }
+        );
+        if self.retries > 0 {
+            line.push_str(&format!(" ({} retried)", thousands(self.retries)));
+        }
+        if self.cache_hits > 0 {
+            line.push_str(&format!(
+                ", {} answer{} from the cache",
+                thousands(self.cache_hits),
+                if self.cache_hits == 1 { "" } else { "s" }
+            ));
+        }
+        line.push_str(&format!(
+            ", {} prompt + {} completion tokens, {}",
+            thousands(self.prompt_tokens),
+            thousands(self.completion_tokens),
+            super::spend::money(self.cost)
+        ));
+        line
+    }
 }
 
 #[derive(Debug, Default)]

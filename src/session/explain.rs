@@ -14,6 +14,7 @@ impl Session {
     /// time inside the model; and a row per model that rejected rows.
     pub async fn explain_analyzed(&self, df: DataFrame) -> Result<DataFrame> {
         let before = self.registry().stats_by_model();
+        let llm_before = self.registry().llm_usage_by_model();
         let mut batches = df.collect().await?;
         let Some(schema) = batches.first().map(|b| b.schema()) else {
             return self.empty();
@@ -33,6 +34,16 @@ impl Session {
                     calls - c0,
                     (nanos - n0) as f64 / 1e6
                 ));
+            }
+        }
+        for (name, usage) in self.registry().llm_usage_by_model() {
+            let used = match llm_before.iter().find(|b| b.0 == name) {
+                Some((_, before)) => usage.since(before),
+                None => usage,
+            };
+            if !used.is_empty() {
+                kinds.push("batchinfer_model".to_string());
+                lines.push(format!("model '{name}': {}", used.described()));
             }
         }
         let (rejected, folder) = self.statement_rejects().await?;

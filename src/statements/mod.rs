@@ -86,6 +86,10 @@ pub enum ModelStatement {
         name: String,
         if_exists: bool,
     },
+    /// `SHOW LLM CACHE`: the endpoint models' answers the warehouse keeps ([`crate::llm::cache`]).
+    ShowCache,
+    /// `CLEAR LLM CACHE`: every kept answer removed.
+    ClearCache,
 }
 
 /// batchinfer's statements about materialized views.
@@ -305,6 +309,17 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
                 quantize,
             }
         }
+        Some(Keyword::SHOW | Keyword::CLEAR)
+            if is_word(&peek(parser, 1), "LLM") && is_word(&peek(parser, 2), "CACHE") =>
+        {
+            let show = keyword(&peek(parser, 0)) == Some(Keyword::SHOW);
+            advance(parser, 3);
+            if show {
+                ModelStatement::ShowCache
+            } else {
+                ModelStatement::ClearCache
+            }
+        }
         Some(Keyword::SHOW) if is_word(&peek(parser, 1), "MODELS") => {
             advance(parser, 2);
             ModelStatement::Show
@@ -375,8 +390,7 @@ fn option_list(df: &mut DFParser<'_>) -> Result<BTreeMap<String, String>> {
             Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s,
             other => other.to_string(),
         };
-        let key = key.to_ascii_lowercase();
-        if options.insert(key.clone(), value).is_some() {
+        if options.insert(key.to_ascii_lowercase(), value).is_some() {
             return Err(Error::setting(
                 &key,
                 format!("the option '{key}' is given twice"),

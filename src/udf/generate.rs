@@ -65,7 +65,7 @@ impl GenerateUdf {
         if model.endpoint.kind != Kind::Chat {
             return plan_err!(
                 "model '{name}' is an embedding endpoint: generate takes a chat model \
-                 ('kind' 'chat'), embed('{name}', text) takes this one"
+                 ('kind' 'chat')"
             );
         }
         Ok(model)

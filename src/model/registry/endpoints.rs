@@ -70,11 +70,18 @@ impl ModelRegistry {
     /// The error of an endpoint model asked to score as a model file.
     pub(super) fn not_a_file(&self, name: &str) -> Option<Error> {
         let model = self.endpoint_model(name)?;
+        let how = match model.endpoint.kind {
+            crate::llm::Kind::Chat => format!("call it with generate('{name}', prompt)"),
+            crate::llm::Kind::Embedding => {
+                "embedding endpoints are not called by embed yet: embed takes a text model's \
+                 folder (CREATE MODEL name FROM 'folder/')"
+                    .to_string()
+            }
+        };
         Some(Error::model(
             name,
             format!(
-                "model '{name}' is an endpoint model ({} at {}): call it with generate('{name}', \
-                 prompt)",
+                "model '{name}' is an endpoint model ({} at {}): {how}",
                 model.endpoint.model, model.endpoint.endpoint
             ),
         ))
@@ -92,6 +99,14 @@ impl ModelRegistry {
             total.add(&model.usage());
         }
         total
+    }
+
+    /// What each endpoint model has done, by name.
+    pub fn llm_usage_by_model(&self) -> Vec<(String, Usage)> {
+        self.endpoints()
+            .iter()
+            .map(|(name, model)| (name.clone(), model.usage()))
+            .collect()
     }
 
     /// Rows of endpoint models given NULL since the last call, per model; resets the counts.

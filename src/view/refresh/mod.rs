@@ -367,9 +367,8 @@ impl Views<'_> {
         let df = self.execute(statement).await?;
         let plan = df.logical_plan().clone();
         let source = row_wise_source(&plan, name)?;
-        let models = crate::lineage::models_in(self.session.registry(), &plan)
+        let models = crate::lineage::versions_in(self.session.registry(), &plan)
             .into_iter()
-            .map(|m| (m.name.clone(), m.sha256.clone()))
             .collect();
         // The scan's projection is known once the plan is optimized.
         let read = read_columns(&self.session.ctx().state().optimize(&plan)?, &source.schema);
