@@ -137,4 +137,5 @@ fn main() {
         fill.0, cached.0, cached.1
     );
     let _ = server.kill();
+    let _ = server.wait();
 }
