@@ -5,6 +5,7 @@ scripts/llm_server.sh prints.
   python llm_server.py serve --port 18080 [--parallel 4] [--ctx 4096] [--threads 2] [--embedding]
   python llm_server.py proxy --port 18081 --upstream http://127.0.0.1:18080 \
       [--status 429 --first 3 --retry-after 1] [--reset-first 2] [--delay 5 --delay-first 1]
+      [--exhausted-first 1 --reset 2s] [--echo-first 1 [--huge-usage]]
 
 Each prints "ready" once it answers, and stops when its standard input closes (the test that
 started it ended) or on SIGTERM. The proxy answers GET /_counts with how many requests it
@@ -74,7 +75,7 @@ def serve(args):
 
 def proxy(args):
     lock = threading.Lock()
-    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0}
+    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0}
     upstream = args.upstream.rstrip("/").removeprefix("http://")
     host, port = upstream.split(":")
 
@@ -107,6 +108,23 @@ def proxy(args):
             with lock:
                 counts["received"] += 1
                 n = counts["received"]
+            if n <= args.echo_first:
+                # A hostile server: the request's key in the reply, and no usage (or a usage past
+                # any count).
+                with lock:
+                    counts["echoed"] += 1
+                reply = {
+                    "choices": [{
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant",
+                                    "content": "your header was " + self.headers.get("Authorization", "")},
+                    }],
+                }
+                if args.huge_usage:
+                    reply["usage"] = {"prompt_tokens": 2**64 - 1, "completion_tokens": 2**64 - 1}
+                self.answer(200, reply)
+                return
             if n <= args.reset_first:
                 with lock:
                     counts["reset"] += 1
@@ -141,9 +159,14 @@ def proxy(args):
             data = reply.read()
             with lock:
                 counts["forwarded"] += 1
+                forwarded = counts["forwarded"]
             self.send_response(reply.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if forwarded <= args.exhausted_first:
+                # As OpenAI says its requests are used up until a reset.
+                self.send_header("x-ratelimit-remaining-requests", "0")
+                self.send_header("x-ratelimit-reset-requests", args.reset)
             self.end_headers()
             self.wfile.write(data)
 
@@ -173,6 +196,10 @@ def main():
     p.add_argument("--reset-first", type=int, default=0)
     p.add_argument("--delay", type=float, default=0)
     p.add_argument("--delay-first", type=int, default=0)
+    p.add_argument("--exhausted-first", type=int, default=0)
+    p.add_argument("--echo-first", type=int, default=0)
+    p.add_argument("--huge-usage", action="store_true")
+    p.add_argument("--reset", default="2s")
     args = parser.parse_args()
     {"serve": serve, "proxy": proxy}[args.command](args)
 

@@ -94,7 +94,7 @@ impl RunReport {
 
 /// What endpoint models did in `wall`: [`crate::llm::Usage::described`], with tokens/s.
 fn llm_usage(usage: &crate::llm::Usage, wall: Duration) -> String {
-    let tokens = usage.prompt_tokens + usage.completion_tokens;
+    let tokens = usage.prompt_tokens.saturating_add(usage.completion_tokens);
     let per_second = tokens as f64 / wall.as_secs_f64().max(1e-9);
     format!("{}, {per_second:.0} tokens/s", usage.described())
 }

@@ -115,8 +115,14 @@ impl ExtensionOptions for StatementContext {
 pub struct SharedModel {
     /// A path (the same on every machine) or an object store's URL (`s3://`, `gs://`, ...).
     pub source: String,
-    /// The sha256 of the bytes the client loaded; `None` for a model it has not loaded.
+    /// The sha256 of the bytes the client loaded; `None` for a model it has not loaded. Of an
+    /// endpoint model, its definition's.
     pub sha256: Option<String>,
+    /// An endpoint model's definition (its JSON, [`crate::llm::Endpoint`]); `source` is then its
+    /// URL.
+    pub endpoint: Option<String>,
+    /// Where an endpoint model's answers are kept: the URL of the client's warehouse's cache.
+    pub cache: Option<String>,
 }
 
 /// The definitions a client sends with a query: name -> model.
@@ -142,6 +148,8 @@ impl SharedModels {
                 Value::String(source) => SharedModel {
                     source: source.clone(),
                     sha256: None,
+                    endpoint: None,
+                    cache: None,
                 },
                 Value::Object(fields) => SharedModel {
                     source: fields
@@ -151,6 +159,14 @@ impl SharedModels {
                         .to_string(),
                     sha256: fields
                         .get("sha256")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    endpoint: fields
+                        .get("endpoint")
+                        .filter(|e| !e.is_null())
+                        .map(Value::to_string),
+                    cache: fields
+                        .get("cache")
                         .and_then(Value::as_str)
                         .map(str::to_string),
                 },
@@ -167,10 +183,12 @@ impl SharedModels {
             .0
             .iter()
             .map(|(name, m)| {
-                (
-                    name.clone(),
-                    json!({"source": m.source, "sha256": m.sha256}),
-                )
+                let mut definition = json!({"source": m.source, "sha256": m.sha256});
+                if let Some(endpoint) = &m.endpoint {
+                    definition["endpoint"] = serde_json::from_str(endpoint).unwrap_or(Value::Null);
+                    definition["cache"] = json!(m.cache);
+                }
+                (name.clone(), definition)
             })
             .collect();
         Value::Object(map).to_string()
@@ -193,6 +211,8 @@ mod tests {
             SharedModel {
                 source: "s3://m/churn.onnx".into(),
                 sha256: Some("ab".into()),
+                endpoint: None,
+                cache: None,
             },
         );
         assert_eq!(SharedModels::parse(&models.to_json()).unwrap(), models);

@@ -3,6 +3,7 @@
 
 mod common;
 mod fixtures;
+mod llm_server;
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -652,4 +653,49 @@ fn a_materialized_view_refreshed_on_the_cluster_holds_the_rows_of_one_process() 
     );
     assert_eq!(common::rows(&view).len(), 10_000);
     common::assert_same_rows(&common::rows(&view), &common::rows(&want), 1e-6);
+}
+
+/// `generate` through the cluster, the endpoint model defined by the client only: the
+/// executors send the requests (one per distinct prompt, through a proxy that counts them),
+/// keep the answers in the client's warehouse's cache, and the rows are those of one process.
+#[test]
+fn generate_on_the_cluster_asks_once_per_row_and_fills_the_clients_cache() {
+    let data = tempfile::tempdir().unwrap();
+    let input = data.path().join("in");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id, 'Say ' || CAST(value % 6 AS VARCHAR) AS prompt FROM \
+             range(12)) TO '{}/' STORED AS PARQUET",
+            input.display()
+        ),
+    );
+    let front = llm_server::proxy(&[]);
+    let cluster = Cluster::start(2, None);
+    let define = format!(
+        "CREATE OR REPLACE MODEL m OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'max_tokens' \
+         '8', 'temperature' '0', 'seed' '7');",
+        front.url()
+    );
+    let select = format!(
+        "SET batchinfer.on_error = 'null'; SELECT id, generate('m', prompt) AS g FROM '{}/' \
+         ORDER BY id",
+        input.display()
+    );
+    ok(&cluster.query(None, &define));
+    let first = ok(&cluster.query(None, &select));
+    assert_eq!(first.lines().count(), 13, "{first}");
+    // Six distinct prompts; each executor sends those of its rows once.
+    let sent = front.count("received");
+    assert!((6..=12).contains(&sent), "{}", front.counts());
+    let cache = cluster._work.path().join("client-wh").join("llm-cache");
+    assert_eq!(
+        common::files_under(&cache).len(),
+        6,
+        "the client's warehouse keeps them"
+    );
+    // Again: every answer from the cache, the same rows.
+    let again = ok(&cluster.query(None, &select));
+    assert_eq!(again, first);
+    assert_eq!(front.count("received"), sent);
 }

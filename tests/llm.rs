@@ -6,104 +6,16 @@
 //! fault-injecting proxy in front of it (scripts/llm_server.py proxy), a real HTTP server too.
 
 mod common;
+mod llm_server;
+#[path = "s3_server/mod.rs"]
+mod s3_server;
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, assert_failure, assert_ok, bin, output_within, stderr};
-
-/// The python of scripts/llm_server.sh's environment.
-fn python() -> PathBuf {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let out = Command::new("scripts/llm_server.sh").output().unwrap();
-            assert!(
-                out.status.success(),
-                "scripts/llm_server.sh: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
-        .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A process of scripts/llm_server.py, stopped when dropped (and when the test process ends:
-/// it stops when its standard input closes).
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let port = free_port();
-        let mut child = Command::new(python())
-            .arg("scripts/llm_server.py")
-            .args(args)
-            .args(["--port", &port.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready", "{args:?} did not start");
-        Server { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
-    }
-
-    /// A proxy's counts: received, forwarded, failed, reset, delayed.
-    fn counts(&self) -> serde_json::Value {
-        let out = Command::new("curl")
-            .args(["-s", &format!("http://127.0.0.1:{}/_counts", self.port)])
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn count(&self, what: &str) -> u64 {
-        self.counts()[what].as_u64().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The llama.cpp server every test shares (4 slots).
-fn llama() -> &'static Server {
-    static LLAMA: OnceLock<Server> = OnceLock::new();
-    LLAMA.get_or_init(|| Server::start(&["serve", "--parallel", "4", "--threads", "2"]))
-}
-
-/// A fault-injecting proxy in front of the llama.cpp server.
-fn proxy(faults: &[&str]) -> Server {
-    let upstream = format!("http://127.0.0.1:{}", llama().port);
-    let mut args = vec!["proxy", "--upstream", upstream.as_str()];
-    args.extend_from_slice(faults);
-    Server::start(&args)
-}
+use llm_server::{llama, proxy};
 
 /// `CREATE MODEL name OPTIONS (...)` for an endpoint at `url`, with `options` added.
 fn create(name: &str, url: &str, options: &str) -> String {
@@ -667,4 +579,190 @@ fn the_examples_of_docs_llm_run_against_the_server() {
         "SELECT arrow_typeof(person) AS t FROM people LIMIT 1",
     ));
     assert!(people.contains("Struct"), "{people}");
+}
+
+#[test]
+fn a_server_that_says_its_requests_are_used_up_holds_the_model_until_its_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first reply says no request is left for 2 s.
+    let front = proxy(&["--exhausted-first", "1", "--reset", "2s"]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; \
+         SELECT count(g) FROM (SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {})",
+        create(
+            "m",
+            &front.url(),
+            ", 'max_tokens' '2', 'max_concurrency' '1'"
+        ),
+        numbers(2)
+    );
+    let started = Instant::now();
+    assert_ok(&query(dir.path(), &sql));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(front.count("forwarded"), 2);
+}
+
+#[test]
+fn tokens_per_minute_paces_the_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    // 600 tokens a minute hold 10 a second; each request reserves its prompt's estimate and
+    // max_tokens 8, so the five wait about a second each after the first.
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; \
+         SELECT count(g) FROM (SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {})",
+        create(
+            "m",
+            &llama().url(),
+            ", 'max_tokens' '8', 'tokens_per_minute' '600', 'max_concurrency' '8'"
+        ),
+        numbers(5)
+    );
+    let started = Instant::now();
+    assert_ok(&query(dir.path(), &sql));
+    let took = started.elapsed().as_secs_f64();
+    assert!(took >= 3.0, "{took} s");
+}
+
+#[test]
+fn two_processes_filling_one_cache_leave_whole_entries_and_an_s3_warehouse_keeps_them_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let front = proxy(&[]);
+    assert_ok(&query(
+        &wh,
+        &create("m", &front.url(), ", 'max_tokens' '16'"),
+    ));
+    let select = format!(
+        "SET batchinfer.on_error = 'null'; SELECT id, generate('m', 'Say ' || CAST(id AS \
+         VARCHAR)) AS g FROM {} ORDER BY id",
+        numbers(6)
+    );
+    // Both at once: each sends what it does not find, and writes every answer it gets.
+    let start = |sql: &str| {
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .args(["query", "-e", sql])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(&select), start(&select));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert_ok(&a);
+    assert_ok(&b);
+    let entries = common::files_under(&wh.join("llm-cache"));
+    assert_eq!(entries.len(), 6);
+    for entry in &entries {
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry).unwrap()).unwrap();
+        let name = entry.file_stem().unwrap().to_str().unwrap();
+        assert_eq!(json["key"], name);
+    }
+    let third = query(&wh, &select);
+    assert!(
+        stderr(&third).contains("6 answers from the cache"),
+        "{}",
+        stderr(&third)
+    );
+
+    // An S3 warehouse: the cache is objects of its bucket, read by a later process.
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    server.bucket("lake");
+    let lake = server.lake_warehouse();
+    let lake_query = |sql: &str| {
+        let mut command = lake(sql);
+        command.args(["--timing"]);
+        output_within(&mut command, DEADLINE)
+    };
+    assert_ok(&lake_query(&create(
+        "m",
+        &front.url(),
+        ", 'max_tokens' '16'",
+    )));
+    let before = front.count("received");
+    assert_ok(&lake_query(&select));
+    assert_eq!(front.count("received"), before + 6);
+    assert_eq!(server.keys("lake", "wh/llm-cache/").len(), 6);
+    let again = lake_query(&select);
+    assert_ok(&again);
+    assert!(
+        stderr(&again).contains("6 answers from the cache"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(front.count("received"), before + 6);
+}
+
+#[test]
+fn hostile_replies_and_headers_give_clear_errors_and_never_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let key = "sk-test-9876543210-ECHOED";
+    let with_key = |sql: &str| {
+        output_within(
+            bin()
+                .env("BATCHINFER_TEST_KEY", key)
+                .arg("--warehouse")
+                .arg(wh)
+                .args(["--timing", "query", "-e", sql]),
+            DEADLINE,
+        )
+    };
+    // A server that echoes the key in its replies, with no usage, then with a usage past any
+    // count: the key is blanked before anything keeps or shows it, and the tokens are counted.
+    for faults in [
+        &["--echo-first", "100"][..],
+        &["--echo-first", "100", "--huge-usage"],
+    ] {
+        let echo = proxy(faults);
+        let sql = format!(
+            "{} SET batchinfer.on_error = 'reject'; CREATE OR REPLACE TABLE echoed AS SELECT id, \
+             generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g, generate('m', 'x ' || \
+             CAST(id AS VARCHAR), 'name VARCHAR') AS s FROM {}",
+            create("m", &echo.url(), ", 'api_key_env' 'BATCHINFER_TEST_KEY'"),
+            numbers(3)
+        );
+        let out = with_key(&sql);
+        let printed = format!("{}{}", common::stdout(&out), stderr(&out));
+        assert!(out.status.success(), "{printed}");
+        assert!(!printed.contains(key), "{printed}");
+        assert!(printed.contains("completion tokens"), "{printed}");
+        let rows = assert_ok(&with_key("SELECT g FROM echoed ORDER BY id"));
+        assert!(rows.contains("your header was Bearer <redacted>"), "{rows}");
+        for file in common::files_under(wh) {
+            let bytes = std::fs::read(&file).unwrap();
+            assert!(
+                !bytes.windows(key.len()).any(|w| w == key.as_bytes()),
+                "{} holds the key",
+                file.display()
+            );
+        }
+    }
+    // A Retry-After and a rate-limit reset past any duration: one clear error, no panic.
+    let storm = proxy(&["--status", "429", "--first", "100", "--retry-after", "1e20"]);
+    let define = create("m", &storm.url(), ", 'max_retries' '0'");
+    failing(
+        wh,
+        &define,
+        "SET batchinfer.cache = 'off'; SELECT generate('m', 'Say hi')",
+        &["model 'm'", "429", "tried 1 time"],
+    );
+    let reset = proxy(&["--exhausted-first", "1", "--reset", "1e20"]);
+    let sql = format!(
+        "{} SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; \
+         SELECT generate('m', 'Say hi') AS g",
+        create("m", &reset.url(), ", 'max_tokens' '2'")
+    );
+    assert_ok(&query(wh, &sql));
+    // generate called with too few arguments, or a schema nested past reason.
+    let plain = create("m", &llama().url(), "");
+    failing(wh, &plain, "SELECT generate('m')", &["generate takes"]);
+    let deep = format!("SELECT generate('m', 'x', 'a INT{}')", "[]".repeat(5000));
+    failing(wh, &plain, &deep, &["nest deeper than 32"]);
 }

@@ -121,8 +121,8 @@ impl Catalog {
                         "the LLM cache is kept in the warehouse: give --warehouse DIR".into(),
                     ));
                 };
-                let (store, prefix) = warehouse.area(crate::llm::cache::FOLDER)?;
-                let cache = crate::llm::cache::Cache::new(store, prefix);
+                let (store, prefix, url) = warehouse.area(crate::llm::cache::FOLDER)?;
+                let cache = crate::llm::cache::Cache::new(store, prefix, url.to_string());
                 let (entries, bytes) = match statement {
                     ModelStatement::ClearCache => (cache.clear().await?, 0),
                     _ => cache.size().await?,
@@ -231,8 +231,12 @@ impl Catalog {
     fn endpoint_model(&self, name: &str, endpoint: Endpoint) -> Result<EndpointModel> {
         let cache = match &self.warehouse {
             Some(warehouse) => {
-                let (store, prefix) = warehouse.area(crate::llm::cache::FOLDER)?;
-                Some(crate::llm::cache::Cache::new(store, prefix))
+                let (store, prefix, url) = warehouse.area(crate::llm::cache::FOLDER)?;
+                Some(crate::llm::cache::Cache::new(
+                    store,
+                    prefix,
+                    url.to_string(),
+                ))
             }
             None => None,
         };

@@ -30,6 +30,8 @@ pub struct Cache {
     store: Arc<dyn ObjectStore>,
     /// `.../llm-cache`
     prefix: Path,
+    /// Its URL, for the processes of a cluster.
+    location: String,
 }
 
 /// The key of `request` sent to `endpoint`.
@@ -39,9 +41,34 @@ pub fn key(endpoint: &str, request: &Value) -> String {
 }
 
 impl Cache {
-    /// The cache under `prefix` (the warehouse's `llm-cache`) of `store`.
-    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Cache {
-        Cache { store, prefix }
+    /// The cache under `prefix` (the warehouse's `llm-cache`) of `store`, at the URL
+    /// `location`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path, location: String) -> Cache {
+        Cache {
+            store,
+            prefix,
+            location,
+        }
+    }
+
+    /// The cache at the URL `location` (a cluster client's warehouse's), through `stores`.
+    pub fn at(
+        stores: &crate::storage::StoreRegistry,
+        location: &str,
+    ) -> crate::error::Result<Cache> {
+        let url = url::Url::parse(location).map_err(|e| {
+            crate::error::Error::Internal(format!("the LLM cache's location {location}: {e}"))
+        })?;
+        Ok(Cache::new(
+            stores.store_for(&url)?,
+            crate::storage::object_path(&url)?,
+            location.to_string(),
+        ))
+    }
+
+    /// Its URL.
+    pub fn location(&self) -> &str {
+        &self.location
     }
 
     fn path(&self, key: &str) -> Path {

@@ -30,9 +30,14 @@ pub struct Reply {
     pub finish_reason: Option<String>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Whether the tokens are an estimate (the server's reply had no `usage`).
+    pub estimated: bool,
     /// The reply's body as sent, which the cache keeps.
     pub raw: String,
 }
+
+/// The most tokens one reply is counted for, whatever its `usage` says.
+const MAX_TOKENS_A_REPLY: u64 = 1 << 40;
 
 impl Reply {
     /// The reply in `raw`, a chat completion's body.
@@ -49,18 +54,26 @@ impl Reply {
             .ok_or_else(|| format!("the endpoint's reply holds no choice: {}", excerpt(&raw)))?;
         let message = choice.get("message");
         let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
-        let tokens = |key: &str| {
-            json.get("usage")
-                .and_then(|u| u.get(key))
+        // A server that says nothing of its tokens is charged an estimate (a token per four
+        // characters of the reply; the prompt's is added by the caller), so that budgets hold.
+        let content = text(message.and_then(|m| m.get("content")));
+        let usage = json.get("usage").filter(|u| u.is_object());
+        let tokens = |key: &str, estimate: u64| match usage {
+            Some(usage) => usage
+                .get(key)
                 .and_then(Value::as_u64)
                 .unwrap_or(0)
+                .min(MAX_TOKENS_A_REPLY),
+            None => estimate,
         };
+        let completion_estimate = content.as_ref().map_or(0, |c| c.len() as u64 / 4 + 1);
         Ok(Reply {
-            content: text(message.and_then(|m| m.get("content"))),
+            content,
             refusal: text(message.and_then(|m| m.get("refusal"))),
             finish_reason: text(choice.get("finish_reason")),
-            prompt_tokens: tokens("prompt_tokens"),
-            completion_tokens: tokens("completion_tokens"),
+            prompt_tokens: tokens("prompt_tokens", 0),
+            completion_tokens: tokens("completion_tokens", completion_estimate),
+            estimated: usage.is_none(),
             raw,
         })
     }
@@ -100,11 +113,13 @@ impl Usage {
     }
 
     pub fn add(&mut self, other: &Usage) {
-        self.requests += other.requests;
-        self.retries += other.retries;
-        self.cache_hits += other.cache_hits;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.retries = self.retries.saturating_add(other.retries);
+        self.cache_hits = self.cache_hits.saturating_add(other.cache_hits);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
         self.cost += other.cost;
     }
 
@@ -163,6 +178,12 @@ struct Memo {
 }
 
 const MEMO_BYTES: usize = 64 << 20;
+
+/// The longest wait before a try again, whatever a server's Retry-After says.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The largest reply body read: a server sending more is the row's error.
+const MAX_REPLY: usize = 32 << 20;
 
 /// What a statement's call asks of the model: the statement (for its budget and its requests
 /// sent once), its options, and the cache's use.
@@ -227,6 +248,11 @@ impl EndpointModel {
             memo: Mutex::new(Memo::default()),
             warned: Warnings::default(),
         })
+    }
+
+    /// Where its answers are kept (a URL), if they are.
+    pub fn cache_location(&self) -> Option<String> {
+        self.cache.as_ref().map(|c| c.location().to_string())
     }
 
     /// What this model has done since it was defined in this process.
@@ -363,8 +389,11 @@ impl EndpointModel {
                     },
                 };
             match verdict {
-                Verdict::Reply(reply) => {
-                    let used = (reply.prompt_tokens + reply.completion_tokens) as f64;
+                Verdict::Reply(mut reply) => {
+                    if reply.estimated {
+                        reply.prompt_tokens = (prompt_chars / 4 + 1) as u64;
+                    }
+                    let used = reply.prompt_tokens.saturating_add(reply.completion_tokens) as f64;
                     self.pace.settle(estimate, used);
                     let cost = (reply.prompt_tokens as f64 * self.endpoint.input_price_per_million
                         + reply.completion_tokens as f64 * self.endpoint.output_price_per_million)
@@ -392,7 +421,7 @@ impl EndpointModel {
                     spend::check(call.statement, call.options)?;
                     return Ok(Ok(Arc::new(reply)));
                 }
-                Verdict::Final(why) => return Ok(Err(self.scrub(why, api_key.as_deref()))),
+                Verdict::Final(why) => return Ok(Err(scrub(why, api_key.as_deref()))),
                 Verdict::Retry {
                     why,
                     after,
@@ -400,7 +429,7 @@ impl EndpointModel {
                 } => {
                     if attempt >= self.endpoint.max_retries {
                         let tries = attempt + 1;
-                        return Ok(Err(self.scrub(
+                        return Ok(Err(scrub(
                             format!(
                                 "{why} (tried {tries} time{}; 'max_retries' is {})",
                                 if tries == 1 { "" } else { "s" },
@@ -411,7 +440,8 @@ impl EndpointModel {
                     }
                     attempt += 1;
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    let wait = backoff(attempt).max(after.unwrap_or_default());
+                    // A server's Retry-After is honoured up to a minute a try.
+                    let wait = backoff(attempt).max(after.unwrap_or_default().min(MAX_WAIT));
                     if slow_down {
                         // A rate limit is the model's, not the request's: every request of it
                         // waits.
@@ -437,8 +467,15 @@ impl EndpointModel {
         let status = response.status();
         let headers = response.headers().clone();
         self.honour_rate_limits(&headers);
-        let text = match response.text().await {
-            Ok(text) => text,
+        let text = match read_capped(response).await {
+            // A server that echoes the key gets it blanked before anything keeps or shows it.
+            Ok(Some(text)) => scrub(text, api_key),
+            Ok(None) => {
+                return Verdict::Final(format!(
+                    "the endpoint's reply ({status}) is larger than {} MiB",
+                    MAX_REPLY >> 20
+                ));
+            }
             Err(e) => return transport(e),
         };
         if status.is_success() {
@@ -495,14 +532,32 @@ impl EndpointModel {
             }
         }
     }
+}
 
-    /// `text` without the key, should a server have echoed it.
-    fn scrub(&self, text: String, api_key: Option<&str>) -> String {
-        match api_key {
-            Some(key) if key.len() >= 4 && text.contains(key) => text.replace(key, "<redacted>"),
-            _ => text,
-        }
+/// `text` without the key, should a server have echoed it.
+fn scrub(text: String, api_key: Option<&str>) -> String {
+    match api_key {
+        Some(key) if !key.is_empty() && text.contains(key) => text.replace(key, "<redacted>"),
+        _ => text,
     }
+}
+
+/// The body of `response` as text, read up to [`MAX_REPLY`] bytes (`None` past that).
+async fn read_capped(mut response: reqwest::Response) -> Result<Option<String>, reqwest::Error> {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_REPLY as u64)
+    {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_REPLY {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// A request that did not reach the server or got no whole reply: tried again, except for one

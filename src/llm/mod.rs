@@ -178,6 +178,13 @@ impl Endpoint {
                 crate::storage::blank_passwords(&endpoint)
             )));
         }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(problem(
+                "'endpoint' is the API's base URL, up to /v1, without a query or fragment (a key \
+                 goes in the variable 'api_key_env' names)"
+                    .into(),
+            ));
+        }
         if !url.username().is_empty() || url.password().is_some() {
             return Err(problem(
                 "'endpoint' must not hold a user or password: name the environment variable \
@@ -203,20 +210,7 @@ impl Endpoint {
         };
         let api_key_env = match text("api_key_env") {
             None => None,
-            Some(var)
-                if !var.is_empty()
-                    && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && !var.starts_with(|c: char| c.is_ascii_digit()) =>
-            {
-                Some(var)
-            }
-            Some(_) => {
-                return Err(problem(
-                    "'api_key_env' must be the NAME of an environment variable (letters, digits \
-                     and _), not a key"
-                        .into(),
-                ));
-            }
+            Some(var) => Some(check_key_variable(&var).map_err(problem)?),
         };
         let temperature = number("temperature")?;
         if temperature.is_some_and(|t| t > 2.0) {
@@ -237,8 +231,18 @@ impl Endpoint {
         }
         let rate = |key: &str| -> Result<Option<f64>, LlmError> {
             match number(key)? {
-                Some(r) if r <= 0.0 => Err(problem(format!("'{key}' must be more than 0"))),
+                Some(r) if r < MIN_RATE => Err(problem(format!(
+                    "'{key}' must be at least {MIN_RATE} (a minute's worth)"
+                ))),
                 r => Ok(r),
+            }
+        };
+        let price = |key: &str| -> Result<f64, LlmError> {
+            match number(key)?.unwrap_or(0.0) {
+                p if p > MAX_PRICE => Err(problem(format!(
+                    "'{key}' must be at most {MAX_PRICE} per million tokens"
+                ))),
+                p => Ok(p),
             }
         };
         Ok(Endpoint {
@@ -253,8 +257,8 @@ impl Endpoint {
             temperature,
             seed,
             system: text("system").filter(|s| !s.is_empty()),
-            input_price_per_million: number("input_price_per_million")?.unwrap_or(0.0),
-            output_price_per_million: number("output_price_per_million")?.unwrap_or(0.0),
+            input_price_per_million: price("input_price_per_million")?,
+            output_price_per_million: price("output_price_per_million")?,
             max_retries: whole("max_retries", 6, 0)?.min(100) as u32,
             timeout,
         })
@@ -265,9 +269,35 @@ impl Endpoint {
         serde_json::to_value(self).unwrap_or_default()
     }
 
-    /// The definition a warehouse's `"endpoint"` holds.
+    /// The definition a warehouse's `"endpoint"` holds, its values checked as CREATE MODEL
+    /// checks them (a file edited by hand is not trusted).
     pub fn from_json(value: &serde_json::Value) -> Result<Self, String> {
-        serde_json::from_value(value.clone()).map_err(|e| format!("is not an endpoint model: {e}"))
+        let endpoint: Endpoint = serde_json::from_value(value.clone())
+            .map_err(|e| format!("is not an endpoint model: {e}"))?;
+        let rate = |r: Option<f64>| r.is_none_or(|r| r.is_finite() && r >= MIN_RATE);
+        let price = |p: f64| p.is_finite() && (0.0..=MAX_PRICE).contains(&p);
+        let fine = (1..=4096).contains(&endpoint.max_concurrency)
+            && endpoint.max_tokens >= 1
+            && (0.001..=86_400.0).contains(&endpoint.timeout)
+            && endpoint.max_retries <= 100
+            && rate(endpoint.requests_per_minute)
+            && rate(endpoint.tokens_per_minute)
+            && price(endpoint.input_price_per_million)
+            && price(endpoint.output_price_per_million)
+            && endpoint
+                .temperature
+                .is_none_or(|t| (0.0..=2.0).contains(&t))
+            && url::Url::parse(&endpoint.endpoint)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https"))
+            && endpoint
+                .api_key_env
+                .as_deref()
+                .is_none_or(|v| check_key_variable(v).is_ok());
+        if fine {
+            Ok(endpoint)
+        } else {
+            Err("holds a value CREATE MODEL would refuse: define the model again".to_string())
+        }
     }
 
     /// The sha256 of the definition (its canonical JSON): what lineage and rejects record of an
@@ -329,6 +359,46 @@ impl Endpoint {
     }
 }
 
+/// The least `requests_per_minute` and `tokens_per_minute` take.
+const MIN_RATE: f64 = 0.01;
+
+/// The most a price per million tokens may be.
+const MAX_PRICE: f64 = 1_000_000.0;
+
+/// Prefixes of the variables that hold the credentials of batchinfer's stores and databases:
+/// never sent to an endpoint.
+const NOT_A_KEY_VARIABLE: &[&str] = &["AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCS_", "PG"];
+
+/// `var` if it may name an endpoint's key: a variable name (letters, digits, _) that says it
+/// holds a key or token, and not one of the stores' credentials.
+fn check_key_variable(var: &str) -> Result<String, String> {
+    let name = var.trim();
+    let a_name = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if !a_name {
+        return Err(
+            "'api_key_env' must be the NAME of an environment variable (letters, digits and _), \
+             not a key"
+                .into(),
+        );
+    }
+    let upper = name.to_ascii_uppercase();
+    if !upper.contains("KEY") && !upper.contains("TOKEN") {
+        return Err(format!(
+            "'api_key_env' names {name}, which does not say it holds a key: name a variable such \
+             as OPENAI_API_KEY or HF_TOKEN"
+        ));
+    }
+    if NOT_A_KEY_VARIABLE.iter().any(|p| upper.starts_with(p)) {
+        return Err(format!(
+            "'api_key_env' names {name}, a credential of a store or database, which is never sent \
+             to an endpoint"
+        ));
+    }
+    Ok(name.to_string())
+}
+
 /// `value` as JSON with every object's keys in order, whatever order it was built in: the text
 /// a cache key and a definition's sha256 are taken of.
 pub fn canonical(value: &serde_json::Value) -> String {
@@ -354,5 +424,63 @@ pub fn canonical(value: &serde_json::Value) -> String {
             format!("[{}]", items.join(","))
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        let mut all: BTreeMap<String, String> =
+            [("endpoint", "http://127.0.0.1:8080/v1"), ("model", "m")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        for (k, v) in pairs {
+            all.insert(k.to_string(), v.to_string());
+        }
+        all
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        Endpoint::from_options("w", &options(pairs))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let e =
+            Endpoint::from_options("w", &options(&[("api_key_env", "OPENAI_API_KEY")])).unwrap();
+        assert_eq!(e.max_concurrency, 8);
+        assert_eq!(Endpoint::from_json(&e.to_json()).unwrap(), e);
+        assert!(refused(&[("colour", "red")]).contains("unknown option 'colour'"));
+        assert!(refused(&[("api_key", "sk-1")]).contains("api_key_env"));
+        assert!(refused(&[("api_key_env", "sk-abc-123")]).contains("NAME"));
+        assert!(refused(&[("api_key_env", "HOME")]).contains("does not say it holds a key"));
+        assert!(refused(&[("api_key_env", "AWS_SECRET_ACCESS_KEY")]).contains("credential"));
+        assert!(refused(&[("endpoint", "http://h/v1?key=sk-1")]).contains("without a query"));
+        assert!(refused(&[("endpoint", "file:///etc/passwd")]).contains("http://"));
+        assert!(refused(&[("requests_per_minute", "1e-300")]).contains("at least"));
+        assert!(refused(&[("output_price_per_million", "1e308")]).contains("at most"));
+        assert!(refused(&[("max_concurrency", "0")]).contains("at least 1"));
+        assert!(refused(&[("timeout", "-1")]).contains("'timeout'"));
+        assert!(refused(&[("temperature", "NaN")]).contains("'temperature'"));
+    }
+
+    #[test]
+    fn a_definition_edited_by_hand_is_checked_again() {
+        let e = Endpoint::from_options("w", &options(&[])).unwrap();
+        for (key, value) in [
+            ("max_concurrency", serde_json::json!(0)),
+            ("timeout", serde_json::json!(1e300)),
+            ("requests_per_minute", serde_json::json!(0.0)),
+            ("api_key_env", serde_json::json!("AWS_SECRET_ACCESS_KEY")),
+        ] {
+            let mut json = e.to_json();
+            json[key] = value;
+            assert!(Endpoint::from_json(&json).is_err(), "{key}");
+        }
     }
 }

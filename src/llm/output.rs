@@ -21,8 +21,41 @@ use serde_json::{Value, json};
 const TYPES: &str = "VARCHAR, BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, REAL, DOUBLE, DATE, \
                      T[] (a list) and STRUCT<name T, ...>";
 
+/// How deep the output's types may nest (lists and structs).
+const MAX_DEPTH: usize = 32;
+
+/// Whether the types of `text` nest deeper than [`MAX_DEPTH`], read from its brackets before
+/// anything is parsed (a parse or a type that deep would take the stack).
+fn too_deep(text: &str) -> bool {
+    let (mut depth, mut lists) = (0usize, 0usize);
+    for c in text.chars() {
+        match c {
+            '<' | '(' => {
+                depth += 1;
+                lists = 0;
+            }
+            '>' | ')' => {
+                depth = depth.saturating_sub(1);
+                lists = 0;
+            }
+            '[' => lists += 1,
+            ',' => lists = 0,
+            _ => {}
+        }
+        if depth + lists > MAX_DEPTH {
+            return true;
+        }
+    }
+    false
+}
+
 /// The columns `text` lists (`'name VARCHAR, age INT'`), as the fields of a struct.
 pub fn parse(text: &str) -> Result<Fields, String> {
+    if too_deep(text) {
+        return Err(format!(
+            "the output schema's types nest deeper than {MAX_DEPTH} lists and structs"
+        ));
+    }
     let usage = format!(
         "the output schema must list columns as 'name TYPE, ...' with the types {TYPES}, as in \
          'name VARCHAR, age INT, tags VARCHAR[]'"
@@ -326,6 +359,11 @@ mod tests {
         assert!(parse("x INTERVAL").unwrap_err().contains("not taken"));
         assert!(parse("").is_err());
         assert!(parse("a INT b INT").is_err());
+        let deep = format!("a INT{}", "[]".repeat(5000));
+        assert!(parse(&deep).unwrap_err().contains("nest deeper"));
+        let deep = format!("a {}INT{}", "STRUCT<b ".repeat(40), ">".repeat(40));
+        assert!(parse(&deep).unwrap_err().contains("nest deeper"));
+        assert!(parse(&format!("a INT{}", "[]".repeat(8))).is_ok());
     }
 
     #[test]

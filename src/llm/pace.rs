@@ -41,7 +41,8 @@ impl Bucket {
         if self.level >= need {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((need - self.level) / self.rate)
+            // A day at most, whatever the rate.
+            Duration::from_secs_f64(((need - self.level) / self.rate).min(86_400.0))
         }
     }
 }
@@ -52,6 +53,9 @@ struct State {
     tokens: Option<Bucket>,
     paused_until: Option<Instant>,
 }
+
+/// The longest a server's word holds the model: a rate-limit window is a minute.
+const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// The pace of one endpoint model.
 #[derive(Debug)]
@@ -119,7 +123,7 @@ impl Pace {
 
     /// Holds every request of the model for `how_long` (a 429, a reset the server announced).
     pub fn pause(&self, how_long: Duration) {
-        let until = Instant::now() + how_long.min(Duration::from_secs(600));
+        let until = Instant::now() + how_long.min(MAX_PAUSE);
         let mut state = self.state();
         if state.paused_until.is_none_or(|before| before < until) {
             state.paused_until = Some(until);
@@ -131,8 +135,11 @@ impl Pace {
 /// 1s`, `6m0s`, `20ms`, `0.5s`.
 pub fn header_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
+    // Past a day is taken as a day: a server's number is not trusted to fit a duration.
+    const DAY: f64 = 86_400.0;
     if let Ok(seconds) = text.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+        return (seconds.is_finite() && seconds >= 0.0)
+            .then(|| Duration::from_secs_f64(seconds.min(DAY)));
     }
     let mut total = 0.0;
     let mut number = String::new();
@@ -158,7 +165,7 @@ pub fn header_duration(text: &str) -> Option<Duration> {
         total += value * unit;
         any = true;
     }
-    (any && number.is_empty() && total.is_finite()).then(|| Duration::from_secs_f64(total))
+    (any && number.is_empty() && total.is_finite()).then(|| Duration::from_secs_f64(total.min(DAY)))
 }
 
 #[cfg(test)]
@@ -174,6 +181,13 @@ mod tests {
         assert_eq!(header_duration("0.5s"), Some(Duration::from_millis(500)));
         assert_eq!(header_duration("soon"), None);
         assert_eq!(header_duration("5x"), None);
+        assert_eq!(header_duration("-1"), None);
+        assert_eq!(header_duration("1e300"), Some(Duration::from_secs(86_400)));
+        assert_eq!(
+            header_duration("99999999999999h"),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(header_duration("NaN"), None);
     }
 
     #[tokio::test]

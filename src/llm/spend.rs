@@ -31,8 +31,8 @@ pub fn charge(statement: &str, prompt_tokens: u64, completion_tokens: u64, cost:
     let mut all = spent();
     let s = all.entry(statement.to_string()).or_default();
     s.requests += 1;
-    s.prompt_tokens += prompt_tokens;
-    s.completion_tokens += completion_tokens;
+    s.prompt_tokens = s.prompt_tokens.saturating_add(prompt_tokens);
+    s.completion_tokens = s.completion_tokens.saturating_add(completion_tokens);
     s.cost += cost;
     while all.len() > STATEMENTS {
         all.pop_first();
@@ -48,7 +48,7 @@ pub fn check(statement: &str, options: Option<&BatchInferOptions>) -> Result<(),
         return Ok(());
     }
     let s = spent().get(statement).copied().unwrap_or_default();
-    let tokens = s.prompt_tokens + s.completion_tokens;
+    let tokens = s.prompt_tokens.saturating_add(s.completion_tokens);
     let reached = match (options.max_llm_tokens, options.max_cost) {
         (Some(max), _) if tokens >= max => format!("batchinfer.max_llm_tokens = '{max}'"),
         (_, Some(max)) if s.cost >= max => format!("batchinfer.max_cost = '{max}'"),

@@ -194,9 +194,12 @@ impl ModelRegistry {
                 let model = shared::SharedModel {
                     source: entry.source.to_string(),
                     sha256: sha256.or_else(|| entry.sha256.clone()),
+                    endpoint: None,
+                    cache: None,
                 };
                 (name.clone(), model)
             })
+            .chain(self.shared_endpoints())
             .collect();
         shared::SharedModels(models)
     }
@@ -216,8 +219,15 @@ impl ModelRegistry {
     /// session's client over them (a scheduler plans each client's queries with its own).
     pub fn for_session(&self, shared: &SharedModels) -> Result<Arc<ModelRegistry>> {
         let mut entries = self.read().clone();
+        let mut endpoints = self.endpoints().clone();
         for (name, model) in &shared.0 {
-            entries.insert(name.clone(), self.shared_entry(model)?);
+            if model.endpoint.is_some() {
+                entries.remove(name);
+                endpoints.insert(name.clone(), self.shared_endpoint(name, model)?);
+            } else {
+                endpoints.remove(name);
+                entries.insert(name.clone(), self.shared_entry(model)?);
+            }
         }
         Ok(Arc::new(ModelRegistry {
             entries: RwLock::new(entries),
@@ -227,7 +237,7 @@ impl ModelRegistry {
             loads: self.loads.clone(),
             by_content: self.by_content.clone(),
             origins: self.origins.clone(),
-            endpoints: self.endpoints.clone(),
+            endpoints: Arc::new(RwLock::new(endpoints)),
         }))
     }
 
@@ -241,6 +251,9 @@ impl ModelRegistry {
     ) -> Result<Arc<Model>> {
         let shared = crate::statement_context::StatementContext::of(config).map(|s| &s.models);
         if let Some(model) = shared.and_then(|models| models.get(name)) {
+            if model.endpoint.is_some() {
+                return Err(self.endpoint_not_a_file(name, &model.source));
+            }
             let entry = self.shared_entry(model)?;
             return self.load(name, &entry, device);
         }

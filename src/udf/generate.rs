@@ -23,8 +23,7 @@ use datafusion::common::{ScalarValue, exec_err, plan_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::async_udf::AsyncScalarUDFImpl;
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, TypeSignature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 use serde_json::Value;
 
@@ -52,16 +51,18 @@ super::same_registry_identity!(GenerateUdf);
 impl GenerateUdf {
     pub fn new(registry: Arc<ModelRegistry>) -> Self {
         GenerateUdf {
-            signature: Signature::one_of(
-                vec![TypeSignature::Any(2), TypeSignature::Any(3)],
-                Volatility::Volatile,
-            ),
+            // Any count, so that a wrong one is told how generate is called (below).
+            signature: Signature::variadic_any(Volatility::Volatile),
             registry,
         }
     }
 
-    fn model(&self, name: &str) -> Result<Arc<EndpointModel>> {
-        let model = self.registry.endpoint(name)?;
+    fn model(
+        &self,
+        name: &str,
+        config: Option<&datafusion::config::ConfigOptions>,
+    ) -> Result<Arc<EndpointModel>> {
+        let model = self.registry.resolve_endpoint(name, config)?;
         if model.endpoint.kind != Kind::Chat {
             return plan_err!(
                 "model '{name}' is an embedding endpoint: generate takes a chat model \
@@ -122,10 +123,13 @@ impl ScalarUDFImpl for GenerateUdf {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        if !(2..=3).contains(&args.arg_fields.len()) {
+            return plan_err!("{USAGE}");
+        }
         let Some(name) = string_literal(args.scalar_arguments.first().copied().flatten()) else {
             return plan_err!("{USAGE}");
         };
-        self.model(&name)?;
+        self.model(&name, None)?;
         let prompt = args.arg_fields[1].data_type();
         if !is_text(prompt) {
             return plan_err!(
@@ -155,7 +159,7 @@ impl AsyncScalarUDFImpl for GenerateUdf {
         let Some(name) = name else {
             return plan_err!("{USAGE}");
         };
-        let model = self.model(&name)?;
+        let model = self.model(&name, Some(&args.config_options))?;
         let fields = match args.args.get(2) {
             Some(ColumnarValue::Scalar(value)) => output_fields(Some(Some(value)))?,
             Some(_) => output_fields(Some(None))?,

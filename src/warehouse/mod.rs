@@ -273,9 +273,13 @@ impl Warehouse {
 
     /// The store and prefix of the warehouse's folder `folder`, where a feature keeps files
     /// of its own (endpoint models' answers: `llm-cache`).
-    pub fn area(&self, folder: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path)> {
+    pub fn area(&self, folder: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path, Url)> {
         check_name("folder", folder)?;
-        Ok((self.store.inner().clone(), self.object(folder)?))
+        let url = self
+            .root
+            .join(&format!("{folder}/"))
+            .map_err(|e| Error::warehouse(&self.root, format!("{}{folder}: {e}", self.root)))?;
+        Ok((self.store.inner().clone(), self.object(folder)?, url))
     }
 
     /// Keeps `name -> source` (replacing any definition of that name), with the sha256 of the

@@ -8,7 +8,9 @@ use crate::llm::{EndpointModel, Usage};
 pub(super) type Endpoints = Arc<RwLock<BTreeMap<String, Arc<EndpointModel>>>>;
 
 impl ModelRegistry {
-    fn endpoints(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
+    pub(super) fn endpoints(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
         self.endpoints.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -33,6 +35,80 @@ impl ModelRegistry {
     /// The endpoint model `name`, if `name` is one.
     pub fn endpoint_model(&self, name: &str) -> Option<Arc<EndpointModel>> {
         self.endpoints().get(name).cloned()
+    }
+
+    /// The endpoint model `name` as the query's session defines it: through the definitions a
+    /// cluster client sent (`batchinfer_statement.models` in `config`) when they name it, else
+    /// by name; an error saying what `name` is otherwise.
+    pub fn resolve_endpoint(
+        &self,
+        name: &str,
+        config: Option<&datafusion::config::ConfigOptions>,
+    ) -> Result<Arc<EndpointModel>> {
+        let shared =
+            crate::statement_context::StatementContext::of(config).and_then(|s| s.models.get(name));
+        match shared {
+            Some(model) if model.endpoint.is_some() => self.shared_endpoint(name, model),
+            _ => self.endpoint(name),
+        }
+    }
+
+    /// The endpoint model of a client's definition, one per definition in the process (its
+    /// requests at once and its pace shared by every query that names it).
+    pub(super) fn shared_endpoint(
+        &self,
+        name: &str,
+        model: &crate::statement_context::SharedModel,
+    ) -> Result<Arc<EndpointModel>> {
+        static BY_CONTENT: Mutex<BTreeMap<String, Arc<EndpointModel>>> =
+            Mutex::new(BTreeMap::new());
+        let text = model.endpoint.as_deref().unwrap_or_default();
+        let key = format!(
+            "{name}\n{text}\n{}",
+            model.cache.as_deref().unwrap_or_default()
+        );
+        let mut by_content = BY_CONTENT.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = by_content.get(&key) {
+            return Ok(found.clone());
+        }
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::Internal(format!("model '{name}': its definition: {e}")))?;
+        let endpoint = crate::llm::Endpoint::from_json(&json)
+            .map_err(|why| Error::model(name, format!("model '{name}': its definition {why}")))?;
+        let cache = match &model.cache {
+            Some(url) => Some(crate::llm::cache::Cache::at(&self.stores, url)?),
+            None => None,
+        };
+        let created = Arc::new(EndpointModel::new(name, endpoint, cache)?);
+        by_content.insert(key, created.clone());
+        Ok(created)
+    }
+
+    /// The definitions of the endpoint models, as a cluster client sends them.
+    pub(super) fn shared_endpoints(&self) -> Vec<(String, crate::statement_context::SharedModel)> {
+        self.endpoints()
+            .iter()
+            .map(|(name, model)| {
+                let shared = crate::statement_context::SharedModel {
+                    source: model.endpoint.endpoint.clone(),
+                    sha256: Some(model.sha256.clone()),
+                    endpoint: Some(model.endpoint.to_json().to_string()),
+                    cache: model.cache_location(),
+                };
+                (name.clone(), shared)
+            })
+            .collect()
+    }
+
+    /// The error of an endpoint model asked to score as a model file, from its definition.
+    pub(super) fn endpoint_not_a_file(&self, name: &str, endpoint: &str) -> Error {
+        Error::model(
+            name,
+            format!(
+                "model '{name}' is an endpoint model (at {endpoint}): call it with \
+                 generate('{name}', prompt)"
+            ),
+        )
     }
 
     /// The endpoint model `name`; an error saying what `name` is otherwise.

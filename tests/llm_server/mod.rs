@@ -1,0 +1,100 @@
+//! llama.cpp's OpenAI-compatible server (SmolLM2-135M-Instruct) and a fault-injecting proxy in
+//! front of it, started for the tests from scripts/llm_server.py (scripts/llm_server.sh
+//! installs them, checked against their sha256).
+// Shared by several test crates, each of which uses part of it.
+#![allow(dead_code)]
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+/// The python of scripts/llm_server.sh's environment.
+pub fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = Command::new("scripts/llm_server.sh").output().unwrap();
+            assert!(
+                out.status.success(),
+                "scripts/llm_server.sh: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A process of scripts/llm_server.py, stopped when dropped (and when the test process ends:
+/// it stops when its standard input closes).
+pub struct Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl Server {
+    pub fn start(args: &[&str]) -> Server {
+        let port = free_port();
+        let mut child = Command::new(python())
+            .arg("scripts/llm_server.py")
+            .args(args)
+            .args(["--port", &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "{args:?} did not start");
+        Server { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// A proxy's counts: received, forwarded, failed, reset, delayed.
+    pub fn counts(&self) -> serde_json::Value {
+        let out = Command::new("curl")
+            .args(["-s", &format!("http://127.0.0.1:{}/_counts", self.port)])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn count(&self, what: &str) -> u64 {
+        self.counts()[what].as_u64().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The llama.cpp server every test shares (4 slots).
+pub fn llama() -> &'static Server {
+    static LLAMA: OnceLock<Server> = OnceLock::new();
+    LLAMA.get_or_init(|| Server::start(&["serve", "--parallel", "4", "--threads", "2"]))
+}
+
+/// A fault-injecting proxy in front of the llama.cpp server.
+pub fn proxy(faults: &[&str]) -> Server {
+    let upstream = format!("http://127.0.0.1:{}", llama().port);
+    let mut args = vec!["proxy", "--upstream", upstream.as_str()];
+    args.extend_from_slice(faults);
+    Server::start(&args)
+}
