@@ -53,7 +53,9 @@ def serve(args):
     params.n_ctx = args.ctx
     params.cpuparams.n_threads = args.threads
     if args.embedding:
+        # One vector a text, the mean of its tokens' (OpenAI's /v1/embeddings wants one).
         params.embedding = True
+        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     server = xllamacpp.Server(params)
     deadline = time.time() + 120
     while time.time() < deadline:

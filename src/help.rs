@@ -75,7 +75,8 @@ CREATE [OR REPLACE] MODEL name OPTIONS ('endpoint' 'URL', 'model' 'NAME', ...)
   Defines an endpoint model: an LLM behind an OpenAI-compatible API, called by generate.
   Options: api_key_env (the NAME of the variable holding the key), max_concurrency,
   requests_per_minute, tokens_per_minute, max_tokens, temperature, seed, system,
-  input_price_per_million, output_price_per_million, max_retries, timeout.",
+  input_price_per_million, output_price_per_million, max_retries, timeout;
+  'kind' 'embedding' with 'dimensions' N for an embedding endpoint, called by embed.",
     },
     Topic {
         names: &["generate"],

@@ -569,11 +569,16 @@ fn the_examples_of_docs_llm_run_against_the_server() {
     let wh = dir.path();
     let mut ran = 0;
     for sql in common::sql_blocks(&std::fs::read_to_string("docs/llm.md").unwrap()) {
-        let sql = sql.replace("http://127.0.0.1:8080/v1", &llama().url());
+        let sql = sql
+            .replace("http://127.0.0.1:8080/v1", &llama().url())
+            .replace(
+                "http://127.0.0.1:8081/v1",
+                &llm_server::llama_embeddings().url(),
+            );
         assert_ok(&query(wh, &sql));
         ran += 1;
     }
-    assert!(ran >= 2, "{ran}");
+    assert!(ran >= 3, "{ran}");
     let people = assert_ok(&query(
         wh,
         "SELECT arrow_typeof(person) AS t FROM people LIMIT 1",
@@ -765,4 +770,91 @@ fn hostile_replies_and_headers_give_clear_errors_and_never_the_key() {
     failing(wh, &plain, "SELECT generate('m')", &["generate takes"]);
     let deep = format!("SELECT generate('m', 'x', 'a INT{}')", "[]".repeat(5000));
     failing(wh, &plain, &deep, &["nest deeper than 32"]);
+}
+
+#[test]
+fn embed_of_an_embedding_endpoint_gives_the_servers_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let server = llm_server::llama_embeddings();
+    let texts = [
+        "the cat sat on the mat",
+        "a parquet file of flights",
+        "the cat sat on the mat",
+    ];
+    let define = format!(
+        "CREATE OR REPLACE MODEL vec OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'kind' \
+         'embedding', 'dimensions' '576');",
+        server.url()
+    );
+    let values: Vec<String> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("({i}, '{t}')"))
+        .collect();
+    let sql = format!(
+        "{define} COPY (SELECT id, embed('vec', body) AS v FROM (VALUES {}, (3, NULL)) AS t(id, \
+         body) ORDER BY id) TO '{}/v.parquet'",
+        values.join(", "),
+        wh.display()
+    );
+    let out = query(wh, &sql);
+    assert_ok(&out);
+    // The server's own vectors, asked for by Python's urllib, against batchinfer's (within 1e-5
+    // each), and a NULL text's NULL vector.
+    let check = r#"
+import json, sys, urllib.request
+import pyarrow.parquet as pq
+url, wh, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+rows = pq.read_table(f"{wh}/v.parquet").to_pylist()
+assert str(pq.read_schema(f"{wh}/v.parquet").field("v").type).startswith("fixed_size_list"), pq.read_schema(f"{wh}/v.parquet")
+assert rows[3]["v"] is None, rows[3]
+for i, text in enumerate(texts):
+    body = json.dumps({"model": "smollm2", "input": [text]}).encode()
+    req = urllib.request.Request(f"{url}/embeddings", body, {"Content-Type": "application/json"})
+    want = json.load(urllib.request.urlopen(req))["data"][0]["embedding"]
+    got = rows[i]["v"]
+    assert len(got) == len(want) == 576, (len(got), len(want))
+    worst = max(abs(a - b) for a, b in zip(got, want))
+    assert worst < 1e-5, (i, worst)
+print("ok")
+"#;
+    let out = Command::new(readers_python())
+        .args([
+            "-c",
+            check,
+            &server.url(),
+            &wh.display().to_string(),
+            &serde_json::to_string(&texts).unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Again: the vectors come from the cache, two texts (one asked twice).
+    let again = query(wh, &sql);
+    assert!(
+        stderr(&again).contains("2 answers from the cache"),
+        "{}",
+        stderr(&again)
+    );
+    // A definition whose dimensions are not the server's: the rows' error, saying both.
+    let wrong = define.replace("'576'", "'3'");
+    failing(
+        wh,
+        &wrong,
+        "SET batchinfer.cache = 'off'; SELECT embed('vec', 'hello') AS v",
+        &["model 'vec'", "576 values", "'dimensions' is 3"],
+    );
+    // A chat model's embed, an embedding model's generate: one clear error each.
+    failing(
+        wh,
+        &define,
+        "SELECT generate('vec', 'hello')",
+        &["embedding endpoint"],
+    );
 }

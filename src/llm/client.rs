@@ -179,6 +179,9 @@ struct Memo {
 
 const MEMO_BYTES: usize = 64 << 20;
 
+/// The most texts one embeddings request carries.
+const EMBED_BATCH: usize = 64;
+
 /// The longest wait before a try again, whatever a server's Retry-After says.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -196,7 +199,8 @@ pub struct Call<'a> {
 
 /// What a try of a request came to.
 enum Verdict {
-    Reply(Reply),
+    /// A success's body.
+    Body(String),
     /// Worth trying again (after at least the duration, when the server said one).
     Retry {
         why: String,
@@ -362,6 +366,129 @@ impl EndpointModel {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Ok(Arc::new(reply)));
         }
+        let prompt_chars: usize = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
+        let reserve = (prompt_chars / 4 + self.endpoint.max_tokens as usize) as f64;
+        // A server that says nothing of its tokens is charged an estimate, so budgets hold.
+        let count = |raw: &str| match Reply::parse(raw.to_string()) {
+            Ok(reply) if !reply.estimated => (reply.prompt_tokens, reply.completion_tokens),
+            Ok(reply) => ((prompt_chars / 4 + 1) as u64, reply.completion_tokens),
+            Err(_) => ((prompt_chars / 4 + 1) as u64, raw.len() as u64 / 4),
+        };
+        let raw = match self
+            .request(call, "chat/completions", body, reserve, &count)
+            .await?
+        {
+            Ok(raw) => raw,
+            Err(why) => return Ok(Err(why)),
+        };
+        if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
+            && let Err(warning) = cache.put(key, &raw).await
+        {
+            self.warned.say_once(warning);
+        }
+        // Past its budget, the statement stops now: this answer is kept in the cache, and the
+        // requests in flight are cancelled.
+        spend::check(call.statement, call.options)?;
+        Ok(Reply::parse(raw).map(Arc::new))
+    }
+
+    /// The vectors of `texts` from an embedding endpoint (`/embeddings`), each of the
+    /// definition's `dimensions`, or why a text has none: from the cache where it holds them,
+    /// the others sent in requests of [`EMBED_BATCH`] texts, identical texts once.
+    pub async fn embed(
+        &self,
+        call: &Call<'_>,
+        texts: &[&str],
+    ) -> Result<Vec<Result<Vec<f32>, String>>, LlmError> {
+        let dim = self.endpoint.dimensions.unwrap_or(0);
+        let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
+        let key_of = |text: &str| {
+            let request = json!({"model": self.endpoint.model, "input": text, "api": "embeddings"});
+            cache::key(&self.endpoint.endpoint, &request)
+        };
+        let mut found: HashMap<&str, Result<Vec<f32>, String>> = HashMap::new();
+        let mut missing: Vec<&str> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for &text in texts {
+            if !seen.insert(text) {
+                continue;
+            }
+            let cached = match cache {
+                Some(cache) => cache.get(&key_of(text)).await,
+                None => None,
+            };
+            match cached.and_then(|raw| serde_json::from_str::<Vec<f32>>(&raw).ok()) {
+                Some(vector) if vector.len() == dim => {
+                    self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    found.insert(text, Ok(vector));
+                }
+                _ => missing.push(text),
+            }
+        }
+        let batches = missing.chunks(EMBED_BATCH).map(|batch| async move {
+            let body = json!({"model": self.endpoint.model, "input": batch});
+            let chars: usize = batch.iter().map(|t| t.len()).sum();
+            let count = |raw: &str| {
+                let said = serde_json::from_str::<Value>(raw)
+                    .ok()
+                    .and_then(|v| v.get("usage")?.get("prompt_tokens")?.as_u64());
+                (said.unwrap_or((chars / 4 + 1) as u64), 0)
+            };
+            let answered = self
+                .request(call, "embeddings", &body, (chars / 4 + 1) as f64, &count)
+                .await?;
+            Ok::<_, LlmError>((
+                batch,
+                answered.and_then(|raw| vectors_of(&raw, batch.len(), dim)),
+            ))
+        });
+        for (batch, vectors) in futures::future::try_join_all(batches).await? {
+            match vectors {
+                Ok(vectors) => {
+                    for (text, vector) in batch.iter().zip(vectors) {
+                        if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
+                            && let Ok(vector) = &vector
+                            && let Ok(text_json) = serde_json::to_string(vector)
+                            && let Err(warning) = cache.put(&key_of(text), &text_json).await
+                        {
+                            self.warned.say_once(warning);
+                        }
+                        found.insert(text, vector);
+                    }
+                }
+                Err(why) => {
+                    for text in batch {
+                        found.insert(text, Err(why.clone()));
+                    }
+                }
+            }
+        }
+        spend::check(call.statement, call.options)?;
+        Ok(texts
+            .iter()
+            .map(|t| {
+                found
+                    .get(t)
+                    .cloned()
+                    .unwrap_or_else(|| Err("no answer".into()))
+            })
+            .collect())
+    }
+
+    /// `body` sent to `{endpoint}/{path}` until it is answered, past the model's requests at
+    /// once and its pace (`reserve`: the tokens it may take), tried again as the failure says;
+    /// the reply's body, its tokens (as `count` reads them) charged to the statement, or why
+    /// there is none (the rows' error). `Err`: the statement stops (its budget, no key).
+    async fn request(
+        &self,
+        call: &Call<'_>,
+        path: &str,
+        body: &Value,
+        reserve: f64,
+        count: &(dyn Fn(&str) -> (u64, u64) + Sync),
+    ) -> Result<Result<String, String>, LlmError> {
         spend::check(call.statement, call.options)?;
         let api_key = self.api_key()?;
         let _permit = self
@@ -369,57 +496,40 @@ impl EndpointModel {
             .acquire()
             .await
             .map_err(|_| LlmError::Call("the model's requests were closed".into()))?;
-        let prompt_chars: usize = body["messages"]
-            .as_array()
-            .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
-        let estimate = (prompt_chars / 4 + self.endpoint.max_tokens as usize) as f64;
         let mut attempt: u32 = 0;
         loop {
-            self.pace.take(estimate).await;
+            self.pace.take(reserve).await;
             spend::check(call.statement, call.options)?;
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let timeout = Duration::from_secs_f64(self.endpoint.timeout);
-            let verdict =
-                match tokio::time::timeout(timeout, self.send(body, api_key.as_deref())).await {
-                    Ok(verdict) => verdict,
-                    Err(_) => Verdict::Retry {
-                        why: format!("no reply within {} s ('timeout')", self.endpoint.timeout),
-                        after: None,
-                        slow_down: false,
-                    },
-                };
+            let sent = self.send(path, body, api_key.as_deref());
+            let verdict = match tokio::time::timeout(timeout, sent).await {
+                Ok(verdict) => verdict,
+                Err(_) => Verdict::Retry {
+                    why: format!("no reply within {} s ('timeout')", self.endpoint.timeout),
+                    after: None,
+                    slow_down: false,
+                },
+            };
             match verdict {
-                Verdict::Reply(mut reply) => {
-                    if reply.estimated {
-                        reply.prompt_tokens = (prompt_chars / 4 + 1) as u64;
-                    }
-                    let used = reply.prompt_tokens.saturating_add(reply.completion_tokens) as f64;
-                    self.pace.settle(estimate, used);
-                    let cost = (reply.prompt_tokens as f64 * self.endpoint.input_price_per_million
-                        + reply.completion_tokens as f64 * self.endpoint.output_price_per_million)
+                Verdict::Body(raw) => {
+                    let (prompt, completion) = count(&raw);
+                    let (prompt, completion) = (
+                        prompt.min(MAX_TOKENS_A_REPLY),
+                        completion.min(MAX_TOKENS_A_REPLY),
+                    );
+                    self.pace
+                        .settle(reserve, prompt.saturating_add(completion) as f64);
+                    let cost = (prompt as f64 * self.endpoint.input_price_per_million
+                        + completion as f64 * self.endpoint.output_price_per_million)
                         / 1e6;
                     let c = &self.counters;
-                    c.prompt_tokens
-                        .fetch_add(reply.prompt_tokens, Ordering::Relaxed);
-                    c.completion_tokens
-                        .fetch_add(reply.completion_tokens, Ordering::Relaxed);
+                    c.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+                    c.completion_tokens.fetch_add(completion, Ordering::Relaxed);
                     c.cost_nanos
                         .fetch_add((cost * 1e9).round() as u64, Ordering::Relaxed);
-                    spend::charge(
-                        call.statement,
-                        reply.prompt_tokens,
-                        reply.completion_tokens,
-                        cost,
-                    );
-                    if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
-                        && let Err(warning) = cache.put(key, &reply.raw).await
-                    {
-                        self.warned.say_once(warning);
-                    }
-                    // Past its budget, the statement stops now: this answer is kept in the
-                    // cache, and the requests in flight are cancelled.
-                    spend::check(call.statement, call.options)?;
-                    return Ok(Ok(Arc::new(reply)));
+                    spend::charge(call.statement, prompt, completion, cost);
+                    return Ok(Ok(raw));
                 }
                 Verdict::Final(why) => return Ok(Err(scrub(why, api_key.as_deref()))),
                 Verdict::Retry {
@@ -453,9 +563,9 @@ impl EndpointModel {
         }
     }
 
-    /// One try of `body`.
-    async fn send(&self, body: &Value, api_key: Option<&str>) -> Verdict {
-        let url = format!("{}/chat/completions", self.endpoint.endpoint);
+    /// One try of `body` at `{endpoint}/{path}`.
+    async fn send(&self, path: &str, body: &Value, api_key: Option<&str>) -> Verdict {
+        let url = format!("{}/{path}", self.endpoint.endpoint);
         let mut request = self.http.post(&url).json(body);
         if let Some(key) = api_key {
             request = request.bearer_auth(key);
@@ -479,10 +589,7 @@ impl EndpointModel {
             Err(e) => return transport(e),
         };
         if status.is_success() {
-            return match Reply::parse(text) {
-                Ok(reply) => Verdict::Reply(reply),
-                Err(why) => Verdict::Final(why),
-            };
+            return Verdict::Body(text);
         }
         let error = serde_json::from_str::<Value>(&text)
             .ok()
@@ -532,6 +639,45 @@ impl EndpointModel {
             }
         }
     }
+}
+
+/// The `count` vectors of `dim` values an embeddings reply holds, in the order of its inputs
+/// (its `data[i].index`), or why it does not.
+fn vectors_of(
+    raw: &str,
+    count: usize,
+    dim: usize,
+) -> Result<Vec<Result<Vec<f32>, String>>, String> {
+    let not = |why: &str| format!("the endpoint's reply is not {why}: {}", excerpt(raw));
+    let json: Value = serde_json::from_str(raw).map_err(|_| not("JSON"))?;
+    let data = json
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| not("a list of embeddings"))?;
+    let mut out: Vec<Result<Vec<f32>, String>> =
+        vec![Err("the reply has no embedding for it".into()); count];
+    for (i, item) in data.iter().enumerate() {
+        let index = item
+            .get("index")
+            .and_then(Value::as_u64)
+            .map_or(i, |n| n as usize);
+        let Some(slot) = out.get_mut(index) else {
+            return Err(not("one embedding per input"));
+        };
+        let values: Option<Vec<f32>> = item
+            .get("embedding")
+            .and_then(Value::as_array)
+            .and_then(|v| v.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
+        *slot = match values {
+            Some(v) if v.len() == dim => Ok(v),
+            Some(v) => Err(format!(
+                "the endpoint's vector has {} values, and the model's 'dimensions' is {dim}",
+                v.len()
+            )),
+            None => Err(not("a list of numbers")),
+        };
+    }
+    Ok(out)
 }
 
 /// `text` without the key, should a server have echoed it.

@@ -92,6 +92,10 @@ pub struct Endpoint {
     pub max_retries: u32,
     /// Seconds one request may take before it is tried again.
     pub timeout: f64,
+    /// The length of an embedding endpoint's vectors (`embed`'s type is fixed when a query is
+    /// planned).
+    #[serde(default)]
+    pub dimensions: Option<usize>,
 }
 
 /// The options `CREATE MODEL name OPTIONS (...)` takes for an endpoint model, for messages.
@@ -111,6 +115,7 @@ pub const OPTIONS: &[&str] = &[
     "output_price_per_million",
     "max_retries",
     "timeout",
+    "dimensions",
 ];
 
 impl Endpoint {
@@ -245,7 +250,24 @@ impl Endpoint {
                 p => Ok(p),
             }
         };
+        let dimensions = match (kind, text("dimensions")) {
+            (Kind::Embedding, None) => {
+                return Err(problem(
+                    "an embedding endpoint needs 'dimensions', the length of its vectors".into(),
+                ));
+            }
+            (Kind::Chat, Some(_)) => {
+                return Err(problem(
+                    "'dimensions' is the length of an embedding endpoint's vectors ('kind' \
+                     'embedding')"
+                        .into(),
+                ));
+            }
+            (_, None) => None,
+            (_, Some(_)) => Some(whole("dimensions", 0, 1)?.min(MAX_DIMENSIONS as u64) as usize),
+        };
         Ok(Endpoint {
+            dimensions,
             endpoint: endpoint.trim_end_matches('/').to_string(),
             model,
             kind,
@@ -280,6 +302,12 @@ impl Endpoint {
             && endpoint.max_tokens >= 1
             && (0.001..=86_400.0).contains(&endpoint.timeout)
             && endpoint.max_retries <= 100
+            && match endpoint.kind {
+                Kind::Chat => endpoint.dimensions.is_none(),
+                Kind::Embedding => endpoint
+                    .dimensions
+                    .is_some_and(|d| (1..=MAX_DIMENSIONS).contains(&d)),
+            }
             && rate(endpoint.requests_per_minute)
             && rate(endpoint.tokens_per_minute)
             && price(endpoint.input_price_per_million)
@@ -355,9 +383,33 @@ impl Endpoint {
         );
         add("max_retries", Some(self.max_retries.to_string()));
         add("timeout", Some(format!("{} s", self.timeout)));
+        add("dimensions", self.dimensions.map(|d| d.to_string()));
         rows
     }
 }
+
+/// `work`, ended at once by a stop signal the statement's `stop` sees (within 100 ms): the
+/// requests it has in flight are dropped, and so cancelled.
+pub async fn until_stopped<T>(
+    work: impl std::future::Future<Output = Result<T, LlmError>>,
+    stop: crate::stop::StopToken,
+) -> crate::error::Result<T> {
+    let stopped = async {
+        loop {
+            if let Err(e) = stop.check() {
+                return e;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        done = work => done.map_err(crate::error::Error::from),
+        e = stopped => Err(e),
+    }
+}
+
+/// The longest vectors an embedding endpoint may give.
+const MAX_DIMENSIONS: usize = 65_536;
 
 /// The least `requests_per_minute` and `tokens_per_minute` take.
 const MIN_RATE: f64 = 0.01;

@@ -107,6 +107,10 @@ impl ScalarUDFImpl for EmbedUdf {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
+        if let Some(endpoint) = self.registry.endpoint_if(&name, None)? {
+            let dim = super::embed_endpoint::dimensions(&endpoint)?;
+            return Ok(Arc::new(Field::new(self.name(), vector_type(dim), true)));
+        }
         let (_, dim) = self.model(&name, args.arg_fields[1].data_type(), None)?;
         Ok(Arc::new(Field::new(self.name(), vector_type(dim), true)))
     }
@@ -116,6 +120,12 @@ impl ScalarUDFImpl for EmbedUdf {
             ColumnarValue::Scalar(value) => model_name_of(Some(value))?,
             _ => model_name_of(None)?,
         };
+        if let Some(endpoint) = self
+            .registry
+            .endpoint_if(&name, Some(&args.config_options))?
+        {
+            return super::embed_endpoint::invoke(&endpoint, &args, self.registry.stores());
+        }
         let rows = args.number_rows;
         let text_array = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
         let session = args.config_options.extensions.get::<BatchInferOptions>();
@@ -174,7 +184,7 @@ impl ScalarUDFImpl for EmbedUdf {
 
 /// The vectors of the texts that are not NULL (and their failures) spread back over the rows:
 /// zeros under NULLs.
-fn spread(
+pub(super) fn spread(
     texts: &StringArray,
     rows: usize,
     dim: usize,
@@ -201,7 +211,7 @@ fn spread(
 
 /// The `FixedSizeList` column of `values`: NULL under a NULL text and under a text the model
 /// failed on.
-fn vector_column(
+pub(super) fn vector_column(
     texts: &StringArray,
     rows: usize,
     dim: usize,

@@ -286,17 +286,5 @@ async fn ask_all(
         }
     });
     let all = futures::future::try_join_all(asks);
-    let stop = statement.stop();
-    let stopped = async {
-        loop {
-            if let Err(e) = stop.check() {
-                return e;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    };
-    tokio::select! {
-        outcomes = all => outcomes.map_err(|e| Error::from(e).into()),
-        e = stopped => Err(e.into()),
-    }
+    Ok(crate::llm::until_stopped(all, statement.stop()).await?)
 }

@@ -2,6 +2,7 @@
 
 pub mod by_name;
 pub mod embed;
+mod embed_endpoint;
 pub mod generate;
 pub mod models;
 pub mod names;

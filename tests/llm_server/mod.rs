@@ -98,3 +98,11 @@ pub fn proxy(faults: &[&str]) -> Server {
     args.extend_from_slice(faults);
     Server::start(&args)
 }
+
+/// A llama.cpp server of embeddings (`--embedding`), shared by every test.
+pub fn llama_embeddings() -> &'static Server {
+    static EMBEDDINGS: OnceLock<Server> = OnceLock::new();
+    EMBEDDINGS.get_or_init(|| {
+        Server::start(&["serve", "--parallel", "2", "--threads", "1", "--embedding"])
+    })
+}

@@ -53,6 +53,22 @@ impl ModelRegistry {
         }
     }
 
+    /// The endpoint model `name`, if `name` is one for the query's session (see
+    /// [`Self::resolve_endpoint`]); `None` for a model file.
+    pub fn endpoint_if(
+        &self,
+        name: &str,
+        config: Option<&datafusion::config::ConfigOptions>,
+    ) -> Result<Option<Arc<EndpointModel>>> {
+        let shared =
+            crate::statement_context::StatementContext::of(config).and_then(|s| s.models.get(name));
+        match shared {
+            Some(model) if model.endpoint.is_some() => self.shared_endpoint(name, model).map(Some),
+            Some(_) => Ok(None),
+            None => Ok(self.endpoint_model(name)),
+        }
+    }
+
     /// The endpoint model of a client's definition, one per definition in the process (its
     /// requests at once and its pace shared by every query that names it).
     pub(super) fn shared_endpoint(
@@ -148,11 +164,7 @@ impl ModelRegistry {
         let model = self.endpoint_model(name)?;
         let how = match model.endpoint.kind {
             crate::llm::Kind::Chat => format!("call it with generate('{name}', prompt)"),
-            crate::llm::Kind::Embedding => {
-                "embedding endpoints are not called by embed yet: embed takes a text model's \
-                 folder (CREATE MODEL name FROM 'folder/')"
-                    .to_string()
-            }
+            crate::llm::Kind::Embedding => format!("call it with embed('{name}', text)"),
         };
         Some(Error::model(
             name,
