@@ -11,8 +11,10 @@
 
 mod common;
 
-use std::io::BufRead;
-use std::process::{Command, Stdio};
+#[path = "../tests/llm_server/mod.rs"]
+mod llm_server;
+
+use std::process::Command;
 
 use common::{arg, run_measured};
 
@@ -26,15 +28,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let repeat: usize = arg("--repeat").and_then(|v| v.parse().ok()).unwrap_or(2);
-    let python = String::from_utf8(
-        Command::new("scripts/llm_server.sh")
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_string();
+    let python = llm_server::python();
     let pip = Command::new(&python)
         .args([
             "-m",
@@ -47,31 +41,8 @@ fn main() {
         .status()
         .unwrap();
     assert!(pip.success(), "pip install httpx");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new(&python)
-        .args([
-            "scripts/llm_server.py",
-            "serve",
-            "--parallel",
-            "4",
-            "--threads",
-            "2",
-        ])
-        .args(["--port", &port.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let server = llm_server::Server::start(&["serve", "--parallel", "4", "--threads", "2"]);
+    let port = server.port;
     let url = format!("http://127.0.0.1:{port}/v1");
     let dir = std::path::PathBuf::from("target/bench-data/llmbench");
     let _ = std::fs::remove_dir_all(&dir);
@@ -136,6 +107,5 @@ fn main() {
         "batchinfer, cache on: first run {:.2} s, re-run from the cache {:.2} s ({:.0} MiB)",
         fill.0, cached.0, cached.1
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }

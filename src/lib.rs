@@ -115,7 +115,9 @@
 //!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and
 //!   identical requests sent once (`client.rs`), pacing (`pace.rs`), typed output (`output.rs`),
 //!   the warehouse's cache of answers (`cache.rs`), a statement's spending against its budget
-//!   (`spend.rs`); the registry keeps them beside the model files (`model/registry/endpoints.rs`).
+//!   (`spend.rs`); the registry keeps them beside the model files, and a cluster client's
+//!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
+//!   is `udf/embed_endpoint.rs`.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 

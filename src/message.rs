@@ -63,3 +63,19 @@ impl Warnings {
         }
     }
 }
+
+/// An error's text with what it says under it (its sources), each said once: some libraries'
+/// own text stops at "error sending request" or "db error", and the reason is a source of theirs.
+pub fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -102,16 +102,7 @@ short = pq.read_table(f"{wh}/short.parquet").to_pylist()
 assert all(r["p"] is None for r in short), short
 print(good, len(rows), len(short))
 "#;
-    let out = Command::new(readers_python())
-        .args(["-c", check, &wh.display().to_string()])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{said} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = python_check(check, &[&wh.display().to_string()]);
     let counts: Vec<usize> = said
         .split_whitespace()
         .map(|n| n.parse().unwrap())
@@ -133,22 +124,27 @@ for r in rows:
     assert any(isinstance(v, str) and v.startswith("Extract the name") for v in r.values()), r
 print("ok")
 "#;
-    let out = Command::new(readers_python())
-        .args(["-c", check, &wh.display().to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_check(check, &[&wh.display().to_string()]);
 }
 
-/// The python with pyarrow (scripts/python_readers.sh's environment).
-fn readers_python() -> PathBuf {
+/// What the Python `check` (run with pyarrow, scripts/python_readers.sh's environment) printed
+/// given `args`; the test fails with its error if it fails.
+fn python_check(check: &str, args: &[&str]) -> String {
     let out = Command::new("scripts/python_readers.sh").output().unwrap();
     assert!(out.status.success());
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let out = Command::new(python)
+        .args(["-c", check])
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
 }
 
 #[test]
@@ -819,21 +815,13 @@ for i, text in enumerate(texts):
     assert worst < 1e-5, (i, worst)
 print("ok")
 "#;
-    let out = Command::new(readers_python())
-        .args([
-            "-c",
-            check,
+    python_check(
+        check,
+        &[
             &server.url(),
             &wh.display().to_string(),
             &serde_json::to_string(&texts).unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     // Again: the vectors come from the cache, two texts (one asked twice).
     let again = query(wh, &sql);

@@ -30,16 +30,7 @@ impl Catalog {
                 or_replace,
                 quantize,
             } => {
-                check_name("model", &name)?;
-                self.check_not_a_folder_model(&name)?;
-                if self.registry.contains(&name) && !or_replace {
-                    return Err(Error::model(
-                        &name,
-                        format!(
-                            "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
-                        ),
-                    ));
-                }
+                self.check_definable(&name, or_replace)?;
                 let source = model_source(&name, &source, self.registry.stores()).await?;
                 let (model, quantized) = self.model_of(&name, &source, quantize.is_some()).await?;
                 let model = Arc::new(model);
@@ -64,16 +55,7 @@ impl Catalog {
                 or_replace,
                 options,
             } => {
-                check_name("model", &name)?;
-                self.check_not_a_folder_model(&name)?;
-                if self.registry.contains(&name) && !or_replace {
-                    return Err(Error::model(
-                        &name,
-                        format!(
-                            "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
-                        ),
-                    ));
-                }
+                self.check_definable(&name, or_replace)?;
                 let endpoint = Endpoint::from_options(&name, &options)?;
                 let definition = Definition {
                     source: endpoint.endpoint.clone(),
@@ -177,6 +159,22 @@ impl Catalog {
         let options = self.registry.session_options();
         let model = Model::load(name, source, options, self.registry.stores())?;
         Ok((model, None))
+    }
+
+    /// Refuses a CREATE MODEL of `name` that cannot be: not a name, a model of `--models`, or
+    /// one that exists without OR REPLACE.
+    fn check_definable(&self, name: &str, or_replace: bool) -> Result<()> {
+        check_name("model", name)?;
+        self.check_not_a_folder_model(name)?;
+        if self.registry.contains(name) && !or_replace {
+            return Err(Error::model(
+                name,
+                format!(
+                    "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses to redefine or drop a model of `--models`: it is a file, read again by every

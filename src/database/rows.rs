@@ -191,17 +191,7 @@ impl TableProvider for DatabaseTable {
 /// error" or "Unable to insert", the server's reason (a constraint, a value) is a source of
 /// theirs.
 fn with_causes(err: DataFusionError) -> DataFusionError {
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    DataFusionError::Execution(text)
+    DataFusionError::Execution(crate::message::with_causes(&err))
 }
 
 /// What [`Around`] does to the errors of the plan it wraps.

@@ -709,7 +709,7 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Option<String>, 
 /// A request that did not reach the server or got no whole reply: tried again, except for one
 /// that could not be built.
 fn transport(e: reqwest::Error) -> Verdict {
-    let why = format!("the request failed: {}", chain(&e));
+    let why = format!("the request failed: {}", crate::message::with_causes(&e));
     if e.is_builder() {
         Verdict::Final(why)
     } else {
@@ -731,19 +731,4 @@ fn backoff(attempt: u32) -> Duration {
         .finish();
     let jitter = 0.5 + 0.5 * (random as f64 / u64::MAX as f64);
     Duration::from_secs_f64(base * jitter)
-}
-
-/// An error with its causes: reqwest's own says only "error sending request".
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }

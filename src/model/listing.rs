@@ -114,6 +114,12 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
     if let Some(text) = &model.text {
         rows.extend(text_rows(model, text));
     }
+    described(&rows)
+}
+
+/// DESCRIBE MODEL's rows as its batch: kind, name, type, and the shape where there is one
+/// (settings and return types have none).
+fn described(rows: &[[String; 4]]) -> Result<RecordBatch> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("kind", DataType::Utf8, false),
         Field::new("name", DataType::Utf8, false),
@@ -127,7 +133,6 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
             )) as ArrayRef
         })
         .collect();
-    // Settings and return types have no shape.
     columns.push(Arc::new(
         rows.iter()
             .map(|r| (!r[3].is_empty()).then(|| r[3].clone()))
@@ -149,21 +154,7 @@ pub fn describe_endpoint_batch(model: &crate::llm::EndpointModel) -> Result<Reco
         "definition sha256",
         model.sha256.clone(),
     ));
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("kind", DataType::Utf8, false),
-        Field::new("name", DataType::Utf8, false),
-        Field::new("type", DataType::Utf8, false),
-        Field::new("shape", DataType::Utf8, true),
-    ]));
-    let mut columns: Vec<ArrayRef> = (0..3)
-        .map(|c| {
-            Arc::new(StringArray::from_iter_values(
-                rows.iter().map(|r| r[c].clone()),
-            )) as ArrayRef
-        })
-        .collect();
-    columns.push(Arc::new(StringArray::new_null(rows.len())));
-    Ok(RecordBatch::try_new(schema, columns)?)
+    described(&rows)
 }
 
 /// A row of DESCRIBE MODEL without a shape.

@@ -121,17 +121,6 @@ where
         Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
             Ok(tokio::task::block_in_place(|| handle.block_on(future)))
         }
-        _ => std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map(|runtime| runtime.block_on(future))
-                })
-                .join()
-        })
-        .map_err(|_| Error::Internal("embed's requests panicked".into()))?
-        .map_err(|e| Error::Internal(format!("no runtime for embed's requests: {e}")).into()),
+        _ => Ok(crate::storage::block_on_io(future)?),
     }
 }

@@ -27,6 +27,7 @@ use datafusion::logical_expr::{
 };
 use serde_json::Value;
 
+use super::string_literal;
 use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
 use crate::llm::client::{Call, Outcome};
@@ -70,17 +71,6 @@ impl GenerateUdf {
             );
         }
         Ok(model)
-    }
-}
-
-fn string_literal(value: Option<&ScalarValue>) -> Option<String> {
-    match value {
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Some(s.clone()),
-        _ => None,
     }
 }
 

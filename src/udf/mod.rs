@@ -21,18 +21,26 @@ pub use vector::CosineSimilarity;
 
 use datafusion::common::{ScalarValue, plan_err};
 
-/// The model name of a call: a non-NULL string literal, else a planning error showing `usage`.
-pub(crate) fn model_name(
-    arg: Option<&ScalarValue>,
-    usage: &str,
-) -> datafusion::error::Result<String> {
+/// The text of a non-NULL string literal argument, if the argument is one.
+pub(crate) fn string_literal(arg: Option<&ScalarValue>) -> Option<String> {
     match arg {
         Some(
             ScalarValue::Utf8(Some(s))
             | ScalarValue::LargeUtf8(Some(s))
             | ScalarValue::Utf8View(Some(s)),
-        ) => Ok(s.clone()),
-        _ => plan_err!("{usage}"),
+        ) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The model name of a call: a non-NULL string literal, else a planning error showing `usage`.
+pub(crate) fn model_name(
+    arg: Option<&ScalarValue>,
+    usage: &str,
+) -> datafusion::error::Result<String> {
+    match string_literal(arg) {
+        Some(name) => Ok(name),
+        None => plan_err!("{usage}"),
     }
 }
 
