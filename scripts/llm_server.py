@@ -77,7 +77,7 @@ def serve(args):
 
 def proxy(args):
     lock = threading.Lock()
-    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0}
+    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0, "inputs": 0}
     upstream = args.upstream.rstrip("/").removeprefix("http://")
     host, port = upstream.split(":")
 
@@ -107,9 +107,15 @@ def proxy(args):
         def do_POST(self):
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
+            try:
+                inputs = json.loads(body).get("input")
+            except ValueError:
+                inputs = None
             with lock:
                 counts["received"] += 1
                 n = counts["received"]
+                if isinstance(inputs, list):
+                    counts["inputs"] += len(inputs)
             if n <= args.echo_first:
                 # A hostile server: the request's key in the reply, and no usage (or a usage past
                 # any count).

@@ -699,3 +699,62 @@ fn generate_on_the_cluster_asks_once_per_row_and_fills_the_clients_cache() {
     assert_eq!(again, first);
     assert_eq!(front.count("received"), sent);
 }
+
+/// `embed` of an embedding endpoint through the cluster, the model defined by the client only:
+/// the vectors of one process.
+#[test]
+fn embed_of_an_endpoint_on_the_cluster_gives_the_vectors_of_one_process() {
+    let data = tempfile::tempdir().unwrap();
+    let input = data.path().join("in");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id, 'text ' || CAST(value % 5 AS VARCHAR) AS body FROM \
+             range(40)) TO '{}/' STORED AS PARQUET",
+            input.display()
+        ),
+    );
+    let server = llm_server::llama_embeddings();
+    let cluster = Cluster::start(2, None);
+    let define = format!(
+        "CREATE OR REPLACE MODEL vec OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'kind' \
+         'embedding', 'dimensions' '576');",
+        server.url()
+    );
+    // The whole vectors (a field of one, `embed(...)[1]`, is pushed into the scan by the
+    // optimizer, which Ballista cannot send to an executor).
+    let select = format!(
+        "SELECT id, embed('vec', body) AS v FROM '{}/' ORDER BY id",
+        input.display()
+    );
+    ok(&cluster.query(None, &define));
+    let remote = ok(&cluster.query(None, &select));
+    let one = local(
+        Path::new("data/models"),
+        &format!("{define} SET batchinfer.cache = 'off'; {select}"),
+    );
+    // The server embeds texts in batches of another make-up in each run: the same vectors
+    // within 1e-4 each.
+    let values = |csv: &str| -> Vec<Vec<f64>> {
+        csv.lines()
+            .skip(1)
+            .map(|line| {
+                line.split(['[', ']', ',', '"'])
+                    .filter_map(|v| v.trim().parse::<f64>().ok())
+                    .collect()
+            })
+            .collect()
+    };
+    let (remote, one) = (values(&remote), values(&one));
+    assert_eq!(remote.len(), 40);
+    assert_eq!(remote.len(), one.len());
+    for (a, b) in remote.iter().zip(&one) {
+        assert_eq!(a.len(), 577, "the id and 576 values");
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{worst}");
+    }
+}

@@ -846,3 +846,36 @@ print("ok")
         &["embedding endpoint"],
     );
 }
+
+#[test]
+fn embed_asks_for_each_text_once_a_statement_and_keeps_what_a_budget_stopped_paid_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = llm_server::Server::start(&[
+        "proxy",
+        "--upstream",
+        &format!("http://127.0.0.1:{}", llm_server::llama_embeddings().port),
+    ]);
+    let define = format!(
+        "CREATE OR REPLACE MODEL vec OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'kind' \
+         'embedding', 'dimensions' '576', 'max_concurrency' '4');",
+        front.url()
+    );
+    assert_ok(&query(wh, &define));
+    // Ten texts over 1,000 rows, in batches of 100 on four partitions, the cache off.
+    let sql = "SET batchinfer.cache = 'off'; SET datafusion.execution.target_partitions = '4'; \
+               SET datafusion.execution.batch_size = '100'; SELECT count(v) FROM (SELECT \
+               embed('vec', 'text ' || CAST(value % 10 AS VARCHAR)) AS v FROM range(1000))";
+    assert_ok(&query(wh, sql));
+    assert_eq!(front.count("inputs"), 10, "{}", front.counts());
+    // A budget stops the statement: the vectors it was answered are in the cache.
+    let sql = "SET batchinfer.max_llm_tokens = '50'; CREATE TABLE t AS SELECT value, \
+               embed('vec', 'text number ' || CAST(value AS VARCHAR)) AS v FROM range(500)";
+    let out = output_within(
+        bin().arg("--warehouse").arg(wh).args(["query", "-e", sql]),
+        DEADLINE,
+    );
+    assert_failure(&out, &["batchinfer.max_llm_tokens = '50'"]);
+    let kept = common::files_under(&wh.join("llm-cache")).len();
+    assert!(kept >= 64, "{kept} vectors kept of {}", front.counts());
+}

@@ -16,6 +16,21 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+/// Writes [`Cache::put_soon`] started and nobody has waited for yet.
+static PENDING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Whether a failed write was said.
+static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Waits for the writes [`Cache::put_soon`] started.
+pub async fn flush() {
+    let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
+    for write in pending {
+        let _ = write.await;
+    }
+}
+
 /// The warehouse's folder of answers.
 pub const FOLDER: &str = "llm-cache";
 
@@ -114,6 +129,24 @@ impl Cache {
                     self.prefix
                 )
             })
+    }
+
+    /// Keeps `reply` for `key` on a task of its own, so that a statement that stops meanwhile
+    /// (its budget, another row's error) still keeps what it paid for; [`flush`] waits for such
+    /// writes. A failure to keep one is said once.
+    pub fn put_soon(&self, key: &str, reply: String) {
+        let (cache, key) = (self.clone(), key.to_string());
+        let write = tokio::spawn(async move {
+            if let Err(warning) = cache.put(&key, &reply).await
+                && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!("warning: {warning}");
+            }
+        });
+        PENDING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(write);
     }
 
     /// The entries and their bytes.

@@ -17,7 +17,6 @@ use super::output::excerpt;
 use super::pace::{Pace, header_duration};
 use super::{Endpoint, LlmError, spend};
 use crate::config::BatchInferOptions;
-use crate::message::Warnings;
 
 /// A chat completion as the endpoint gave it.
 #[derive(Debug)]
@@ -226,7 +225,79 @@ pub struct EndpointModel {
     cache: Option<Cache>,
     counters: Counters,
     memo: Mutex<Memo>,
-    warned: Warnings,
+    /// Embeddings of the statements at hand by text, asked for or answered.
+    vectors: Mutex<VectorMemo>,
+}
+
+/// An embedding as a statement's batches share it: `None` while it is asked for.
+type Shared = tokio::sync::watch::Sender<Option<Result<Vec<f32>, String>>>;
+
+/// The embeddings of the statements at hand, by statement and text, so that a statement asks for
+/// each text once; answered ones are forgotten oldest first past [`MEMO_BYTES`].
+#[derive(Debug, Default)]
+struct VectorMemo {
+    cells: HashMap<String, Shared>,
+    answered: VecDeque<(String, usize)>,
+    bytes: usize,
+}
+
+/// The texts one `embed` call asks for on its statement's behalf: answered as its requests
+/// return; those left unanswered when it ends (stopped, failed) are answered with an error and
+/// let go, so that no other batch waits for them.
+struct Claims<'a> {
+    model: &'a EndpointModel,
+    /// (text, memo key)
+    keys: Vec<(String, String)>,
+}
+
+impl Claims<'_> {
+    fn answer(
+        &self,
+        batch: &[&str],
+        vectors: &Result<Vec<Result<Vec<f32>, String>>, String>,
+        dim: usize,
+    ) {
+        let mut memo = self.model.vector_memo();
+        for (i, text) in batch.iter().enumerate() {
+            let Some((_, memo_key)) = self.keys.iter().find(|(t, _)| t == text) else {
+                continue;
+            };
+            let answer = match vectors {
+                Ok(vectors) => vectors[i].clone(),
+                Err(why) => Err(why.clone()),
+            };
+            if let Some(sender) = memo.cells.get(memo_key) {
+                sender.send_replace(Some(answer));
+            }
+            let size = dim * 4 + 64;
+            memo.answered.push_back((memo_key.clone(), size));
+            memo.bytes += size;
+        }
+        while memo.bytes > MEMO_BYTES {
+            let Some((old, size)) = memo.answered.pop_front() else {
+                break;
+            };
+            memo.bytes -= size;
+            memo.cells.remove(&old);
+        }
+    }
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        let mut memo = self.model.vector_memo();
+        for (_, memo_key) in &self.keys {
+            let unanswered = memo
+                .cells
+                .get(memo_key)
+                .is_some_and(|sender| sender.borrow().is_none());
+            if unanswered && let Some(sender) = memo.cells.remove(memo_key) {
+                sender.send_replace(Some(Err(
+                    "the request for this text was not completed".into()
+                )));
+            }
+        }
+    }
 }
 
 impl EndpointModel {
@@ -250,7 +321,7 @@ impl EndpointModel {
             cache,
             counters: Counters::default(),
             memo: Mutex::new(Memo::default()),
-            warned: Warnings::default(),
+            vectors: Mutex::new(VectorMemo::default()),
         })
     }
 
@@ -306,12 +377,16 @@ impl EndpointModel {
     pub async fn ask(&self, call: &Call<'_>, body: &Value) -> Result<Outcome, LlmError> {
         let key = cache::key(&self.endpoint.endpoint, body);
         let memo_key = format!("{}/{key}", call.statement);
-        let cell = self
-            .memo()
-            .cells
-            .entry(memo_key.clone())
-            .or_default()
-            .clone();
+        let cell = {
+            let mut memo = self.memo();
+            // Requests that were never answered (their statement stopped) and that nobody
+            // waits for are let go, so that a long-lived process does not keep them.
+            if memo.cells.len() > 2 * memo.answered.len() + 10_000 {
+                memo.cells
+                    .retain(|_, cell| cell.initialized() || Arc::strong_count(cell) > 1);
+            }
+            memo.cells.entry(memo_key.clone()).or_default().clone()
+        };
         let outcome = cell
             .get_or_try_init(|| async {
                 let outcome = self.fetch(call, &key, body).await?;
@@ -321,6 +396,10 @@ impl EndpointModel {
             })
             .await?;
         Ok(outcome.clone())
+    }
+
+    fn vector_memo(&self) -> std::sync::MutexGuard<'_, VectorMemo> {
+        self.vectors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
@@ -350,8 +429,9 @@ impl EndpointModel {
             _ => Err(LlmError::Request {
                 model: self.name.clone(),
                 problem: format!(
-                    "the environment variable {var} that 'api_key_env' names is not set: set it \
-                     to the endpoint's key"
+                    "the environment variable {var} that 'api_key_env' names is not set in this \
+                     process: set it to the endpoint's key (on a cluster, in each executor's \
+                     environment)"
                 ),
             }),
         }
@@ -383,10 +463,8 @@ impl EndpointModel {
             Ok(raw) => raw,
             Err(why) => return Ok(Err(why)),
         };
-        if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
-            && let Err(warning) = cache.put(key, &raw).await
-        {
-            self.warned.say_once(warning);
+        if let Some(cache) = cache.filter(|_| call.cache == Mode::On) {
+            cache.put_soon(key, raw.clone());
         }
         // Past its budget, the statement stops now: this answer is kept in the cache, and the
         // requests in flight are cancelled.
@@ -420,13 +498,38 @@ impl EndpointModel {
                 None => None,
             };
             match cached.and_then(|raw| serde_json::from_str::<Vec<f32>>(&raw).ok()) {
-                Some(vector) if vector.len() == dim => {
+                Some(vector) if vector.len() == dim && vector.iter().all(|x| x.is_finite()) => {
                     self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
                     found.insert(text, Ok(vector));
                 }
                 _ => missing.push(text),
             }
         }
+        // A text another batch of the statement is asking for is waited for, not sent again.
+        let mut waiting = Vec::new();
+        let mut claims = Claims {
+            model: self,
+            keys: Vec::new(),
+        };
+        {
+            let mut memo = self.vector_memo();
+            missing.retain(|text| {
+                let memo_key = format!("{}/{}", call.statement, key_of(text));
+                match memo.cells.get(&memo_key) {
+                    Some(sender) => {
+                        waiting.push((*text, sender.subscribe()));
+                        false
+                    }
+                    None => {
+                        memo.cells
+                            .insert(memo_key.clone(), tokio::sync::watch::channel(None).0);
+                        claims.keys.push((text.to_string(), memo_key));
+                        true
+                    }
+                }
+            });
+        }
+        let claims = &claims;
         let batches = missing.chunks(EMBED_BATCH).map(|batch| async move {
             let body = json!({"model": self.endpoint.model, "input": batch});
             let chars: usize = batch.iter().map(|t| t.len()).sum();
@@ -439,22 +542,26 @@ impl EndpointModel {
             let answered = self
                 .request(call, "embeddings", &body, (chars / 4 + 1) as f64, &count)
                 .await?;
-            Ok::<_, LlmError>((
-                batch,
-                answered.and_then(|raw| vectors_of(&raw, batch.len(), dim)),
-            ))
+            let vectors = answered.and_then(|raw| vectors_of(&raw, batch.len(), dim));
+            claims.answer(batch, &vectors, dim);
+            // Kept as each request is answered: a statement stopped by its budget keeps what
+            // it paid for.
+            if let (Some(cache), Ok(vectors)) = (cache.filter(|_| call.cache == Mode::On), &vectors)
+            {
+                for (text, vector) in batch.iter().zip(vectors) {
+                    if let Ok(vector) = vector
+                        && let Ok(json) = serde_json::to_string(vector)
+                    {
+                        cache.put_soon(&key_of(text), json);
+                    }
+                }
+            }
+            Ok::<_, LlmError>((batch, vectors))
         });
         for (batch, vectors) in futures::future::try_join_all(batches).await? {
             match vectors {
                 Ok(vectors) => {
                     for (text, vector) in batch.iter().zip(vectors) {
-                        if let Some(cache) = cache.filter(|_| call.cache == Mode::On)
-                            && let Ok(vector) = &vector
-                            && let Ok(text_json) = serde_json::to_string(vector)
-                            && let Err(warning) = cache.put(&key_of(text), &text_json).await
-                        {
-                            self.warned.say_once(warning);
-                        }
                         found.insert(text, vector);
                     }
                 }
@@ -464,6 +571,13 @@ impl EndpointModel {
                     }
                 }
             }
+        }
+        for (text, mut answer) in waiting {
+            let vector = match answer.wait_for(Option::is_some).await {
+                Ok(vector) => vector.clone().unwrap_or_else(|| Err("no answer".into())),
+                Err(_) => Err("the request for this text was not completed".into()),
+            };
+            found.insert(text, vector);
         }
         spend::check(call.statement, call.options)?;
         Ok(texts
@@ -657,10 +771,13 @@ fn vectors_of(
     let mut out: Vec<Result<Vec<f32>, String>> =
         vec![Err("the reply has no embedding for it".into()); count];
     for (i, item) in data.iter().enumerate() {
-        let index = item
-            .get("index")
-            .and_then(Value::as_u64)
-            .map_or(i, |n| n as usize);
+        let index = match item.get("index") {
+            None => i,
+            Some(index) => index
+                .as_u64()
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                .ok_or_else(|| not("one embedding per input, each with its index"))?,
+        };
         let Some(slot) = out.get_mut(index) else {
             return Err(not("one embedding per input"));
         };
@@ -669,6 +786,10 @@ fn vectors_of(
             .and_then(Value::as_array)
             .and_then(|v| v.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
         *slot = match values {
+            Some(v) if v.iter().any(|x| !x.is_finite()) => Err(format!(
+                "the endpoint's vector holds a value a float32 cannot hold: {}",
+                excerpt(&item.to_string())
+            )),
             Some(v) if v.len() == dim => Ok(v),
             Some(v) => Err(format!(
                 "the endpoint's vector has {} values, and the model's 'dimensions' is {dim}",
@@ -731,4 +852,38 @@ fn backoff(attempt: u32) -> Duration {
         .finish();
     let jitter = 0.5 + 0.5 * (random as f64 / u64::MAX as f64);
     Duration::from_secs_f64(base * jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_embeddings_reply_is_read_by_its_indexes_or_refused() {
+        let reply = |items: &str| format!(r#"{{"data": [{items}]}}"#);
+        let two = reply(r#"{"index": 1, "embedding": [3, 4]}, {"index": 0, "embedding": [1, 2]}"#);
+        let vectors = vectors_of(&two, 2, 2).unwrap();
+        assert_eq!(vectors[0], Ok(vec![1.0, 2.0]));
+        assert_eq!(vectors[1], Ok(vec![3.0, 4.0]));
+        for index in ["2.0", "\"1\"", "-1", "1e30"] {
+            let bad = reply(&format!(r#"{{"index": {index}, "embedding": [1, 2]}}"#));
+            assert!(vectors_of(&bad, 2, 2).is_err(), "{index}");
+        }
+        let far = reply(r#"{"index": 7, "embedding": [1, 2]}"#);
+        assert!(vectors_of(&far, 2, 2).is_err());
+        let huge = reply(r#"{"index": 0, "embedding": [1e39, 2]}"#);
+        let vectors = vectors_of(&huge, 1, 2).unwrap();
+        assert!(
+            vectors[0].as_ref().unwrap_err().contains("float32"),
+            "{vectors:?}"
+        );
+        let short = reply(r#"{"index": 0, "embedding": [1]}"#);
+        let vectors = vectors_of(&short, 1, 2).unwrap();
+        assert!(
+            vectors[0]
+                .as_ref()
+                .unwrap_err()
+                .contains("'dimensions' is 2")
+        );
+    }
 }

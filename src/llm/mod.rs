@@ -389,7 +389,8 @@ impl Endpoint {
 }
 
 /// `work`, ended at once by a stop signal the statement's `stop` sees (within 100 ms): the
-/// requests it has in flight are dropped, and so cancelled.
+/// requests it has in flight are dropped, and so cancelled; the answers it had are kept in the
+/// cache before it returns.
 pub async fn until_stopped<T>(
     work: impl std::future::Future<Output = Result<T, LlmError>>,
     stop: crate::stop::StopToken,
@@ -402,10 +403,13 @@ pub async fn until_stopped<T>(
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     };
-    tokio::select! {
+    let result = tokio::select! {
         done = work => done.map_err(crate::error::Error::from),
         e = stopped => Err(e),
-    }
+    };
+    // What was paid for is kept, whatever ended the work.
+    cache::flush().await;
+    result
 }
 
 /// The longest vectors an embedding endpoint may give.
