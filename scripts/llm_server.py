@@ -77,7 +77,8 @@ def serve(args):
 
 def proxy(args):
     lock = threading.Lock()
-    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0, "inputs": 0}
+    counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0, "inputs": 0,
+              "in_flight": 0, "most_in_flight": 0}
     upstream = args.upstream.rstrip("/").removeprefix("http://")
     host, port = upstream.split(":")
 
@@ -154,10 +155,20 @@ def proxy(args):
                     headers,
                 )
                 return
-            if args.delay and n <= args.reset_first + args.first + args.delay_first:
+            with lock:
+                counts["in_flight"] += 1
+                counts["most_in_flight"] = max(counts["most_in_flight"], counts["in_flight"])
+            try:
+                if args.delay and n <= args.reset_first + args.first + args.delay_first:
+                    with lock:
+                        counts["delayed"] += 1
+                    time.sleep(args.delay)
+                self.forward(body)
+            finally:
                 with lock:
-                    counts["delayed"] += 1
-                time.sleep(args.delay)
+                    counts["in_flight"] -= 1
+
+        def forward(self, body):
             conn = http.client.HTTPConnection(host, int(port), timeout=600)
             headers = {"Content-Type": "application/json"}
             if self.headers.get("Authorization"):

@@ -33,6 +33,9 @@ pub struct StatementContext {
     /// Whether it keeps its rejected rows (`on_error = 'reject'` when it was tagged), as the
     /// engine that tagged it counts them when it ends.
     pub keeps_rejects: bool,
+    /// On a cluster, the executors alive when the scheduler planned it (0 elsewhere): each
+    /// takes this share of an endpoint model's limits ([`crate::llm`]).
+    pub executors: usize,
 }
 
 /// The prefix of the statement's entries among a session's options.
@@ -73,6 +76,13 @@ impl ExtensionOptions for StatementContext {
             "text" => self.text = value.to_string(),
             "rejects" => self.rejects = value.to_string(),
             "models" => self.models = SharedModels::parse(value)?,
+            "executors" => {
+                self.executors = value.parse().map_err(|_| {
+                    DataFusionError::Configuration(format!(
+                        "{PREFIX}.executors is a count, not '{value}'"
+                    ))
+                })?
+            }
             _ => {
                 return Err(DataFusionError::Configuration(format!(
                     "{PREFIX}.{key} is not a part of a statement"
@@ -99,6 +109,11 @@ impl ExtensionOptions for StatementContext {
                 "rejects",
                 self.rejects.clone(),
                 "Where the statement's rejected rows go.",
+            ),
+            entry(
+                "executors",
+                self.executors.to_string(),
+                "The executors that share an endpoint model's limits (0: not on a cluster).",
             ),
             entry(
                 "models",
@@ -229,6 +244,7 @@ mod tests {
             text: "SELECT 1".into(),
             rejects: "/tmp/rejects/".into(),
             stop_signals_before: 3,
+            executors: 2,
             ..Default::default()
         };
         statement.models = SharedModels::parse(r#"{"x": "/m/x.onnx"}"#).unwrap();

@@ -758,3 +758,43 @@ fn embed_of_an_endpoint_on_the_cluster_gives_the_vectors_of_one_process() {
         assert!(worst < 1e-4, "{worst}");
     }
 }
+
+/// Each executor takes its share of an endpoint model's limits: with `max_concurrency` 2 over
+/// two executors, at most two requests are ever in flight at the server (four without the
+/// share: eight tasks keep both executors busy, each with rows to ask for at once).
+#[test]
+fn executors_share_an_endpoint_models_limits() {
+    let data = tempfile::tempdir().unwrap();
+    let input = data.path().join("in");
+    for part in 0..8 {
+        local(
+            Path::new("data/models"),
+            &format!(
+                "COPY (SELECT value AS id, 'Say ' || CAST(value AS VARCHAR) AS prompt FROM \
+                 range({}, {})) TO '{}/part{part}.parquet' STORED AS PARQUET",
+                part * 4,
+                part * 4 + 4,
+                input.display()
+            ),
+        );
+    }
+    // Every request held half a second at the proxy, so that those sent together overlap.
+    let front = llm_server::proxy(&["--delay", "0.5", "--delay-first", "1000"]);
+    let cluster = Cluster::start(2, None);
+    let define = format!(
+        "CREATE OR REPLACE MODEL m OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'max_tokens' \
+         '2', 'max_concurrency' '2');",
+        front.url()
+    );
+    ok(&cluster.query(None, &define));
+    let select = format!(
+        "SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null'; SET \
+         datafusion.execution.target_partitions = '8'; SELECT count(g) FROM (SELECT \
+         generate('m', prompt) AS g FROM '{}/')",
+        input.display()
+    );
+    ok(&cluster.query(None, &select));
+    assert_eq!(front.count("received"), 32, "{}", front.counts());
+    let most = front.count("most_in_flight");
+    assert!((1..=2).contains(&most), "{}", front.counts());
+}

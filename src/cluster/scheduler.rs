@@ -28,9 +28,18 @@ struct Scheduler {
 impl Scheduler {
     /// The state for a client's session: planning reads each model's signature, through the
     /// model definitions of that client ([`crate::model::shared`]).
-    fn session_state(&self, config: SessionConfig) -> datafusion::error::Result<SessionState> {
+    fn session_state(&self, mut config: SessionConfig) -> datafusion::error::Result<SessionState> {
         if let Some(executors) = self.executors.get() {
             executors.wait_for_one()?;
+            // Each executor takes its share of an endpoint model's limits: the statement
+            // travels to them with the count.
+            if let Some(statement) = config
+                .options_mut()
+                .extensions
+                .get_mut::<StatementContext>()
+            {
+                statement.executors = executors.alive();
+            }
         }
         let registry = match config.options().extensions.get::<StatementContext>() {
             Some(statement) => self.node.registry.for_session(&statement.models)?,

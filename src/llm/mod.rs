@@ -286,6 +286,19 @@ impl Endpoint {
         })
     }
 
+    /// The definition with `1 / executors` of its limits (requests at once, requests and tokens
+    /// per minute), for one of `executors` processes that share them; at least one request at
+    /// once each.
+    pub fn share(mut self, executors: usize) -> Self {
+        if executors > 1 {
+            let n = executors as f64;
+            self.max_concurrency = self.max_concurrency.div_ceil(executors).max(1);
+            self.requests_per_minute = self.requests_per_minute.map(|r| (r / n).max(MIN_RATE));
+            self.tokens_per_minute = self.tokens_per_minute.map(|r| (r / n).max(MIN_RATE));
+        }
+        self
+    }
+
     /// The definition as the warehouse keeps it.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_default()

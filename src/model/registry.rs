@@ -223,7 +223,8 @@ impl ModelRegistry {
         for (name, model) in &shared.0 {
             if model.endpoint.is_some() {
                 entries.remove(name);
-                endpoints.insert(name.clone(), self.shared_endpoint(name, model)?);
+                // The scheduler plans; it sends no request, so the whole limits are its.
+                endpoints.insert(name.clone(), self.shared_endpoint(name, model, 1)?);
             } else {
                 endpoints.remove(name);
                 entries.insert(name.clone(), self.shared_entry(model)?);

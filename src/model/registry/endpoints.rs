@@ -45,10 +45,11 @@ impl ModelRegistry {
         name: &str,
         config: Option<&datafusion::config::ConfigOptions>,
     ) -> Result<Arc<EndpointModel>> {
-        let shared =
-            crate::statement_context::StatementContext::of(config).and_then(|s| s.models.get(name));
-        match shared {
-            Some(model) if model.endpoint.is_some() => self.shared_endpoint(name, model),
+        let statement = crate::statement_context::StatementContext::of(config);
+        match statement.and_then(|s| Some((s.models.get(name)?, s.executors))) {
+            Some((model, executors)) if model.endpoint.is_some() => {
+                self.shared_endpoint(name, model, executors)
+            }
             _ => self.endpoint(name),
         }
     }
@@ -60,27 +61,30 @@ impl ModelRegistry {
         name: &str,
         config: Option<&datafusion::config::ConfigOptions>,
     ) -> Result<Option<Arc<EndpointModel>>> {
-        let shared =
-            crate::statement_context::StatementContext::of(config).and_then(|s| s.models.get(name));
-        match shared {
-            Some(model) if model.endpoint.is_some() => self.shared_endpoint(name, model).map(Some),
+        let statement = crate::statement_context::StatementContext::of(config);
+        match statement.and_then(|s| Some((s.models.get(name)?, s.executors))) {
+            Some((model, executors)) if model.endpoint.is_some() => {
+                self.shared_endpoint(name, model, executors).map(Some)
+            }
             Some(_) => Ok(None),
             None => Ok(self.endpoint_model(name)),
         }
     }
 
     /// The endpoint model of a client's definition, one per definition in the process (its
-    /// requests at once and its pace shared by every query that names it).
+    /// requests at once and its pace shared by every query that names it), with its share of
+    /// the limits where `executors` share them.
     pub(super) fn shared_endpoint(
         &self,
         name: &str,
         model: &crate::statement_context::SharedModel,
+        executors: usize,
     ) -> Result<Arc<EndpointModel>> {
         static BY_CONTENT: Mutex<BTreeMap<String, Arc<EndpointModel>>> =
             Mutex::new(BTreeMap::new());
         let text = model.endpoint.as_deref().unwrap_or_default();
         let key = format!(
-            "{name}\n{text}\n{}",
+            "{name}\n{text}\n{}\n{executors}",
             model.cache.as_deref().unwrap_or_default()
         );
         let mut by_content = BY_CONTENT.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,7 +94,8 @@ impl ModelRegistry {
         let json: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::Internal(format!("model '{name}': its definition: {e}")))?;
         let endpoint = crate::llm::Endpoint::from_json(&json)
-            .map_err(|why| Error::model(name, format!("model '{name}': its definition {why}")))?;
+            .map_err(|why| Error::model(name, format!("model '{name}': its definition {why}")))?
+            .share(executors);
         let cache = match &model.cache {
             Some(url) => Some(crate::llm::cache::Cache::at(&self.stores, url)?),
             None => None,
