@@ -26,11 +26,15 @@ fn python_readers() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-/// Runs `script` in the readers' python with the arguments `args`; its standard output.
+/// Runs `script` in the readers' python with the arguments `args`; its standard output. The
+/// script ends by `os._exit` once it has run (and printed) to its end: the `deltalake` package's
+/// threads can abort the interpreter's own shutdown ("terminate called without an active
+/// exception"), after every check has passed.
 fn python(script: &str, args: &[&str]) -> String {
+    let script = format!("{script}\nimport os, sys\nsys.stdout.flush()\nos._exit(0)\n");
     let out = Command::new(python_readers())
         .arg("-c")
-        .arg(script)
+        .arg(&script)
         .args(args)
         .output()
         .unwrap();
