@@ -92,11 +92,39 @@ impl RunReport {
     }
 }
 
-/// What endpoint models did in `wall`: [`crate::llm::Usage::described`], with tokens/s.
+/// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
+/// tokens, $0.001200".
+pub fn llm_described(usage: &crate::llm::Usage) -> String {
+    let sent = usage.requests - usage.retries.min(usage.requests);
+    let mut line = format!(
+        "{} request{}",
+        thousands(sent),
+        if sent == 1 { "" } else { "s" }
+    );
+    if usage.retries > 0 {
+        line.push_str(&format!(" ({} retried)", thousands(usage.retries)));
+    }
+    if usage.cache_hits > 0 {
+        line.push_str(&format!(
+            ", {} answer{} from the cache",
+            thousands(usage.cache_hits),
+            if usage.cache_hits == 1 { "" } else { "s" }
+        ));
+    }
+    line.push_str(&format!(
+        ", {} prompt + {} completion tokens, {}",
+        thousands(usage.prompt_tokens),
+        thousands(usage.completion_tokens),
+        crate::llm::spend::money(usage.cost)
+    ));
+    line
+}
+
+/// What endpoint models did in `wall`: [`llm_described`], with tokens/s.
 fn llm_usage(usage: &crate::llm::Usage, wall: Duration) -> String {
     let tokens = usage.prompt_tokens.saturating_add(usage.completion_tokens);
     let per_second = tokens as f64 / wall.as_secs_f64().max(1e-9);
-    format!("{}, {per_second:.0} tokens/s", usage.described())
+    format!("{}, {per_second:.0} tokens/s", llm_described(usage))
 }
 
 /// "1 row", "10,000 rows".
@@ -105,7 +133,7 @@ fn rows(n: u64) -> String {
 }
 
 /// 10000 as "10,000".
-pub fn thousands(n: u64) -> String {
+fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -91,11 +91,21 @@ fn table_names_are_names_never_paths_in_a_local_warehouse() {
     let out = query(&wh, "DROP TABLE IF EXISTS \"\"");
     assert_failure(&out, &[]);
     assert!(changes(&before, &snapshot(base.path())).is_empty());
-    // Model names are names too: they become the warehouse's model definition files.
-    for name in ["../../victim/keep", "..", "a/b", ".hidden"] {
+    // Model names are names too: they become the warehouse's model definition files, endpoint
+    // models' as model files'.
+    for name in hostile_names() {
+        let name = name.replace('"', "\"\"");
         let out = query(
             &wh,
             &format!("CREATE MODEL \"{name}\" FROM 'data/models/linear.onnx'"),
+        );
+        assert_failure(&out, &["is not usable"]);
+        let out = query(
+            &wh,
+            &format!(
+                "CREATE OR REPLACE MODEL \"{name}\" OPTIONS ('endpoint' 'http://127.0.0.1:9/v1', \
+                 'model' 'm')"
+            ),
         );
         assert_failure(&out, &["is not usable"]);
         let out = query(&wh, &format!("DROP MODEL IF EXISTS \"{name}\""));

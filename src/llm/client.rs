@@ -125,35 +125,6 @@ impl Usage {
     pub fn is_empty(&self) -> bool {
         self.requests == 0 && self.cache_hits == 0
     }
-
-    /// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
-    /// tokens, $0.001200".
-    pub fn described(&self) -> String {
-        use crate::progress::thousands;
-        let sent = self.requests - self.retries.min(self.requests);
-        let mut line = format!(
-            "{} request{}",
-            thousands(sent),
-            if sent == 1 { "" } else { "s" }
-        );
-        if self.retries > 0 {
-            line.push_str(&format!(" ({} retried)", thousands(self.retries)));
-        }
-        if self.cache_hits > 0 {
-            line.push_str(&format!(
-                ", {} answer{} from the cache",
-                thousands(self.cache_hits),
-                if self.cache_hits == 1 { "" } else { "s" }
-            ));
-        }
-        line.push_str(&format!(
-            ", {} prompt + {} completion tokens, {}",
-            thousands(self.prompt_tokens),
-            thousands(self.completion_tokens),
-            super::spend::money(self.cost)
-        ));
-        line
-    }
 }
 
 #[derive(Debug, Default)]
@@ -167,13 +138,39 @@ struct Counters {
     cost_nanos: AtomicU64,
 }
 
-/// Answers of the statements at hand by request, so that a statement sends each request once;
-/// answered ones are forgotten oldest first past [`MEMO_BYTES`] (the cache keeps them).
-#[derive(Debug, Default)]
-struct Memo {
-    cells: HashMap<String, Arc<OnceCell<Outcome>>>,
+/// What the statements at hand asked for, by statement and request (or text), so that a
+/// statement asks for each once: `V` shares the answer while it is awaited and after; answered
+/// ones are forgotten oldest first past [`MEMO_BYTES`] (the cache keeps them).
+#[derive(Debug)]
+struct Memo<V> {
+    cells: HashMap<String, V>,
     answered: VecDeque<(String, usize)>,
     bytes: usize,
+}
+
+impl<V> Default for Memo<V> {
+    fn default() -> Self {
+        Memo {
+            cells: HashMap::new(),
+            answered: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<V> Memo<V> {
+    /// `memo_key` answered with `size` bytes; the oldest answers let go past [`MEMO_BYTES`].
+    fn remember(&mut self, memo_key: String, size: usize) {
+        self.answered.push_back((memo_key, size));
+        self.bytes += size;
+        while self.bytes > MEMO_BYTES {
+            let Some((old, size)) = self.answered.pop_front() else {
+                break;
+            };
+            self.bytes -= size;
+            self.cells.remove(&old);
+        }
+    }
 }
 
 const MEMO_BYTES: usize = 64 << 20;
@@ -194,6 +191,20 @@ pub struct Call<'a> {
     pub statement: &'a str,
     pub options: Option<&'a BatchInferOptions>,
     pub cache: Mode,
+}
+
+impl<'a> Call<'a> {
+    /// The call of `statement`'s query under its `options` (`batchinfer.cache` among them).
+    pub fn of(
+        statement: &'a crate::statement_context::StatementContext,
+        options: Option<&'a BatchInferOptions>,
+    ) -> Call<'a> {
+        Call {
+            statement: &statement.id,
+            options,
+            cache: options.map(|o| o.cache).unwrap_or_default(),
+        }
+    }
 }
 
 /// What a try of a request came to.
@@ -224,22 +235,13 @@ pub struct EndpointModel {
     pace: Pace,
     cache: Option<Cache>,
     counters: Counters,
-    memo: Mutex<Memo>,
+    memo: Mutex<Memo<Arc<OnceCell<Outcome>>>>,
     /// Embeddings of the statements at hand by text, asked for or answered.
-    vectors: Mutex<VectorMemo>,
+    vectors: Mutex<Memo<Shared>>,
 }
 
 /// An embedding as a statement's batches share it: `None` while it is asked for.
 type Shared = tokio::sync::watch::Sender<Option<Result<Vec<f32>, String>>>;
-
-/// The embeddings of the statements at hand, by statement and text, so that a statement asks for
-/// each text once; answered ones are forgotten oldest first past [`MEMO_BYTES`].
-#[derive(Debug, Default)]
-struct VectorMemo {
-    cells: HashMap<String, Shared>,
-    answered: VecDeque<(String, usize)>,
-    bytes: usize,
-}
 
 /// The texts one `embed` call asks for on its statement's behalf: answered as its requests
 /// return; those left unanswered when it ends (stopped, failed) are answered with an error and
@@ -269,16 +271,7 @@ impl Claims<'_> {
             if let Some(sender) = memo.cells.get(memo_key) {
                 sender.send_replace(Some(answer));
             }
-            let size = dim * 4 + 64;
-            memo.answered.push_back((memo_key.clone(), size));
-            memo.bytes += size;
-        }
-        while memo.bytes > MEMO_BYTES {
-            let Some((old, size)) = memo.answered.pop_front() else {
-                break;
-            };
-            memo.bytes -= size;
-            memo.cells.remove(&old);
+            memo.remember(memo_key.clone(), dim * 4 + 64);
         }
     }
 }
@@ -321,7 +314,7 @@ impl EndpointModel {
             cache,
             counters: Counters::default(),
             memo: Mutex::new(Memo::default()),
-            vectors: Mutex::new(VectorMemo::default()),
+            vectors: Mutex::new(Memo::default()),
         })
     }
 
@@ -398,25 +391,16 @@ impl EndpointModel {
         Ok(outcome.clone())
     }
 
-    fn vector_memo(&self) -> std::sync::MutexGuard<'_, VectorMemo> {
+    fn vector_memo(&self) -> std::sync::MutexGuard<'_, Memo<Shared>> {
         self.vectors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
+    fn memo(&self) -> std::sync::MutexGuard<'_, Memo<Arc<OnceCell<Outcome>>>> {
         self.memo.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn remember(&self, memo_key: String, size: usize) {
-        let mut memo = self.memo();
-        memo.answered.push_back((memo_key, size));
-        memo.bytes += size;
-        while memo.bytes > MEMO_BYTES {
-            let Some((old, size)) = memo.answered.pop_front() else {
-                break;
-            };
-            memo.bytes -= size;
-            memo.cells.remove(&old);
-        }
+        self.memo().remember(memo_key, size);
     }
 
     /// The key from the environment variable the definition names, read now.

@@ -43,7 +43,10 @@ impl Session {
             };
             if !used.is_empty() {
                 kinds.push("batchinfer_model".to_string());
-                lines.push(format!("model '{name}': {}", used.described()));
+                lines.push(format!(
+                    "model '{name}': {}",
+                    crate::progress::llm_described(&used)
+                ));
             }
         }
         let (rejected, folder) = self.statement_rejects().await?;

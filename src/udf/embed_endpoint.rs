@@ -48,11 +48,7 @@ pub(super) fn invoke(
     let session = args.config_options.extensions.get::<BatchInferOptions>();
     let untagged = StatementContext::default();
     let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
-    let call = Call {
-        statement: &statement.id,
-        options: session,
-        cache: session.map(|o| o.cache).unwrap_or_default(),
-    };
+    let call = Call::of(statement, session);
     let asked = crate::llm::until_stopped(model.embed(&call, &present), statement.stop());
     let outcomes = block_on(asked)??;
     let mut vectors = Vec::with_capacity(present.len() * dim);

@@ -162,11 +162,7 @@ impl AsyncScalarUDFImpl for GenerateUdf {
         let session = args.config_options.extensions.get::<BatchInferOptions>();
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
-        let call = Call {
-            statement: &statement.id,
-            options: session,
-            cache: session.map(|o| o.cache).unwrap_or_default(),
-        };
+        let call = Call::of(statement, session);
         let outcomes = ask_all(&model, &call, texts, schema.as_ref(), statement).await?;
 
         // The rows' texts, and why those without one have none.
