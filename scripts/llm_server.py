@@ -9,7 +9,7 @@ scripts/llm_server.sh prints.
 
 Each prints "ready" once it answers, and stops when its standard input closes (the test that
 started it ended) or on SIGTERM. The proxy answers GET /_counts with how many requests it
-received, forwarded and failed on purpose.
+received, forwarded and failed on purpose, and the tokens the server said its replies used.
 """
 
 import argparse
@@ -78,7 +78,7 @@ def serve(args):
 def proxy(args):
     lock = threading.Lock()
     counts = {"received": 0, "forwarded": 0, "failed": 0, "reset": 0, "delayed": 0, "echoed": 0, "inputs": 0,
-              "in_flight": 0, "most_in_flight": 0}
+              "in_flight": 0, "most_in_flight": 0, "prompt_tokens": 0, "completion_tokens": 0}
     upstream = args.upstream.rstrip("/").removeprefix("http://")
     host, port = upstream.split(":")
 
@@ -176,9 +176,16 @@ def proxy(args):
             conn.request("POST", self.path, body, headers)
             reply = conn.getresponse()
             data = reply.read()
+            try:
+                usage = json.loads(data).get("usage") or {}
+            except (ValueError, AttributeError):
+                usage = {}
             with lock:
                 counts["forwarded"] += 1
                 forwarded = counts["forwarded"]
+                # The tokens the server said it used, as a client is charged for them.
+                counts["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+                counts["completion_tokens"] += int(usage.get("completion_tokens") or 0)
             self.send_response(reply.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

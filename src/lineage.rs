@@ -1,6 +1,7 @@
 //! What a write keeps of where its rows came from: the models a plan calls, named in each
-//! Parquet file it writes (`batchinfer.models`: name, sha256, source), and the columns a CSV
-//! file cannot hold.
+//! Parquet file it writes (`batchinfer.models`: name, sha256, source), what its endpoint models
+//! did for them (`batchinfer.llm_usage`: requests, tokens, cost, filled in at commit), and the
+//! columns a CSV file cannot hold.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -138,3 +139,84 @@ pub fn csv_columns(schema: &Schema) -> Result<()> {
 
 /// The Parquet metadata key naming the models that produced a file's rows.
 pub const MODELS_KEY: &str = "batchinfer.models";
+
+/// The Parquet metadata key saying what endpoint models did for the statement (or the view
+/// refresh's unit) that wrote a file: by model, requests (each try), retries, answers from the
+/// cache, prompt and completion tokens, cost.
+pub const LLM_USAGE_KEY: &str = "batchinfer.llm_usage";
+
+/// What endpoint models do for a write, recorded in its files ([`LLM_USAGE_KEY`]) and its
+/// commit: a placeholder of fixed length is written with each file, and filled when the write
+/// commits ([`crate::storage::fill`]), once all is known.
+#[derive(Debug, Clone)]
+pub struct UsageRecord {
+    statement: String,
+    part: String,
+    models: Vec<String>,
+    placeholder: String,
+}
+
+impl UsageRecord {
+    /// The record of the endpoint models `plan` calls, for the statement `statement` (its
+    /// `part`: a view refresh's unit); None where it calls none.
+    pub fn of(
+        registry: &ModelRegistry,
+        plan: &LogicalPlan,
+        statement: &crate::statement_context::StatementContext,
+    ) -> Option<UsageRecord> {
+        let models: Vec<String> = endpoints_of(registry, &called(plan))
+            .iter()
+            .map(|m| m.name.clone())
+            .collect();
+        if models.is_empty() {
+            return None;
+        }
+        // Room for any counts: each model's name (escaped at worst six bytes a byte) and six
+        // numbers with their keys.
+        let room = 64 + models.iter().map(|m| 6 * m.len() + 256).sum::<usize>();
+        let mut placeholder = format!(
+            r#"{{"batchinfer":"counted when the write commits","id":"{}"}}"#,
+            uuid::Uuid::new_v4().simple()
+        );
+        let room = room.max(placeholder.len());
+        placeholder.push_str(&" ".repeat(room - placeholder.len()));
+        Some(UsageRecord {
+            statement: statement.id.clone(),
+            part: statement.part.clone(),
+            models,
+            placeholder,
+        })
+    }
+
+    /// `{"writer": {"requests": 20, "retries": 1, "cache_hits": 5, "prompt_tokens": 900,
+    /// "completion_tokens": 300, "cost": 0.00032}}`: what each model did so far.
+    pub fn json(&self) -> String {
+        let usage = crate::llm::spend::usage(&self.statement, Some(&self.part));
+        let models: serde_json::Map<String, serde_json::Value> = self
+            .models
+            .iter()
+            .map(|name| {
+                let u = usage.get(name).copied().unwrap_or_default();
+                let counts = serde_json::json!({
+                    "requests": u.requests,
+                    "retries": u.retries,
+                    "cache_hits": u.cache_hits,
+                    "prompt_tokens": u.prompt_tokens,
+                    "completion_tokens": u.completion_tokens,
+                    "cost": u.cost,
+                });
+                (name.clone(), counts)
+            })
+            .collect();
+        serde_json::Value::Object(models).to_string()
+    }
+
+    /// Has `write`'s files filled with [`Self::json`] at its commit: the placeholder to write
+    /// in them as [`LLM_USAGE_KEY`], or None where they cannot be filled (written by a
+    /// cluster's executors, which count their own).
+    pub fn reserve(&self, write: &crate::storage::CommittedWrite) -> Option<String> {
+        let record = self.clone();
+        let fill = crate::storage::Fill::new(&self.placeholder, move || record.json().into_bytes());
+        write.fill_at_commit(fill).then(|| self.placeholder.clone())
+    }
+}

@@ -36,6 +36,10 @@ pub struct StatementContext {
     /// On a cluster, the executors alive when the scheduler planned it (0 elsewhere): each
     /// takes this share of an endpoint model's limits ([`crate::llm`]).
     pub executors: usize,
+    /// The part of the statement a query is (a view refresh's unit; "" for the rest): what
+    /// endpoint models do for it is counted apart, for the files it writes
+    /// ([`crate::llm::spend`]). Set on the query's own session state; it does not travel.
+    pub part: String,
 }
 
 /// The prefix of the statement's entries among a session's options.

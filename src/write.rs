@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Schema;
 use datafusion::catalog::TableProvider;
+use datafusion::common::config::TableParquetOptions;
 use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
 use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::logical_expr::LogicalPlan;
@@ -126,7 +127,7 @@ impl<'a> Writes<'a> {
         let PlacedWrite {
             statement, write, ..
         } = placed;
-        match self.run_to_end(statement, analyze).await {
+        match self.run_to_end(statement, analyze, Some(&write)).await {
             Ok(batches) => {
                 write.commit().await?;
                 self.session.results(batches)
@@ -144,11 +145,12 @@ impl<'a> Writes<'a> {
         &self,
         statement: DFStatement,
         analyze: bool,
+        write: Option<&CommittedWrite>,
     ) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
         let df = if analyze {
             self.explain_analyzed(statement).await?
         } else {
-            self.copy_planned(self.catalog.execute(self.session, statement).await?)?
+            self.copy_planned(self.catalog.execute(self.session, statement).await?, write)?
         };
         let batches = df.collect().await?;
         self.session.check_rejects_budget().await?;
@@ -163,9 +165,10 @@ impl<'a> Writes<'a> {
 
     /// A COPY planned to write row groups sized for its rows ([`row_group_rows`]; what its
     /// statement's `OPTIONS` set still wins) and, into Parquet, the models that produced its
-    /// rows in each file's metadata (`batchinfer.models`, as CREATE TABLE writes). Any other
-    /// statement as it is.
-    fn copy_planned(&self, df: DataFrame) -> Result<DataFrame> {
+    /// rows in each file's metadata (`batchinfer.models`, as CREATE TABLE writes), with what
+    /// its endpoint models did (`batchinfer.llm_usage`, filled at the commit of `write`). Any
+    /// other statement as it is.
+    fn copy_planned(&self, df: DataFrame, write: Option<&CommittedWrite>) -> Result<DataFrame> {
         let LogicalPlan::Copy(copy) = df.logical_plan() else {
             return Ok(df);
         };
@@ -178,6 +181,14 @@ impl<'a> Writes<'a> {
                 format!("format.metadata::{}", lineage::MODELS_KEY),
                 lineage::models_used(self.session.registry(), &copy.input)?,
             );
+            let statement = self.session.statement();
+            let usage = lineage::UsageRecord::of(self.session.registry(), &copy.input, &statement);
+            if let Some(placeholder) = usage.zip(write).and_then(|(u, w)| u.reserve(w)) {
+                copy.options.insert(
+                    format!("format.metadata::{}", lineage::LLM_USAGE_KEY),
+                    placeholder,
+                );
+            }
         }
         let configured = self
             .session
@@ -250,6 +261,11 @@ impl<'a> Writes<'a> {
         let table = delta::write::TableWrite::begin(&name, &url, store).await?;
         let df = self.catalog.execute(self.session, query).await?;
         let models = lineage::models_used(self.session.registry(), df.logical_plan())?;
+        let usage = lineage::UsageRecord::of(
+            self.session.registry(),
+            df.logical_plan(),
+            &self.session.statement(),
+        );
         // The columns as the query gives them (the table's), then as Delta keeps them.
         let schema = df.schema().inner().clone();
         let df = delta_typed(df, &name)?;
@@ -259,7 +275,9 @@ impl<'a> Writes<'a> {
             None => warehouse.top_level_files(&name).await?,
             Some(_) => Vec::new(),
         };
-        let written = self.write_files(df, &table.folder(), &models).await;
+        let written = self
+            .write_files(df, &table.folder(), &models, usage.as_ref())
+            .await;
         let written = match written {
             Ok(written) => written,
             Err(e) => {
@@ -271,7 +289,7 @@ impl<'a> Writes<'a> {
             true => delta::write::Mode::Replace,
             false => delta::write::Mode::Create,
         };
-        let lineage = self.lineage(models);
+        let lineage = self.lineage(models, usage.as_ref());
         // An INSERT into those files meanwhile: a conflict, as with a Delta table.
         if !old_files.is_empty() && warehouse.top_level_files(&name).await? != old_files {
             table.discard().await;
@@ -286,21 +304,20 @@ impl<'a> Writes<'a> {
     }
 
     /// The rows of `df` written as Parquet files into the folder `folder`, with `models` (the
-    /// models that produced them) in each file's metadata, where the placement writes and
-    /// committed as it commits; the rejects budget checked before they are.
+    /// models that produced them) and `usage` (what its endpoint models did, filled at commit)
+    /// in each file's metadata, where the placement writes and committed as it commits; the
+    /// rejects budget checked before they are.
     async fn write_files(
         &self,
         df: DataFrame,
         folder: &str,
         models: &str,
+        usage: Option<&lineage::UsageRecord>,
     ) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
         let schema = df.schema().inner().clone();
-        let mut options = self.session.parquet_options(&schema);
-        options
-            .key_value_metadata
-            .insert(lineage::MODELS_KEY.to_string(), Some(models.to_string()));
         let stores = self.session.registry().stores();
         let (target, write) = self.session.placement().write_to(stores, folder)?;
+        let options = self.lineage_options(&schema, models, usage, &write);
         let run = async {
             let written = df
                 .write_parquet(&target, DataFrameWriteOptions::new(), Some(options))
@@ -320,11 +337,38 @@ impl<'a> Writes<'a> {
         }
     }
 
-    /// What a commit says of the statement at hand and the models it called.
-    fn lineage(&self, models: String) -> delta::write::Lineage {
+    /// The Parquet options of a write's files (`write`'s, of columns `schema`), with `models`
+    /// and `usage` in their metadata ([`lineage::MODELS_KEY`], [`lineage::LLM_USAGE_KEY`]).
+    fn lineage_options(
+        &self,
+        schema: &datafusion::arrow::datatypes::Schema,
+        models: &str,
+        usage: Option<&lineage::UsageRecord>,
+        write: &CommittedWrite,
+    ) -> TableParquetOptions {
+        let mut options = self.session.parquet_options(schema);
+        options
+            .key_value_metadata
+            .insert(lineage::MODELS_KEY.to_string(), Some(models.to_string()));
+        if let Some(placeholder) = usage.and_then(|u| u.reserve(write)) {
+            options
+                .key_value_metadata
+                .insert(lineage::LLM_USAGE_KEY.to_string(), Some(placeholder));
+        }
+        options
+    }
+
+    /// What a commit says of the statement at hand, the models it called and what its
+    /// endpoint models did.
+    fn lineage(
+        &self,
+        models: String,
+        usage: Option<&lineage::UsageRecord>,
+    ) -> delta::write::Lineage {
         delta::write::Lineage {
             statement: self.session.statement().text,
             models,
+            llm_usage: usage.map(lineage::UsageRecord::json),
         }
     }
 
@@ -350,12 +394,14 @@ impl<'a> Writes<'a> {
         let SQLStatement::Insert(insert) = s.as_mut() else {
             return Err(Error::Internal("an append that is not an INSERT".into()));
         };
-        let models = self.check_columns(&name, &table.schema(), insert).await?;
+        let (models, usage) = self.check_columns(&name, &table.schema(), insert).await?;
         let write = delta.begin_append().await?;
         let stores = self.session.registry().stores();
         let (target, files) = self.session.placement().write_to(stores, &write.folder())?;
         let written = delta::write::written_schema(&name, &table.schema())?;
-        let copy = Registered::hidden(self.session.ctx(), folder_table(&target, written)?)?;
+        let options = self.lineage_options(&written, &models, usage.as_ref(), &files);
+        let copy =
+            Registered::hidden(self.session.ctx(), folder_table(&target, written, options)?)?;
         insert.table =
             TableObject::TableName(ObjectName::from(vec![Ident::with_quote('"', copy.name())]));
         let analyzed = analyze.is_some();
@@ -366,7 +412,7 @@ impl<'a> Writes<'a> {
             }),
             None => statement,
         };
-        let batches = match self.run_to_end(statement, analyzed).await {
+        let batches = match self.run_to_end(statement, analyzed, None).await {
             Ok(batches) => batches,
             Err(e) => {
                 files.abort().await;
@@ -379,7 +425,7 @@ impl<'a> Writes<'a> {
             write.discard().await;
             return Err(e);
         }
-        let lineage = self.lineage(models);
+        let lineage = self.lineage(models, usage.as_ref());
         let schema = table.schema();
         write
             .commit(delta::write::Mode::Append, &schema, &lineage)
@@ -388,19 +434,22 @@ impl<'a> Writes<'a> {
     }
 
     /// Refuses an INSERT whose query's columns do not fit the table's (those it names, or all);
-    /// the models its query calls ([`lineage::models_used`]).
+    /// the models its query calls ([`lineage::models_used`]) and the record of what its
+    /// endpoint models do.
     async fn check_columns(
         &self,
         name: &str,
         schema: &datafusion::arrow::datatypes::SchemaRef,
         insert: &datafusion::sql::sqlparser::ast::Insert,
-    ) -> Result<String> {
+    ) -> Result<(String, Option<lineage::UsageRecord>)> {
         let Some(source) = &insert.source else {
-            return Ok("[]".to_string());
+            return Ok(("[]".to_string(), None));
         };
         let query = DFStatement::Statement(Box::new(SQLStatement::Query(source.clone())));
         let plan = self.session.plan(query).await?;
         let models = lineage::models_used(self.session.registry(), &plan)?;
+        let usage =
+            lineage::UsageRecord::of(self.session.registry(), &plan, &self.session.statement());
         let fields: Vec<_> = if insert.columns.is_empty() {
             schema.fields().iter().map(|f| f.as_ref().clone()).collect()
         } else {
@@ -423,7 +472,7 @@ impl<'a> Writes<'a> {
             fields
         };
         delta::write::check_insert(name, &fields, plan.schema().as_arrow())?;
-        Ok(models)
+        Ok((models, usage))
     }
 }
 
@@ -455,11 +504,12 @@ fn delta_typed(df: DataFrame, name: &str) -> Result<DataFrame> {
 fn folder_table(
     location: &str,
     schema: datafusion::arrow::datatypes::SchemaRef,
+    parquet: TableParquetOptions,
 ) -> Result<Arc<dyn TableProvider>> {
     use datafusion::datasource::file_format::parquet::ParquetFormat;
     use datafusion::datasource::listing::ListingOptions;
-    let options =
-        ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+    let format = ParquetFormat::default().with_options(parquet);
+    let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
     let config = ListingTableConfig::new(ListingTableUrl::parse(location)?)
         .with_listing_options(options)
         .with_schema(schema);

@@ -879,3 +879,251 @@ fn embed_asks_for_each_text_once_a_statement_and_keeps_what_a_budget_stopped_pai
     let kept = common::files_under(&wh.join("llm-cache")).len();
     assert!(kept >= 64, "{kept} vectors kept of {}", front.counts());
 }
+
+/// Each Parquet file's rows and `batchinfer.llm_usage` (parsed), as pyarrow reads them (the
+/// whole table read, so a footer filled wrongly fails here); for `delta:PATH`, the
+/// `batchinfer.llm_usage` of each commit, newest first, as the `deltalake` package reads them.
+const PYTHON_USAGE: &str = r#"
+import sys, json, os
+import pyarrow.parquet as pq
+out = []
+for path in sys.argv[1:]:
+    if path.startswith("delta:"):
+        import deltalake
+        t = deltalake.DeltaTable(path[len("delta:"):])
+        out.append([c.get("batchinfer.llm_usage") for c in t.history()])
+        continue
+    raw = (pq.read_metadata(path).metadata or {}).get(b"batchinfer.llm_usage")
+    out.append({"rows": pq.read_table(path).num_rows,
+                "usage": json.loads(raw) if raw is not None else None})
+print(json.dumps(out))
+sys.stdout.flush()
+os._exit(0)
+"#;
+
+fn python_usage(paths: &[String]) -> Vec<serde_json::Value> {
+    let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let said = python_check(PYTHON_USAGE, &args);
+    serde_json::from_str(said.trim()).unwrap()
+}
+
+/// Prices that make a cost of every token: 1 a million prompt tokens, 2 a million completion.
+const PRICED: &str = ", 'max_tokens' '8', 'input_price_per_million' '1', \
+                      'output_price_per_million' '2'";
+
+/// A file's record of model `m` matches what the proxy saw since `before` (requests sent,
+/// the tokens the server said it used) and the prices of [`PRICED`].
+fn assert_usage_matches(
+    usage: &serde_json::Value,
+    front: &llm_server::Server,
+    before: &serde_json::Value,
+) {
+    let now = front.counts();
+    let since = |k: &str| now[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    let m = &usage["m"];
+    assert_eq!(
+        m["requests"].as_u64(),
+        Some(since("received")),
+        "{usage} {now}"
+    );
+    assert_eq!(m["retries"].as_u64(), Some(0), "{usage}");
+    assert_eq!(m["cache_hits"].as_u64(), Some(0), "{usage}");
+    let (prompt, completion) = (since("prompt_tokens"), since("completion_tokens"));
+    assert!(prompt > 0 && completion > 0, "{now}");
+    assert_eq!(m["prompt_tokens"].as_u64(), Some(prompt), "{usage} {now}");
+    assert_eq!(
+        m["completion_tokens"].as_u64(),
+        Some(completion),
+        "{usage} {now}"
+    );
+    let cost = (prompt as f64 + 2.0 * completion as f64) / 1e6;
+    let recorded = m["cost"].as_f64().unwrap();
+    assert!((recorded - cost).abs() < 1e-12, "{recorded} against {cost}");
+}
+
+/// COPY, CREATE TABLE ... AS, INSERT INTO and a materialized view's refresh record in each
+/// Parquet file they write what endpoint models did for its rows (`batchinfer.llm_usage`:
+/// requests, retries, answers from the cache, tokens, cost), checked against the requests and
+/// tokens a proxy counted and read back by pyarrow; Delta commits carry it too, and a write
+/// that calls no endpoint model has no such entry.
+#[test]
+fn what_endpoint_models_did_is_recorded_in_the_files_and_commits_they_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let out = dir.path().join("out");
+    let input = dir.path().join("in");
+    let front = proxy(&[]);
+    assert_ok(&query(&wh, &create("m", &front.url(), PRICED)));
+    let settings = "SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null';";
+
+    // COPY to one file, and a COPY calling no endpoint model.
+    let before = front.counts();
+    let said = out.join("said.parquet");
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{settings} COPY (SELECT id, generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g \
+             FROM {}) TO '{}'",
+            numbers(4),
+            said.display()
+        ),
+    ));
+    let plain = out.join("plain.parquet");
+    assert_ok(&query(
+        &wh,
+        &format!("COPY (SELECT 1 AS x) TO '{}'", plain.display()),
+    ));
+    let read = python_usage(&[said.display().to_string(), plain.display().to_string()]);
+    assert_eq!(read[0]["rows"], 4);
+    assert_usage_matches(&read[0]["usage"], &front, &before);
+    assert_eq!(
+        front.count("received") - before["received"].as_u64().unwrap(),
+        4
+    );
+    assert!(read[1]["usage"].is_null(), "{}", read[1]);
+
+    // CREATE TABLE ... AS, then INSERT INTO: each commit's files and its commit say its own.
+    let table = wh.join("tables/t");
+    let before = front.counts();
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{settings} CREATE TABLE t AS SELECT id, generate('m', 'Name ' || CAST(id AS \
+             VARCHAR)) AS g FROM {}",
+            numbers(3)
+        ),
+    ));
+    let created: Vec<String> = common::parquet_files(&table)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!created.is_empty());
+    let read = python_usage(&created);
+    for file in &read {
+        assert_usage_matches(&file["usage"], &front, &before);
+    }
+    let middle = front.counts();
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{settings} INSERT INTO t SELECT value AS id, generate('m', 'Count ' || \
+             CAST(value AS VARCHAR)) AS g FROM range(10, 12)"
+        ),
+    ));
+    let appended: Vec<String> = common::parquet_files(&table)
+        .iter()
+        .map(|p| p.display().to_string())
+        .filter(|p| !created.contains(p))
+        .collect();
+    assert!(!appended.is_empty());
+    let mut paths = appended.clone();
+    paths.push(format!("delta:{}", table.display()));
+    let read = python_usage(&paths);
+    for file in &read[..appended.len()] {
+        assert_usage_matches(&file["usage"], &front, &middle);
+        assert_eq!(file["usage"]["m"]["requests"], 2);
+    }
+    let history = read[appended.len()].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_usage_matches(&history[0], &front, &middle);
+    assert_eq!(history[1]["m"]["requests"], 3, "{history:?}");
+
+    // A view: each unit's files say what was asked for their rows.
+    let write = |file: &str, first: usize, n: usize| {
+        let sql = format!(
+            "COPY (SELECT value AS id, 'word ' || CAST(value AS VARCHAR) AS w FROM \
+             range({first}, {})) TO '{}/{file}'",
+            first + n,
+            input.display()
+        );
+        assert_ok(&query(&wh, &sql));
+    };
+    write("a.parquet", 0, 3);
+    write("b.parquet", 100, 2);
+    let before = front.count("received");
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{settings} CREATE MATERIALIZED VIEW v AS SELECT id, generate('m', 'Repeat: ' || \
+             w) AS g FROM '{}/'",
+            input.display()
+        ),
+    ));
+    write("c.parquet", 200, 1);
+    assert_ok(&query(
+        &wh,
+        &format!("{settings} REFRESH MATERIALIZED VIEW v"),
+    ));
+    assert_eq!(front.count("received") - before, 6);
+    let files = common::parquet_files(&wh.join("views"));
+    let paths: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let read = python_usage(&paths);
+    // By unit (a folder of its own): the rows of its files, and what each file says.
+    let mut units: std::collections::BTreeMap<PathBuf, (u64, Vec<u64>)> = Default::default();
+    for (file, read) in files.iter().zip(&read) {
+        let unit = units
+            .entry(file.parent().unwrap().to_path_buf())
+            .or_default();
+        unit.0 += read["rows"].as_u64().unwrap();
+        unit.1
+            .push(read["usage"]["m"]["requests"].as_u64().unwrap());
+    }
+    let mut total = 0;
+    for (unit, (rows, requests)) in &units {
+        assert!(
+            requests.iter().all(|r| r == rows),
+            "{unit:?}: {rows} rows, {requests:?}"
+        );
+        total += rows;
+    }
+    assert_eq!(total, 6, "{units:?}");
+}
+
+/// In S3 an upload's end is held back and filled at commit: a COPY of one file of several
+/// parts (over 10 MiB) and a CREATE TABLE's small file both record what was asked, and
+/// pyarrow reads every row of them.
+#[test]
+fn files_uploaded_to_s3_record_what_endpoint_models_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let front = proxy(&[]);
+    let server = s3_server::S3Server::start(&dir.path().join("s3"));
+    let bucket = server.bucket("lake");
+    let lake = server.lake_warehouse();
+    let run = |sql: &str| output_within(&mut lake(sql), DEADLINE);
+    assert_ok(&run(&create("m", &front.url(), PRICED)));
+    let settings = "SET batchinfer.cache = 'off'; SET batchinfer.on_error = 'null';";
+
+    let before = front.counts();
+    assert_ok(&run(&format!(
+        "{settings} COPY (SELECT id, generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g, \
+         CAST(NULL AS VARCHAR) AS pad FROM {} UNION ALL SELECT value AS id, CAST(NULL AS \
+         VARCHAR) AS g, md5(CAST(value AS VARCHAR)) AS pad FROM range(100, 1000100)) TO \
+         's3://lake/out/big.parquet'",
+        numbers(3)
+    )));
+    let big = bucket.join("out/big.parquet");
+    let size = std::fs::metadata(&big).unwrap().len();
+    assert!(
+        size > 10 << 20,
+        "{size} bytes: not an upload of several parts"
+    );
+    let read = python_usage(&[big.display().to_string()]);
+    assert_eq!(read[0]["rows"], 1_000_003);
+    assert_usage_matches(&read[0]["usage"], &front, &before);
+    assert_eq!(read[0]["usage"]["m"]["requests"], 3);
+
+    let before = front.counts();
+    assert_ok(&run(&format!(
+        "{settings} CREATE TABLE t AS SELECT id, generate('m', 'Name ' || CAST(id AS \
+         VARCHAR)) AS g FROM {}",
+        numbers(2)
+    )));
+    let files: Vec<String> = common::parquet_files(&bucket.join("wh/tables/t"))
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!files.is_empty());
+    for file in python_usage(&files) {
+        assert_usage_matches(&file["usage"], &front, &before);
+    }
+}

@@ -58,6 +58,9 @@ pub struct Lineage {
     pub statement: String,
     /// The models it called (JSON: name, sha256, source), as [`crate::lineage::models_used`].
     pub models: String,
+    /// What its endpoint models did (JSON), as [`crate::lineage::UsageRecord::json`], if it
+    /// called any.
+    pub llm_usage: Option<String>,
 }
 
 /// A statement writing table `name`: where its files go, and the version it began on.
@@ -173,17 +176,24 @@ impl TableWrite {
     /// What a commit records beside its actions: its lineage, and how often it is retried on a
     /// version another statement took.
     fn properties(&self, lineage: &Lineage, retries: usize) -> CommitProperties {
+        let mut metadata = vec![
+            (
+                "batchinfer.statement".to_string(),
+                serde_json::Value::from(lineage.statement.clone()),
+            ),
+            (
+                crate::lineage::MODELS_KEY.to_string(),
+                serde_json::from_str(&lineage.models).unwrap_or_default(),
+            ),
+        ];
+        if let Some(usage) = &lineage.llm_usage {
+            metadata.push((
+                crate::lineage::LLM_USAGE_KEY.to_string(),
+                serde_json::from_str(usage).unwrap_or_default(),
+            ));
+        }
         CommitProperties::default()
-            .with_metadata([
-                (
-                    "batchinfer.statement".to_string(),
-                    serde_json::Value::from(lineage.statement.clone()),
-                ),
-                (
-                    "batchinfer.models".to_string(),
-                    serde_json::from_str(&lineage.models).unwrap_or_default(),
-                ),
-            ])
+            .with_metadata(metadata)
             .with_max_retries(retries)
     }
 

@@ -125,6 +125,13 @@ impl Usage {
     pub fn is_empty(&self) -> bool {
         self.requests == 0 && self.cache_hits == 0
     }
+
+    fn cache_hit() -> Usage {
+        Usage {
+            cache_hits: 1,
+            ..Usage::default()
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +196,9 @@ const MAX_REPLY: usize = 32 << 20;
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
     pub statement: &'a str,
+    /// The part of the statement it belongs to (a view refresh's unit; "" for the rest), whose
+    /// usage is counted apart.
+    pub part: &'a str,
     pub options: Option<&'a BatchInferOptions>,
     pub cache: Mode,
 }
@@ -201,6 +211,7 @@ impl<'a> Call<'a> {
     ) -> Call<'a> {
         Call {
             statement: &statement.id,
+            part: &statement.part,
             options,
             cache: options.map(|o| o.cache).unwrap_or_default(),
         }
@@ -337,6 +348,21 @@ impl EndpointModel {
         }
     }
 
+    /// Counts `done` as this model's, and the statement's of `call` ([`spend`]).
+    fn count(&self, call: &Call<'_>, done: &Usage) {
+        let c = &self.counters;
+        c.requests.fetch_add(done.requests, Ordering::Relaxed);
+        c.retries.fetch_add(done.retries, Ordering::Relaxed);
+        c.cache_hits.fetch_add(done.cache_hits, Ordering::Relaxed);
+        c.prompt_tokens
+            .fetch_add(done.prompt_tokens, Ordering::Relaxed);
+        c.completion_tokens
+            .fetch_add(done.completion_tokens, Ordering::Relaxed);
+        c.cost_nanos
+            .fetch_add((done.cost * 1e9).round() as u64, Ordering::Relaxed);
+        spend::count(call.statement, call.part, &self.name, done);
+    }
+
     /// The body of the chat request for `prompt`, with the JSON schema of a typed output.
     pub fn chat_request(&self, prompt: &str, schema: Option<&Value>) -> Value {
         let e = &self.endpoint;
@@ -427,7 +453,7 @@ impl EndpointModel {
             && let Some(raw) = cache.get(key).await
             && let Ok(reply) = Reply::parse(raw)
         {
-            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            self.count(call, &Usage::cache_hit());
             return Ok(Ok(Arc::new(reply)));
         }
         let prompt_chars: usize = body["messages"]
@@ -483,7 +509,7 @@ impl EndpointModel {
             };
             match cached.and_then(|raw| serde_json::from_str::<Vec<f32>>(&raw).ok()) {
                 Some(vector) if vector.len() == dim && vector.iter().all(|x| x.is_finite()) => {
-                    self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    self.count(call, &Usage::cache_hit());
                     found.insert(text, Ok(vector));
                 }
                 _ => missing.push(text),
@@ -598,7 +624,13 @@ impl EndpointModel {
         loop {
             self.pace.take(reserve).await;
             spend::check(call.statement, call.options)?;
-            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            self.count(
+                call,
+                &Usage {
+                    requests: 1,
+                    ..Usage::default()
+                },
+            );
             let timeout = Duration::from_secs_f64(self.endpoint.timeout);
             let sent = self.send(path, body, api_key.as_deref());
             let verdict = match tokio::time::timeout(timeout, sent).await {
@@ -621,12 +653,13 @@ impl EndpointModel {
                     let cost = (prompt as f64 * self.endpoint.input_price_per_million
                         + completion as f64 * self.endpoint.output_price_per_million)
                         / 1e6;
-                    let c = &self.counters;
-                    c.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
-                    c.completion_tokens.fetch_add(completion, Ordering::Relaxed);
-                    c.cost_nanos
-                        .fetch_add((cost * 1e9).round() as u64, Ordering::Relaxed);
-                    spend::charge(call.statement, prompt, completion, cost);
+                    let done = Usage {
+                        prompt_tokens: prompt,
+                        completion_tokens: completion,
+                        cost,
+                        ..Usage::default()
+                    };
+                    self.count(call, &done);
                     return Ok(Ok(raw));
                 }
                 Verdict::Final(why) => return Ok(Err(scrub(why, api_key.as_deref()))),
@@ -647,7 +680,13 @@ impl EndpointModel {
                         )));
                     }
                     attempt += 1;
-                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    self.count(
+                        call,
+                        &Usage {
+                            retries: 1,
+                            ..Usage::default()
+                        },
+                    );
                     // A server's Retry-After is honoured up to a minute a try.
                     let wait = backoff(attempt).max(after.unwrap_or_default().min(MAX_WAIT));
                     if slow_down {

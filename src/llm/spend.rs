@@ -5,16 +5,24 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::LlmError;
+use super::{LlmError, Usage};
 use crate::config::BatchInferOptions;
 
-/// One statement's spending.
-#[derive(Debug, Default, Clone, Copy)]
+/// One statement's spending: what each model did for each part of it (a view refresh's unit;
+/// "" for the rest).
+#[derive(Debug, Default, Clone)]
 struct Spent {
-    requests: u64,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    cost: f64,
+    by: BTreeMap<(String, String), Usage>,
+}
+
+impl Spent {
+    fn total(&self) -> Usage {
+        let mut total = Usage::default();
+        for usage in self.by.values() {
+            total.add(usage);
+        }
+        total
+    }
 }
 
 /// Statements whose spending is kept (the oldest are forgotten past this).
@@ -26,17 +34,33 @@ fn spent() -> std::sync::MutexGuard<'static, BTreeMap<String, Spent>> {
     SPENT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Counts a reply's tokens and cost against the statement `statement`.
-pub fn charge(statement: &str, prompt_tokens: u64, completion_tokens: u64, cost: f64) {
+/// Counts what `model` did (`done`: requests, retries, answers from the cache, tokens, cost)
+/// for `part` of the statement `statement`.
+pub fn count(statement: &str, part: &str, model: &str, done: &Usage) {
     let mut all = spent();
-    let s = all.entry(statement.to_string()).or_default();
-    s.requests += 1;
-    s.prompt_tokens = s.prompt_tokens.saturating_add(prompt_tokens);
-    s.completion_tokens = s.completion_tokens.saturating_add(completion_tokens);
-    s.cost += cost;
+    all.entry(statement.to_string())
+        .or_default()
+        .by
+        .entry((part.to_string(), model.to_string()))
+        .or_default()
+        .add(done);
     while all.len() > STATEMENTS {
         all.pop_first();
     }
+}
+
+/// What each endpoint model did for the statement `statement`, by name: for its part `part`
+/// only, or (None) for all of it.
+pub fn usage(statement: &str, part: Option<&str>) -> BTreeMap<String, Usage> {
+    let mut by_model: BTreeMap<String, Usage> = BTreeMap::new();
+    if let Some(spent) = spent().get(statement) {
+        for ((p, model), done) in &spent.by {
+            if part.is_none_or(|part| part == p) {
+                by_model.entry(model.clone()).or_default().add(done);
+            }
+        }
+    }
+    by_model
 }
 
 /// `Err` once the statement has reached one of its budgets: what it spent, and which budget.
@@ -47,7 +71,7 @@ pub fn check(statement: &str, options: Option<&BatchInferOptions>) -> Result<(),
     if options.max_llm_tokens.is_none() && options.max_cost.is_none() {
         return Ok(());
     }
-    let s = spent().get(statement).copied().unwrap_or_default();
+    let s = spent().get(statement).map(Spent::total).unwrap_or_default();
     let tokens = s.prompt_tokens.saturating_add(s.completion_tokens);
     let reached = match (options.max_llm_tokens, options.max_cost) {
         (Some(max), _) if tokens >= max => format!("batchinfer.max_llm_tokens = '{max}'"),

@@ -27,6 +27,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
 
+use super::fill::{Fill, Tail, fill_local_file};
+
 /// How a store makes a write's files visible at commit.
 #[derive(Debug)]
 pub enum CommitKind {
@@ -49,8 +51,9 @@ pub struct CommitStore {
 /// What one write holds back until it commits.
 #[derive(Debug, Default)]
 pub(super) struct Held {
-    /// Completed uploads waiting for `CompleteMultipartUpload` (S3).
-    pub(super) uploads: Vec<Box<dyn MultipartUpload>>,
+    /// Completed uploads waiting for `CompleteMultipartUpload` (S3), with the end of each held
+    /// back to be filled ([`super::fill`]).
+    pub(super) uploads: Vec<(Box<dyn MultipartUpload>, Option<Tail>)>,
     /// Hidden files written in full, and the target each is renamed to (local).
     pub(super) staged: Vec<(Path, Path)>,
     /// Uploads dropped before they were completed (their writer was cancelled): to abort.
@@ -71,6 +74,8 @@ pub(super) struct WriteState {
     pub(super) closed: tokio::sync::Notify,
     /// A local folder the write made: removed again if the write is discarded.
     pub(super) made_folder: Option<std::path::PathBuf>,
+    /// What its files are filled with at commit, if anything ([`super::fill`]).
+    pub(super) fill: Mutex<Option<Arc<Fill>>>,
 }
 
 impl WriteState {
@@ -78,12 +83,19 @@ impl WriteState {
         std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    pub(super) fn hold(&self, upload: Box<dyn MultipartUpload>) {
+    pub(super) fn hold(&self, upload: Box<dyn MultipartUpload>, tail: Option<Tail>) {
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .uploads
-            .push(upload);
+            .push((upload, tail));
+    }
+
+    /// The placeholder of the write's fill, if it has one: an upload holds back its end from
+    /// it.
+    pub(super) fn tail(&self) -> Option<Tail> {
+        let fill = self.fill.lock().unwrap_or_else(|p| p.into_inner());
+        fill.as_ref().map(|f| Tail::new(f.placeholder()))
     }
 
     pub(super) fn stage(&self, hidden: Path, target: Path) {
@@ -213,6 +225,7 @@ impl CommitStore {
             parts: std::sync::atomic::AtomicUsize::new(0),
             closed: tokio::sync::Notify::new(),
             made_folder,
+            fill: Mutex::new(None),
         });
         self.writes
             .lock()
@@ -246,7 +259,7 @@ impl CommitStore {
     async fn discard(&self, state: &WriteState) {
         state.settled().await;
         let held = state.take();
-        abort_all(held.uploads).await;
+        abort_all(held.uploads.into_iter().map(|(upload, _)| upload).collect()).await;
         abort_all(held.abandoned).await;
         for (hidden, _) in held.staged {
             let _ = self.inner.delete(&hidden).await;
@@ -258,6 +271,12 @@ impl CommitStore {
 }
 
 impl PendingWrite {
+    /// Fills the write's files at commit: each holds `fill`'s placeholder, overwritten then
+    /// ([`super::fill`]). Set before anything is written.
+    pub fn fill_at_commit(&self, fill: Fill) {
+        *self.state.fill.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(fill));
+    }
+
     /// Makes every file of the write visible; how many there are. Should a completion or a
     /// rename fail, the files not yet made visible are discarded and the error returned.
     pub async fn commit(mut self) -> object_store::Result<usize> {
@@ -270,16 +289,52 @@ impl PendingWrite {
         } = self.state.take();
         // None once the statement succeeded; any there would be parts of nothing.
         abort_all(abandoned).await;
+        let fill = self
+            .state
+            .fill
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let filled = fill.as_ref().and_then(|f| f.padded());
         let count = uploads.len() + staged.len();
-        while let Some(mut upload) = uploads.pop() {
-            if let Err(e) = upload.complete().await {
-                uploads.push(upload);
-                abort_all(uploads).await;
+        while let Some((mut upload, tail)) = uploads.pop() {
+            let mut completed = Ok(());
+            if let Some(tail) = tail {
+                let end = tail.finish(filled.as_deref());
+                if !end.is_empty() {
+                    completed = upload.put_part(end.into()).await;
+                }
+            }
+            if let Err(e) = match completed {
+                Ok(()) => upload.complete().await.map(|_| ()),
+                Err(e) => Err(e),
+            } {
+                let _ = upload.abort().await;
+                abort_all(uploads.into_iter().map(|(upload, _)| upload).collect()).await;
                 return Err(e);
             }
         }
         while let Some((hidden, target)) = staged.pop() {
-            if let Err(e) = self.store.inner.rename(&hidden, &target).await {
+            let mut renamed = Ok(());
+            if let (Some(fill), Some(value), CommitKind::StageAndRename(local)) =
+                (&fill, &filled, &self.store.kind)
+            {
+                renamed = local
+                    .path_to_filesystem(&hidden)
+                    .and_then(|path| {
+                        fill_local_file(&path, &fill.placeholder(), value).map_err(|e| {
+                            object_store::Error::Generic {
+                                store: "LocalFileSystem",
+                                source: Box::new(e),
+                            }
+                        })
+                    })
+                    .map(|_| ());
+            }
+            if let Err(e) = match renamed {
+                Ok(()) => self.store.inner.rename(&hidden, &target).await,
+                Err(e) => Err(e),
+            } {
                 let _ = self.store.inner.delete(&hidden).await;
                 for (hidden, _) in staged {
                     let _ = self.store.inner.delete(&hidden).await;

@@ -14,6 +14,7 @@ use object_store::{
 };
 
 use super::commit::{CommitKind, CommitStore, WriteState, hidden_sibling};
+use super::fill::Tail;
 
 /// A multipart upload whose completion is handed to its write instead of sent (S3), or which is
 /// written to a hidden file renamed at the write's commit (local).
@@ -23,6 +24,8 @@ struct DeferredUpload {
     state: Arc<WriteState>,
     /// Local files: where the upload goes (hidden) and the target it is renamed to at commit.
     staged: Option<(Path, Path)>,
+    /// Uploads of a write filled at commit: the end held back ([`super::fill`]).
+    tail: Option<Tail>,
 }
 
 impl DeferredUpload {
@@ -32,10 +35,16 @@ impl DeferredUpload {
         staged: Option<(Path, Path)>,
     ) -> Self {
         state.opened();
+        // A local file is filled in place at commit; an upload holds back its end.
+        let tail = match staged {
+            Some(_) => None,
+            None => state.tail(),
+        };
         DeferredUpload {
             upload: Some(upload),
             state,
             staged,
+            tail,
         }
     }
 }
@@ -55,6 +64,15 @@ impl Drop for DeferredUpload {
     }
 }
 
+/// A payload's bytes in one piece.
+fn data_bytes(payload: &PutPayload) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(payload.content_length());
+    for chunk in payload.iter() {
+        bytes.extend_from_slice(chunk);
+    }
+    bytes
+}
+
 fn finished_upload() -> object_store::Error {
     object_store::Error::Generic {
         store: "batchinfer",
@@ -67,6 +85,13 @@ impl MultipartUpload for DeferredUpload {
     fn put_part(&mut self, data: PutPayload) -> UploadPart {
         let Some(upload) = self.upload.as_mut() else {
             return Box::pin(async { Err(finished_upload()) });
+        };
+        let data = match self.tail.as_mut() {
+            Some(tail) => match tail.push(&data_bytes(&data)) {
+                Some(part) => PutPayload::from(part),
+                None => return Box::pin(async { Ok(()) }),
+            },
+            None => data,
         };
         let part = upload.put_part(data);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -102,7 +127,7 @@ impl MultipartUpload for DeferredUpload {
                 written.map(|_| ())
             }
             None => {
-                self.state.hold(upload);
+                self.state.hold(upload, self.tail.take());
                 Ok(())
             }
         };
@@ -159,11 +184,18 @@ impl ObjectStore for CommitStore {
             ..Default::default()
         };
         let mut upload = self.inner.put_multipart_opts(location, options).await?;
-        if let Err(e) = upload.put_part(payload).await {
+        let mut tail = state.tail();
+        let part = match tail.as_mut() {
+            Some(tail) => tail.push(&data_bytes(&payload)).map(PutPayload::from),
+            None => Some(payload),
+        };
+        if let Some(part) = part
+            && let Err(e) = upload.put_part(part).await
+        {
             let _ = upload.abort().await;
             return Err(e);
         }
-        state.hold(upload);
+        state.hold(upload, tail);
         Ok(PutResult {
             e_tag: None,
             version: None,

@@ -22,6 +22,7 @@ pub mod commit;
 mod credentials;
 mod deferred;
 mod files;
+pub mod fill;
 mod folder;
 pub mod footer;
 pub mod hints;
@@ -47,6 +48,7 @@ pub use commit::{
     kept_despite_cancel, take_kept_despite_cancel,
 };
 pub use files::read_capped;
+pub use fill::Fill;
 pub use location::{
     Location, absolute_location, blank_passwords, check_write_target, display_location,
     file_version, folder_location, folder_url, is_local_store, is_object_store_url, local_file,
@@ -72,6 +74,18 @@ pub enum CommittedWrite {
 }
 
 impl CommittedWrite {
+    /// Fills the write's files at commit ([`fill`]): true where it will, false where others
+    /// write them (a cluster's executors), whose files cannot be.
+    pub fn fill_at_commit(&self, fill: Fill) -> bool {
+        match self {
+            CommittedWrite::Deferred(write) => {
+                write.fill_at_commit(fill);
+                true
+            }
+            CommittedWrite::Staged(_) => false,
+        }
+    }
+
     /// Makes the files visible; how many there are.
     pub async fn commit(self) -> Result<usize> {
         match self {

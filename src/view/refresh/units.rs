@@ -114,7 +114,18 @@ impl Views<'_> {
             .with_schema(planned.source.schema.clone());
         let table = Arc::new(ListingTable::try_new(config)?);
         let plan = reading(&planned.plan, table)?;
-        let df = DataFrame::new(self.session.ctx().state(), plan);
+        // The unit is a part of the refresh of its own: what endpoint models do for it is
+        // counted apart, for its files.
+        let mut statement = self.session.statement();
+        statement.part = id.clone();
+        let usage = crate::lineage::UsageRecord::of(self.session.registry(), &plan, &statement);
+        let mut state = self.session.ctx().state();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(statement);
+        let df = DataFrame::new(state, plan);
         let mut options = self.session.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
         for (key, value) in [
@@ -133,6 +144,11 @@ impl Views<'_> {
             .session
             .placement()
             .write_to(self.session.registry().stores(), &location)?;
+        if let Some(placeholder) = usage.and_then(|u| u.reserve(&write)) {
+            options
+                .key_value_metadata
+                .insert(crate::lineage::LLM_USAGE_KEY.to_string(), Some(placeholder));
+        }
         let counts = match df
             .write_parquet(&write_to, DataFrameWriteOptions::new(), Some(options))
             .await
