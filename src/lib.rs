@@ -26,7 +26,8 @@
 //! - [`write`]: the writes that appear whole or not at all (COPY, INSERT, CREATE TABLE ... AS),
 //!   in this process or on a cluster; a warehouse table's written as one Delta commit
 //!   ([`delta::write`]).
-//! - [`lineage`]: the models a write names in its files, and the columns CSV cannot hold.
+//! - [`lineage`]: the models a write names in its files, what its endpoint models did for
+//!   them (filled in at commit), and the columns CSV cannot hold.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
 //!   what each holds of stores and models (`node.rs`).
@@ -91,7 +92,8 @@
 //!   points (`location.rs`), which store a URL is in and the clients of Google Cloud Storage,
 //!   Azure and HTTP(S) servers (`cloud.rs`), S3 clients (`s3.rs`) and credentials from the AWS
 //!   SDK's chain (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
-//!   `deferred.rs`, `staging.rs`), the tables of a warehouse: their names, folders, removal and
+//!   `deferred.rs`, `staging.rs`) and a value filled into a write's files at its commit
+//!   (`fill.rs`), the tables of a warehouse: their names, folders, removal and
 //!   the older layout's files (`table.rs`; what killed writes left in a local folder, removed in
 //!   `folder.rs`), whole
 //!   files read for models (`files.rs`), a Parquet footer checked before it is trusted

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::config::TableParquetOptions;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::scalar::ScalarValue;
@@ -154,6 +155,8 @@ pub struct UsageRecord {
     part: String,
     models: Vec<String>,
     placeholder: String,
+    /// Whether a write's files are filled with it: where they are, its commit records it too.
+    reserved: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl UsageRecord {
@@ -185,6 +188,7 @@ impl UsageRecord {
             part: statement.part.clone(),
             models,
             placeholder,
+            reserved: Arc::default(),
         })
     }
 
@@ -211,12 +215,32 @@ impl UsageRecord {
         serde_json::Value::Object(models).to_string()
     }
 
-    /// Has `write`'s files filled with [`Self::json`] at its commit: the placeholder to write
-    /// in them as [`LLM_USAGE_KEY`], or None where they cannot be filled (written by a
-    /// cluster's executors, which count their own).
-    pub fn reserve(&self, write: &crate::storage::CommittedWrite) -> Option<String> {
+    /// Has `write`'s files, written with the Parquet options `parquet`, filled with
+    /// [`Self::json`] at its commit: the placeholder to write in them as [`LLM_USAGE_KEY`], or
+    /// None where they cannot be filled: written by a cluster's executors (which count their
+    /// own), or encrypted (a footer that is, or is signed, cannot change).
+    pub fn reserve(
+        &self,
+        write: &crate::storage::CommittedWrite,
+        parquet: &TableParquetOptions,
+    ) -> Option<String> {
+        let crypto = &parquet.crypto;
+        if crypto.file_encryption.is_some() || crypto.factory_id.is_some() {
+            return None;
+        }
         let record = self.clone();
         let fill = crate::storage::Fill::new(&self.placeholder, move || record.json().into_bytes());
-        write.fill_at_commit(fill).then(|| self.placeholder.clone())
+        let filled = write.fill_at_commit(fill);
+        self.reserved
+            .store(filled, std::sync::atomic::Ordering::SeqCst);
+        filled.then(|| self.placeholder.clone())
+    }
+
+    /// [`Self::json`] for a commit, where the write's files were filled with it (a cluster's
+    /// executors count their own).
+    pub fn committed(&self) -> Option<String> {
+        self.reserved
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| self.json())
     }
 }

@@ -183,7 +183,14 @@ impl<'a> Writes<'a> {
             );
             let statement = self.session.statement();
             let usage = lineage::UsageRecord::of(self.session.registry(), &copy.input, &statement);
-            if let Some(placeholder) = usage.zip(write).and_then(|(u, w)| u.reserve(w)) {
+            // The session's Parquet options, and whether this COPY's encrypt its files.
+            let parquet = self.session.ctx().state().default_table_options().parquet;
+            let encrypted = copy.options.keys().any(|k| k.starts_with("format.crypto."));
+            if let Some(placeholder) = usage
+                .filter(|_| !encrypted)
+                .zip(write)
+                .and_then(|(u, w)| u.reserve(w, &parquet))
+            {
                 copy.options.insert(
                     format!("format.metadata::{}", lineage::LLM_USAGE_KEY),
                     placeholder,
@@ -350,7 +357,7 @@ impl<'a> Writes<'a> {
         options
             .key_value_metadata
             .insert(lineage::MODELS_KEY.to_string(), Some(models.to_string()));
-        if let Some(placeholder) = usage.and_then(|u| u.reserve(write)) {
+        if let Some(placeholder) = usage.and_then(|u| u.reserve(write, &options)) {
             options
                 .key_value_metadata
                 .insert(lineage::LLM_USAGE_KEY.to_string(), Some(placeholder));
@@ -368,7 +375,7 @@ impl<'a> Writes<'a> {
         delta::write::Lineage {
             statement: self.session.statement().text,
             models,
-            llm_usage: usage.map(lineage::UsageRecord::json),
+            llm_usage: usage.and_then(lineage::UsageRecord::committed),
         }
     }
 

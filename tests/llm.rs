@@ -1127,3 +1127,56 @@ fn files_uploaded_to_s3_record_what_endpoint_models_did() {
         assert_usage_matches(&file["usage"], &front, &before);
     }
 }
+
+/// A view of `embed` over an embedding endpoint: each unit's files say the requests sent for
+/// their rows, which add up to what the proxy saw.
+#[test]
+fn a_view_of_embed_records_what_each_unit_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = dir.path().join("in");
+    let front = llm_server::proxy_to(llm_server::llama_embeddings(), &[]);
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "CREATE OR REPLACE MODEL m OPTIONS ('endpoint' '{}', 'model' 'smollm2', 'kind' \
+             'embedding', 'dimensions' '576')",
+            front.url()
+        ),
+    ));
+    for (file, first) in [("a.parquet", 0), ("b.parquet", 100)] {
+        assert_ok(&query(
+            &wh,
+            &format!(
+                "COPY (SELECT value AS id, 'word ' || CAST(value AS VARCHAR) AS w FROM \
+                 range({first}, {})) TO '{}/{file}'",
+                first + 3,
+                input.display()
+            ),
+        ));
+    }
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "SET batchinfer.cache = 'off'; CREATE MATERIALIZED VIEW e AS SELECT id, embed('m', \
+             w) AS v FROM '{}/'",
+            input.display()
+        ),
+    ));
+    let sent = front.count("received");
+    assert!(sent >= 1);
+    let files = common::parquet_files(&wh.join("views"));
+    let paths: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let read = python_usage(&paths);
+    let mut by_unit: std::collections::BTreeMap<PathBuf, u64> = Default::default();
+    for (file, read) in files.iter().zip(&read) {
+        let requests = read["usage"]["m"]["requests"].as_u64().unwrap();
+        assert!(requests >= 1, "{read}");
+        assert!(
+            read["usage"]["m"]["prompt_tokens"].as_u64().unwrap() > 0,
+            "{read}"
+        );
+        by_unit.insert(file.parent().unwrap().to_path_buf(), requests);
+    }
+    assert_eq!(by_unit.values().sum::<u64>(), sent, "{by_unit:?}");
+}

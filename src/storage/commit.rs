@@ -238,12 +238,15 @@ impl CommitStore {
         }
     }
 
+    /// The pending write a file at `location` belongs to: the one of the longest prefix, where
+    /// two writes' targets nest.
     pub(super) fn deferring(&self, location: &Path) -> Option<Arc<WriteState>> {
         self.writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .find(|w| location.prefix_matches(&w.prefix))
+            .filter(|w| location.prefix_matches(&w.prefix))
+            .max_by_key(|w| w.prefix.as_ref().len())
             .cloned()
     }
 
@@ -297,44 +300,41 @@ impl PendingWrite {
             .clone();
         let filled = fill.as_ref().and_then(|f| f.padded());
         let count = uploads.len() + staged.len();
-        while let Some((mut upload, tail)) = uploads.pop() {
-            let mut completed = Ok(());
-            if let Some(tail) = tail {
-                let end = tail.finish(filled.as_deref());
-                if !end.is_empty() {
-                    completed = upload.put_part(end.into()).await;
-                }
-            }
-            if let Err(e) = match completed {
-                Ok(()) => upload.complete().await.map(|_| ()),
-                Err(e) => Err(e),
-            } {
+        // Every held end is sent before any upload is completed: one that fails leaves none.
+        if let Err(e) = send_tails(&mut uploads, filled.as_deref()).await {
+            abort_all(uploads.into_iter().map(|(upload, _)| upload).collect()).await;
+            return Err(e);
+        }
+        while let Some((mut upload, _)) = uploads.pop() {
+            if let Err(e) = upload.complete().await {
                 let _ = upload.abort().await;
                 abort_all(uploads.into_iter().map(|(upload, _)| upload).collect()).await;
                 return Err(e);
             }
         }
-        while let Some((hidden, target)) = staged.pop() {
-            let mut renamed = Ok(());
-            if let (Some(fill), Some(value), CommitKind::StageAndRename(local)) =
-                (&fill, &filled, &self.store.kind)
-            {
-                renamed = local
-                    .path_to_filesystem(&hidden)
-                    .and_then(|path| {
-                        fill_local_file(&path, &fill.placeholder(), value).map_err(|e| {
-                            object_store::Error::Generic {
-                                store: "LocalFileSystem",
-                                source: Box::new(e),
-                            }
-                        })
+        // Every local file is filled before any is renamed.
+        if let (Some(fill), Some(value), CommitKind::StageAndRename(local)) =
+            (&fill, &filled, &self.store.kind)
+        {
+            for (hidden, _) in &staged {
+                let done = local.path_to_filesystem(hidden).and_then(|path| {
+                    fill_local_file(&path, &fill.placeholder(), value).map_err(|e| {
+                        object_store::Error::Generic {
+                            store: "LocalFileSystem",
+                            source: Box::new(e),
+                        }
                     })
-                    .map(|_| ());
+                });
+                if let Err(e) = done {
+                    for (hidden, _) in staged {
+                        let _ = self.store.inner.delete(&hidden).await;
+                    }
+                    return Err(e);
+                }
             }
-            if let Err(e) = match renamed {
-                Ok(()) => self.store.inner.rename(&hidden, &target).await,
-                Err(e) => Err(e),
-            } {
+        }
+        while let Some((hidden, target)) = staged.pop() {
+            if let Err(e) = self.store.inner.rename(&hidden, &target).await {
                 let _ = self.store.inner.delete(&hidden).await;
                 for (hidden, _) in staged {
                     let _ = self.store.inner.delete(&hidden).await;
@@ -352,6 +352,43 @@ impl PendingWrite {
         self.store.discard(&self.state).await;
     }
 }
+
+/// Sends the ends uploads held back, filled with `value` ([`super::fill`]), a few uploads at a
+/// time, each one's parts in order.
+async fn send_tails(
+    uploads: &mut [(Box<dyn MultipartUpload>, Option<Tail>)],
+    value: Option<&[u8]>,
+) -> object_store::Result<()> {
+    use futures::StreamExt;
+    let mut sends: Vec<futures::future::BoxFuture<'_, object_store::Result<()>>> = Vec::new();
+    for (upload, tail) in uploads.iter_mut() {
+        let Some(tail) = tail.take() else {
+            continue;
+        };
+        // Read back (from disk) only when its turn comes.
+        sends.push(Box::pin(async move {
+            let parts = tail
+                .finish(value)
+                .map_err(|e| object_store::Error::Generic {
+                    store: "batchinfer",
+                    source: Box::new(e),
+                })?;
+            let sent: Vec<_> = parts
+                .into_iter()
+                .map(|part| upload.put_part(part.into()))
+                .collect();
+            futures::future::try_join_all(sent).await.map(|_| ())
+        }));
+    }
+    let mut sends = futures::stream::iter(sends).buffer_unordered(TAILS_AT_ONCE);
+    while let Some(sent) = sends.next().await {
+        sent?;
+    }
+    Ok(())
+}
+
+/// Uploads whose ends are sent at once at commit.
+const TAILS_AT_ONCE: usize = 8;
 
 /// The outermost of `path` and its folders that does not exist yet: what a write to `path` may
 /// create.

@@ -73,6 +73,18 @@ fn data_bytes(payload: &PutPayload) -> Vec<u8> {
     bytes
 }
 
+fn spill_failed(e: std::io::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "batchinfer",
+        source: format!(
+            "the end of an upload, held until the statement commits, could not be kept in the \
+             temporary folder {}: {e}",
+            std::env::temp_dir().display()
+        )
+        .into(),
+    }
+}
+
 fn finished_upload() -> object_store::Error {
     object_store::Error::Generic {
         store: "batchinfer",
@@ -86,14 +98,20 @@ impl MultipartUpload for DeferredUpload {
         let Some(upload) = self.upload.as_mut() else {
             return Box::pin(async { Err(finished_upload()) });
         };
-        let data = match self.tail.as_mut() {
-            Some(tail) => match tail.push(&data_bytes(&data)) {
-                Some(part) => PutPayload::from(part),
-                None => return Box::pin(async { Ok(()) }),
-            },
-            None => data,
+        let part = match self.tail.as_mut() {
+            Some(tail) => {
+                let parts: Vec<UploadPart> = tail
+                    .push(&data_bytes(&data))
+                    .into_iter()
+                    .map(|part| upload.put_part(PutPayload::from(part)))
+                    .collect();
+                Box::pin(async move {
+                    futures::future::try_join_all(parts).await?;
+                    Ok(())
+                })
+            }
+            None => upload.put_part(data),
         };
-        let part = upload.put_part(data);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return part;
         };
@@ -127,8 +145,17 @@ impl MultipartUpload for DeferredUpload {
                 written.map(|_| ())
             }
             None => {
-                self.state.hold(upload, self.tail.take());
-                Ok(())
+                let mut tail = self.tail.take();
+                match tail.as_mut().map(Tail::spill).transpose() {
+                    Ok(_) => {
+                        self.state.hold(upload, tail);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let _ = upload.abort().await;
+                        Err(spill_failed(e))
+                    }
+                }
             }
         };
         self.state.closed();
@@ -185,15 +212,23 @@ impl ObjectStore for CommitStore {
         };
         let mut upload = self.inner.put_multipart_opts(location, options).await?;
         let mut tail = state.tail();
-        let part = match tail.as_mut() {
-            Some(tail) => tail.push(&data_bytes(&payload)).map(PutPayload::from),
-            None => Some(payload),
+        let parts: Vec<PutPayload> = match tail.as_mut() {
+            Some(tail) => tail
+                .push(&data_bytes(&payload))
+                .into_iter()
+                .map(PutPayload::from)
+                .collect(),
+            None => vec![payload],
         };
-        if let Some(part) = part
-            && let Err(e) = upload.put_part(part).await
-        {
+        for part in parts {
+            if let Err(e) = upload.put_part(part).await {
+                let _ = upload.abort().await;
+                return Err(e);
+            }
+        }
+        if let Some(Err(e)) = tail.as_mut().map(Tail::spill) {
             let _ = upload.abort().await;
-            return Err(e);
+            return Err(spill_failed(e));
         }
         state.hold(upload, tail);
         Ok(PutResult {

@@ -7,9 +7,12 @@
 //! - **Local files** are filled in their hidden sibling, before the rename that commits them.
 //! - **Uploads** (S3, Azure, Google Cloud Storage) send their parts as they come, except the
 //!   bytes from where the placeholder may begin (a [`Tail`]): those are held, filled and sent as
-//!   the last part at commit. A part sent early is at least [`MIN_PART`] bytes, as S3 wants of
-//!   every part but the last; at most that much and one buffer more is held for each file until
-//!   the write commits.
+//!   the last parts at commit. Parts keep the writer's size (every part but the last of one
+//!   size, at least [`MIN_PART`], as S3 and the servers that want equal parts accept). While a
+//!   file is written its tail is in memory, at most about two parts; once written, a tail of
+//!   more than 64 KiB waits for the commit in an unnamed temporary file, so a write of many
+//!   files holds little of each in memory. At commit every tail is sent before any upload is
+//!   completed.
 //! - Files written by a cluster's executors are not filled: their write does not take one
 //!   ([`super::CommittedWrite::fill_at_commit`]).
 
@@ -86,6 +89,9 @@ pub(super) fn fill_local_file(
     value: &[u8],
 ) -> std::io::Result<bool> {
     use std::io::{Read, Seek, SeekFrom, Write};
+    if placeholder.is_empty() || value.len() != placeholder.len() {
+        return Ok(false);
+    }
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -115,21 +121,29 @@ pub(super) fn fill_local_file(
     };
     file.seek(SeekFrom::Start(start + at as u64))?;
     file.write_all(value)?;
-    file.sync_data()?;
     Ok(true)
 }
 
 /// The end of an upload held back to be filled at commit: what is written is sent on as parts
-/// of at least [`MIN_PART`] bytes, except from where the placeholder begins (or, until it is
-/// seen, the bytes that could be its beginning).
+/// of one size (the writer's first, at least [`MIN_PART`]), as S3-compatible servers that want
+/// parts of equal size accept, except from where the placeholder begins (or, until it is seen,
+/// the bytes that could be its beginning). Once its writer is done, what it holds waits for the
+/// commit on disk ([`Tail::spill`]), not in memory.
 #[derive(Debug)]
 pub(super) struct Tail {
     placeholder: Arc<[u8]>,
     held: Vec<u8>,
     /// Where the placeholder begins in `held`, once seen.
     found_at: Option<usize>,
+    /// The size of every part but the last.
+    part: Option<usize>,
     min_part: usize,
+    /// The bytes held, moved to an unnamed file while they wait for the commit.
+    spilled: Option<std::fs::File>,
 }
+
+/// Bytes held past this wait for the commit in a file.
+const SPILL: usize = 64 << 10;
 
 impl Tail {
     pub(super) fn new(placeholder: Arc<[u8]>) -> Self {
@@ -141,12 +155,15 @@ impl Tail {
             placeholder,
             held: Vec::new(),
             found_at: None,
+            part: None,
             min_part,
+            spilled: None,
         }
     }
 
-    /// Takes the next bytes written; the bytes to send now as a part, if any.
-    pub(super) fn push(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+    /// Takes the next bytes written; the parts to send now, each of the upload's part size.
+    pub(super) fn push(&mut self, data: &[u8]) -> Vec<bytes::Bytes> {
+        let part = *self.part.get_or_insert(data.len().max(self.min_part));
         let m = self.placeholder.len().max(1);
         let searched_from = self.held.len().saturating_sub(m - 1);
         self.held.extend_from_slice(data);
@@ -160,23 +177,72 @@ impl Tail {
             Some(at) => at,
             None => self.held.len().saturating_sub(m - 1),
         };
-        if sendable < self.min_part {
-            return None;
+        let whole = sendable / part * part;
+        if whole == 0 {
+            return Vec::new();
         }
-        let rest = self.held.split_off(sendable);
+        let rest = self.held.split_off(whole);
         if let Some(at) = &mut self.found_at {
-            *at -= sendable;
+            *at -= whole;
         }
-        Some(std::mem::replace(&mut self.held, rest))
+        let sent = bytes::Bytes::from(std::mem::replace(&mut self.held, rest));
+        (0..whole)
+            .step_by(part)
+            .map(|at| sent.slice(at..at + part))
+            .collect()
     }
 
-    /// The bytes held, the placeholder among them filled with `value` (None: left as it is).
-    pub(super) fn finish(mut self, value: Option<&[u8]>) -> Vec<u8> {
+    /// Moves the bytes held to an unnamed file, where they wait for the commit: the writer is
+    /// done, and a write of many files keeps little of each in memory.
+    pub(super) fn spill(&mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        if self.held.len() <= SPILL || self.spilled.is_some() {
+            return Ok(());
+        }
+        let mut file = unnamed_file()?;
+        file.write_all(&self.held)?;
+        self.held = Vec::new();
+        self.spilled = Some(file);
+        Ok(())
+    }
+
+    /// The parts left to send, the placeholder among them filled with `value` (None: left as
+    /// it is): of the upload's part size, the last no larger.
+    pub(super) fn finish(mut self, value: Option<&[u8]>) -> std::io::Result<Vec<bytes::Bytes>> {
+        if let Some(mut file) = self.spilled.take() {
+            use std::io::{Read, Seek, SeekFrom};
+            file.seek(SeekFrom::Start(0))?;
+            file.read_to_end(&mut self.held)?;
+        }
         if let Some(value) = value {
             fill_bytes(&mut self.held, &self.placeholder, value);
         }
-        self.held
+        let part = self.part.unwrap_or(self.min_part).max(1);
+        let held = bytes::Bytes::from(self.held);
+        Ok((0..held.len())
+            .step_by(part)
+            .map(|at| held.slice(at..(at + part).min(held.len())))
+            .collect())
     }
+}
+
+/// A file of the temporary folder no one else can open: removed as soon as it is made, gone
+/// when it is closed.
+fn unnamed_file() -> std::io::Result<std::fs::File> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        ".batchinfer-tail-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -184,9 +250,9 @@ mod tests {
     use super::*;
 
     /// A file of `len` bytes with the placeholder at `at`, written in chunks of `chunk` bytes:
-    /// the parts sent, then the rest filled, make the file with the value in its place, and
-    /// every part but the last has the minimum size.
-    fn upload(len: usize, at: usize, chunk: usize, min_part: usize) {
+    /// the parts sent, then the rest filled (spilled to a file or not), make the file with the
+    /// value in its place, and every part but the last has one size, the last no larger.
+    fn upload(len: usize, at: usize, chunk: usize, min_part: usize, spill: bool) {
         let placeholder: Arc<[u8]> = b"<placeholder-0123456789>".as_slice().into();
         let value = b"{\"requests\":3}          ";
         assert_eq!(value.len(), placeholder.len());
@@ -198,12 +264,26 @@ mod tests {
         let mut tail = Tail::with_min_part(placeholder.clone(), min_part);
         let mut sent = Vec::new();
         for data in file.chunks(chunk) {
-            if let Some(part) = tail.push(data) {
-                assert!(part.len() >= min_part, "a part of {} bytes", part.len());
-                sent.push(part);
+            sent.extend(tail.push(data));
+        }
+        if spill {
+            let mut held = tail.held.len();
+            tail.spill().unwrap();
+            if held > SPILL {
+                assert!(tail.held.is_empty() && tail.spilled.is_some());
+                held = 0;
+            }
+            assert_eq!(tail.held.len(), held);
+        }
+        sent.extend(tail.finish(Some(value)).unwrap());
+        let size = chunk.max(min_part);
+        for (i, part) in sent.iter().enumerate() {
+            if i + 1 < sent.len() {
+                assert_eq!(part.len(), size, "part {i} of {}", sent.len());
+            } else {
+                assert!(part.len() <= size && !part.is_empty());
             }
         }
-        sent.push(tail.finish(Some(value)));
         assert_eq!(sent.concat(), expected, "len {len}, at {at}, chunk {chunk}");
     }
 
@@ -211,11 +291,17 @@ mod tests {
     fn an_upload_is_filled_wherever_its_parts_are_cut() {
         let len = 1000;
         for chunk in [1, 7, 23, 24, 25, 100, 333, 1000] {
-            for at in [0, 1, 99, 100, 101, 500, 975, 976 - 24] {
+            for at in [0, 1, 99, 100, 101, 500, 952, 976] {
                 for min_part in [1, 50, 100, 2000] {
-                    upload(len, at.min(len - 24), chunk, min_part);
+                    upload(len, at.min(len - 24), chunk, min_part, false);
                 }
             }
+        }
+        // Past the size that waits on disk.
+        let len = 3 * SPILL;
+        for at in [0, SPILL - 5, 2 * SPILL + 7, len - 24] {
+            upload(len, at, SPILL / 2, SPILL, true);
+            upload(len, at, 4096, 100, true);
         }
     }
 
@@ -223,16 +309,20 @@ mod tests {
     fn parts_are_sent_before_the_placeholder() {
         let placeholder: Arc<[u8]> = b"PLACEHOLDER".as_slice().into();
         let mut tail = Tail::with_min_part(placeholder, 10);
-        // The last 10 bytes could begin the placeholder: they wait.
-        assert_eq!(tail.push(&[0u8; 15]), None, "5 bytes are less than a part");
-        assert_eq!(tail.push(&[1u8; 10]).map(|p| p.len()), Some(15));
-        assert_eq!(tail.push(&[2u8; 30]).map(|p| p.len()), Some(30));
-        let mut end = b"PLACEHOLDER".to_vec();
-        end.extend([3u8; 40]);
+        let sizes = |parts: Vec<bytes::Bytes>| parts.iter().map(|p| p.len()).collect::<Vec<_>>();
+        // Parts of the first write's size (15); the last 10 bytes could begin the placeholder.
+        assert_eq!(sizes(tail.push(&[0u8; 15])), Vec::<usize>::new());
+        assert_eq!(sizes(tail.push(&[1u8; 15])), vec![15]);
+        assert_eq!(sizes(tail.push(&[2u8; 30])), vec![15, 15]);
+        let mut end = vec![3u8; 20];
+        end.extend(b"PLACEHOLDER");
+        end.extend([4u8; 40]);
         // What came before it goes; the placeholder and what follows wait for the commit.
-        assert_eq!(tail.push(&end).map(|p| p.len()), Some(10));
-        assert_eq!(tail.push(&[4u8; 100]), None);
-        assert_eq!(tail.finish(None).len(), 11 + 40 + 100);
+        assert_eq!(sizes(tail.push(&end)), vec![15, 15]);
+        assert_eq!(sizes(tail.push(&[5u8; 100])), Vec::<usize>::new());
+        let mut rest = vec![15; 10];
+        rest.push(6);
+        assert_eq!(sizes(tail.finish(None).unwrap()), rest);
     }
 
     #[test]

@@ -93,7 +93,12 @@ pub fn llama() -> &'static Server {
 
 /// A fault-injecting proxy in front of the llama.cpp server.
 pub fn proxy(faults: &[&str]) -> Server {
-    let upstream = format!("http://127.0.0.1:{}", llama().port);
+    proxy_to(llama(), faults)
+}
+
+/// A fault-injecting proxy in front of `upstream`.
+pub fn proxy_to(upstream: &Server, faults: &[&str]) -> Server {
+    let upstream = format!("http://127.0.0.1:{}", upstream.port);
     let mut args = vec!["proxy", "--upstream", upstream.as_str()];
     args.extend_from_slice(faults);
     Server::start(&args)

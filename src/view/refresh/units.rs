@@ -125,6 +125,9 @@ impl Views<'_> {
             .options_mut()
             .extensions
             .insert(statement);
+        // What the functions of its plan are given (the options as they were when the state
+        // was taken) is taken again.
+        state.mark_start_execution();
         let df = DataFrame::new(state, plan);
         let mut options = self.session.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
@@ -144,7 +147,7 @@ impl Views<'_> {
             .session
             .placement()
             .write_to(self.session.registry().stores(), &location)?;
-        if let Some(placeholder) = usage.and_then(|u| u.reserve(&write)) {
+        if let Some(placeholder) = usage.and_then(|u| u.reserve(&write, &options)) {
             options
                 .key_value_metadata
                 .insert(crate::lineage::LLM_USAGE_KEY.to_string(), Some(placeholder));
