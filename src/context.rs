@@ -93,6 +93,9 @@ pub fn build_context(
             stores: registry.stores().clone(),
         }),
     );
+    for (name, text) in [("read_blob", false), ("read_text", true)] {
+        ctx.register_udtf(name, Arc::new(crate::blob::BlobFunction { text }));
+    }
     ctx.register_udtf(
         "predict_table",
         Arc::new(PredictTableFunction { registry, tables }),

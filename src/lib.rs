@@ -120,9 +120,16 @@
 //!   (`spend.rs`); the registry keeps them beside the model files, and a cluster client's
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
 //!   is `udf/embed_endpoint.rs`.
+//! - [`blob`]: files as rows, `read_blob` and `read_text` (their names, sizes and times listed,
+//!   their bytes read only when a query uses them).
+//! - [`images`]: images as model inputs: the preprocessing a model folder declares
+//!   (`mod.rs`), one image decoded, oriented, resized as Pillow does, cropped and normalized
+//!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs
+//!   them ahead of the model.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 
+pub mod blob;
 pub mod catalog;
 pub mod cluster;
 pub mod commands;
@@ -134,6 +141,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod help;
+pub mod images;
 pub mod lineage;
 pub mod llm;
 pub mod message;

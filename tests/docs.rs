@@ -1,7 +1,7 @@
 //! Every ```sql example of the README and of docs/ runs as written, against the sample data
-//! (`data/`), the models of `data/models` and the MiniLM folders `scripts/fetch_minilm.sh`
-//! fetches, in a fresh working folder and warehouse per page, a page's examples one after the
-//! other. An example that names a server (S3, Azure, Google Cloud Storage, PostgreSQL) runs in
+//! (`data/`), the models of `data/models`, the MiniLM folders `scripts/fetch_minilm.sh`
+//! fetches and the photos and image model of `scripts/image_models.sh`, in a fresh working
+//! folder and warehouse per page, a page's examples one after the other. An example that names a server (S3, Azure, Google Cloud Storage, PostgreSQL) runs in
 //! the suite that starts that server (tests/s3.rs, tests/cloud_stores.rs, tests/databases.rs);
 //! here it is only counted.
 
@@ -57,6 +57,18 @@ fn working_folder(root: &Path) {
     for name in ["all-MiniLM-L6-v2", "paraphrase-MiniLM-L3-v2"] {
         std::os::unix::fs::symlink(fixtures::fetch_model(name), models.join(name)).unwrap();
     }
+    // docs/files.md's photos and image model (scripts/image_models.sh).
+    let out = std::process::Command::new("scripts/image_models.sh")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    std::os::unix::fs::symlink(images.join("photos"), root.join("photos")).unwrap();
+    std::os::unix::fs::symlink(images.join("nsfw"), models.join("nsfw")).unwrap();
 }
 
 /// Writes a SQLite file with a table `events` (made by Python's sqlite3, a reference apart

@@ -146,6 +146,9 @@ pub struct BatchInferOptions {
     pub max_cost: Option<f64>,
     /// Endpoint models' answers kept in the warehouse: 'on', 'read' (not written) or 'off'.
     pub cache: CacheMode,
+    /// `read_blob` and `read_text`: the largest file whose content is read, in bytes; a larger
+    /// one is refused, named.
+    pub max_blob_bytes: u64,
 }
 
 impl Default for BatchInferOptions {
@@ -164,6 +167,7 @@ impl Default for BatchInferOptions {
             max_llm_tokens: None,
             max_cost: None,
             cache: Default::default(),
+            max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
         }
     }
 }
@@ -276,10 +280,23 @@ impl BatchInferOptions {
                 self.cache = value.parse().map_err(DataFusionError::Configuration)?;
                 Ok(())
             }
+            "max_blob_bytes" => {
+                let bytes = parse_size(value)
+                    .map_err(|e| DataFusionError::Configuration(e.to_string()))?
+                    as u64;
+                if bytes > MAX_BLOB_BYTES {
+                    return Err(DataFusionError::Configuration(format!(
+                        "batchinfer.max_blob_bytes = '{value}': a file's content is at most \
+                         {MAX_BLOB_BYTES} bytes (2 GiB less one byte)"
+                    )));
+                }
+                self.max_blob_bytes = bytes;
+                Ok(())
+            }
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
                  nulls, token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
-                 max_footer_bytes, max_llm_tokens, max_cost, cache"
+                 max_footer_bytes, max_llm_tokens, max_cost, cache, max_blob_bytes"
             ))),
         }
     }
@@ -358,6 +375,11 @@ impl BatchInferOptions {
             v,
             "batchinfer.max_footer_bytes",
             "The largest Parquet footer (file metadata) read, in bytes ('256M', '1G'): a file claiming more is refused.",
+        );
+        self.max_blob_bytes.visit(
+            v,
+            "batchinfer.max_blob_bytes",
+            "read_blob and read_text: the largest file whose content is read, in bytes ('64M', '1G'): a larger one is refused.",
         );
         let about = "Endpoint models: the most tokens (prompt and completion) a statement may spend; unset: no limit.";
         match self.max_llm_tokens {

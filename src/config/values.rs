@@ -241,6 +241,12 @@ impl ErrorBudget {
 /// with thousands of row groups.
 pub const DEFAULT_MAX_FOOTER_BYTES: u64 = 256 << 20;
 
+/// The largest file `read_blob` reads unless told otherwise.
+pub const DEFAULT_MAX_BLOB_BYTES: u64 = 1 << 30;
+
+/// The largest file `read_blob` can read: one value of a binary column.
+pub const MAX_BLOB_BYTES: u64 = (2 << 30) - 1;
+
 /// Parses a size such as `512M`, `2G`, `1.5g`, `100000` (bytes; K, M, G, T are powers of 1024).
 pub fn parse_size(text: &str) -> Result<usize, ValueError> {
     let t = text.trim();

@@ -50,6 +50,8 @@ pub struct Model {
     pub stats: ModelStats,
     /// Tokenizer and pooling, for a model folder with `tokenizer.json` (`embed` needs one).
     pub text: Option<text::TextConfig>,
+    /// How its images are prepared, where its folder declares it (`predict` over a BLOB).
+    pub image: Option<crate::images::ImageSpec>,
     /// What the model was quantized from, for a model batchinfer quantized.
     pub quantized: Option<crate::quantize::Provenance>,
     /// Its producer, doc string, operator sets and class labels, for DESCRIBE MODEL.
@@ -173,6 +175,7 @@ impl Model {
         });
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
+        model.image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
         // A quantized model's folder holds the files it was made with, and no others.
         if let Some(quantized) = &model.quantized
             && crate::quantize::text_digest(beside) != quantized.text_sha256
@@ -243,6 +246,7 @@ impl Model {
             failed_rows: AtomicU64::new(0),
             stats: ModelStats::default(),
             text: None,
+            image: None,
             quantized,
             about: header::about(&bytes).unwrap_or_default(),
             pool,

@@ -99,8 +99,8 @@ pub struct TextFiles {
     output: Option<String>,
 }
 
-/// The files beside a text model's `model.onnx` that make it one, copied with a model that is
-/// derived from it (a quantized model).
+/// The files beside a text or image model's `model.onnx` that make it one, copied with a model
+/// that is derived from it (a quantized model).
 pub const TEXT_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
@@ -108,6 +108,7 @@ pub const TEXT_FILES: &[&str] = &[
     "modules.json",
     "sentence_bert_config.json",
     "batchinfer.json",
+    "preprocessor_config.json",
 ];
 
 /// The [`TEXT_FILES`] beside `model` that are there, with their bytes: each read once, so that

@@ -21,6 +21,7 @@ use datafusion::config::ConfigOptions;
 
 use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
+use crate::images::{self, ImageSpec};
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
 use crate::rejects;
@@ -53,14 +54,149 @@ impl PredictUdf {
             .resolve(name, super::device_of(config), config)?;
         // By position: columns named after the inputs were put in their order before planning
         // (`super::by_name`).
-        let types: Vec<DataType> = features.iter().map(|f| f.data_type().clone()).collect();
-        let binding =
-            InputBinding::plan(&model.signature, &types).map_err(|message| Error::Binding {
-                model: name.to_string(),
-                message: message.to_string(),
-            })?;
+        let mut types: Vec<DataType> = features.iter().map(|f| f.data_type().clone()).collect();
+        let bound = |message: Error| Error::Binding {
+            model: name.to_string(),
+            message: message.to_string(),
+        };
+        // Images: the column of bytes feeds the model as the prepared images will.
+        if let Some(spec) = images_of(&model, &types) {
+            check_image_input(&model, spec).map_err(bound)?;
+            types = vec![images::column::prepared_type(spec)];
+        }
+        let binding = InputBinding::plan(&model.signature, &types).map_err(bound)?;
         Ok((model, binding))
     }
+}
+
+/// The image preprocessing of `model` where it is called on one column of bytes.
+fn images_of<'m>(model: &'m crate::model::Model, types: &[DataType]) -> Option<&'m ImageSpec> {
+    match types {
+        [t] if images::column::is_bytes(t) => model.image.as_ref(),
+        _ => None,
+    }
+}
+
+/// Refuses a model whose one input does not take the images its folder declares.
+fn check_image_input(model: &crate::model::Model, spec: &ImageSpec) -> crate::error::Result<()> {
+    let inputs = &model.signature.inputs;
+    let declared = spec.row_shape();
+    let fits = match inputs.as_slice() {
+        [input] => {
+            let shape = input.row_shape();
+            shape.len() == declared.len()
+                && shape
+                    .iter()
+                    .zip(&declared)
+                    .all(|(d, want)| *d < 0 || d == want)
+        }
+        _ => false,
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(Error::Tensor(format!(
+        "its folder's {} declares images of {declared:?} a row ({}), and the model's inputs \
+         are:\n{}",
+        spec.declared_in,
+        format!("{:?}", spec.layout).to_uppercase(),
+        model.signature.describe_inputs()
+    )))
+}
+
+/// Rows of images prepared and scored at once: the next ones are prepared while the model
+/// scores these.
+const IMAGE_ROWS: usize = 64;
+
+/// Scores a column of images: each run of [`IMAGE_ROWS`] prepared on the CPU cores while the
+/// model scores the run before; images that cannot be read are their rows' errors.
+fn score_images(
+    model: &crate::model::Model,
+    spec: &ImageSpec,
+    binding: &InputBinding,
+    column: &datafusion::arrow::array::ArrayRef,
+    options: ScoreOptions,
+) -> crate::error::Result<crate::model::score::Scoring> {
+    use datafusion::arrow::array::Array;
+    let rows = column.len();
+    let runs: Vec<(usize, usize)> = (0..rows)
+        .step_by(IMAGE_ROWS)
+        .map(|start| (start, IMAGE_ROWS.min(rows - start)))
+        .collect();
+    let mut results = Vec::new();
+    let mut failed = Vec::new();
+    let mut scored = 0;
+    std::thread::scope(|scope| -> crate::error::Result<()> {
+        let prepare = |(start, len): (usize, usize)| {
+            let part = column.slice(start, len);
+            scope.spawn(move || images::column::prepare_column(spec, &part))
+        };
+        let mut next = runs.first().copied().map(prepare);
+        for (i, &(start, len)) in runs.iter().enumerate() {
+            options.stop.check()?;
+            let prepared = next
+                .take()
+                .map(|p| p.join())
+                .ok_or_else(|| Error::Internal("images not prepared".into()))?
+                .map_err(|_| Error::Internal("preparing images panicked".into()))?;
+            next = runs.get(i + 1).copied().map(prepare);
+            let (values, unread) = prepared?;
+            if options.on_error == OnError::Fail
+                && let Some((row, why)) = unread.first()
+            {
+                return Err(Error::Inference {
+                    model: model.name.clone(),
+                    first_row: start + row,
+                    end_row: start + row + 1,
+                    message: format!("the image of row {}: {why}", start + row),
+                });
+            }
+            let scoring = score(model, binding, &[values], len, options)?;
+            scored += scoring.scored;
+            let mut here: Vec<(usize, String)> = unread
+                .into_iter()
+                .map(|(row, why)| (row, format!("the image: {why}")))
+                .chain(scoring.failed)
+                .map(|(row, why)| (start + row, why))
+                .collect();
+            here.sort_by_key(|(row, _)| *row);
+            failed.extend(here);
+            results.push(scoring.result);
+        }
+        Ok(())
+    })?;
+    let refs: Vec<&dyn Array> = results.iter().map(|a| a.as_ref()).collect();
+    let result = match refs.len() {
+        0 => datafusion::arrow::array::new_empty_array(&model.signature.output_type),
+        _ => datafusion::arrow::compute::concat(&refs)?,
+    };
+    Ok(crate::model::score::Scoring {
+        result,
+        scored,
+        failed,
+    })
+}
+
+/// What the rejects keep of a column of images: their sizes, not their bytes.
+fn described_images(
+    features: &[FieldRef],
+    columns: &[datafusion::arrow::array::ArrayRef],
+) -> crate::error::Result<(Vec<FieldRef>, Vec<datafusion::arrow::array::ArrayRef>)> {
+    use datafusion::arrow::array::{Array, AsArray, StringArray};
+    let bytes = datafusion::arrow::compute::cast(&columns[0], &DataType::LargeBinary)?;
+    let bytes = bytes.as_binary::<i64>();
+    let described: StringArray = (0..bytes.len())
+        .map(|i| {
+            bytes
+                .is_valid(i)
+                .then(|| format!("an image of {} bytes", bytes.value(i).len()))
+        })
+        .collect();
+    let name = features.first().map_or("content", |f| f.name().as_str());
+    Ok((
+        vec![Arc::new(Field::new(name, DataType::Utf8, true))],
+        vec![Arc::new(described)],
+    ))
 }
 
 super::same_registry_identity!(PredictUdf);
@@ -118,16 +254,25 @@ impl ScalarUDFImpl for PredictUdf {
             stop: statement.stop(),
             nulls: o.nulls,
         });
-        let scoring = score(&model, &binding, &columns, rows, options)?;
+        let types: Vec<DataType> = features.iter().map(|f| f.data_type().clone()).collect();
+        let image = images_of(&model, &types);
+        let scoring = match image {
+            Some(spec) => score_images(&model, spec, &binding, &columns[0], options)?,
+            None => score(&model, &binding, &columns, rows, options)?,
+        };
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 let stores = self.registry.stores();
+                let (fields, kept) = match image {
+                    Some(_) => described_images(features, &columns)?,
+                    None => (features.to_vec(), columns.clone()),
+                };
                 rejects::keep(
                     stores,
                     statement,
                     (&*model).into(),
-                    features,
-                    &columns,
+                    &fields,
+                    &kept,
                     &scoring.failed,
                 )?;
             }

@@ -1,0 +1,458 @@
+//! One image's bytes to the values a model takes: decoded (JPEG, PNG, WebP, GIF's first frame,
+//! BMP, TIFF), turned as its EXIF orientation says, made RGB, resized as Pillow's
+//! `Image.resize` resizes (its filters, weights, fixed-point rounding and passes), centre-cropped,
+//! and normalized into the declared layout. Every failure is a message for the image's row.
+
+use std::io::Cursor;
+
+use ::image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
+
+use super::{Channels, Filter, ImageSpec, Layout, Resize};
+
+/// The most pixels an image may have: Pillow's limit (`Image.MAX_IMAGE_PIXELS`, twice of which
+/// it refuses). A larger one (a decompression bomb: a few KB that decode to gigabytes) is
+/// refused from its header, before anything is allocated for it.
+pub const MAX_PIXELS: u64 = 178_956_970;
+
+/// The most memory a decoder may take for one image.
+const MAX_ALLOC: u64 = 1 << 30;
+
+/// Decodes `bytes` into an RGB image, upright.
+pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
+    if bytes.is_empty() {
+        return Err("an empty file is not an image".into());
+    }
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())?;
+    match reader.format() {
+        None => {
+            return Err(format!(
+                "not an image batchinfer reads (JPEG, PNG, WebP, GIF, BMP, TIFF); it begins {}",
+                begins(bytes)
+            ));
+        }
+        // The JPEG decoder makes the most of a cut file (grey where bytes are missing), as
+        // Pillow does not by default: a file cut short is refused here.
+        Some(::image::ImageFormat::Jpeg) if !jpeg_is_whole(bytes) => {
+            return Err(
+                "a truncated JPEG: no end marker follows its last scan (a file cut short?)".into(),
+            );
+        }
+        Some(_) => {}
+    }
+    // The size is checked here first, so that a bomb is refused in these words.
+    reader.limits(Limits::no_limits());
+    let mut decoder = reader.into_decoder().map_err(|e| e.to_string())?;
+    let (width, height) = decoder.dimensions();
+    if width == 0 || height == 0 {
+        return Err(format!(
+            "an image of {width}x{height} pixels has nothing to see"
+        ));
+    }
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > MAX_PIXELS {
+        return Err(format!(
+            "an image of {width}x{height} pixels ({pixels}) is more than {MAX_PIXELS} pixels \
+             (a decompression bomb?)"
+        ));
+    }
+    let mut limits = Limits::default();
+    limits.max_alloc = Some(MAX_ALLOC);
+    decoder.set_limits(limits).map_err(|e| e.to_string())?;
+    let orientation = decoder.orientation().ok();
+    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
+    if let Some(orientation) = orientation {
+        image.apply_orientation(orientation);
+    }
+    Ok(image.into_rgb8())
+}
+
+/// Whether a JPEG's last scan (after its last start-of-scan marker, `FF DA`) is followed by an
+/// end-of-image marker (`FF D9`): inside a scan an `FF` byte is always followed by `00` or a
+/// restart marker, so the end marker appears only where the image ends.
+fn jpeg_is_whole(bytes: &[u8]) -> bool {
+    let last_scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
+    match last_scan {
+        Some(at) => bytes[at..].windows(2).any(|w| w == [0xFF, 0xD9]),
+        None => false,
+    }
+}
+
+/// The first bytes of a file, as a person can read them in a message.
+fn begins(bytes: &[u8]) -> String {
+    let head: String = bytes[..bytes.len().min(8)]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("with bytes {head}")
+}
+
+/// Writes the values of `bytes` prepared as `spec` says into `out` (3 x height x width).
+pub fn prepare(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<(), String> {
+    let image = decode(bytes)?;
+    let image = resize(image, spec)?;
+    let (width, height) = spec.output_size().ok_or("no size is declared")?;
+    normalize(&image, width, height, spec, out);
+    Ok(())
+}
+
+/// The size `resize` makes of an image of `width` x `height` (Hugging Face's arithmetic for
+/// the shorter side: the longer one in proportion, cut to a whole pixel).
+fn resized_size(resize: Resize, width: u32, height: u32) -> (u32, u32) {
+    match resize {
+        Resize::Exact(w, h) => (w, h),
+        Resize::ShortestEdge(s) => {
+            let (short, long) = (width.min(height) as u64, width.max(height) as u64);
+            let long = ((u64::from(s) * long) / short.max(1)).max(1) as u32;
+            if width <= height {
+                (s, long)
+            } else {
+                (long, s)
+            }
+        }
+    }
+}
+
+fn resize(image: RgbImage, spec: &ImageSpec) -> Result<RgbImage, String> {
+    let Some(resize) = spec.resize else {
+        return Ok(image);
+    };
+    let (width, height) = image.dimensions();
+    let (w, h) = resized_size(resize, width, height);
+    if (w, h) == (width, height) {
+        return Ok(image);
+    }
+    Ok(match spec.filter {
+        Filter::Nearest => nearest(&image, w, h),
+        filter => resample(&image, w, h, filter),
+    })
+}
+
+/// `image` resized to `w` x `h` by Pillow's nearest neighbour: each pixel takes the source
+/// pixel under its centre, the centres stepped through as Pillow steps them (a sum of the
+/// scale, in doubles), so that a centre on a pixel's edge falls where Pillow's does.
+fn nearest(image: &RgbImage, w: u32, h: u32) -> RgbImage {
+    let (iw, ih) = image.dimensions();
+    let centres = |out: u32, size: u32| -> Vec<u32> {
+        let scale = f64::from(size) / f64::from(out);
+        let mut at = scale * 0.5;
+        (0..out)
+            .map(|_| {
+                let from = (at.max(0.0) as u32).min(size - 1);
+                at += scale;
+                from
+            })
+            .collect()
+    };
+    let (xs, ys) = (centres(w, iw), centres(h, ih));
+    RgbImage::from_fn(w, h, |x, y| {
+        *image.get_pixel(xs[x as usize], ys[y as usize])
+    })
+}
+
+/// Pillow's fixed-point precision for 8-bit images (`PRECISION_BITS` of its Resample.c).
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+
+/// A filter's kernel and support, as Pillow defines them.
+fn kernel(filter: Filter) -> (fn(f64) -> f64, f64) {
+    fn sinc(x: f64) -> f64 {
+        if x == 0.0 {
+            return 1.0;
+        }
+        let x = x * std::f64::consts::PI;
+        x.sin() / x
+    }
+    match filter {
+        Filter::Box => (|x| if x > -0.5 && x <= 0.5 { 1.0 } else { 0.0 }, 0.5),
+        Filter::Bilinear => (
+            |x| {
+                let x = x.abs();
+                if x < 1.0 { 1.0 - x } else { 0.0 }
+            },
+            1.0,
+        ),
+        Filter::Hamming => (
+            |x| {
+                let x = x.abs();
+                if x == 0.0 {
+                    return 1.0;
+                }
+                if x >= 1.0 {
+                    return 0.0;
+                }
+                let x = x * std::f64::consts::PI;
+                x.sin() / x * (0.54 + 0.46 * x.cos())
+            },
+            1.0,
+        ),
+        Filter::Bicubic => (
+            |x| {
+                const A: f64 = -0.5;
+                let x = x.abs();
+                if x < 1.0 {
+                    ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    (((x - 5.0) * x + 8.0) * x - 4.0) * A
+                } else {
+                    0.0
+                }
+            },
+            2.0,
+        ),
+        Filter::Lanczos | Filter::Nearest => (
+            |x| {
+                if (-3.0..3.0).contains(&x) {
+                    sinc(x) * sinc(x / 3.0)
+                } else {
+                    0.0
+                }
+            },
+            3.0,
+        ),
+    }
+}
+
+/// For each of `out` output pixels, the first input pixel it reads, how many, and their
+/// weights in Pillow's fixed point (`precompute_coeffs` and `normalize_coeffs_8bpc`).
+fn coefficients(size: u32, out: u32, filter: Filter) -> (Vec<(usize, usize)>, Vec<Vec<i32>>) {
+    let (kernel, support) = kernel(filter);
+    let scale = f64::from(size) / f64::from(out);
+    let filterscale = scale.max(1.0);
+    let support = support * filterscale;
+    let mut bounds = Vec::with_capacity(out as usize);
+    let mut weights = Vec::with_capacity(out as usize);
+    for xx in 0..out {
+        let center = (f64::from(xx) + 0.5) * scale;
+        let ss = 1.0 / filterscale;
+        let xmin = ((center - support + 0.5) as i64).max(0);
+        let xmax = ((center + support + 0.5) as i64).min(i64::from(size)) - xmin;
+        let xmax = xmax.max(0);
+        let mut k: Vec<f64> = (0..xmax)
+            .map(|x| kernel((x as f64 + xmin as f64 - center + 0.5) * ss))
+            .collect();
+        let ww: f64 = k.iter().sum();
+        if ww != 0.0 {
+            for w in &mut k {
+                *w /= ww;
+            }
+        }
+        let fixed = k
+            .iter()
+            .map(|&w| {
+                let w = w * f64::from(1u32 << PRECISION_BITS);
+                if w < 0.0 {
+                    (w - 0.5) as i32
+                } else {
+                    (w + 0.5) as i32
+                }
+            })
+            .collect();
+        bounds.push((xmin as usize, xmax as usize));
+        weights.push(fixed);
+    }
+    (bounds, weights)
+}
+
+/// A fixed-point sum as Pillow clips it to a byte.
+fn clip8(sum: i64) -> u8 {
+    (sum >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// `image` resized to `w` x `h` with `filter` as Pillow's `Image.resize` does it: a horizontal
+/// pass into an 8-bit image, then a vertical one, each with Pillow's weights and rounding.
+fn resample(image: &RgbImage, w: u32, h: u32, filter: Filter) -> RgbImage {
+    let (iw, ih) = image.dimensions();
+    let source = image.as_raw();
+    let (xbounds, xweights) = coefficients(iw, w, filter);
+    let (ybounds, yweights) = coefficients(ih, h, filter);
+    let half = 1i64 << (PRECISION_BITS - 1);
+    // The rows the vertical pass reads.
+    let first = ybounds.first().map_or(0, |b| b.0);
+    let last = ybounds.last().map_or(0, |b| b.0 + b.1);
+    let horizontal = w != iw;
+    let (rows, row_width, temp);
+    if horizontal {
+        let mut t = vec![0u8; (last - first) * w as usize * 3];
+        for (ty, y) in (first..last).enumerate() {
+            let row = &source[y * iw as usize * 3..(y + 1) * iw as usize * 3];
+            for (xx, ((xmin, count), k)) in xbounds.iter().zip(&xweights).enumerate() {
+                for c in 0..3 {
+                    let mut sum = half;
+                    for (i, weight) in k.iter().take(*count).enumerate() {
+                        sum += i64::from(row[(xmin + i) * 3 + c]) * i64::from(*weight);
+                    }
+                    t[(ty * w as usize + xx) * 3 + c] = clip8(sum);
+                }
+            }
+        }
+        temp = t;
+        rows = &temp[..];
+        row_width = w as usize;
+    } else {
+        rows = &source[first * iw as usize * 3..last * iw as usize * 3];
+        row_width = iw as usize;
+    }
+    if h == ih {
+        return RgbImage::from_raw(w, h, rows.to_vec()).unwrap_or_default();
+    }
+    let mut out = vec![0u8; w as usize * h as usize * 3];
+    for (yy, ((ymin, count), k)) in ybounds.iter().zip(&yweights).enumerate() {
+        let ymin = ymin - first;
+        for x in 0..row_width {
+            for c in 0..3 {
+                let mut sum = half;
+                for (i, weight) in k.iter().take(*count).enumerate() {
+                    sum +=
+                        i64::from(rows[((ymin + i) * row_width + x) * 3 + c]) * i64::from(*weight);
+                }
+                out[(yy * row_width + x) * 3 + c] = clip8(sum);
+            }
+        }
+    }
+    RgbImage::from_raw(w, h, out).unwrap_or_default()
+}
+
+/// The centre `width` x `height` of `image` (zeros where it is smaller, as Hugging Face pads),
+/// normalized into `out` in the declared channel order and layout.
+fn normalize(image: &RgbImage, width: u32, height: u32, spec: &ImageSpec, out: &mut [f32]) {
+    let (iw, ih) = image.dimensions();
+    // As Hugging Face's center_crop and Pillow's crop of the centre place it.
+    let left = (i64::from(iw) - i64::from(width)) / 2;
+    let top = (i64::from(ih) - i64::from(height)) / 2;
+    let order: [usize; 3] = match spec.channels {
+        Channels::Rgb => [0, 1, 2],
+        Channels::Bgr => [2, 1, 0],
+    };
+    let (w, h) = (width as usize, height as usize);
+    for y in 0..h {
+        for x in 0..w {
+            let (sx, sy) = (left + x as i64, top + y as i64);
+            let pixel = (sx >= 0 && sy >= 0 && sx < i64::from(iw) && sy < i64::from(ih))
+                .then(|| image.get_pixel(sx as u32, sy as u32).0);
+            for (c, &from) in order.iter().enumerate() {
+                let raw = pixel.map_or(0.0, |p| f32::from(p[from]));
+                let value = (raw * spec.scale - spec.mean[c]) / spec.std[c];
+                let at = match spec.layout {
+                    Layout::Nchw => (c * h + y) * w + x,
+                    Layout::Nhwc => (y * w + x) * 3 + c,
+                };
+                out[at] = value;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(width: u32, height: u32, pixel: impl Fn(u32, u32) -> [u8; 3]) -> Vec<u8> {
+        let image = RgbImage::from_fn(width, height, |x, y| ::image::Rgb(pixel(x, y)));
+        let mut bytes = Vec::new();
+        DynamicImage::ImageRgb8(image)
+            .write_to(&mut Cursor::new(&mut bytes), ::image::ImageFormat::Png)
+            .unwrap();
+        bytes
+    }
+
+    fn spec(json: &str) -> ImageSpec {
+        ImageSpec::from_files(&[("batchinfer.json", json.as_bytes().to_vec())])
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn channels_layout_and_normalization_are_as_declared() {
+        // A 2x1 image: red, then blue.
+        let bytes = png(2, 1, |x, _| if x == 0 { [255, 0, 0] } else { [0, 0, 255] });
+        let mut out = vec![0.0; 6];
+        let s = spec(
+            r#"{"image": {"resize": [2, 1], "layout": "NCHW", "scale": 0.5, "mean": [1, 2, 3], "std": [2, 2, 2]}}"#,
+        );
+        prepare(&bytes, &s, &mut out).unwrap();
+        // Planes R, G, B; (x * 0.5 - mean) / 2.
+        assert_eq!(out, vec![63.25, -0.5, -1.0, -1.0, -1.5, 62.25]);
+        let s = spec(r#"{"image": {"resize": [2, 1], "layout": "NHWC", "channels": "BGR"}}"#);
+        prepare(&bytes, &s, &mut out).unwrap();
+        assert_eq!(out, vec![0.0, 0.0, 255.0, 255.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn the_centre_is_cropped_and_a_small_image_padded() {
+        let bytes = png(4, 4, |x, y| [(x * 10 + y) as u8, 0, 0]);
+        let mut out = vec![0.0; 12];
+        let s = spec(r#"{"image": {"crop": [2, 2]}}"#);
+        prepare(&bytes, &s, &mut out).unwrap();
+        assert_eq!(&out[..4], &[11.0, 21.0, 12.0, 22.0]);
+        let bytes = png(1, 1, |_, _| [9, 9, 9]);
+        let s = spec(r#"{"image": {"crop": [3, 1]}}"#);
+        let mut out = vec![0.0; 9];
+        prepare(&bytes, &s, &mut out).unwrap();
+        assert_eq!(&out[..3], &[0.0, 9.0, 0.0]);
+    }
+
+    #[test]
+    fn bad_files_are_messages_never_panics() {
+        let s = spec(r#"{"image": {"resize": [8, 8]}}"#);
+        let mut out = vec![0.0; 3 * 64];
+        let good = png(16, 16, |x, y| [x as u8, y as u8, 7]);
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("empty", Vec::new()),
+            ("text", b"just some text, named .png".to_vec()),
+            ("truncated", good[..good.len() / 2].to_vec()),
+            ("header only", good[..40].to_vec()),
+        ];
+        for (what, bytes) in cases {
+            let e = prepare(&bytes, &s, &mut out).expect_err(what);
+            assert!(!e.is_empty(), "{what}");
+        }
+        prepare(&good, &s, &mut out).unwrap();
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_from_its_header() {
+        // A PNG header claiming 50,000 x 50,000 pixels, with a tiny IDAT.
+        let mut bytes = png(1, 1, |_, _| [0, 0, 0]);
+        // IHDR's width and height follow the signature (8), length (4) and type (4).
+        bytes[16..20].copy_from_slice(&50_000u32.to_be_bytes());
+        bytes[20..24].copy_from_slice(&50_000u32.to_be_bytes());
+        // The IHDR's CRC no longer matches; PNG decoders check it, so fix it.
+        let crc = crc32(&bytes[12..29]);
+        bytes[29..33].copy_from_slice(&crc.to_be_bytes());
+        let e = decode(&bytes).unwrap_err();
+        assert!(
+            e.contains("50000x50000") && e.contains("decompression bomb"),
+            "{e}"
+        );
+    }
+
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = 0xffff_ffffu32;
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xedb8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn the_shorter_side_is_resized_as_hugging_face_does() {
+        assert_eq!(
+            resized_size(Resize::ShortestEdge(224), 640, 480),
+            (298, 224)
+        );
+        assert_eq!(
+            resized_size(Resize::ShortestEdge(224), 480, 640),
+            (224, 298)
+        );
+        assert_eq!(resized_size(Resize::Exact(5, 7), 1, 1), (5, 7));
+    }
+}
