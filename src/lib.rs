@@ -47,9 +47,10 @@
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
 //!   cluster client sends), set through the session for each statement; no `SET` changes it.
-//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's one session run by parallel calls,
-//!   text models' tokenizers, what a file says of itself without a session (`header.rs`: its
-//!   inputs and outputs, producer, class labels), and the scoring of one record batch.
+//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's
+//!   one session run by parallel calls, text models' tokenizers, a classifier's class names
+//!   (`labels.rs`), what a file says of itself without a session (`header.rs`: its inputs and
+//!   outputs, producer, class labels), and the scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).

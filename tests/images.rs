@@ -267,6 +267,12 @@ fn open_nsfw_scores_the_sample_photos_as_pillow_and_onnxruntime_do() {
     ))
     .unwrap();
     let rows = csv_rows(&out);
+    let described = assert_ok(&query(&wh, "DESCRIBE MODEL nsfw"));
+    assert!(
+        described.contains("resize to 256x256 (Bilinear); centre crop 224x224; Bgr, Nhwc")
+            && described.contains("batchinfer.json"),
+        "{described}"
+    );
     let compared = reference.as_object().unwrap().len();
     assert!(compared >= 25 && rows.len() >= compared, "{out}");
     let mut worst = 0f64;
@@ -285,6 +291,51 @@ fn open_nsfw_scores_the_sample_photos_as_pillow_and_onnxruntime_do() {
         );
     }
     eprintln!("open_nsfw over {compared} photos: largest difference {worst:.5}");
+
+    // Its classes named in batchinfer.json: predict adds the top class and its probability.
+    let labelled = dir.path().join("labelled");
+    std::fs::create_dir_all(&labelled).unwrap();
+    std::fs::copy(&model, labelled.join("model.onnx")).unwrap();
+    let declared: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(assets.join("nsfw/batchinfer.json")).unwrap())
+            .unwrap();
+    let with_labels = serde_json::json!({"image": declared["image"], "labels": ["sfw", "nsfw"]});
+    std::fs::write(labelled.join("batchinfer.json"), with_labels.to_string()).unwrap();
+    let out = assert_ok(&query(
+        &wh,
+        &format!(
+            "CREATE MODEL classes FROM '{}'; SET batchinfer.on_error = 'null'; SELECT filename, \
+             predict('classes', content)['label'] AS label, predict('classes', \
+             content)['score'] AS score FROM read_blob('{}/') ORDER BY filename",
+            labelled.join("model.onnx").display(),
+            photos.display()
+        ),
+    ));
+    let mut labelled_rows = 0;
+    for row in csv_rows(&out) {
+        let name = Path::new(&row[0]).file_name().unwrap().to_str().unwrap();
+        let Some(p) = reference.get(name).and_then(|v| v.as_f64()) else {
+            continue;
+        };
+        let (label, score) = if p > 0.5 {
+            ("nsfw", p)
+        } else {
+            ("sfw", 1.0 - p)
+        };
+        assert_eq!(row[1], label, "{name}: {row:?}, Pillow + onnxruntime {p}");
+        let ours: f64 = row[2].parse().unwrap();
+        assert!(
+            (ours - score).abs() <= 0.02,
+            "{name}: {ours} against {score}"
+        );
+        labelled_rows += 1;
+    }
+    assert_eq!(labelled_rows, compared);
+    let described = assert_ok(&query(&wh, "DESCRIBE MODEL classes"));
+    assert!(
+        described.contains("2 (sfw, nsfw, ...) for output 'outputs'"),
+        "{described}"
+    );
 }
 
 /// An ONNX model that returns its input, a float [N, height, width, 3]: what `predict` gives
@@ -512,4 +563,41 @@ fn ten_thousand_tiny_files_are_read() {
     ));
     let chars: usize = (0..10_000).map(|i| format!("file {i}").len()).sum();
     assert_eq!(out, format!("n,chars,first\n10000,{chars},true\n"));
+}
+
+/// Labels work for a tabular model too: scikit-learn's iris classifier, whose own `label`
+/// output (the class index it chose) names the same class as the added `top_label`, and whose
+/// probability of that class is `top_score`.
+#[test]
+fn labels_name_the_top_class_of_a_tabular_model_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("iris");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::copy("data/models/iris.onnx", folder.join("model.onnx")).unwrap();
+    let names = ["setosa", "versicolor", "virginica"];
+    std::fs::write(
+        folder.join("batchinfer.json"),
+        serde_json::json!({ "labels": names }).to_string(),
+    )
+    .unwrap();
+    let out = assert_ok(&query(
+        &dir.path().join("wh"),
+        &format!(
+            "CREATE MODEL iris FROM '{}'; SELECT p['label'] AS index, p['top_label'] AS label, \
+             p['top_score'] AS score, array_max(p['probabilities']) AS max FROM (SELECT \
+             predict('iris', a, b, c, d) AS p FROM (VALUES (5.1, 3.5, 1.4, 0.2), (6.0, 2.7, 5.1, \
+             1.6), (6.3, 3.3, 6.0, 2.5), (5.8, 2.7, 4.1, 1.0)) AS t(a, b, c, d))",
+            folder.join("model.onnx").display()
+        ),
+    ));
+    let rows = csv_rows(&out);
+    assert_eq!(rows.len(), 4, "{out}");
+    let mut seen = std::collections::BTreeSet::new();
+    for row in rows {
+        let index: usize = row[0].parse().unwrap();
+        assert_eq!(row[1], names[index], "{row:?}");
+        assert_eq!(row[2], row[3], "{row:?}");
+        seen.insert(index);
+    }
+    assert!(seen.len() >= 2, "the rows are of several classes: {seen:?}");
 }

@@ -114,6 +114,16 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
     if let Some(text) = &model.text {
         rows.extend(text_rows(model, text));
     }
+    if let Some(image) = &model.image {
+        rows.push(setting("image", "preprocessing", image.describe()));
+    }
+    if let Some(labels) = &model.labels {
+        rows.push(setting(
+            "classes",
+            "labels",
+            labels.describe(&model.signature),
+        ));
+    }
     described(&rows)
 }
 
@@ -180,7 +190,7 @@ fn tensor_rows(model: &Model) -> Vec<[String; 4]> {
     rows.push(setting(
         "returns",
         "predict",
-        model.signature.output_type.to_string(),
+        model.predict_type().to_string(),
     ));
     rows
 }

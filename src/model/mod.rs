@@ -5,6 +5,7 @@
 
 pub mod embed;
 pub mod header;
+pub mod labels;
 pub mod listing;
 mod pool;
 mod registry;
@@ -52,6 +53,8 @@ pub struct Model {
     pub text: Option<text::TextConfig>,
     /// How its images are prepared, where its folder declares it (`predict` over a BLOB).
     pub image: Option<crate::images::ImageSpec>,
+    /// Its class names, where its folder names them: `predict` adds `label` and `score`.
+    pub labels: Option<labels::Labels>,
     /// What the model was quantized from, for a model batchinfer quantized.
     pub quantized: Option<crate::quantize::Provenance>,
     /// Its producer, doc string, operator sets and class labels, for DESCRIBE MODEL.
@@ -99,6 +102,15 @@ pub struct ModelStats {
 }
 
 impl Model {
+    /// What `predict` returns: the model's outputs (one as it is, several as a struct), with
+    /// `label` and `score` in a struct where its folder names its classes.
+    pub fn predict_type(&self) -> datafusion::arrow::datatypes::DataType {
+        match &self.labels {
+            Some(labels) => labels.output_type(&self.signature),
+            None => self.signature.output_type.clone(),
+        }
+    }
+
     /// Reads and loads a model file, local or in S3, with the files beside it. The bytes are
     /// read once and kept, so that a file replaced while the process runs is never half-read by
     /// a later session.
@@ -176,6 +188,7 @@ impl Model {
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
         model.image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
+        model.labels = labels::Labels::from_files(beside, &model.signature).map_err(load_error)?;
         // A quantized model's folder holds the files it was made with, and no others.
         if let Some(quantized) = &model.quantized
             && crate::quantize::text_digest(beside) != quantized.text_sha256
@@ -247,6 +260,7 @@ impl Model {
             stats: ModelStats::default(),
             text: None,
             image: None,
+            labels: None,
             quantized,
             about: header::about(&bytes).unwrap_or_default(),
             pool,

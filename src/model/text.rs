@@ -109,6 +109,7 @@ pub const TEXT_FILES: &[&str] = &[
     "sentence_bert_config.json",
     "batchinfer.json",
     "preprocessor_config.json",
+    "config.json",
 ];
 
 /// The [`TEXT_FILES`] beside `model` that are there, with their bytes: each read once, so that

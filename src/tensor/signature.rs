@@ -161,6 +161,15 @@ impl ModelSignature {
             .collect::<Vec<_>>()
             .join("\n")
     }
+
+    /// The outputs, on one line, for error messages.
+    pub fn describe_outputs(&self) -> String {
+        self.outputs
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// [N] and [N, 1] become a scalar column; [N, k, ...] nested `FixedSizeList`s (`List` where a

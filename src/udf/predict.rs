@@ -228,7 +228,7 @@ impl ScalarUDFImpl for PredictUdf {
         let (model, _) = self.bind(&name, features, None)?;
         Ok(Arc::new(Field::new(
             self.name(),
-            model.signature.output_type.clone(),
+            model.predict_type(),
             true,
         )))
     }
@@ -278,7 +278,10 @@ impl ScalarUDFImpl for PredictUdf {
             }
             rejects::count(session, statement, &name, scoring.scored, &scoring.failed)?;
         }
-        let result = scoring.result;
+        let result = match &model.labels {
+            Some(labels) => labels.add_to(&scoring.result, &model.predict_type())?,
+            None => scoring.result,
+        };
         if result.data_type() != args.return_field.data_type() {
             return exec_err!(
                 "predict: model '{name}' now returns {}, but the query was planned for {} (was the model replaced?)",

@@ -82,6 +82,11 @@ pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<Strin
     calls.0
 }
 
+/// Whether `predict` of `model` is one value (one output, no labels) rather than a struct.
+fn names_one_value(model: &crate::model::Model) -> bool {
+    model.signature.outputs.len() == 1 && model.labels.is_none()
+}
+
 fn literal(expr: &Expr, what: &str) -> Result<String> {
     match expr {
         Expr::Literal(
@@ -184,16 +189,21 @@ impl TableFunctionImpl for PredictTableFunction {
                 .any(|f| f.name().eq_ignore_ascii_case(n))
         };
         let outputs = &model.signature.outputs;
-        for output in outputs {
-            let value = if outputs.len() == 1 {
+        let mut names: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+        // A classifier whose labels are named: its top class and score too.
+        if model.labels.is_some() {
+            names.extend(crate::model::labels::field_names(&model.signature));
+        }
+        for name in names {
+            let value = if names_one_value(&model) {
                 call.clone()
             } else {
-                get_field(call.clone(), output.name.as_str())
+                get_field(call.clone(), name)
             };
-            let column = if taken(&output.name) {
-                format!("predicted_{}", output.name)
+            let column = if taken(name) {
+                format!("predicted_{name}")
             } else {
-                output.name.clone()
+                name.to_string()
             };
             exprs.push(value.alias(column));
         }
