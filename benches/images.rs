@@ -1,0 +1,154 @@
+//! open_nsfw over a folder of photos: batchinfer's `COPY (SELECT filename, predict('nsfw',
+//! content)[2] ...) FROM read_blob(...)` against `benches/python_images.py` (Pillow + numpy +
+//! onnxruntime in batches of 64, the same preparation; alone, and with a pool of 2 processes
+//! preparing the photos), each contender a process of its own, in turn (A B C A B C), wall time
+//! and peak RSS. The photos are JPEG copies of scikit-image's colour sample photos, resized to 1
+//! to 12 megapixels (made here by Pillow, once); the model and photos come from
+//! scripts/image_models.sh. Then batchinfer's peak over 1,000 and 10,000 small photos, for
+//! memory that stays flat.
+//!
+//! ```sh
+//! cargo bench --bench images                     # 1,000 photos, 2 rounds
+//! cargo bench --bench images -- --photos 200 --repeat 3
+//! ```
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{arg, run_measured};
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// Makes `n` JPEG photos in `folder` (once): the colour sample photos resized to 1, 2, ... 12
+/// megapixels in turn (`small`: to 0.1 megapixels each).
+fn make_photos(python: &Path, photos: &Path, folder: &Path, n: usize, small: bool) {
+    if std::fs::read_dir(folder).is_ok_and(|d| d.count() == n) {
+        return;
+    }
+    let _ = std::fs::remove_dir_all(folder);
+    std::fs::create_dir_all(folder).unwrap();
+    let script = r#"
+import os, sys
+from PIL import Image
+photos, folder, n, small = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "small"
+names = [f for f in sorted(os.listdir(photos)) if f.endswith((".png", ".jpg"))]
+sources = [Image.open(os.path.join(photos, f)).convert("RGB") for f in names]
+sources = [s for s, f in zip(sources, names) if Image.open(os.path.join(photos, f)).mode == "RGB"]
+for i in range(n):
+    source = sources[i % len(sources)]
+    megapixels = 0.1 if small else 1 + i % 12
+    scale = (megapixels * 1e6 / (source.width * source.height)) ** 0.5
+    size = (round(source.width * scale), round(source.height * scale))
+    source.resize(size, Image.BICUBIC).save(os.path.join(folder, f"{i:05}.jpg"), quality=90)
+"#;
+    let ok = Command::new(python)
+        .args(["-c", script])
+        .arg(photos)
+        .arg(folder)
+        .arg(n.to_string())
+        .arg(if small { "small" } else { "large" })
+        .status()
+        .unwrap();
+    assert!(ok.success(), "making the photos");
+}
+
+fn main() {
+    let n: usize = arg("--photos").and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let repeat: usize = arg("--repeat").and_then(|v| v.parse().ok()).unwrap_or(2);
+    let out = Command::new("scripts/image_models.sh").output().unwrap();
+    assert!(out.status.success());
+    let assets = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let python = assets.join("python/bin/python");
+    let model = assets.join("nsfw/model.onnx");
+    let dir = PathBuf::from("target/bench-data/images");
+    let photos = dir.join(format!("photos-{n}"));
+    make_photos(&python, &assets.join("photos"), &photos, n, false);
+    let batchinfer = |folder: &Path, out: &str| {
+        let sql = format!(
+            "CREATE OR REPLACE MODEL nsfw FROM '{}'; COPY (SELECT filename, predict('nsfw', \
+             content)[2] AS nsfw FROM read_blob('{}/')) TO '{out}'",
+            model.display(),
+            folder.display()
+        );
+        let mut c = Command::new(env!("CARGO_BIN_EXE_batchinfer"));
+        c.arg("--warehouse")
+            .arg(dir.join("wh"))
+            .args(["--timing", "query", "-e", &sql]);
+        c
+    };
+    let python_run = |out: &str, processes: usize| {
+        let mut c = Command::new(&python);
+        c.arg("benches/python_images.py")
+            .arg(&model)
+            .arg(&photos)
+            .arg(out);
+        if processes > 0 {
+            c.args(["--processes", &processes.to_string()]);
+        }
+        c
+    };
+    println!("{n} photos (1 to 12 megapixels, JPEG), open_nsfw, {repeat} rounds");
+    let (mut ours, mut single, mut pool) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut over_single, mut over_pool) = (Vec::new(), Vec::new());
+    for i in 0..repeat {
+        let out = |who: &str| dir.join(format!("{who}{i}.parquet")).display().to_string();
+        let a = run_measured("batchinfer", batchinfer(&photos, &out("ours")));
+        let b = run_measured("python", python_run(&out("python"), 0));
+        let c = run_measured("python, 2 processes", python_run(&out("pool"), 2));
+        over_single.push(b.0 / a.0);
+        over_pool.push(c.0 / a.0);
+        println!(
+            "round {i}: batchinfer {:.2} s ({:.0} MiB), python {:.2} s ({:.0} MiB), python with 2 \
+             processes {:.2} s ({:.0} MiB)",
+            a.0, a.1, b.0, b.1, c.0, c.1
+        );
+        ours.push(a);
+        single.push(b);
+        pool.push(c);
+    }
+    let secs = |v: &[(f64, f64)]| median(v.iter().map(|x| x.0).collect());
+    let peak = |v: &[(f64, f64)]| median(v.iter().map(|x| x.1).collect());
+    println!(
+        "batchinfer: {:.2} s {:.0} MiB, {:.1} photos/s | python: {:.2} s {:.0} MiB | python, 2 \
+         processes: {:.2} s {:.0} MiB | batchinfer's throughput over python's {:.2}x, over the \
+         pool's {:.2}x (medians of rounds)",
+        secs(&ours),
+        peak(&ours),
+        n as f64 / secs(&ours),
+        secs(&single),
+        peak(&single),
+        secs(&pool),
+        peak(&pool),
+        median(over_single),
+        median(over_pool)
+    );
+    // Memory over 1,000 and 10,000 photos (small ones, for time: 0.1 megapixels; the 10,000
+    // are the 1,000 under ten names each).
+    let small = dir.join("small-1000");
+    make_photos(&python, &assets.join("photos"), &small, 1000, true);
+    let many = dir.join("small-10000");
+    if std::fs::read_dir(&many).map_or(0, |d| d.count()) != 10_000 {
+        let _ = std::fs::remove_dir_all(&many);
+        std::fs::create_dir_all(&many).unwrap();
+        for entry in std::fs::read_dir(&small).unwrap() {
+            let path = entry.unwrap().path();
+            for copy in 0..10 {
+                let name = format!("{copy}-{}", path.file_name().unwrap().to_string_lossy());
+                std::fs::hard_link(&path, many.join(name)).unwrap();
+            }
+        }
+    }
+    let out = dir.join("small.parquet").display().to_string();
+    let one = run_measured("batchinfer, 1,000 small photos", batchinfer(&small, &out));
+    let ten = run_measured("batchinfer, 10,000 small photos", batchinfer(&many, &out));
+    println!(
+        "batchinfer over 1,000 small photos: {:.2} s, peak {:.0} MiB; over 10,000: {:.2} s, \
+         peak {:.0} MiB",
+        one.0, one.1, ten.0, ten.1
+    );
+}
