@@ -479,6 +479,10 @@ fn files_that_are_not_images_are_their_rows_errors() {
     let crc = crc32(&bomb[12..29]);
     bomb[29..33].copy_from_slice(&crc.to_be_bytes());
     std::fs::write(files.join("e_bomb.png"), &bomb).unwrap();
+    // A whole JPEG with bytes a camera appends after it (markers among them): an image.
+    let mut trailer = photo.clone();
+    trailer.extend_from_slice(&[0xFF, 0xDA, 0, 8, 1, 2, 3, 4, 5, 6]);
+    std::fs::write(files.join("f_trailer.jpg"), &trailer).unwrap();
     let model = assets.join("nsfw/model.onnx");
     let define = format!("CREATE MODEL nsfw FROM '{}';", model.display());
     let select = format!(
@@ -496,9 +500,13 @@ fn files_that_are_not_images_are_their_rows_errors() {
         &format!("SET batchinfer.on_error = 'reject'; {select}"),
     ));
     let rows = csv_rows(&out);
-    assert_eq!(rows.len(), 5, "{out}");
+    assert_eq!(rows.len(), 6, "{out}");
     assert!(rows[0][1].parse::<f64>().is_ok(), "{out}");
-    assert!(rows[1..].iter().all(|r| r[1].is_empty()), "{out}");
+    assert!(rows[1..5].iter().all(|r| r[1].is_empty()), "{out}");
+    assert_eq!(
+        rows[5][1], rows[0][1],
+        "the same photo, the same score: {out}"
+    );
     let kept = common::parquet_files(&wh.join("rejects"));
     let folder = kept
         .first()

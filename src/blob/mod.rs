@@ -308,7 +308,7 @@ impl Files {
         if meta.size > self.max_bytes {
             return Err(DataFusionError::Execution(format!(
                 "{}: {name} is {} bytes, more than batchinfer.max_blob_bytes ({}); raise it \
-                 (SET batchinfer.max_blob_bytes = '2G') or leave the file out of the glob",
+                 (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of the glob",
                 self.function(),
                 meta.size,
                 self.max_bytes

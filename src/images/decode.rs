@@ -17,6 +17,43 @@ pub const MAX_PIXELS: u64 = 178_956_970;
 /// The most memory a decoder may take for one image.
 const MAX_ALLOC: u64 = 1 << 30;
 
+/// The most memory the images being decoded at once may take, in all: an image waits for room
+/// (one larger than this is decoded alone), so that decoding on every core of every partition
+/// stays bounded.
+const DECODING_AT_ONCE: u64 = 2 << 30;
+
+/// The bytes images being decoded take now.
+static DECODING: (std::sync::Mutex<u64>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// Room for an image of `bytes` decoded, held until dropped.
+struct Room(u64);
+
+impl Room {
+    fn take(bytes: u64) -> Room {
+        let (used, freed) = &DECODING;
+        let mut now = used.lock().unwrap_or_else(|p| p.into_inner());
+        while *now > 0 && now.saturating_add(bytes) > DECODING_AT_ONCE {
+            now = freed.wait(now).unwrap_or_else(|p| p.into_inner());
+        }
+        *now = now.saturating_add(bytes);
+        Room(bytes)
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        let (used, freed) = &DECODING;
+        let mut now = used.lock().unwrap_or_else(|p| p.into_inner());
+        *now = now.saturating_sub(self.0);
+        freed.notify_all();
+    }
+}
+
+/// The largest image a resize may make (before its crop): a very long, thin image resized by
+/// its shorter side would otherwise grow without bound.
+const MAX_RESIZED_PIXELS: u64 = 1 << 26;
+
 /// Decodes `bytes` into an RGB image, upright.
 pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
     if bytes.is_empty() {
@@ -33,7 +70,8 @@ pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
             ));
         }
         // The JPEG decoder makes the most of a cut file (grey where bytes are missing), as
-        // Pillow does not by default: a file cut short is refused here.
+        // Pillow does not by default: a file cut short (no end marker after its first scan) is
+        // refused here.
         Some(::image::ImageFormat::Jpeg) if !jpeg_is_whole(bytes) => {
             return Err(
                 "a truncated JPEG: no end marker follows its last scan (a file cut short?)".into(),
@@ -57,25 +95,78 @@ pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
              (a decompression bomb?)"
         ));
     }
+    if decoder.total_bytes() > MAX_ALLOC {
+        return Err(format!(
+            "an image of {width}x{height} pixels ({:?}) takes {} bytes decoded, more than \
+             {MAX_ALLOC}",
+            decoder.color_type(),
+            decoder.total_bytes()
+        ));
+    }
+    // As decoded, and again as RGB.
+    let bytes = decoder
+        .total_bytes()
+        .saturating_add(pixels.saturating_mul(3));
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_ALLOC);
     decoder.set_limits(limits).map_err(|e| e.to_string())?;
+    let _room = Room::take(bytes);
     let orientation = decoder.orientation().ok();
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
     if let Some(orientation) = orientation {
         image.apply_orientation(orientation);
     }
-    Ok(image.into_rgb8())
+    Ok(to_rgb(image))
 }
 
-/// Whether a JPEG's last scan (after its last start-of-scan marker, `FF DA`) is followed by an
-/// end-of-image marker (`FF D9`): inside a scan an `FF` byte is always followed by `00` or a
-/// restart marker, so the end marker appears only where the image ends.
+/// An image as 8-bit RGB, as Pillow's `convert("RGB")` makes it: 16-bit grey values above 255
+/// are 255 (Pillow clips them; other 16-bit images are scaled to 8 bits, as Pillow reads them).
+fn to_rgb(image: DynamicImage) -> RgbImage {
+    let grey = |w: u32, h: u32, at: &dyn Fn(u32, u32) -> u16| {
+        RgbImage::from_fn(w, h, |x, y| {
+            let v = at(x, y).min(255) as u8;
+            ::image::Rgb([v, v, v])
+        })
+    };
+    match image {
+        DynamicImage::ImageLuma16(g) => grey(g.width(), g.height(), &|x, y| g.get_pixel(x, y).0[0]),
+        DynamicImage::ImageLumaA16(g) => {
+            grey(g.width(), g.height(), &|x, y| g.get_pixel(x, y).0[0])
+        }
+        image => image.into_rgb8(),
+    }
+}
+
+/// Whether a JPEG's scans are followed by an end-of-image marker (`FF D9`): inside a scan an
+/// `FF` byte is always followed by `00` or a restart marker, so the end marker appears only
+/// where the image ends (data a camera appends after it is allowed).
 fn jpeg_is_whole(bytes: &[u8]) -> bool {
-    let last_scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
-    match last_scan {
+    match first_scan(bytes) {
         Some(at) => bytes[at..].windows(2).any(|w| w == [0xFF, 0xD9]),
-        None => false,
+        // Segments that cannot be walked: the decoder says what is wrong.
+        None => true,
+    }
+}
+
+/// Where a JPEG's first scan begins, found by walking its segments from the start (a thumbnail
+/// inside an APP1 segment is stepped over whole).
+fn first_scan(bytes: &[u8]) -> Option<usize> {
+    let mut i = 2;
+    loop {
+        while bytes.get(i) == Some(&0xFF) && bytes.get(i + 1) == Some(&0xFF) {
+            i += 1;
+        }
+        if bytes.get(i) != Some(&0xFF) {
+            return None;
+        }
+        match *bytes.get(i + 1)? {
+            0xDA => return Some(i),
+            0x01 | 0xD0..=0xD7 => i += 2,
+            _ => {
+                let len = u16::from_be_bytes([*bytes.get(i + 2)?, *bytes.get(i + 3)?]);
+                i += 2 + usize::from(len);
+            }
+        }
     }
 }
 
@@ -100,19 +191,25 @@ pub fn prepare(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<(), St
 
 /// The size `resize` makes of an image of `width` x `height` (Hugging Face's arithmetic for
 /// the shorter side: the longer one in proportion, cut to a whole pixel).
-fn resized_size(resize: Resize, width: u32, height: u32) -> (u32, u32) {
-    match resize {
-        Resize::Exact(w, h) => (w, h),
+fn resized_size(resize: Resize, width: u32, height: u32) -> Result<(u32, u32), String> {
+    let (w, h) = match resize {
+        Resize::Exact(w, h) => (u64::from(w), u64::from(h)),
         Resize::ShortestEdge(s) => {
-            let (short, long) = (width.min(height) as u64, width.max(height) as u64);
-            let long = ((u64::from(s) * long) / short.max(1)).max(1) as u32;
-            if width <= height {
-                (s, long)
-            } else {
-                (long, s)
+            let (short, long) = (u64::from(width.min(height)), u64::from(width.max(height)));
+            let long = ((u64::from(s) * long) / short.max(1)).max(1);
+            match width <= height {
+                true => (u64::from(s), long),
+                false => (long, u64::from(s)),
             }
         }
+    };
+    if w.saturating_mul(h) > MAX_RESIZED_PIXELS {
+        return Err(format!(
+            "an image of {width}x{height} pixels would be resized to {w}x{h}, more than \
+             {MAX_RESIZED_PIXELS} pixels"
+        ));
     }
+    Ok((w as u32, h as u32))
 }
 
 fn resize(image: RgbImage, spec: &ImageSpec) -> Result<RgbImage, String> {
@@ -120,7 +217,7 @@ fn resize(image: RgbImage, spec: &ImageSpec) -> Result<RgbImage, String> {
         return Ok(image);
     };
     let (width, height) = image.dimensions();
-    let (w, h) = resized_size(resize, width, height);
+    let (w, h) = resized_size(resize, width, height)?;
     if (w, h) == (width, height) {
         return Ok(image);
     }
@@ -319,8 +416,8 @@ fn resample(image: &RgbImage, w: u32, h: u32, filter: Filter) -> RgbImage {
 fn normalize(image: &RgbImage, width: u32, height: u32, spec: &ImageSpec, out: &mut [f32]) {
     let (iw, ih) = image.dimensions();
     // As Hugging Face's center_crop and Pillow's crop of the centre place it.
-    let left = (i64::from(iw) - i64::from(width)) / 2;
-    let top = (i64::from(ih) - i64::from(height)) / 2;
+    let left = (i64::from(iw) - i64::from(width)).div_euclid(2);
+    let top = (i64::from(ih) - i64::from(height)).div_euclid(2);
     let order: [usize; 3] = match spec.channels {
         Channels::Rgb => [0, 1, 2],
         Channels::Bgr => [2, 1, 0],
@@ -391,6 +488,11 @@ mod tests {
         let mut out = vec![0.0; 9];
         prepare(&bytes, &s, &mut out).unwrap();
         assert_eq!(&out[..3], &[0.0, 9.0, 0.0]);
+        // An odd pad goes first on the left, as Hugging Face's center_crop puts it.
+        let s = spec(r#"{"image": {"crop": [2, 1]}}"#);
+        let mut out = vec![0.0; 6];
+        prepare(&bytes, &s, &mut out).unwrap();
+        assert_eq!(&out[..2], &[0.0, 9.0]);
     }
 
     #[test]
@@ -447,12 +549,16 @@ mod tests {
     fn the_shorter_side_is_resized_as_hugging_face_does() {
         assert_eq!(
             resized_size(Resize::ShortestEdge(224), 640, 480),
-            (298, 224)
+            Ok((298, 224))
         );
         assert_eq!(
             resized_size(Resize::ShortestEdge(224), 480, 640),
-            (224, 298)
+            Ok((224, 298))
         );
-        assert_eq!(resized_size(Resize::Exact(5, 7), 1, 1), (5, 7));
+        assert_eq!(resized_size(Resize::Exact(5, 7), 1, 1), Ok((5, 7)));
+        // A long, thin image is refused, never resized to gigabytes (nor wrapped to 0).
+        let e = resized_size(Resize::ShortestEdge(16384), 1, 262_144).unwrap_err();
+        assert!(e.contains("16384x4294967296"), "{e}");
+        assert!(resized_size(Resize::ShortestEdge(224), 1, 100_000).is_err());
     }
 }

@@ -64,6 +64,9 @@ pub enum Layout {
     Nhwc,
 }
 
+/// The most pixels of a prepared image (4096 x 4096): the values of one take 192 MiB.
+pub const MAX_PREPARED_PIXELS: u64 = 4096 * 4096;
+
 /// The files beside a model that may declare how its images are prepared.
 pub const IMAGE_FILES: &[&str] = &["batchinfer.json", "preprocessor_config.json"];
 
@@ -84,7 +87,18 @@ impl ImageSpec {
                 .map(Some)
                 .map_err(|e| Error::ModelFile(format!("batchinfer.json, \"image\": {e}")));
         }
-        if let Some(config) = json("preprocessor_config.json")? {
+        // An image processor's (an audio model's feature extractor has one too, of no image).
+        const IMAGE_KEYS: &[&str] = &[
+            "image_processor_type",
+            "image_mean",
+            "image_std",
+            "crop_size",
+            "do_center_crop",
+            "resample",
+        ];
+        if let Some(config) = json("preprocessor_config.json")?
+            .filter(|c| IMAGE_KEYS.iter().any(|k| c.get(k).is_some()))
+        {
             return Self::from_hugging_face(&config)
                 .map(Some)
                 .map_err(|e| Error::ModelFile(format!("preprocessor_config.json: {e}")));
@@ -125,17 +139,17 @@ impl ImageSpec {
             Some(v) => Filter::parse(v.as_str().ok_or("\"filter\" is a name")?)?,
         };
         let crop = image.get("crop").map(|v| pair(v, "crop")).transpose()?;
-        let channels = match image.get("channels").and_then(Value::as_str) {
+        let channels = match image.get("channels") {
             None => Channels::Rgb,
-            Some(c) if c.eq_ignore_ascii_case("rgb") => Channels::Rgb,
-            Some(c) if c.eq_ignore_ascii_case("bgr") => Channels::Bgr,
-            Some(c) => return Err(format!("\"channels\" is \"RGB\" or \"BGR\", not \"{c}\"")),
+            Some(Value::String(c)) if c.eq_ignore_ascii_case("rgb") => Channels::Rgb,
+            Some(Value::String(c)) if c.eq_ignore_ascii_case("bgr") => Channels::Bgr,
+            Some(c) => return Err(format!("\"channels\" is \"RGB\" or \"BGR\", not {c}")),
         };
-        let layout = match image.get("layout").and_then(Value::as_str) {
+        let layout = match image.get("layout") {
             None => Layout::Nchw,
-            Some(l) if l.eq_ignore_ascii_case("nchw") => Layout::Nchw,
-            Some(l) if l.eq_ignore_ascii_case("nhwc") => Layout::Nhwc,
-            Some(l) => return Err(format!("\"layout\" is \"NCHW\" or \"NHWC\", not \"{l}\"")),
+            Some(Value::String(l)) if l.eq_ignore_ascii_case("nchw") => Layout::Nchw,
+            Some(Value::String(l)) if l.eq_ignore_ascii_case("nhwc") => Layout::Nhwc,
+            Some(l) => return Err(format!("\"layout\" is \"NCHW\" or \"NHWC\", not {l}")),
         };
         let spec = ImageSpec {
             resize,
@@ -155,9 +169,14 @@ impl ImageSpec {
     /// `do_center_crop`, `crop_size`, `do_rescale`, `rescale_factor`, `do_normalize`,
     /// `image_mean`, `image_std`): RGB, NCHW.
     fn from_hugging_face(config: &Value) -> std::result::Result<ImageSpec, String> {
-        let on =
-            |key: &str, default: bool| config.get(key).and_then(Value::as_bool).unwrap_or(default);
-        let resize = match (on("do_resize", true), config.get("size")) {
+        let on = |key: &str, default: bool| -> std::result::Result<bool, String> {
+            match config.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(v) => Err(format!("\"{key}\" is true or false, not {v}")),
+            }
+        };
+        let resize = match (on("do_resize", true)?, config.get("size")) {
             (false, _) | (true, None) => None,
             (true, Some(size)) => Some(hugging_face_size(size, "size", true)?),
         };
@@ -165,7 +184,7 @@ impl ImageSpec {
             None => Filter::Bilinear,
             Some(v) => Filter::from_pillow(v.as_u64().ok_or("\"resample\" is Pillow's number")?)?,
         };
-        let crop = match (on("do_center_crop", false), config.get("crop_size")) {
+        let crop = match (on("do_center_crop", false)?, config.get("crop_size")) {
             (true, Some(size)) => match hugging_face_size(size, "crop_size", false)? {
                 Resize::Exact(w, h) => Some((w, h)),
                 Resize::ShortestEdge(s) => Some((s, s)),
@@ -173,11 +192,11 @@ impl ImageSpec {
             (true, None) => return Err("\"do_center_crop\" without \"crop_size\"".into()),
             (false, _) => None,
         };
-        let scale = match on("do_rescale", true) {
+        let scale = match on("do_rescale", true)? {
             true => number(config.get("rescale_factor"), "rescale_factor")?.unwrap_or(1.0 / 255.0),
             false => 1.0,
         };
-        let (mean, std) = match on("do_normalize", true) {
+        let (mean, std) = match on("do_normalize", true)? {
             true => (
                 triple(config.get("image_mean"), "image_mean")?.unwrap_or([0.5; 3]),
                 triple(config.get("image_std"), "image_std")?.unwrap_or([0.5; 3]),
@@ -207,8 +226,23 @@ impl ImageSpec {
                     .into(),
             );
         }
-        if self.std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
+        if self.std.contains(&0.0) {
             return Err("a \"std\" of 0 divides by zero".into());
+        }
+        if let Some((w, h)) = self.output_size()
+            && u64::from(w) * u64::from(h) > MAX_PREPARED_PIXELS
+        {
+            return Err(format!(
+                "images of {w}x{h} pixels are more than a model takes here ({MAX_PREPARED_PIXELS} \
+                 pixels)"
+            ));
+        }
+        if let Some(Resize::Exact(w, h)) = self.resize
+            && u64::from(w) * u64::from(h) > MAX_PREPARED_PIXELS * 4
+        {
+            return Err(format!(
+                "a resize to {w}x{h} pixels is more than batchinfer makes"
+            ));
         }
         Ok(self)
     }
@@ -318,9 +352,10 @@ fn number(v: Option<&Value>, what: &str) -> std::result::Result<Option<f32>, Str
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_f64()
-            .filter(|x| x.is_finite())
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| format!("\"{what}\" is a number, not {v}")),
+            .map(|x| x as f32)
+            .filter(|x| x.is_finite() && x.abs() < 1e12)
+            .map(Some)
+            .ok_or_else(|| format!("\"{what}\" is a number (of at most 1e12), not {v}")),
     }
 }
 
@@ -422,5 +457,16 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+        assert!(err(r#"{"image": {"resize": [2, 2], "channels": 5}}"#).contains("channels"));
+        assert!(err(r#"{"image": {"resize": [2, 2], "layout": ["NHWC"]}}"#).contains("layout"));
+        assert!(err(r#"{"image": {"crop": [16384, 16384]}}"#).contains("more than a model"));
+        assert!(err(r#"{"image": {"resize": [2, 2], "std": 1e39}}"#).contains("at most 1e12"));
+        let hf = |json: &str| spec("preprocessor_config.json", json);
+        let e = hf(r#"{"image_mean": [0.5, 0.5, 0.5], "size": 224, "do_normalize": "false"}"#);
+        assert!(e.unwrap_err().to_string().contains("do_normalize"));
+        // An audio model's feature extractor is no image preprocessing.
+        let audio =
+            r#"{"feature_extractor_type": "Wav2Vec2FeatureExtractor", "sampling_rate": 16000}"#;
+        assert!(hf(audio).unwrap().is_none());
     }
 }

@@ -108,6 +108,9 @@ fn check_image_input(model: &crate::model::Model, spec: &ImageSpec) -> crate::er
 /// scores these.
 const IMAGE_ROWS: usize = 64;
 
+/// The most a run of prepared images takes (its float values).
+const RUN_BYTES: usize = 256 << 20;
+
 /// Scores a column of images: each run of [`IMAGE_ROWS`] prepared on the CPU cores while the
 /// model scores the run before; images that cannot be read are their rows' errors.
 fn score_images(
@@ -119,9 +122,11 @@ fn score_images(
 ) -> crate::error::Result<crate::model::score::Scoring> {
     use datafusion::arrow::array::Array;
     let rows = column.len();
+    // Fewer at once where each is large: a run's values take at most RUN_BYTES.
+    let per_run = (RUN_BYTES / (spec.values_per_image().max(1) * 4)).clamp(1, IMAGE_ROWS);
     let runs: Vec<(usize, usize)> = (0..rows)
-        .step_by(IMAGE_ROWS)
-        .map(|start| (start, IMAGE_ROWS.min(rows - start)))
+        .step_by(per_run)
+        .map(|start| (start, per_run.min(rows - start)))
         .collect();
     let mut results = Vec::new();
     let mut failed = Vec::new();
