@@ -17,7 +17,42 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{arg, run_measured};
+use common::{arg, run_measured_saying};
+
+/// The number before `word` in `said` (`"12.3 s in the model"`), NaN where there is none.
+fn seconds_before(said: &str, word: &str) -> f64 {
+    said.find(word)
+        .and_then(|at| said[..at].split_whitespace().last())
+        .and_then(|n| n.trim_end_matches(" s").parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// A contender's run: wall seconds, peak MiB, and seconds inside onnxruntime.
+struct Run {
+    seconds: f64,
+    peak: f64,
+    model: f64,
+}
+
+/// Runs `command`, reading the time inside the model from what it says: batchinfer's
+/// `--timing` line ("... 12.3 s in the model"), the Python script's ("onnxruntime 12.3 s").
+fn run(name: &str, command: Command) -> Run {
+    let (seconds, peak, said) = run_measured_saying(name, command);
+    let model = match seconds_before(&said, " s in the model") {
+        m if m.is_nan() => said
+            .split("onnxruntime ")
+            .nth(1)
+            .and_then(|rest| rest.split(" s").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(f64::NAN),
+        m => m,
+    };
+    Run {
+        seconds,
+        peak,
+        model,
+    }
+}
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
@@ -95,35 +130,51 @@ fn main() {
     println!("{n} photos (1 to 12 megapixels, JPEG), open_nsfw, {repeat} rounds");
     let (mut ours, mut single, mut pool) = (Vec::new(), Vec::new(), Vec::new());
     let (mut over_single, mut over_pool) = (Vec::new(), Vec::new());
+    // The model's share: batchinfer's time during which the model ran (decoding the next run of
+    // photos meanwhile, on the other cores), Python's time inside session.run (preparing between
+    // runs, in the main process or by waiting for the pool).
+    let said = |r: &Run| {
+        format!(
+            "{:.2} s ({:.0} MiB; {:.2} s in the model, {:.2} s not)",
+            r.seconds,
+            r.peak,
+            r.model,
+            r.seconds - r.model
+        )
+    };
     for i in 0..repeat {
         let out = |who: &str| dir.join(format!("{who}{i}.parquet")).display().to_string();
-        let a = run_measured("batchinfer", batchinfer(&photos, &out("ours")));
-        let b = run_measured("python", python_run(&out("python"), 0));
-        let c = run_measured("python, 2 processes", python_run(&out("pool"), 2));
-        over_single.push(b.0 / a.0);
-        over_pool.push(c.0 / a.0);
+        let a = run("batchinfer", batchinfer(&photos, &out("ours")));
+        let b = run("python", python_run(&out("python"), 0));
+        let c = run("python, 2 processes", python_run(&out("pool"), 2));
+        over_single.push(b.seconds / a.seconds);
+        over_pool.push(c.seconds / a.seconds);
         println!(
-            "round {i}: batchinfer {:.2} s ({:.0} MiB), python {:.2} s ({:.0} MiB), python with 2 \
-             processes {:.2} s ({:.0} MiB)",
-            a.0, a.1, b.0, b.1, c.0, c.1
+            "round {i}: batchinfer {}, python {}, python with 2 processes {}",
+            said(&a),
+            said(&b),
+            said(&c)
         );
         ours.push(a);
         single.push(b);
         pool.push(c);
     }
-    let secs = |v: &[(f64, f64)]| median(v.iter().map(|x| x.0).collect());
-    let peak = |v: &[(f64, f64)]| median(v.iter().map(|x| x.1).collect());
+    let med = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
+    let summary = |v: &[Run]| {
+        format!(
+            "{:.2} s {:.0} MiB, model {:.2} s",
+            med(v, |r| r.seconds),
+            med(v, |r| r.peak),
+            med(v, |r| r.model)
+        )
+    };
     println!(
-        "batchinfer: {:.2} s {:.0} MiB, {:.1} photos/s | python: {:.2} s {:.0} MiB | python, 2 \
-         processes: {:.2} s {:.0} MiB | batchinfer's throughput over python's {:.2}x, over the \
-         pool's {:.2}x (medians of rounds)",
-        secs(&ours),
-        peak(&ours),
-        n as f64 / secs(&ours),
-        secs(&single),
-        peak(&single),
-        secs(&pool),
-        peak(&pool),
+        "batchinfer: {}, {:.1} photos/s | python: {} | python, 2 processes: {} | batchinfer's \
+         throughput over python's {:.2}x, over the pool's {:.2}x (medians of rounds)",
+        summary(&ours),
+        n as f64 / med(&ours, |r| r.seconds),
+        summary(&single),
+        summary(&pool),
         median(over_single),
         median(over_pool)
     );
@@ -144,11 +195,11 @@ fn main() {
         }
     }
     let out = dir.join("small.parquet").display().to_string();
-    let one = run_measured("batchinfer, 1,000 small photos", batchinfer(&small, &out));
-    let ten = run_measured("batchinfer, 10,000 small photos", batchinfer(&many, &out));
+    let one = run("batchinfer, 1,000 small photos", batchinfer(&small, &out));
+    let ten = run("batchinfer, 10,000 small photos", batchinfer(&many, &out));
     println!(
-        "batchinfer over 1,000 small photos: {:.2} s, peak {:.0} MiB; over 10,000: {:.2} s, \
-         peak {:.0} MiB",
-        one.0, one.1, ten.0, ten.1
+        "batchinfer over 1,000 small photos: {}; over 10,000: {}",
+        said(&one),
+        said(&ten)
     );
 }

@@ -23,7 +23,7 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{ModelCallsOnce, TableSchemaLimits};
+use crate::rules::{FileNamesBeside, ModelCallsOnce, TableSchemaLimits};
 use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
@@ -55,6 +55,7 @@ pub fn build_context(
         .with_config(session_config)
         .with_runtime_env(runtime)
         .with_analyzer_rule(Arc::new(TableSchemaLimits))
+        .with_analyzer_rule(Arc::new(FileNamesBeside))
         .with_optimizer_rule(Arc::new(ModelCallsOnce));
     let ctx = SessionContext::new_with_state(place(state)?).enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli, and
@@ -152,6 +153,8 @@ pub const ROW_GROUP_ROWS: usize = 256 * 1024;
 /// sessions, before the client's settings are applied).
 pub fn cluster_session_config() -> SessionConfig {
     SessionConfig::new_with_ballista()
+        .with_ballista_logical_extension_codec(crate::cluster::codec::logical())
+        .with_ballista_physical_extension_codec(crate::cluster::codec::physical())
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
         .with_option_extension(StatementContext::default())
@@ -193,6 +196,7 @@ pub fn cluster_state(
         .with_scalar_functions(scalar)
         .with_aggregate_functions(ballista_aggregate_functions())
         .with_window_functions(ballista_window_functions())
+        .with_analyzer_rule(Arc::new(FileNamesBeside))
         .with_optimizer_rule(Arc::new(ModelCallsOnce))
         .build())
 }

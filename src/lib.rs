@@ -29,8 +29,9 @@
 //! - [`lineage`]: the models a write names in its files, what its endpoint models did for
 //!   them (filled in at commit), and the columns CSV cannot hold.
 //! - [`cluster`]: one process or a Ballista cluster, answered once: the engine's [`Placement`]
-//!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), and
-//!   what each holds of stores and models (`node.rs`).
+//!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), what
+//!   each holds of stores and models (`node.rs`), and Ballista's codecs with batchinfer's own
+//!   plan nodes added (`codec.rs`).
 //! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime,
 //!   functions).
 //! - [`scan`]: the streaming reader for local Parquet: the exec (`exec.rs`), the files (`file.rs`), the dealing of row groups (`units.rs`), the list
@@ -59,7 +60,8 @@
 //!   the statement as written (`by_name.rs`), and the short default names of model columns
 //!   (`names.rs`).
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
-//!   too many values per row refused (`list_limits.rs`), each model call once per row
+//!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
+//!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row
 //!   (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
 //!   local Parquet read by the streaming reader (`streaming_scan.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the
@@ -102,7 +104,8 @@
 //! - [`view`]: materialized views, the feature whole, given the session, the warehouse and the
 //!   catalog ([`view::Views`]): their statements (`statements.rs`, `show.rs`), a refresh
 //!   (`refresh/`: units scored and committed, what it repairs), what a refresh has to do
-//!   (`plan.rs`), its commits (`commit.rs`), the queries a view may have (`check.rs`), a view
+//!   (`plan.rs`), its commits (`commit.rs`), the queries a view may have and the files they read
+//!   (Parquet and other tables of files, or `read_blob`'s: `check.rs`), a view
 //!   read only while whole (`registered.rs`), and `batchinfer refresh VIEW` once, `--every` so
 //!   often or `--watch`ing for new files (`schedule.rs`).
 //! - [`warehouse`]: model definitions, tables (Delta Lake tables) and views that persist, over one
@@ -122,11 +125,13 @@
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
 //!   is `udf/embed_endpoint.rs`.
 //! - [`blob`]: files as rows, `read_blob` and `read_text` (their names, sizes and times listed,
-//!   their bytes read only when a query uses them).
+//!   their bytes read only when a query uses them; a materialized view's files one unit at a
+//!   time; the table and exec as a cluster sends them).
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares
 //!   (`mod.rs`), one image decoded, oriented, resized as Pillow does, cropped and normalized
 //!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs
-//!   them ahead of the model.
+//!   them ahead of the model; [`file_bytes`]: a file's first and last bytes as a model's input
+//!   (a content-type model's, as magika's), declared in `batchinfer.json`.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded
 //!   (`max_errors`).
 
@@ -141,6 +146,7 @@ pub mod delta;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod file_bytes;
 pub mod help;
 pub mod images;
 pub mod lineage;

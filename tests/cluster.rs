@@ -798,3 +798,87 @@ fn executors_share_an_endpoint_models_limits() {
     let most = front.count("most_in_flight");
     assert!((1..=2).contains(&most), "{}", front.counts());
 }
+
+/// The photos and image model of scripts/image_models.sh, as a folder of models (`nsfw`, its
+/// classes named `sfw` and `nsfw`) and the photos' folder.
+fn image_assets(models: &Path) -> std::path::PathBuf {
+    let out = Command::new("scripts/image_models.sh").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let assets = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let nsfw = models.join("nsfw");
+    std::fs::create_dir_all(&nsfw).unwrap();
+    std::fs::copy(assets.join("nsfw/model.onnx"), nsfw.join("model.onnx")).unwrap();
+    let declared: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(assets.join("nsfw/batchinfer.json")).unwrap())
+            .unwrap();
+    let labelled = serde_json::json!({"image": declared["image"], "labels": ["sfw", "nsfw"]});
+    std::fs::write(nsfw.join("batchinfer.json"), labelled.to_string()).unwrap();
+    assets.join("photos")
+}
+
+/// Rows of (filename, size, score) in CSV, compared: the same files and sizes, the scores
+/// within `tolerance`.
+fn assert_same_files(got: &str, want: &str, tolerance: f64) {
+    let parse = |csv: &str| -> Vec<(String, String, f64)> {
+        csv.lines()
+            .skip(1)
+            .map(|l| {
+                let fields: Vec<&str> = l.split(',').collect();
+                (
+                    fields[0].to_string(),
+                    fields[1].to_string(),
+                    fields[2].parse().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (got, want) = (parse(got), parse(want));
+    assert_eq!(got.len(), want.len(), "{got:?}\n{want:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((&g.0, &g.1), (&w.0, &w.1));
+        assert!((g.2 - w.2).abs() <= tolerance, "{g:?} against {w:?}");
+    }
+}
+
+/// `read_blob` on the cluster: the scheduler plans over the folder's listing, the executors read
+/// the files and run the image model; the rows are those of one process. A view over the folder,
+/// refreshed on the cluster as photos arrive, holds them too.
+#[test]
+fn photos_on_the_cluster_are_scored_as_in_one_process_and_kept_by_a_view() {
+    let work = tempfile::tempdir().unwrap();
+    let models = work.path().join("models");
+    let photos = image_assets(&models);
+    let folder = work.path().join("photos");
+    std::fs::create_dir_all(&folder).unwrap();
+    let add = |name: &str| std::fs::copy(photos.join(name), folder.join(name)).unwrap();
+    for name in ["astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg"] {
+        add(name);
+    }
+    let select = format!(
+        "SELECT filename, size, predict('nsfw', content)['score'] AS p FROM read_blob('{}/')",
+        folder.display()
+    );
+    let ordered = format!("{select} ORDER BY filename");
+    let cluster = Cluster::start(2, None);
+    let there = ok(&cluster.query(Some(&models), &ordered));
+    assert_same_files(&there, &local(&models, &ordered), 1e-5);
+    assert_eq!(there.lines().count(), 5, "{there}");
+
+    ok(&cluster.query(
+        Some(&models),
+        &format!("CREATE MATERIALIZED VIEW tags AS {select}"),
+    ));
+    add("horse.png");
+    let refreshed = ok(&cluster.query(Some(&models), "REFRESH MATERIALIZED VIEW tags"));
+    assert!(refreshed.contains("tags,1,0,0,"), "{refreshed}");
+    let view = ok(&cluster.query(
+        Some(&models),
+        "SELECT filename, size, p FROM tags ORDER BY filename",
+    ));
+    assert_same_files(&view, &local(&models, &ordered), 1e-5);
+    assert_eq!(view.lines().count(), 6, "{view}");
+}

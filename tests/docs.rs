@@ -69,6 +69,7 @@ fn working_folder(root: &Path) {
     let images = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     std::os::unix::fs::symlink(images.join("photos"), root.join("photos")).unwrap();
     std::os::unix::fs::symlink(images.join("nsfw"), models.join("nsfw")).unwrap();
+    std::os::unix::fs::symlink(images.join("magika"), models.join("magika")).unwrap();
 }
 
 /// Writes a SQLite file with a table `events` (made by Python's sqlite3, a reference apart

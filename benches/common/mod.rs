@@ -18,7 +18,17 @@ pub fn arg(flag: &str) -> Option<String> {
 /// time, which starts the command from its own small process: a child forked straight from this
 /// (large) benchmark process would count this process's memory in its peak, since Linux keeps
 /// the high-water mark of the memory a process had before it called exec.
+#[allow(dead_code)]
 pub fn run_measured(name: &str, command: Command) -> (f64, f64) {
+    let (seconds, peak, said) = run_measured_saying(name, command);
+    eprint!("{said}");
+    (seconds, peak)
+}
+
+/// [`run_measured`], and what the command said on standard error.
+// Not every bench reads it.
+#[allow(dead_code)]
+pub fn run_measured_saying(name: &str, command: Command) -> (f64, f64, String) {
     let peak_file =
         std::env::temp_dir().join(format!("batchinfer-bench-peak-{}", std::process::id()));
     let mut timed = Command::new("/usr/bin/time");
@@ -40,14 +50,19 @@ pub fn run_measured(name: &str, command: Command) -> (f64, f64) {
     }
     timed.stdout(std::process::Stdio::null());
     let start = Instant::now();
-    let status = timed.status().unwrap_or_else(|e| {
+    let out = timed.output().unwrap_or_else(|e| {
         panic!("{name}: cannot start /usr/bin/time (GNU time is needed for peak memory): {e}")
     });
     let seconds = start.elapsed().as_secs_f64();
-    assert!(status.success(), "{name}: exited with {status}");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{name}: exited with {}: {said}",
+        out.status
+    );
     let kib: f64 = std::fs::read_to_string(&peak_file)
         .ok()
         .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
         .unwrap_or(f64::NAN);
-    (seconds, kib / 1024.0)
+    (seconds, kib / 1024.0, said)
 }

@@ -5,7 +5,7 @@
 //! dealt to the partitions in order of name. A file's bytes are read only when the query uses
 //! `content`: a projection of `filename` and `size` lists and reads nothing else. Each partition
 //! reads a record batch of files at a time (at most the session's batch size of them, and
-//! 64 MiB of content, or one larger file), a few files at once, so memory stays flat however many
+//! 16 MiB of content, or one larger file), a few files at once, so memory stays flat however many
 //! files there are. A file larger than `batchinfer.max_blob_bytes` is refused, named; so is a
 //! file `read_text` finds is not UTF-8.
 
@@ -38,7 +38,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use crate::config::BatchInferOptions;
 
 /// The most content a record batch of files holds (one larger file is a batch of its own).
-const BATCH_BYTES: u64 = 64 << 20;
+const BATCH_BYTES: u64 = 16 << 20;
 
 /// Files a partition reads at once.
 const READS_AT_ONCE: usize = 8;
@@ -90,8 +90,10 @@ impl TableFunctionImpl for BlobFunction {
         }
         Ok(Arc::new(BlobTable {
             url,
+            location,
             text: self.text,
             schema: schema(self.text),
+            only: None,
         }))
     }
 }
@@ -112,6 +114,15 @@ fn listing_url(location: &str) -> datafusion::error::Result<ListingTableUrl> {
     }
 }
 
+/// The metadata key that marks `filename` as the name of the file beside it: a model reading
+/// the file's content names the file in its errors and rejects ([`crate::rules::file_names`]).
+pub const FILE_NAME: &str = "batchinfer.file_name";
+
+/// Whether `field` is a file's name, beside its content.
+pub fn is_file_name(field: &Field) -> bool {
+    field.metadata().contains_key(FILE_NAME) && *field.data_type() == DataType::Utf8
+}
+
 /// The columns of `read_blob` (content BLOB) or `read_text` (content VARCHAR).
 fn schema(text: bool) -> SchemaRef {
     let content = if text {
@@ -120,7 +131,11 @@ fn schema(text: bool) -> SchemaRef {
         DataType::Binary
     };
     Arc::new(Schema::new(vec![
-        Field::new("filename", DataType::Utf8, false),
+        Field::new("filename", DataType::Utf8, false).with_metadata(
+            [(FILE_NAME.to_string(), "true".to_string())]
+                .into_iter()
+                .collect(),
+        ),
         Field::new("content", content, false),
         Field::new("size", DataType::Int64, false),
         Field::new(
@@ -132,14 +147,108 @@ fn schema(text: bool) -> SchemaRef {
 }
 
 /// The files a `read_blob` names.
-#[derive(Debug)]
-struct BlobTable {
+#[derive(Debug, Clone)]
+pub struct BlobTable {
     url: ListingTableUrl,
+    /// The folder or glob as the query names it.
+    location: String,
     text: bool,
     schema: SchemaRef,
+    /// Where the table is these files (by URL, and the version each must have) rather than
+    /// those listed: a materialized view's unit of them.
+    only: Option<Arc<Vec<(String, String)>>>,
+}
+
+/// A listed file's URL: its store's and its path.
+fn file_url(base: &url::Url, meta: &ObjectMeta) -> url::Url {
+    let mut file = base.clone();
+    if let Ok(mut segments) = file.path_segments_mut() {
+        segments
+            .clear()
+            .extend(meta.location.parts().map(|p| p.as_ref().to_string()));
+    }
+    file
 }
 
 impl BlobTable {
+    /// The function and its folder or glob, as the query names them.
+    pub fn shown(&self) -> String {
+        format!(
+            "{}('{}')",
+            if self.text { "read_text" } else { "read_blob" },
+            self.location.replace('\'', "''")
+        )
+    }
+
+    /// The files named now, in order of name: each one's URL and what its store says of it.
+    pub async fn files(
+        &self,
+        state: &dyn Session,
+    ) -> datafusion::error::Result<Vec<(String, ObjectMeta)>> {
+        let store = state.runtime_env().object_store(&self.url)?;
+        let base = self.base()?;
+        let mut files = self.list(store.as_ref()).await?;
+        files.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(files
+            .into_iter()
+            .map(|meta| (file_url(&base, &meta).to_string(), meta))
+            .collect())
+    }
+
+    /// This table, of the files `files` only (by URL, each of the version it must have: a file
+    /// changed since is an error, not read).
+    pub fn of_files(&self, files: Vec<(String, String)>) -> BlobTable {
+        BlobTable {
+            only: Some(Arc::new(files)),
+            ..self.clone()
+        }
+    }
+
+    /// Its folder, where its files are local and their folder is not there (moved, or not
+    /// mounted: not a folder emptied).
+    pub fn gone(&self) -> Option<std::path::PathBuf> {
+        crate::storage::local_file(self.url.prefix())
+            .filter(|path| self.is_local() && !path.exists())
+    }
+
+    /// Whether its files are local ones.
+    pub fn is_local(&self) -> bool {
+        crate::storage::is_local_store(&self.url.object_store())
+    }
+
+    fn base(&self) -> datafusion::error::Result<url::Url> {
+        url::Url::parse(self.url.object_store().as_str())
+            .map_err(|e| DataFusionError::Plan(format!("{}: {e}", self.url)))
+    }
+
+    /// The files of [`Self::of_files`], as their store says they are now.
+    async fn named(
+        &self,
+        store: &dyn ObjectStore,
+        files: &[(String, String)],
+    ) -> datafusion::error::Result<Vec<ObjectMeta>> {
+        let local = self.is_local();
+        let function = if self.text { "read_text" } else { "read_blob" };
+        futures::stream::iter(files.iter().cloned())
+            .map(|(file, version)| async move {
+                let url = url::Url::parse(&file)
+                    .map_err(|e| DataFusionError::Plan(format!("{file}: {e}")))?;
+                let path = object_store::path::Path::from_url_path(url.path())
+                    .map_err(|e| DataFusionError::Plan(format!("{file}: {e}")))?;
+                let meta = store.head(&path).await?;
+                if crate::storage::file_version(local, &meta) != version {
+                    return Err(DataFusionError::Execution(format!(
+                        "{function}: {} changed since it was listed",
+                        crate::storage::display_location(&url)
+                    )));
+                }
+                Ok(meta)
+            })
+            .buffered(READS_AT_ONCE)
+            .try_collect()
+            .await
+    }
+
     /// The files named now: under a folder, every file at any depth; of a glob, those it
     /// matches (`*` within a folder, `**` across folders); one file by its name. Hidden files
     /// (a name starting with `.`: a write in progress among them) are left out.
@@ -157,7 +266,19 @@ impl BlobTable {
         let across_folders = glob.as_ref().is_none_or(|g| g.as_str().contains("**"));
         // A bucket's root is listed whole (an empty prefix would be read as "/").
         let under = Some(prefix).filter(|p| !p.as_ref().is_empty());
-        let listed: Vec<ObjectMeta> = store.list(under).try_collect().await?;
+        let listed: Vec<ObjectMeta> = store.list(under).try_collect().await.map_err(|e| {
+            match e {
+                // A local file whose name is not UTF-8 cannot be a row's filename, and the
+                // listing stops at it: the query is refused rather than given part of the files.
+                object_store::Error::InvalidPath { source } => DataFusionError::Execution(format!(
+                    "{}: a file under {} has a name that is not UTF-8, which a filename cannot \
+                     hold ({source}); rename it",
+                    if self.text { "read_text" } else { "read_blob" },
+                    self.location
+                )),
+                e => e.into(),
+            }
+        })?;
         Ok(listed
             .into_iter()
             .filter(|meta| self.url.contains(&meta.location, !across_folders))
@@ -188,25 +309,19 @@ impl TableProvider for BlobTable {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let store = state.runtime_env().object_store(&self.url)?;
-        let mut files = self.list(store.as_ref()).await?;
+        let mut files = match &self.only {
+            Some(only) => self.named(store.as_ref(), only).await?,
+            None => self.list(store.as_ref()).await?,
+        };
         files.sort_by(|a, b| a.location.cmp(&b.location));
         // No filter is pushed here: the first files are the rows a LIMIT keeps.
         if let Some(limit) = limit {
             files.truncate(limit);
         }
-        let base = url::Url::parse(self.url.object_store().as_str())
-            .map_err(|e| DataFusionError::Plan(format!("{}: {e}", self.url)))?;
+        let base = self.base()?;
         let names = files
             .iter()
-            .map(|meta| {
-                let mut file = base.clone();
-                if let Ok(mut segments) = file.path_segments_mut() {
-                    segments
-                        .clear()
-                        .extend(meta.location.parts().map(|p| p.as_ref().to_string()));
-                }
-                crate::storage::display_location(&file)
-            })
+            .map(|meta| crate::storage::display_location(&file_url(&base, meta)))
             .collect();
         let options = state
             .config_options()
@@ -225,32 +340,28 @@ impl TableProvider for BlobTable {
             .target_partitions
             .min(files.len())
             .max(1);
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema.clone()),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        );
-        Ok(Arc::new(BlobExec {
-            files: Arc::new(Files {
+        Ok(Arc::new(BlobExec::new(
+            Files {
                 store,
+                store_url: self.url.object_store().as_str().to_string(),
                 metas: files,
                 names,
                 text: self.text,
                 max_bytes: options.max_blob_bytes,
                 batch_rows: usize::from(state.config_options().execution.batch_size).max(1),
-            }),
+            },
             columns,
             schema,
             partitions,
-            properties: Arc::new(properties),
-        }))
+        )))
     }
 }
 
 /// The files of one scan, and how they are read.
 struct Files {
     store: Arc<dyn ObjectStore>,
+    /// The store's URL, by which an executor of a cluster finds it.
+    store_url: String,
     metas: Vec<ObjectMeta>,
     /// Each file as a person names it: a local path, or the object's URL.
     names: Vec<String>,
@@ -391,6 +502,24 @@ struct BlobExec {
     properties: Arc<PlanProperties>,
 }
 
+impl BlobExec {
+    fn new(files: Files, columns: Vec<usize>, schema: SchemaRef, partitions: usize) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        BlobExec {
+            files: Arc::new(files),
+            columns,
+            schema,
+            partitions,
+            properties: Arc::new(properties),
+        }
+    }
+}
+
 impl DisplayAs for BlobExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -454,6 +583,149 @@ impl ExecutionPlan for BlobExec {
     }
 }
 
+/// `read_blob`'s table and exec as a cluster sends them: the scheduler plans over the table, the
+/// executors read the files the exec lists.
+pub mod wire {
+    use super::*;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    struct Table {
+        url: String,
+        glob: Option<String>,
+        location: String,
+        text: bool,
+        only: Option<Vec<(String, String)>>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct File {
+        location: String,
+        size: u64,
+        last_modified_us: i64,
+        e_tag: Option<String>,
+        version: Option<String>,
+        name: String,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Exec {
+        store: String,
+        text: bool,
+        max_bytes: u64,
+        batch_rows: usize,
+        columns: Vec<usize>,
+        partitions: usize,
+        files: Vec<File>,
+    }
+
+    fn malformed(e: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Internal(format!("a read_blob sent by the cluster is malformed: {e}"))
+    }
+
+    /// `provider` as bytes, where it is a `read_blob`'s table.
+    pub fn encode_table(provider: &dyn TableProvider) -> Option<Vec<u8>> {
+        let table = provider.downcast_ref::<BlobTable>()?;
+        serde_json::to_vec(&Table {
+            url: table.url.get_url().to_string(),
+            glob: table
+                .url
+                .get_glob()
+                .as_ref()
+                .map(|g| g.as_str().to_string()),
+            location: table.location.clone(),
+            text: table.text,
+            only: table.only.as_ref().map(|o| o.as_ref().clone()),
+        })
+        .ok()
+    }
+
+    pub fn decode_table(buf: &[u8]) -> datafusion::error::Result<Arc<dyn TableProvider>> {
+        let table: Table = serde_json::from_slice(buf).map_err(malformed)?;
+        let url = url::Url::parse(&table.url).map_err(malformed)?;
+        let mut listing = ListingTableUrl::try_new(url, None)?;
+        if let Some(glob) = &table.glob {
+            listing = listing.with_glob(glob)?;
+        }
+        Ok(Arc::new(BlobTable {
+            url: listing,
+            location: table.location,
+            text: table.text,
+            schema: schema(table.text),
+            only: table.only.map(Arc::new),
+        }))
+    }
+
+    /// `plan` as bytes, where it is a `read_blob`'s exec.
+    pub fn encode_exec(plan: &dyn ExecutionPlan) -> Option<Vec<u8>> {
+        let exec = plan.downcast_ref::<BlobExec>()?;
+        let files = &exec.files;
+        serde_json::to_vec(&Exec {
+            store: files.store_url.clone(),
+            text: files.text,
+            max_bytes: files.max_bytes,
+            batch_rows: files.batch_rows,
+            columns: exec.columns.clone(),
+            partitions: exec.partitions,
+            files: files
+                .metas
+                .iter()
+                .zip(&files.names)
+                .map(|(meta, name)| File {
+                    location: meta.location.to_string(),
+                    size: meta.size,
+                    last_modified_us: meta.last_modified.timestamp_micros(),
+                    e_tag: meta.e_tag.clone(),
+                    version: meta.version.clone(),
+                    name: name.clone(),
+                })
+                .collect(),
+        })
+        .ok()
+    }
+
+    pub fn decode_exec(
+        buf: &[u8],
+        ctx: &TaskContext,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let exec: Exec = serde_json::from_slice(buf).map_err(malformed)?;
+        let store_url = datafusion::execution::object_store::ObjectStoreUrl::parse(&exec.store)?;
+        let store = ctx.runtime_env().object_store(&store_url)?;
+        let mut metas = Vec::with_capacity(exec.files.len());
+        let mut names = Vec::with_capacity(exec.files.len());
+        for file in exec.files {
+            metas.push(ObjectMeta {
+                location: object_store::path::Path::parse(&file.location).map_err(malformed)?,
+                last_modified: chrono::DateTime::from_timestamp_micros(file.last_modified_us)
+                    .ok_or_else(|| malformed("a file's time"))?,
+                size: file.size,
+                e_tag: file.e_tag,
+                version: file.version,
+            });
+            names.push(file.name);
+        }
+        let full = schema(exec.text);
+        if exec.columns.iter().any(|c| *c >= full.fields().len()) || exec.partitions == 0 {
+            return Err(malformed("its columns or partitions"));
+        }
+        let projected = Arc::new(full.project(&exec.columns)?);
+        Ok(Arc::new(BlobExec::new(
+            Files {
+                store,
+                store_url: exec.store,
+                metas,
+                names,
+                text: exec.text,
+                max_bytes: exec.max_bytes,
+                batch_rows: exec.batch_rows.max(1),
+            },
+            exec.columns,
+            projected,
+            exec.partitions,
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +733,7 @@ mod tests {
     fn files(sizes: &[u64], batch_rows: usize) -> Files {
         Files {
             store: Arc::new(object_store::memory::InMemory::new()),
+            store_url: "memory://".into(),
             metas: sizes
                 .iter()
                 .enumerate()
@@ -482,7 +755,7 @@ mod tests {
     #[test]
     fn batches_hold_a_few_files_and_bounded_bytes() {
         let mb = 1 << 20;
-        let f = files(&[10 * mb, 50 * mb, 10 * mb, 200 * mb, 1, 1, 1], 3);
+        let f = files(&[5 * mb, 10 * mb, 5 * mb, 200 * mb, 1, 1, 1], 3);
         assert_eq!(f.batches(0..7, true), vec![0..2, 2..3, 3..4, 4..7]);
         // Without content, only the rows count.
         assert_eq!(f.batches(0..7, false), vec![0..3, 3..6, 6..7]);

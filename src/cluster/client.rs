@@ -43,10 +43,16 @@ impl Placement {
                 // Long enough for the scheduler to wait its `--executor-wait` for an executor
                 // and say that none came, rather than the client give up first.
                 let state = state.build();
-                let config = state.config().clone().upgrade_for_ballista().set_u64(
-                    BALLISTA_CLIENT_GRPC_TIMEOUT_SECONDS,
-                    super::CLIENT_TIMEOUT_SECONDS,
-                );
+                let config = state
+                    .config()
+                    .clone()
+                    .upgrade_for_ballista()
+                    .with_ballista_logical_extension_codec(super::codec::logical())
+                    .with_ballista_physical_extension_codec(super::codec::physical())
+                    .set_u64(
+                        BALLISTA_CLIENT_GRPC_TIMEOUT_SECONDS,
+                        super::CLIENT_TIMEOUT_SECONDS,
+                    );
                 SessionStateBuilder::new_from_existing(state)
                     .with_config(config)
                     .build()

@@ -53,6 +53,8 @@ pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Re
         executor_heartbeat_interval_seconds: HEARTBEAT_SECONDS,
         print_thread_info: false,
         override_function_registry: Some(Arc::new(functions)),
+        override_logical_codec: Some(super::codec::logical()),
+        override_physical_codec: Some(super::codec::physical()),
         override_config_producer: Some(Arc::new(cluster_session_config)),
         override_runtime_producer: Some(Arc::new(move |_config: &SessionConfig| {
             runtime_env(&stores, memory_limit)

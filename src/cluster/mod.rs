@@ -1,7 +1,8 @@
 //! One process or a Ballista cluster: the one place that answers where statements run. The
 //! engine holds a [`Placement`]; this binary is also the cluster's scheduler
 //! (`batchinfer scheduler`, [`scheduler`]) and executors (`batchinfer executor`, [`executor`]).
-//! Ballista does the distribution; batchinfer adds its functions and its models to each process.
+//! Ballista does the distribution; batchinfer adds its functions and its models to each process,
+//! and its own plan nodes to the codecs they send plans with ([`codec`]).
 //!
 //! Every process registers batchinfer's functions over a model registry of its own, filled from
 //! its `--models` and `--warehouse` and from the definitions the client sends with each query (the
@@ -10,6 +11,7 @@
 //! machine. Each process loads a model once and shares it across its tasks.
 
 pub mod client;
+pub mod codec;
 pub mod executor;
 mod node;
 pub mod scheduler;

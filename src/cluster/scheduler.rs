@@ -114,6 +114,8 @@ pub async fn run_scheduler(
         executor_timeout_seconds: EXECUTOR_TIMEOUT_SECONDS,
         expire_dead_executor_interval_seconds: 2,
         no_executors_grace_period_seconds: EXECUTOR_TIMEOUT_SECONDS,
+        override_logical_codec: Some(super::codec::logical()),
+        override_physical_codec: Some(super::codec::physical()),
         ..Default::default()
     };
     let sessions = node.clone();

@@ -117,6 +117,9 @@ pub fn describe_batch(model: &Model) -> Result<RecordBatch> {
     if let Some(image) = &model.image {
         rows.push(setting("image", "preprocessing", image.describe()));
     }
+    if let Some(bytes) = &model.bytes {
+        rows.push(setting("bytes", "preprocessing", bytes.describe()));
+    }
     if let Some(labels) = &model.labels {
         rows.push(setting(
             "classes",

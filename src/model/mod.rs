@@ -53,6 +53,9 @@ pub struct Model {
     pub text: Option<text::TextConfig>,
     /// How its images are prepared, where its folder declares it (`predict` over a BLOB).
     pub image: Option<crate::images::ImageSpec>,
+    /// How it reads a file's first and last bytes, where its folder declares it (`predict` over
+    /// a BLOB or text).
+    pub bytes: Option<crate::file_bytes::BytesSpec>,
     /// Its class names, where its folder names them: `predict` adds `label` and `score`.
     pub labels: Option<labels::Labels>,
     /// What the model was quantized from, for a model batchinfer quantized.
@@ -188,6 +191,14 @@ impl Model {
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
         model.image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
+        model.bytes = crate::file_bytes::BytesSpec::from_files(beside).map_err(load_error)?;
+        if model.image.is_some() && model.bytes.is_some() {
+            return Err(load_error(Error::ModelFile(
+                "its folder declares both images and bytes as its input: one model reads a \
+                 file one way (keep \"image\" or \"bytes\")"
+                    .into(),
+            )));
+        }
         model.labels = labels::Labels::from_files(beside, &model.signature).map_err(load_error)?;
         // A quantized model's folder holds the files it was made with, and no others.
         if let Some(quantized) = &model.quantized
@@ -260,6 +271,7 @@ impl Model {
             stats: ModelStats::default(),
             text: None,
             image: None,
+            bytes: None,
             labels: None,
             quantized,
             about: header::about(&bytes).unwrap_or_default(),

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, AsArray, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{ScalarValue, exec_err};
 use datafusion::error::Result;
@@ -21,6 +22,7 @@ use datafusion::config::ConfigOptions;
 
 use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
+use crate::file_bytes::BytesSpec;
 use crate::images::{self, ImageSpec};
 use crate::model::ModelRegistry;
 use crate::model::score::{ScoreOptions, score};
@@ -59,28 +61,78 @@ impl PredictUdf {
             model: name.to_string(),
             message: message.to_string(),
         };
-        // Images: the column of bytes feeds the model as the prepared images will.
-        if let Some(spec) = images_of(&model, &types) {
-            check_image_input(&model, spec).map_err(bound)?;
-            types = vec![images::column::prepared_type(spec)];
+        // Files (images, or bytes): the column feeds the model as its prepared rows will.
+        if let Some(input) = file_input_of(&model, &types) {
+            check_file_input(&model, &input).map_err(bound)?;
+            types = vec![input.prepared_type()];
         }
         let binding = InputBinding::plan(&model.signature, &types).map_err(bound)?;
         Ok((model, binding))
     }
 }
 
-/// The image preprocessing of `model` where it is called on one column of bytes.
-fn images_of<'m>(model: &'m crate::model::Model, types: &[DataType]) -> Option<&'m ImageSpec> {
-    match types {
-        [t] if images::column::is_bytes(t) => model.image.as_ref(),
+/// How a model reads the one column of files it is called on, as its folder declares.
+enum FileInput<'m> {
+    Image(&'m ImageSpec),
+    Bytes(&'m BytesSpec),
+}
+
+impl FileInput<'_> {
+    fn prepared_type(&self) -> DataType {
+        match self {
+            FileInput::Image(spec) => images::column::prepared_type(spec),
+            FileInput::Bytes(spec) => spec.prepared_type(),
+        }
+    }
+
+    /// A row's shape, and how the folder's declaration is named in a message.
+    fn declared(&self) -> (Vec<i64>, String) {
+        match self {
+            FileInput::Image(spec) => (
+                spec.row_shape(),
+                format!(
+                    "{} declares images of {:?} a row ({})",
+                    spec.declared_in,
+                    spec.row_shape(),
+                    format!("{:?}", spec.layout).to_uppercase()
+                ),
+            ),
+            FileInput::Bytes(spec) => (
+                vec![spec.values_per_row() as i64],
+                format!(
+                    "batchinfer.json declares {} bytes a row (\"head\" {} + \"tail\" {})",
+                    spec.values_per_row(),
+                    spec.head,
+                    spec.tail
+                ),
+            ),
+        }
+    }
+
+    /// What the rejects keep of a row's file: its size.
+    fn noun(&self) -> &'static str {
+        match self {
+            FileInput::Image(_) => "an image",
+            FileInput::Bytes(_) => "a file",
+        }
+    }
+}
+
+/// How `model` reads its one column where it is called on a column of files.
+fn file_input_of<'m>(model: &'m crate::model::Model, types: &[DataType]) -> Option<FileInput<'m>> {
+    match (types, &model.image, &model.bytes) {
+        ([t], Some(spec), _) if images::column::is_bytes(t) => Some(FileInput::Image(spec)),
+        ([t], _, Some(spec)) if crate::file_bytes::is_file_column(t) => {
+            Some(FileInput::Bytes(spec))
+        }
         _ => None,
     }
 }
 
-/// Refuses a model whose one input does not take the images its folder declares.
-fn check_image_input(model: &crate::model::Model, spec: &ImageSpec) -> crate::error::Result<()> {
+/// Refuses a model whose one input does not take the rows its folder declares.
+fn check_file_input(model: &crate::model::Model, input: &FileInput) -> crate::error::Result<()> {
     let inputs = &model.signature.inputs;
-    let declared = spec.row_shape();
+    let (declared, said) = input.declared();
     let fits = match inputs.as_slice() {
         [input] => {
             let shape = input.row_shape();
@@ -96,12 +148,26 @@ fn check_image_input(model: &crate::model::Model, spec: &ImageSpec) -> crate::er
         return Ok(());
     }
     Err(Error::Tensor(format!(
-        "its folder's {} declares images of {declared:?} a row ({}), and the model's inputs \
-         are:\n{}",
-        spec.declared_in,
-        format!("{:?}", spec.layout).to_uppercase(),
+        "its folder's {said}, and the model's inputs are:\n{}",
         model.signature.describe_inputs()
     )))
+}
+
+/// How many of `features` the model reads: all but the column of file names the planner put
+/// after a column of files (`crate::rules::file_names`).
+fn model_arguments(features: &[FieldRef]) -> usize {
+    match features {
+        [_, name] if crate::blob::is_file_name(name) => 1,
+        _ => features.len(),
+    }
+}
+
+/// A row's file as a message names it: by its name where the query reads one.
+fn file_of(names: Option<&StringArray>, row: usize) -> String {
+    match names {
+        Some(names) if names.is_valid(row) => format!("'{}' (row {row})", names.value(row)),
+        _ => format!("of row {row}"),
+    }
 }
 
 /// Rows of images prepared and scored at once: the next ones are prepared while the model
@@ -118,9 +184,9 @@ fn score_images(
     spec: &ImageSpec,
     binding: &InputBinding,
     column: &datafusion::arrow::array::ArrayRef,
+    names: Option<&StringArray>,
     options: ScoreOptions,
 ) -> crate::error::Result<crate::model::score::Scoring> {
-    use datafusion::arrow::array::Array;
     let rows = column.len();
     // Fewer at once where each is large: a run's values take at most RUN_BYTES.
     let per_run = (RUN_BYTES / (spec.values_per_image().max(1) * 4)).clamp(1, IMAGE_ROWS);
@@ -153,7 +219,7 @@ fn score_images(
                     model: model.name.clone(),
                     first_row: start + row,
                     end_row: start + row + 1,
-                    message: format!("the image of row {}: {why}", start + row),
+                    message: format!("the image {}: {why}", file_of(names, start + row)),
                 });
             }
             let scoring = score(model, binding, &[values], len, options)?;
@@ -182,26 +248,31 @@ fn score_images(
     })
 }
 
-/// What the rejects keep of a column of images: their sizes, not their bytes.
-fn described_images(
+/// What the rejects keep of a column of files: their sizes, not their bytes.
+fn described_files(
+    input: &FileInput,
     features: &[FieldRef],
     columns: &[datafusion::arrow::array::ArrayRef],
+    names: Option<&StringArray>,
 ) -> crate::error::Result<(Vec<FieldRef>, Vec<datafusion::arrow::array::ArrayRef>)> {
-    use datafusion::arrow::array::{Array, AsArray, StringArray};
     let bytes = datafusion::arrow::compute::cast(&columns[0], &DataType::LargeBinary)?;
     let bytes = bytes.as_binary::<i64>();
+    let noun = input.noun();
     let described: StringArray = (0..bytes.len())
         .map(|i| {
             bytes
                 .is_valid(i)
-                .then(|| format!("an image of {} bytes", bytes.value(i).len()))
+                .then(|| format!("{noun} of {} bytes", bytes.value(i).len()))
         })
         .collect();
     let name = features.first().map_or("content", |f| f.name().as_str());
-    Ok((
-        vec![Arc::new(Field::new(name, DataType::Utf8, true))],
-        vec![Arc::new(described)],
-    ))
+    let mut fields = vec![Arc::new(Field::new(name, DataType::Utf8, true))];
+    let mut kept: Vec<datafusion::arrow::array::ArrayRef> = vec![Arc::new(described)];
+    if let Some(names) = names {
+        fields.insert(0, Arc::new(Field::new("filename", DataType::Utf8, true)));
+        kept.insert(0, Arc::new(names.clone()));
+    }
+    Ok((fields, kept))
 }
 
 super::same_registry_identity!(PredictUdf);
@@ -230,6 +301,7 @@ impl ScalarUDFImpl for PredictUdf {
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let name = model_name_of(args.scalar_arguments.first().copied().flatten())?;
         let features = args.arg_fields.get(1..).unwrap_or_default();
+        let features = &features[..model_arguments(features)];
         let (model, _) = self.bind(&name, features, None)?;
         Ok(Arc::new(Field::new(
             self.name(),
@@ -244,11 +316,14 @@ impl ScalarUDFImpl for PredictUdf {
             _ => model_name_of(None)?,
         };
         let rows = args.number_rows;
-        let columns = args.args[1..]
+        let mut columns = args.args[1..]
             .iter()
             .map(|a| a.to_array(rows))
             .collect::<Result<Vec<_>>>()?;
         let features = args.arg_fields.get(1..).unwrap_or_default();
+        let features = &features[..model_arguments(features)];
+        let names = columns.split_off(features.len());
+        let names = names.first().and_then(|n| n.as_string_opt::<i32>());
         let session = args.config_options.extensions.get::<BatchInferOptions>();
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
@@ -260,16 +335,22 @@ impl ScalarUDFImpl for PredictUdf {
             nulls: o.nulls,
         });
         let types: Vec<DataType> = features.iter().map(|f| f.data_type().clone()).collect();
-        let image = images_of(&model, &types);
-        let scoring = match image {
-            Some(spec) => score_images(&model, spec, &binding, &columns[0], options)?,
+        let file_input = file_input_of(&model, &types);
+        let scoring = match &file_input {
+            Some(FileInput::Image(spec)) => {
+                score_images(&model, spec, &binding, &columns[0], names, options)?
+            }
+            Some(FileInput::Bytes(spec)) => {
+                let prepared = spec.prepare_column(&columns[0])?;
+                score(&model, &binding, &[prepared], rows, options)?
+            }
             None => score(&model, &binding, &columns, rows, options)?,
         };
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 let stores = self.registry.stores();
-                let (fields, kept) = match image {
-                    Some(_) => described_images(features, &columns)?,
+                let (fields, kept) = match &file_input {
+                    Some(input) => described_files(input, features, &columns, names)?,
                     None => (features.to_vec(), columns.clone()),
                 };
                 rejects::keep(

@@ -126,21 +126,35 @@ fn reads_as(
     }
 }
 
-/// The files a view reads: a listing table's paths and format.
+/// The files a view reads.
 #[derive(Debug, Clone)]
 pub struct Source {
     /// The table the query names.
     pub table: datafusion::common::TableReference,
-    pub paths: Vec<ListingTableUrl>,
-    pub options: ListingOptions,
+    pub files: SourceFiles,
     pub schema: datafusion::arrow::datatypes::SchemaRef,
+}
+
+/// The files of a view's source, by the kind of table they are.
+#[derive(Debug, Clone)]
+pub enum SourceFiles {
+    /// A listing table's paths and format: each file read as a table.
+    Listing {
+        paths: Vec<ListingTableUrl>,
+        options: ListingOptions,
+    },
+    /// `read_blob`'s or `read_text`'s: each file a row.
+    Blob(crate::blob::BlobTable),
 }
 
 impl Source {
     /// The files, as a person reads them.
     pub fn shown(&self) -> String {
-        let paths: Vec<String> = self
-            .paths
+        let paths = match &self.files {
+            SourceFiles::Listing { paths, .. } => paths,
+            SourceFiles::Blob(table) => return table.shown(),
+        };
+        let paths: Vec<String> = paths
             .iter()
             .map(|p| {
                 let folder = crate::storage::display_location(p.get_url());
@@ -186,6 +200,13 @@ pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
         return Err(refuse("more than one table"));
     };
     let provider = source_as_provider(&scan.source)?;
+    if let Some(blob) = provider.downcast_ref::<crate::blob::BlobTable>() {
+        return Ok(Source {
+            table: scan.table_name.clone(),
+            files: SourceFiles::Blob(blob.clone()),
+            schema: blob.schema(),
+        });
+    }
     let Some(listing) = provider.downcast_ref::<ListingTable>() else {
         return Err(refuse(&format!(
             "'{}', which is not a table of files",
@@ -204,8 +225,10 @@ pub fn row_wise_source(plan: &LogicalPlan, view: &str) -> Result<Source> {
     }
     Ok(Source {
         table: scan.table_name.clone(),
-        paths: listing.table_paths().clone(),
-        options: listing.options().clone(),
+        files: SourceFiles::Listing {
+            paths: listing.table_paths().clone(),
+            options: listing.options().clone(),
+        },
         schema: listing.schema(),
     })
 }
@@ -251,22 +274,24 @@ impl Source {
     /// What a view keeps of these files when the query names them by the path `literal`
     /// (Parquet only): `None` for any other source.
     pub fn as_table(&self, literals: &[String]) -> Result<Option<super::SourceTable>> {
+        let SourceFiles::Listing { paths, options } = &self.files else {
+            return Ok(None);
+        };
         let named_by_path = matches!(&self.table,
             datafusion::common::TableReference::Bare { table } if literals.iter().any(|l| **l == **table));
-        if !named_by_path || self.options.format.get_ext() != "parquet" {
+        if !named_by_path || options.format.get_ext() != "parquet" {
             return Ok(None);
         }
         Ok(Some(super::SourceTable {
             name: self.table.table().to_string(),
-            paths: self
-                .paths
+            paths: paths
                 .iter()
                 .map(|p| {
                     let glob = p.get_glob().as_ref().map(|g| g.as_str().to_string());
                     (p.get_url().to_string(), glob)
                 })
                 .collect(),
-            extension: self.options.file_extension.clone(),
+            extension: options.file_extension.clone(),
             schema: super::encode_schema(&self.schema)?,
         }))
     }

@@ -287,6 +287,11 @@ fn with_absolute_paths(name: &str, query: &Query) -> Result<(Query, Vec<String>)
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
+    // `read_blob('photos/')` and `read_text(...)`: their folder or glob too.
+    let mut files = FilesOfFunctions::default();
+    let _ = datafusion::sql::sqlparser::ast::VisitMut::visit(&mut query, &mut files);
+    unusable = unusable.or(files.unusable);
+    literals.extend(files.locations);
     if let Some(e) = unusable {
         return Err(e);
     }
@@ -294,6 +299,49 @@ fn with_absolute_paths(name: &str, query: &Query) -> Result<(Query, Vec<String>)
         crate::view::check::without_credentials(name, literal)?;
     }
     Ok((query, literals))
+}
+
+/// The folders and globs of `read_blob` and `read_text` in a query, made absolute.
+#[derive(Default)]
+struct FilesOfFunctions {
+    locations: Vec<String>,
+    unusable: Option<crate::error::Error>,
+}
+
+impl datafusion::sql::sqlparser::ast::VisitorMut for FilesOfFunctions {
+    type Break = ();
+
+    fn pre_visit_table_factor(
+        &mut self,
+        factor: &mut datafusion::sql::sqlparser::ast::TableFactor,
+    ) -> std::ops::ControlFlow<()> {
+        use datafusion::sql::sqlparser::ast::{
+            Expr, FunctionArg, FunctionArgExpr, ObjectNamePart, TableFactor, Value,
+        };
+        let TableFactor::Table {
+            name,
+            args: Some(args),
+            ..
+        } = factor
+        else {
+            return std::ops::ControlFlow::Continue(());
+        };
+        let is_files = matches!(name.0.as_slice(), [ObjectNamePart::Identifier(f)]
+            if f.value.eq_ignore_ascii_case("read_blob") || f.value.eq_ignore_ascii_case("read_text"));
+        if let (true, [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value)))]) =
+            (is_files, args.args.as_mut_slice())
+            && let Value::SingleQuotedString(location) = &mut value.value
+        {
+            match crate::storage::absolute_location(location) {
+                Ok(absolute) => {
+                    self.locations.push(absolute.clone());
+                    *location = absolute;
+                }
+                Err(e) => self.unusable = Some(e),
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    }
 }
 
 /// The manifest of a new definition kept over `before`, the view's manifest now (`None` where

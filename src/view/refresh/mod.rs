@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::statements::Statement;
 use crate::storage::Manifests;
-use crate::view::check::{Source, reading, row_wise_source, source_table};
+use crate::view::check::{Source, SourceFiles, reading, row_wise_source, source_table};
 use crate::view::commit::{RETIRED_KEPT_MS, Target, choose_target, commit, remove_files};
 use crate::view::failed::blames_the_files;
 use crate::view::plan::{CommitSize, Work, plan};

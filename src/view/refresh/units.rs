@@ -6,8 +6,34 @@ impl Views<'_> {
     /// The input files of `source` now: each one's URL, size and version.
     pub(super) async fn list_inputs(&self, source: &Source) -> Result<Vec<Input>> {
         let state = self.session.ctx().state();
+        let (paths, options) = match &source.files {
+            SourceFiles::Listing { paths, options } => (paths, options),
+            SourceFiles::Blob(table) => {
+                if let Some(folder) = table.gone() {
+                    return Err(Error::location(
+                        folder.display().to_string(),
+                        format!(
+                            "the view's input {} is not there (moved, or not mounted?); the view \
+                             is left as it was",
+                            folder.display()
+                        ),
+                    ));
+                }
+                let local = table.is_local();
+                return Ok(table
+                    .files(&state)
+                    .await?
+                    .into_iter()
+                    .map(|(path, meta)| Input {
+                        path,
+                        size: meta.size,
+                        version: crate::storage::file_version(local, &meta),
+                    })
+                    .collect());
+            }
+        };
         let mut inputs = Vec::new();
-        for url in &source.paths {
+        for url in paths {
             let store = state.runtime_env().object_store(url)?;
             let local = crate::storage::is_local_store(&url.object_store());
             // A folder that is gone is not a folder emptied: the view is left as it was.
@@ -24,7 +50,7 @@ impl Views<'_> {
                     ),
                 ));
             }
-            let extension = &source.options.file_extension;
+            let extension = &options.file_extension;
             let files: Vec<_> = url
                 .list_all_files(&state, store.as_ref(), extension)
                 .await?
@@ -99,20 +125,39 @@ impl Views<'_> {
             return Ok(None);
         }
         let id = new_id("u");
-        let paths = work
-            .inputs
-            .iter()
-            .map(|i| {
-                let url = Url::parse(&i.path)
-                    .map_err(|e| Error::location(&i.path, format!("{}: {e}", i.path)))?;
-                Ok(ListingTableUrl::try_new(url, None)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        check_columns(&self.session.ctx().state(), planned, &paths, &work.inputs).await?;
-        let config = ListingTableConfig::new_with_multi_paths(paths)
-            .with_listing_options(planned.source.options.clone())
-            .with_schema(planned.source.schema.clone());
-        let table = Arc::new(ListingTable::try_new(config)?);
+        let table: Arc<dyn datafusion::catalog::TableProvider> = match &planned.source.files {
+            SourceFiles::Listing { options, .. } => {
+                let paths = work
+                    .inputs
+                    .iter()
+                    .map(|i| {
+                        let url = Url::parse(&i.path)
+                            .map_err(|e| Error::location(&i.path, format!("{}: {e}", i.path)))?;
+                        Ok(ListingTableUrl::try_new(url, None)?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                check_columns(
+                    &self.session.ctx().state(),
+                    planned,
+                    options,
+                    &paths,
+                    &work.inputs,
+                )
+                .await?;
+                let config = ListingTableConfig::new_with_multi_paths(paths)
+                    .with_listing_options(options.clone())
+                    .with_schema(planned.source.schema.clone());
+                Arc::new(ListingTable::try_new(config)?)
+            }
+            SourceFiles::Blob(table) => Arc::new(
+                table.of_files(
+                    work.inputs
+                        .iter()
+                        .map(|i| (i.path.clone(), i.version.clone()))
+                        .collect(),
+                ),
+            ),
+        };
         let plan = reading(&planned.plan, table)?;
         // The unit is a part of the refresh of its own: what endpoint models do for it is
         // counted apart, for its files.
@@ -200,12 +245,13 @@ impl Views<'_> {
 async fn check_columns(
     state: &datafusion::execution::SessionState,
     planned: &Planned,
+    options: &datafusion::datasource::listing::ListingOptions,
     paths: &[ListingTableUrl],
     inputs: &[crate::view::Input],
 ) -> Result<()> {
     for (path, input) in paths.iter().zip(inputs) {
         let inferred = ListingTableConfig::new(path.clone())
-            .with_listing_options(planned.source.options.clone())
+            .with_listing_options(options.clone())
             .infer_schema(state)
             .await?;
         let Some(columns) = inferred.file_schema else {
