@@ -154,8 +154,16 @@ impl BytesSpec {
         let mut first = &bytes[..block];
         let mut last = &bytes[bytes.len() - block..];
         if self.strip_whitespace {
-            first = first.trim_ascii_start();
-            last = last.trim_ascii_end();
+            let start = first
+                .iter()
+                .position(|b| !is_space(*b))
+                .unwrap_or(first.len());
+            first = &first[start..];
+            let end = last
+                .iter()
+                .rposition(|b| !is_space(*b))
+                .map_or(0, |i| i + 1);
+            last = &last[..end];
         }
         let (head_out, tail_out) = out.split_at_mut(self.head);
         let head = &first[..first.len().min(self.head)];
@@ -222,6 +230,12 @@ impl BytesSpec {
     }
 }
 
+/// ASCII whitespace as Python's `bytes.strip()` takes it (which magika uses): space, tab, line
+/// feed, carriage return, vertical tab and form feed.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
 /// Whether `t` is a column a file's bytes are read from.
 pub fn is_file_column(t: &DataType) -> bool {
     matches!(
@@ -265,6 +279,11 @@ mod tests {
         assert_eq!(
             values(&spec(3, 3, true), b" a "),
             vec![97, 32, 256, 256, 32, 97]
+        );
+        // Vertical tab and form feed are whitespace too, as Python strips them.
+        assert_eq!(
+            values(&spec(2, 2, true), b"\x0b\x0cab\x0b"),
+            vec![97, 98, 97, 98]
         );
         assert_eq!(
             values(&spec(3, 2, false), b"abcdef"),

@@ -102,6 +102,30 @@ fn read_blob_lists_files_and_reads_their_bytes_when_a_query_uses_them() {
         &format!("SELECT count(*) AS n, sum(size) AS bytes FROM read_blob('{glob}')"),
     ));
     assert_eq!(out, "n,bytes\n2,5\n");
+    // `*` matches within a folder's name, in any folder of the glob; `**` across folders.
+    for (glob, names) in [
+        ("*", "a.txt b.bin empty.txt"),
+        ("*/*.txt", "sub/c.txt"),
+        ("s?b/*", "sub/c.txt"),
+        ("**/*.txt", "a.txt empty.txt sub/c.txt"),
+        ("[ab].*", "a.txt b.bin"),
+    ] {
+        let out = assert_ok(&query(
+            &wh,
+            &format!(
+                "SELECT filename FROM read_blob('{}/{glob}') ORDER BY filename",
+                files.display()
+            ),
+        ));
+        let found: Vec<String> = csv_rows(&out)
+            .iter()
+            .map(|r| {
+                r[0].trim_start_matches(&format!("{}/", files.display()))
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(found.join(" "), names, "{glob}");
+    }
     let plan = assert_ok(&query(
         &wh,
         &format!("EXPLAIN SELECT filename, size FROM read_blob('{glob}')"),
@@ -495,9 +519,22 @@ fn files_that_are_not_images_are_their_rows_errors() {
     );
     // By default the first bad image fails the statement, naming it and saying why.
     assert_ok(&query(&wh, &define));
+    let folder = format!("{}/", files.display());
     assert_failure(
         &query(&wh, &select),
-        &["nsfw", "the image '", "b_truncated.jpg' (row "],
+        &["nsfw", "the image '", &folder, "' (row "],
+    );
+    // Through a subquery that renames the content too.
+    assert_failure(
+        &query(
+            &wh,
+            &format!(
+                "SELECT predict('nsfw', c)[2] AS p FROM (SELECT filename, content AS c FROM \
+                 read_blob('{}/'))",
+                files.display()
+            ),
+        ),
+        &["nsfw", "the image '", &folder, "' (row "],
     );
     // With 'reject', the good photo is scored and each bad file kept by name with why (and its
     // size, not its bytes).
@@ -829,17 +866,20 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     };
     assert_eq!(p("/rocket.jpg"), p("/coffee.png"));
 
-    // A file that is not an image is left out, named, and the others kept.
+    // A file that is not an image is left out, named, and the others kept and scored.
     std::fs::write(folder.join("notes.png"), b"not a photo").unwrap();
+    std::fs::copy(photos.join("horse.png"), folder.join("horse.png")).unwrap();
     let out = refresh(&wh, "tags");
     let said = format!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+        assert_ok(&out),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(said.contains("notes.png"), "{said}");
+    assert!(said.contains("left out"), "{said}");
     let kept = assert_ok(&query(&wh, "SELECT count(*) AS n FROM tags"));
-    assert_eq!(kept, "n\n3\n");
+    assert_eq!(kept, "n\n4\n");
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(shown.contains("notes.png"), "{shown}");
 }
 
 /// A file whose name is not UTF-8 cannot be a row (its name is a string): the query is refused,

@@ -263,7 +263,30 @@ impl BlobTable {
                 Err(e) => return Err(e.into()),
             }
         }
-        let across_folders = glob.as_ref().is_none_or(|g| g.as_str().contains("**"));
+        // A glob's `*`, `?` and `[...]` match within a folder's name, `**` across folders.
+        let within_folders = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        let named = |location: &object_store::path::Path| {
+            let Some(parts) = location.prefix_match(prefix) else {
+                return false;
+            };
+            let under: Vec<_> = parts.collect();
+            // Hidden files and folders (a write in progress among them) are left out.
+            if under.iter().any(|p| p.as_ref().starts_with('.')) {
+                return false;
+            }
+            glob.as_ref().is_none_or(|glob| {
+                let path = under
+                    .iter()
+                    .map(|p| p.as_ref())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                glob.matches_with(&path, within_folders)
+            })
+        };
         // A bucket's root is listed whole (an empty prefix would be read as "/").
         let under = Some(prefix).filter(|p| !p.as_ref().is_empty());
         let listed: Vec<ObjectMeta> = store.list(under).try_collect().await.map_err(|e| {
@@ -281,12 +304,7 @@ impl BlobTable {
         })?;
         Ok(listed
             .into_iter()
-            .filter(|meta| self.url.contains(&meta.location, !across_folders))
-            .filter(|meta| {
-                meta.location
-                    .prefix_match(prefix)
-                    .is_none_or(|mut parts| !parts.any(|p| p.as_ref().starts_with('.')))
-            })
+            .filter(|meta| named(&meta.location))
             .collect())
     }
 }
@@ -357,6 +375,12 @@ impl TableProvider for BlobTable {
     }
 }
 
+/// An error that is a file's own (too large, not text): a materialized view leaves the file out
+/// and scores the others.
+fn unreadable(message: String) -> DataFusionError {
+    DataFusionError::External(Box::new(crate::storage::unreadable::Unreadable(message)))
+}
+
 /// The files of one scan, and how they are read.
 struct Files {
     store: Arc<dyn ObjectStore>,
@@ -417,9 +441,14 @@ impl Files {
         let meta = &self.metas[i];
         let name = &self.names[i];
         if meta.size > self.max_bytes {
-            return Err(DataFusionError::Execution(format!(
-                "{}: {name} is {} bytes, more than batchinfer.max_blob_bytes ({}); raise it \
-                 (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of the glob",
+            let raise = if self.max_bytes < crate::config::MAX_BLOB_BYTES {
+                "raise it (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of \
+                 the glob"
+            } else {
+                "a file's content is at most that: leave it out of the glob"
+            };
+            return Err(unreadable(format!(
+                "{}: {name} is {} bytes, more than batchinfer.max_blob_bytes ({}); {raise}",
                 self.function(),
                 meta.size,
                 self.max_bytes
@@ -463,7 +492,7 @@ impl Files {
                     let mut texts = Vec::with_capacity(contents.len());
                     for (bytes, i) in contents.iter().zip(range.clone()) {
                         let text = std::str::from_utf8(bytes).map_err(|e| {
-                            DataFusionError::Execution(format!(
+                            unreadable(format!(
                                 "read_text: {} is not UTF-8 text (byte {} is not); read it with \
                                  read_blob",
                                 self.names[i],

@@ -58,9 +58,17 @@ fn name_beside(expr: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         return Ok(Transformed::no(expr));
     };
     let (relation, _) = schema.qualified_field(index);
-    let name = schema
+    // The file name of the same table; else, for a column of no table (`content AS c` in a
+    // subquery loses the table's name, `filename` keeps it), the one file name there is.
+    let names: Vec<_> = schema
         .iter()
-        .find(|(q, f)| *q == relation && crate::blob::is_file_name(f));
+        .filter(|(_, f)| crate::blob::is_file_name(f))
+        .collect();
+    let name = match names.iter().find(|(q, _)| *q == relation) {
+        Some(same) => Some(*same),
+        None if relation.is_none() && names.len() == 1 => names.first().copied(),
+        None => None,
+    };
     let Some((q, field)) = name else {
         return Ok(Transformed::no(expr));
     };

@@ -212,15 +212,20 @@ fn score_images(
                 .map_err(|_| Error::Internal("preparing images panicked".into()))?;
             next = runs.get(i + 1).copied().map(prepare);
             let (values, unread) = prepared?;
+            // A file that is not an image the model can read is the file's fault, not the
+            // model's: a materialized view leaves it out, named, and scores the others.
             if options.on_error == OnError::Fail
                 && let Some((row, why)) = unread.first()
             {
-                return Err(Error::Inference {
-                    model: model.name.clone(),
-                    first_row: start + row,
-                    end_row: start + row + 1,
-                    message: format!("the image {}: {why}", file_of(names, start + row)),
-                });
+                return Err(Error::DataFusion(
+                    datafusion::error::DataFusionError::External(Box::new(
+                        crate::storage::unreadable::Unreadable(format!(
+                            "model '{}': the image {}: {why}",
+                            model.name,
+                            file_of(names, start + row)
+                        )),
+                    )),
+                ));
             }
             let scoring = score(model, binding, &[values], len, options)?;
             scored += scoring.scored;
