@@ -52,13 +52,14 @@ pub fn models_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<Arc<Model>
     files_of(registry, &called(plan))
 }
 
-/// Each model a plan calls by literal name, file or endpoint, with the sha256 that says which
-/// version it is (a file's, an endpoint model's definition's).
+/// Each model a plan calls by literal name, file or endpoint, with what says which version it
+/// is (a file's sha256 and that of the files beside it, [`Model::version`]; an endpoint model's
+/// definition's).
 pub fn versions_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<(String, String)> {
     let names = called(plan);
     let files = files_of(registry, &names)
         .into_iter()
-        .map(|m| (m.name.clone(), m.sha256.clone()));
+        .map(|m| (m.name.clone(), m.version()));
     let endpoints = endpoints_of(registry, &names)
         .into_iter()
         .map(|m| (m.name.clone(), m.sha256.clone()));

@@ -827,12 +827,18 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
         "SELECT filename, size, predict('nsfw', content)[2] AS p FROM read_blob('{}/')",
         folder.display()
     );
+    let model = dir.path().join("nsfw");
+    std::fs::create_dir_all(&model).unwrap();
+    for file in ["model.onnx", "batchinfer.json"] {
+        std::fs::copy(assets.join("nsfw").join(file), model.join(file)).unwrap();
+    }
+    let define = format!(
+        "CREATE OR REPLACE MODEL nsfw FROM '{}'",
+        model.join("model.onnx").display()
+    );
     assert_ok(&query(
         &wh,
-        &format!(
-            "CREATE MODEL nsfw FROM '{}'; CREATE MATERIALIZED VIEW tags AS {select}",
-            assets.join("nsfw/model.onnx").display()
-        ),
+        &format!("{define}; CREATE MATERIALIZED VIEW tags AS {select}"),
     ));
     // The view's rows, and the query's over the folder now: the same.
     let same = || {
@@ -865,6 +871,19 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
             .clone()
     };
     assert_eq!(p("/rocket.jpg"), p("/coffee.png"));
+
+    // The model's preprocessing changed (the same ONNX file): every photo is scored again.
+    let declared = std::fs::read_to_string(model.join("batchinfer.json")).unwrap();
+    std::fs::write(
+        model.join("batchinfer.json"),
+        declared.replace("bilinear", "nearest"),
+    )
+    .unwrap();
+    assert_ok(&query(&wh, &define));
+    let line = assert_ok(&refresh(&wh, "tags"));
+    assert!(line.contains("rebuilt"), "{line}");
+    let rebuilt = same();
+    assert_ne!(rows, rebuilt, "other scores with the other filter");
 
     // A file that is not an image is left out, named, and the others kept and scored.
     std::fs::write(folder.join("notes.png"), b"not a photo").unwrap();

@@ -37,6 +37,22 @@ use crate::storage::StoreRegistry;
 pub const MAX_FIXED_BATCH: usize = 65_536;
 
 /// A model loaded into ONNX Runtime.
+/// A model's version ([`Model::version`]): `sha256`, or `sha256+beside` where files beside it
+/// count.
+pub fn version(sha256: &str, beside: Option<&str>) -> String {
+    match beside {
+        Some(beside) => format!("{sha256}+{beside}"),
+        None => sha256.to_string(),
+    }
+}
+
+/// The sha256 of a model's file in a [`version`].
+pub fn sha256_of_version(version: &str) -> &str {
+    version
+        .split_once('+')
+        .map_or(version, |(sha256, _)| sha256)
+}
+
 #[derive(Debug)]
 pub struct Model {
     pub name: String,
@@ -56,6 +72,9 @@ pub struct Model {
     /// How it reads a file's first and last bytes, where its folder declares it (`predict` over
     /// a BLOB or text).
     pub bytes: Option<crate::file_bytes::BytesSpec>,
+    /// The sha256 of the files beside it that change what it computes (its tokenizer, its
+    /// preprocessing, its labels: [`text::TEXT_FILES`]), where it has any.
+    pub beside_sha256: Option<String>,
     /// Its class names, where its folder names them: `predict` adds `label` and `score`.
     pub labels: Option<labels::Labels>,
     /// What the model was quantized from, for a model batchinfer quantized.
@@ -107,6 +126,12 @@ pub struct ModelStats {
 impl Model {
     /// What `predict` returns: the model's outputs (one as it is, several as a struct), with
     /// `label` and `score` in a struct where its folder names its classes.
+    /// What a materialized view records of the model it scored with: its file's sha256, and
+    /// that of the files beside it where it has any (a changed preprocessing is a new model).
+    pub fn version(&self) -> String {
+        version(&self.sha256, self.beside_sha256.as_deref())
+    }
+
     pub fn predict_type(&self) -> datafusion::arrow::datatypes::DataType {
         match &self.labels {
             Some(labels) => labels.output_type(&self.signature),
@@ -192,6 +217,7 @@ impl Model {
         model.text = text.transpose().map_err(load_error)?;
         model.image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
         model.bytes = crate::file_bytes::BytesSpec::from_files(beside).map_err(load_error)?;
+        model.beside_sha256 = crate::quantize::text_digest(beside);
         if model.image.is_some() && model.bytes.is_some() {
             return Err(load_error(Error::ModelFile(
                 "its folder declares both images and bytes as its input: one model reads a \
@@ -272,6 +298,7 @@ impl Model {
             text: None,
             image: None,
             bytes: None,
+            beside_sha256: None,
             labels: None,
             quantized,
             about: header::about(&bytes).unwrap_or_default(),

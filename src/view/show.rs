@@ -98,7 +98,11 @@ pub(crate) fn view_state(view: &Manifest, registry: &crate::model::ModelRegistry
         current
             .models
             .iter()
-            .filter(|(name, sha256)| registry.sha256_of(name).is_some_and(|now| now != **sha256))
+            .filter(|(name, version)| {
+                registry
+                    .sha256_of(name)
+                    .is_some_and(|now| now != crate::model::sha256_of_version(version))
+            })
             .map(|(name, _)| name.clone())
             .collect()
     };
