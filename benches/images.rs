@@ -127,6 +127,8 @@ fn main() {
         }
         c
     };
+    // `--small-only`: the memory over 1,000 and 10,000 small photos alone.
+    let small_only = std::env::args().any(|a| a == "--small-only");
     println!("{n} photos (1 to 12 megapixels, JPEG), open_nsfw, {repeat} rounds");
     let (mut ours, mut single, mut pool) = (Vec::new(), Vec::new(), Vec::new());
     let (mut over_single, mut over_pool) = (Vec::new(), Vec::new());
@@ -142,7 +144,7 @@ fn main() {
             r.seconds - r.model
         )
     };
-    for i in 0..repeat {
+    for i in (0..repeat).filter(|_| !small_only) {
         let out = |who: &str| dir.join(format!("{who}{i}.parquet")).display().to_string();
         let a = run("batchinfer", batchinfer(&photos, &out("ours")));
         let b = run("python", python_run(&out("python"), 0));
@@ -168,16 +170,19 @@ fn main() {
             med(v, |r| r.model)
         )
     };
-    println!(
-        "batchinfer: {}, {:.1} photos/s | python: {} | python, 2 processes: {} | batchinfer's \
-         throughput over python's {:.2}x, over the pool's {:.2}x (medians of rounds)",
-        summary(&ours),
-        n as f64 / med(&ours, |r| r.seconds),
-        summary(&single),
-        summary(&pool),
-        median(over_single),
-        median(over_pool)
-    );
+    if !small_only {
+        println!(
+            "batchinfer: {}, {:.1} photos/s | python: {} | python, 2 processes: {} | \
+             batchinfer's throughput over python's {:.2}x, over the pool's {:.2}x (medians of \
+             rounds)",
+            summary(&ours),
+            n as f64 / med(&ours, |r| r.seconds),
+            summary(&single),
+            summary(&pool),
+            median(over_single),
+            median(over_pool)
+        );
+    }
     // Memory over 1,000 and 10,000 photos (small ones, for time: 0.1 megapixels; the 10,000
     // are the 1,000 under ten names each).
     let small = dir.join("small-1000");

@@ -194,10 +194,13 @@ impl Model {
             external: files,
         } = files;
         let text = text::TextConfig::from_files(source, beside).map_err(load_error)?;
-        // A text model sees a new shape (rows x padded length) at nearly every call, for which
-        // ONNX Runtime's memory patterns (planned for one shape) are no use.
+        let image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
+        let file_bytes = crate::file_bytes::BytesSpec::from_files(beside).map_err(load_error)?;
+        // A text model sees a new shape (rows x padded length) at nearly every call, and a model
+        // of files a new number of rows at the end of each batch: ONNX Runtime's memory
+        // patterns, planned and kept for each shape, are no use to them.
         let options = SessionOptions {
-            varying_shapes: text.is_some(),
+            varying_shapes: text.is_some() || image.is_some() || file_bytes.is_some(),
             ..options
         };
         // The tokenizer is parsed while ONNX Runtime builds the session.
@@ -215,8 +218,8 @@ impl Model {
         });
         let mut model = model?;
         model.text = text.transpose().map_err(load_error)?;
-        model.image = crate::images::ImageSpec::from_files(beside).map_err(load_error)?;
-        model.bytes = crate::file_bytes::BytesSpec::from_files(beside).map_err(load_error)?;
+        model.image = image;
+        model.bytes = file_bytes;
         model.beside_sha256 = crate::quantize::text_digest(beside);
         if model.image.is_some() && model.bytes.is_some() {
             return Err(load_error(Error::ModelFile(
