@@ -10,6 +10,7 @@
 //! ```sh
 //! cargo bench --bench images                     # 1,000 photos, 2 rounds
 //! cargo bench --bench images -- --photos 200 --repeat 3
+//! cargo bench --bench images -- --small-only     # the peaks over small photos alone
 //! ```
 
 mod common;
