@@ -153,8 +153,6 @@ pub const ROW_GROUP_ROWS: usize = 256 * 1024;
 /// sessions, before the client's settings are applied).
 pub fn cluster_session_config() -> SessionConfig {
     SessionConfig::new_with_ballista()
-        .with_ballista_logical_extension_codec(crate::cluster::codec::logical())
-        .with_ballista_physical_extension_codec(crate::cluster::codec::physical())
         .with_information_schema(true)
         .with_option_extension(BatchInferOptions::default())
         .with_option_extension(StatementContext::default())

@@ -793,22 +793,6 @@ fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
     )
 }
 
-/// The (new, changed, removed) files a refresh's line counts.
-fn refreshed(line: &str) -> (usize, usize, usize) {
-    let number = |word: &str| -> usize {
-        let at = line
-            .find(word)
-            .unwrap_or_else(|| panic!("no '{word}' in {line}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    (number(" new"), number(" changed"), number(" removed"))
-}
-
 /// A materialized view over a folder of photos is kept by file: a new photo is scored alone, a
 /// changed one scored again, a removed one's row dropped, a file that is not an image left out
 /// by name; each time its rows are those the query gives over the folder now.
@@ -849,11 +833,11 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     };
     assert_eq!(same().len(), 3);
     let line = assert_ok(&refresh(&wh, "tags"));
-    assert_eq!(refreshed(&line), (0, 0, 0), "{line}");
+    assert_eq!(common::refresh_counts(&line), (0, 0, 0), "{line}");
 
     std::fs::copy(photos.join("chelsea.png"), folder.join("chelsea.png")).unwrap();
     let line = assert_ok(&refresh(&wh, "tags"));
-    assert_eq!(refreshed(&line), (1, 0, 0), "{line}");
+    assert_eq!(common::refresh_counts(&line), (1, 0, 0), "{line}");
     assert!(line.contains("1 row(s) scored"), "{line}");
     assert_eq!(same().len(), 4);
 
@@ -861,7 +845,7 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     std::fs::copy(photos.join("coffee.png"), folder.join("rocket.jpg")).unwrap();
     std::fs::remove_file(folder.join("astronaut.png")).unwrap();
     let line = assert_ok(&refresh(&wh, "tags"));
-    assert_eq!(refreshed(&line), (0, 1, 1), "{line}");
+    assert_eq!(common::refresh_counts(&line), (0, 1, 1), "{line}");
     let rows = same();
     assert_eq!(rows.len(), 3);
     let p = |name: &str| {

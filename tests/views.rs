@@ -66,22 +66,6 @@ fn assert_view_is_recompute(wh: &Path, view: &str, input: &str) -> Vec<(i64, f64
     got
 }
 
-/// The line `batchinfer refresh` printed for one refresh: its new, changed and removed counts.
-fn counts(line: &str) -> (usize, usize, usize) {
-    let number = |word: &str| -> usize {
-        let at = line
-            .find(word)
-            .unwrap_or_else(|| panic!("no '{word}' in {line}"));
-        line[..at]
-            .split_whitespace()
-            .last()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    (number(" new"), number(" changed"), number(" removed"))
-}
-
 fn refresh(wh: &Path, view: &str) -> String {
     assert_ok(&refresh_output(wh, view))
 }
@@ -135,12 +119,12 @@ fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
     );
 
     // Nothing new: nothing scored.
-    assert_eq!(counts(&refresh(&wh, "scores")), (0, 0, 0));
+    assert_eq!(common::refresh_counts(&refresh(&wh, "scores")), (0, 0, 0));
     // Two new files.
     write_features(&input.join("f003.parquet"), 300, 400, 0.0);
     write_features(&input.join("f004.parquet"), 400, 450, 0.0);
     let line = refresh(&wh, "scores");
-    assert_eq!(counts(&line), (2, 0, 0));
+    assert_eq!(common::refresh_counts(&line), (2, 0, 0));
     assert!(line.contains("150 row(s) scored"), "{line}");
     assert_eq!(
         assert_view_is_recompute(&wh, "scores", &input_text).len(),
@@ -153,7 +137,7 @@ fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
     )));
     write_features(&input.join("f001.parquet"), 100, 150, 2.5);
     std::fs::remove_file(input.join("f002.parquet")).unwrap();
-    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 1));
+    assert_eq!(common::refresh_counts(&refresh(&wh, "scores")), (0, 1, 1));
     let rows = assert_view_is_recompute(&wh, "scores", &input_text);
     assert_eq!(rows.len(), 100 + 50 + 100 + 50);
     let after = id_values(&assert_ok(&query(
@@ -319,7 +303,7 @@ fn a_refresh_killed_halfway_is_finished_by_the_next_exactly_once() {
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let (new, _, _) = counts(&refresh(&wh, "scores"));
+    let (new, _, _) = common::refresh_counts(&refresh(&wh, "scores"));
     assert!(
         new > 0 && new < 99,
         "the second refresh scored {new} of the 99 files"
@@ -415,12 +399,12 @@ fn scheduled_and_watching_refreshes_pick_up_new_files_and_stop_on_sigterm() {
     let mut every = scheduled(&wh, &["--every", "1s"]);
     let out = lines(&mut every);
     let first = out.recv_timeout(wait).unwrap();
-    assert_eq!(counts(&first), (0, 0, 0), "{first}");
+    assert_eq!(common::refresh_counts(&first), (0, 0, 0), "{first}");
     assert!(first.contains("next at"), "{first}");
     write_features(&input.join("b.parquet"), 10, 20, 0.0);
     loop {
         let line = out.recv_timeout(wait).unwrap();
-        if counts(&line) == (1, 0, 0) {
+        if common::refresh_counts(&line) == (1, 0, 0) {
             break;
         }
     }
@@ -428,13 +412,16 @@ fn scheduled_and_watching_refreshes_pick_up_new_files_and_stop_on_sigterm() {
 
     let mut watch = scheduled(&wh, &["--watch", "--poll", "200ms"]);
     let out = lines(&mut watch);
-    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    assert_eq!(
+        common::refresh_counts(&out.recv_timeout(wait).unwrap()),
+        (0, 0, 0)
+    );
     write_features(&input.join("c.parquet"), 20, 30, 0.0);
     let line = out.recv_timeout(wait).unwrap();
-    assert_eq!(counts(&line), (1, 0, 0), "{line}");
+    assert_eq!(common::refresh_counts(&line), (1, 0, 0), "{line}");
     std::fs::remove_file(input.join("a.parquet")).unwrap();
     let line = out.recv_timeout(wait).unwrap();
-    assert_eq!(counts(&line), (0, 0, 1), "{line}");
+    assert_eq!(common::refresh_counts(&line), (0, 0, 1), "{line}");
     stop(watch);
     assert_eq!(
         assert_view_is_recompute(&wh, "scores", &input_text).len(),
@@ -564,7 +551,10 @@ fn a_scheduled_refresh_survives_the_storage_going_away() {
     let out = lines(&mut child);
     let err = lines_of(child.stderr.take().unwrap());
     let wait = Duration::from_secs(60);
-    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    assert_eq!(
+        common::refresh_counts(&out.recv_timeout(wait).unwrap()),
+        (0, 0, 0)
+    );
     server.stop();
     // (A tick skipped while the machine is busy is said on stderr too.)
     let failed = loop {
@@ -582,7 +572,7 @@ fn a_scheduled_refresh_survives_the_storage_going_away() {
     server.put_file("bkt", "in/b.parquet", &local.join("b.parquet"));
     loop {
         let line = out.recv_timeout(wait).unwrap();
-        if counts(&line).0 == 1 {
+        if common::refresh_counts(&line).0 == 1 {
             assert!(line.contains("the view has 30 row(s)"), "{line}");
             break;
         }
@@ -625,7 +615,7 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
         .unwrap()
         .set_modified(modified)
         .unwrap();
-    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 0));
+    assert_eq!(common::refresh_counts(&refresh(&wh, "scores")), (0, 1, 0));
     assert_view_is_recompute(&wh, "scores", &input_text);
 
     // A data file of the view deleted: the next refresh scores its unit again.
@@ -667,7 +657,7 @@ fn views_hold_through_emptied_inputs_damaged_manifests_and_deleted_data() {
     // Every input file removed: the view is empty.
     std::fs::remove_file(input.join("a.parquet")).unwrap();
     std::fs::remove_file(input.join("b.parquet")).unwrap();
-    assert_eq!(counts(&refresh(&wh, "scores")), (0, 0, 2));
+    assert_eq!(common::refresh_counts(&refresh(&wh, "scores")), (0, 0, 2));
     assert_eq!(
         assert_ok(&query(&wh, "SELECT count(*) AS n FROM scores")),
         "n\n0\n"
@@ -765,7 +755,10 @@ fn a_watching_refresh_rebuilds_when_a_models_folder_file_is_replaced() {
         .unwrap();
     let out = lines(&mut watch);
     let wait = Duration::from_secs(30);
-    assert_eq!(counts(&out.recv_timeout(wait).unwrap()), (0, 0, 0));
+    assert_eq!(
+        common::refresh_counts(&out.recv_timeout(wait).unwrap()),
+        (0, 0, 0)
+    );
     let staged = dir.path().join("new.onnx");
     std::fs::copy("data/fixtures/linear_doubled.onnx", &staged).unwrap();
     std::fs::rename(&staged, models.join("linear.onnx")).unwrap();
@@ -1096,7 +1089,7 @@ fn an_unreadable_input_file_is_left_out_and_the_rest_are_scored() {
     assert!(shown.contains("not a Parquet file"), "{shown}");
     // Not tried again while it is as it was.
     let out = refresh_output(&wh, "scores");
-    assert_eq!(counts(&assert_ok(&out)), (0, 0, 0));
+    assert_eq!(common::refresh_counts(&assert_ok(&out)), (0, 0, 0));
     assert!(
         !common::stderr(&out).contains("left out"),
         "{}",
@@ -1104,7 +1097,7 @@ fn an_unreadable_input_file_is_left_out_and_the_rest_are_scored() {
     );
     // Replaced by a good file: scored, and no longer listed.
     write_features(&junk, 300, 350, 0.0);
-    assert_eq!(counts(&refresh(&wh, "scores")), (0, 1, 0));
+    assert_eq!(common::refresh_counts(&refresh(&wh, "scores")), (0, 1, 0));
     assert_view_is_recompute(&wh, "scores", &format!("{}/", input.display()));
     let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
     assert!(!shown.contains("b-junk"), "{shown}");

@@ -451,3 +451,19 @@ pub fn newest_manifest_file(folder: &Path) -> PathBuf {
         .max()
         .unwrap()
 }
+
+/// The line `batchinfer refresh` printed for one refresh: its new, changed and removed counts.
+pub fn refresh_counts(line: &str) -> (usize, usize, usize) {
+    let number = |word: &str| -> usize {
+        let at = line
+            .find(word)
+            .unwrap_or_else(|| panic!("no '{word}' in {line}"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (number(" new"), number(" changed"), number(" removed"))
+}
