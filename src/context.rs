@@ -23,7 +23,7 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{FileNamesBeside, ModelCallsOnce, TableSchemaLimits};
+use crate::rules::{FileEndsOnly, FileNamesBeside, ModelCallsOnce, TableSchemaLimits};
 use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
@@ -56,7 +56,8 @@ pub fn build_context(
         .with_runtime_env(runtime)
         .with_analyzer_rule(Arc::new(TableSchemaLimits))
         .with_analyzer_rule(Arc::new(FileNamesBeside))
-        .with_optimizer_rule(Arc::new(ModelCallsOnce));
+        .with_optimizer_rule(Arc::new(ModelCallsOnce))
+        .with_optimizer_rule(Arc::new(FileEndsOnly));
     let ctx = SessionContext::new_with_state(place(state)?).enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli, and
     // `'gcp.*'`, `'azure.*'` alike.
@@ -196,6 +197,7 @@ pub fn cluster_state(
         .with_window_functions(ballista_window_functions())
         .with_analyzer_rule(Arc::new(FileNamesBeside))
         .with_optimizer_rule(Arc::new(ModelCallsOnce))
+        .with_optimizer_rule(Arc::new(FileEndsOnly))
         .build())
 }
 

@@ -817,6 +817,12 @@ fn image_assets(models: &Path) -> std::path::PathBuf {
             .unwrap();
     let labelled = serde_json::json!({"image": declared["image"], "labels": ["sfw", "nsfw"]});
     std::fs::write(nsfw.join("batchinfer.json"), labelled.to_string()).unwrap();
+    // The model as shipped: its output a list of the two classes' probabilities.
+    let raw = models.join("nsfw_raw");
+    std::fs::create_dir_all(&raw).unwrap();
+    for file in ["model.onnx", "batchinfer.json"] {
+        std::fs::copy(assets.join("nsfw").join(file), raw.join(file)).unwrap();
+    }
     assets.join("photos")
 }
 
@@ -866,6 +872,11 @@ fn photos_on_the_cluster_are_scored_as_in_one_process_and_kept_by_a_view() {
     let cluster = Cluster::start(2, None);
     let there = ok(&cluster.query(Some(&models), &ordered));
     assert_same_files(&there, &local(&models, &ordered), 1e-5);
+    assert_eq!(there.lines().count(), 5, "{there}");
+    // A list output indexed (`array_element`, a function of DataFusion's the executors add).
+    let indexed = ordered.replace("'nsfw', content)['score']", "'nsfw_raw', content)[2]");
+    let there = ok(&cluster.query(Some(&models), &indexed));
+    assert_same_files(&there, &local(&models, &indexed), 1e-5);
     assert_eq!(there.lines().count(), 5, "{there}");
 
     ok(&cluster.query(

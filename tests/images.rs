@@ -17,7 +17,7 @@ use batchinfer::onnx::proto::{
     GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
     ValueInfoProto, tensor_shape_proto, type_proto,
 };
-use common::{DEADLINE, assert_failure, assert_ok, bin, output_within};
+use common::{DEADLINE, assert_failure, assert_ok, bin, output_within, stderr};
 use prost::Message;
 
 /// The folder scripts/image_models.sh fills: nsfw/, photos/, python/.
@@ -675,6 +675,7 @@ print(json.dumps(out))
 /// the same content type and score as magika's Python package gives.
 #[test]
 fn magika_names_the_content_types_of_files_as_its_python_package_does() {
+    use std::io::{Seek, Write};
     let assets = assets();
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
@@ -706,6 +707,16 @@ fn magika_names_the_content_types_of_files_as_its_python_package_does() {
     blank_start.extend_from_slice(&std::fs::read("README.md").unwrap()[..3000]);
     std::fs::write(files.join("z_blank_start.md"), blank_start).unwrap();
     std::fs::write(files.join("z_tiny.txt"), b"ok\n").unwrap();
+    // A file of 1.5 GiB (sparse: its start and end are the README's), over the size limit of a
+    // file's content: magika reads its ends alone, and so does batchinfer.
+    let large = files.join("z_large.md");
+    let readme = std::fs::read("README.md").unwrap();
+    let mut file = std::fs::File::create(&large).unwrap();
+    file.write_all(&readme[..3000]).unwrap();
+    file.set_len(1536 << 20).unwrap();
+    file.seek(std::io::SeekFrom::End(0)).unwrap();
+    file.write_all(&readme[readme.len() - 3000..]).unwrap();
+    drop(file);
     let model = assets.join("magika/model.onnx");
     let out = assert_ok(&query(
         &wh,
@@ -721,8 +732,9 @@ fn magika_names_the_content_types_of_files_as_its_python_package_does() {
         serde_json::from_str(&python(MAGIKA_REFERENCE, &[files.to_str().unwrap()])).unwrap();
     let reference = reference.as_object().unwrap();
     let rows = csv_rows(&out);
-    assert_eq!(rows.len(), 17, "every file is scored: {out}");
-    assert!(reference.len() >= 15, "{reference:?}");
+    assert_eq!(rows.len(), 18, "every file is scored: {out}");
+    assert!(reference.len() >= 16, "{reference:?}");
+    assert!(reference.contains_key("z_large.md"), "{reference:?}");
     let mut labels = std::collections::BTreeSet::new();
     for row in &rows {
         let name = Path::new(&row[0]).file_name().unwrap().to_str().unwrap();
@@ -738,6 +750,33 @@ fn magika_names_the_content_types_of_files_as_its_python_package_does() {
         labels.insert(row[1].clone());
     }
     assert!(labels.len() >= 8, "{labels:?}");
+    // Each file's first and last 4096 bytes are read, and no more; where the query reads the
+    // content otherwise too, the whole file is, and the large one is over the limit.
+    let explained = assert_ok(&query(
+        &wh,
+        &format!(
+            "EXPLAIN SELECT predict('magika', content)['label'] FROM read_blob('{}/')",
+            files.display()
+        ),
+    ));
+    assert!(
+        explained.contains("the first and last 4096 bytes of each"),
+        "{explained}"
+    );
+    let whole = query(
+        &wh,
+        &format!(
+            "SELECT md5(content), predict('magika', content)['label'] FROM read_blob('{}/')",
+            files.display()
+        ),
+    );
+    assert!(
+        !whole.status.success()
+            && stderr(&whole)
+                .contains("z_large.md is 1610615736 bytes, more than batchinfer.max_blob_bytes"),
+        "{}",
+        stderr(&whole)
+    );
     let described = assert_ok(&query(&wh, "DESCRIBE MODEL magika"));
     assert!(
         described.contains("the first 1024 and last 1024 bytes of each file")

@@ -8,6 +8,10 @@
 //! 16 MiB of content, or one larger file), a few files at once, so memory stays flat however many
 //! files there are. A file larger than `batchinfer.max_blob_bytes` is refused, named; so is a
 //! file `read_text` finds is not UTF-8.
+//!
+//! Where the query's only use of `content` is a bytes model's (magika's first and last blocks,
+//! [`crate::rules::file_ends`]), each file's content is its first and last block alone, whatever
+//! its size: two ranged reads of it.
 
 use std::fmt;
 use std::ops::Range;
@@ -94,6 +98,7 @@ impl TableFunctionImpl for BlobFunction {
             text: self.text,
             schema: schema(self.text),
             only: None,
+            ends: None,
         }))
     }
 }
@@ -157,6 +162,9 @@ pub struct BlobTable {
     /// Where the table is these files (by URL, and the version each must have) rather than
     /// those listed: a materialized view's unit of them.
     only: Option<Arc<Vec<(String, String)>>>,
+    /// Where `content` is the first and last this many bytes of each file (the whole of a file
+    /// of at most twice as many): see [`Self::of_ends`].
+    ends: Option<u64>,
 }
 
 /// A listed file's URL: its store's and its path.
@@ -202,6 +210,22 @@ impl BlobTable {
             only: Some(Arc::new(files)),
             ..self.clone()
         }
+    }
+
+    /// This table, its `content` each file's first `block` bytes and its last `block` (the
+    /// whole file where it has at most `2 * block`): all a model that reads only the ends of a
+    /// file takes, as magika does, read without reading the rest. Not for `read_text`, whose
+    /// content is checked to be UTF-8 whole.
+    pub fn of_ends(&self, block: u64) -> Option<BlobTable> {
+        (!self.text && block > 0).then(|| BlobTable {
+            ends: Some(block),
+            ..self.clone()
+        })
+    }
+
+    /// Whether its content is each file's ends alone ([`Self::of_ends`]).
+    pub fn ends(&self) -> Option<u64> {
+        self.ends
     }
 
     /// Its folder, where its files are local and their folder is not there (moved, or not
@@ -367,6 +391,7 @@ impl TableProvider for BlobTable {
                 text: self.text,
                 max_bytes: options.max_blob_bytes,
                 batch_rows: usize::from(state.config_options().execution.batch_size).max(1),
+                ends: self.ends,
             },
             columns,
             schema,
@@ -392,6 +417,8 @@ struct Files {
     text: bool,
     max_bytes: u64,
     batch_rows: usize,
+    /// Each file's first and last this many bytes alone ([`BlobTable::of_ends`]).
+    ends: Option<u64>,
 }
 
 impl fmt::Debug for Files {
@@ -420,7 +447,7 @@ impl Files {
         let mut batches = Vec::new();
         let (mut start, mut bytes) = (files.start, 0u64);
         for i in files.clone() {
-            let size = self.metas[i].size;
+            let size = self.read_size(i);
             let full = i - start >= self.batch_rows
                 || (content && i > start && bytes.saturating_add(size) > BATCH_BYTES);
             if full {
@@ -436,11 +463,38 @@ impl Files {
         batches
     }
 
+    /// How many bytes of file `i` are read.
+    fn read_size(&self, i: usize) -> u64 {
+        let size = self.metas[i].size;
+        self.ends
+            .map_or(size, |block| size.min(block.saturating_mul(2)))
+    }
+
     /// The bytes of file `i`, or why not: larger than the limit, or not there as listed.
     async fn read(&self, i: usize) -> datafusion::error::Result<bytes::Bytes> {
         let meta = &self.metas[i];
         let name = &self.names[i];
-        if meta.size > self.max_bytes {
+        let failed = |e: object_store::Error| {
+            DataFusionError::Execution(format!("{}: reading {name}: {e}", self.function()))
+        };
+        // Its first and last blocks, where it has more than them: a block's worth of neither
+        // is ever read, however large the file (the size limit is on what is read).
+        if let Some(block) = self.ends
+            && meta.size > block.saturating_mul(2)
+        {
+            let ranges = [0..block, meta.size - block..meta.size];
+            let parts = self
+                .store
+                .get_ranges(&meta.location, &ranges)
+                .await
+                .map_err(failed)?;
+            let mut both = Vec::with_capacity((2 * block) as usize);
+            for part in parts {
+                both.extend_from_slice(&part);
+            }
+            return Ok(both.into());
+        }
+        if self.read_size(i) > self.max_bytes {
             let raise = if self.max_bytes < crate::config::MAX_BLOB_BYTES {
                 "raise it (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of \
                  the glob"
@@ -460,9 +514,7 @@ impl Files {
         self.store
             .get_range(&meta.location, 0..meta.size)
             .await
-            .map_err(|e| {
-                DataFusionError::Execution(format!("{}: reading {name}: {e}", self.function()))
-            })
+            .map_err(failed)
     }
 
     /// The record batch of the files `range`, of the columns `columns` (of [`schema`]).
@@ -551,16 +603,12 @@ impl BlobExec {
 
 impl DisplayAs for BlobExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "BlobExec: {} files, {}",
-            self.files.metas.len(),
-            if self.columns.contains(&1) {
-                "with their content"
-            } else {
-                "names and sizes only"
-            }
-        )
+        let read = match (self.columns.contains(&1), self.files.ends) {
+            (false, _) => "names and sizes only".to_string(),
+            (true, None) => "with their content".to_string(),
+            (true, Some(block)) => format!("the first and last {block} bytes of each"),
+        };
+        write!(f, "BlobExec: {} files, {read}", self.files.metas.len())
     }
 }
 
@@ -625,6 +673,8 @@ pub mod wire {
         location: String,
         text: bool,
         only: Option<Vec<(String, String)>>,
+        #[serde(default)]
+        ends: Option<u64>,
     }
 
     #[derive(Serialize, Deserialize)]
@@ -643,6 +693,8 @@ pub mod wire {
         text: bool,
         max_bytes: u64,
         batch_rows: usize,
+        #[serde(default)]
+        ends: Option<u64>,
         columns: Vec<usize>,
         partitions: usize,
         files: Vec<File>,
@@ -665,6 +717,7 @@ pub mod wire {
             location: table.location.clone(),
             text: table.text,
             only: table.only.as_ref().map(|o| o.as_ref().clone()),
+            ends: table.ends,
         })
         .ok()
     }
@@ -682,6 +735,7 @@ pub mod wire {
             text: table.text,
             schema: schema(table.text),
             only: table.only.map(Arc::new),
+            ends: table.ends.filter(|_| !table.text),
         }))
     }
 
@@ -694,6 +748,7 @@ pub mod wire {
             text: files.text,
             max_bytes: files.max_bytes,
             batch_rows: files.batch_rows,
+            ends: files.ends,
             columns: exec.columns.clone(),
             partitions: exec.partitions,
             files: files
@@ -747,6 +802,7 @@ pub mod wire {
                 text: exec.text,
                 max_bytes: exec.max_bytes,
                 batch_rows: exec.batch_rows.max(1),
+                ends: exec.ends.filter(|b| *b > 0 && !exec.text),
             },
             exec.columns,
             projected,
@@ -778,6 +834,7 @@ mod tests {
             text: false,
             max_bytes: 1 << 30,
             batch_rows,
+            ends: None,
         }
     }
 
@@ -789,6 +846,30 @@ mod tests {
         // Without content, only the rows count.
         assert_eq!(f.batches(0..7, false), vec![0..3, 3..6, 6..7]);
         assert_eq!(f.batches(3..3, true), Vec::<Range<usize>>::new());
+    }
+
+    #[tokio::test]
+    async fn a_file_read_at_its_ends_is_its_first_and_last_blocks() {
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let mut f = files(&[10, 6, 0], 100);
+        for (i, content) in [&b"0123456789"[..], b"abcdef", b""].into_iter().enumerate() {
+            let path = object_store::path::Path::from(format!("f{i}"));
+            store.put(&path, content.to_vec().into()).await.unwrap();
+        }
+        f.store = store;
+        f.max_bytes = 4;
+        f.ends = Some(3);
+        assert_eq!(f.read(0).await.unwrap().as_ref(), b"012789");
+        // A file of at most two blocks is read whole (the limit is on what is read).
+        assert!(
+            f.read(1)
+                .await
+                .is_err_and(|e| e.to_string().contains("f1 is 6 bytes"))
+        );
+        f.max_bytes = 6;
+        assert_eq!(f.read(1).await.unwrap().as_ref(), b"abcdef");
+        assert_eq!(f.read(2).await.unwrap().as_ref(), b"");
+        assert_eq!(f.batches(0..3, true), vec![0..3]);
     }
 
     #[test]

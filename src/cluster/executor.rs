@@ -33,8 +33,11 @@ pub struct ExecutorOptions {
 pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Result<()> {
     let node = Node::new(config).await?;
     let scheduler = &options.scheduler;
+    // Ballista's default registry lacks DataFusion's list functions (`array_element`, which
+    // `predict(...)[i]` plans into, `make_array`, ...): added here, then batchinfer's own.
     let mut functions = BallistaFunctionRegistry::default();
-    for f in scalar_functions(&node.registry) {
+    let nested = datafusion::functions_nested::all_default_nested_functions();
+    for f in nested.into_iter().chain(scalar_functions(&node.registry)) {
         functions.scalar_functions.insert(f.name().to_string(), f);
     }
     let stores = node.stores.clone();

@@ -1,17 +1,20 @@
 //! The rules batchinfer adds to DataFusion's planning, in one place: two analyzer rules, tables
 //! whose lists claim too many values per row refused (`list_limits.rs`) and a file's name
-//! passed to the model reading its content (`file_names.rs`); one logical rule, each
-//! model call computed once per row (`once.rs`); and two physical ones, `embed`'s input
+//! passed to the model reading its content (`file_names.rs`); two logical rules, each
+//! model call computed once per row (`once.rs`) and files read at their ends alone for a model
+//! that reads no more of them (`file_ends.rs`); and two physical ones, `embed`'s input
 //! gathered across batches and files (`embed_buffer.rs`, with the exec it places) and local
 //! Parquet read by batchinfer's streaming reader (`streaming_scan.rs`, [`crate::scan`]).
 
 pub mod embed_buffer;
+pub mod file_ends;
 pub mod file_names;
 pub mod list_limits;
 pub mod once;
 pub mod streaming_scan;
 
 pub use embed_buffer::EmbedBufferRule;
+pub use file_ends::FileEndsOnly;
 pub use file_names::FileNamesBeside;
 pub use list_limits::TableSchemaLimits;
 pub use once::ModelCallsOnce;

@@ -45,6 +45,16 @@ impl PredictUdf {
         }
     }
 
+    /// The block a bytes model reads at each end of a file (its batchinfer.json's `"bytes"`),
+    /// where `name` is one; None for any other model, or a name that is not a model's.
+    pub fn bytes_block(&self, name: &str, config: Option<&ConfigOptions>) -> Option<u64> {
+        let model = self
+            .registry
+            .resolve(name, super::device_of(config), config)
+            .ok()?;
+        model.bytes.as_ref().map(|b| b.block as u64)
+    }
+
     fn bind(
         &self,
         name: &str,
