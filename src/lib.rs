@@ -62,7 +62,8 @@
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
 //!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
 //!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row
-//!   (`once.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
+//!   (`once.rs`), files read at their ends alone for a model that reads no more of them
+//!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
 //!   local Parquet read by the streaming reader (`streaming_scan.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the
 //!   subsets of them read of a model without its weights (`outline.rs`: its interface, metadata,
