@@ -763,6 +763,19 @@ fn magika_names_the_content_types_of_files_as_its_python_package_does() {
         explained.contains("the first and last 4096 bytes of each"),
         "{explained}"
     );
+    // Through an alias of the table, and in a filter: the ends alone still, the large file kept.
+    let filtered = format!(
+        "SELECT f.filename FROM read_blob('{}/') AS f WHERE predict('magika', f.content)['label'] \
+         = 'markdown' ORDER BY 1",
+        files.display()
+    );
+    let explained = assert_ok(&query(&wh, &format!("EXPLAIN {filtered}")));
+    assert!(
+        explained.contains("the first and last 4096 bytes of each"),
+        "{explained}"
+    );
+    let markdown = assert_ok(&query(&wh, &filtered));
+    assert!(markdown.contains("z_large.md"), "{markdown}");
     let whole = query(
         &wh,
         &format!(

@@ -470,6 +470,30 @@ impl Files {
             .map_or(size, |block| size.min(block.saturating_mul(2)))
     }
 
+    /// Why file `i` is not read: what would be read of it is over the limit.
+    fn too_large(&self, i: usize) -> DataFusionError {
+        let raise = if self.max_bytes < crate::config::MAX_BLOB_BYTES {
+            "raise it (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of the \
+             glob"
+        } else {
+            "a file's content is at most that: leave it out of the glob"
+        };
+        let read = match self.ends {
+            Some(block) => format!(
+                ", of which {} would be read",
+                self.read_size(i).min(2 * block)
+            ),
+            None => String::new(),
+        };
+        unreadable(format!(
+            "{}: {} is {} bytes{read}, more than batchinfer.max_blob_bytes ({}); {raise}",
+            self.function(),
+            self.names[i],
+            self.metas[i].size,
+            self.max_bytes
+        ))
+    }
+
     /// The bytes of file `i`, or why not: larger than the limit, or not there as listed.
     async fn read(&self, i: usize) -> datafusion::error::Result<bytes::Bytes> {
         let meta = &self.metas[i];
@@ -477,6 +501,9 @@ impl Files {
         let failed = |e: object_store::Error| {
             DataFusionError::Execution(format!("{}: reading {name}: {e}", self.function()))
         };
+        if self.read_size(i) > self.max_bytes {
+            return Err(self.too_large(i));
+        }
         // Its first and last blocks, where it has more than them: a block's worth of neither
         // is ever read, however large the file (the size limit is on what is read).
         if let Some(block) = self.ends
@@ -493,20 +520,6 @@ impl Files {
                 both.extend_from_slice(&part);
             }
             return Ok(both.into());
-        }
-        if self.read_size(i) > self.max_bytes {
-            let raise = if self.max_bytes < crate::config::MAX_BLOB_BYTES {
-                "raise it (SET batchinfer.max_blob_bytes = '2047M', the most) or leave it out of \
-                 the glob"
-            } else {
-                "a file's content is at most that: leave it out of the glob"
-            };
-            return Err(unreadable(format!(
-                "{}: {name} is {} bytes, more than batchinfer.max_blob_bytes ({}); {raise}",
-                self.function(),
-                meta.size,
-                self.max_bytes
-            )));
         }
         if meta.size == 0 {
             return Ok(bytes::Bytes::new());
@@ -857,10 +870,18 @@ mod tests {
             store.put(&path, content.to_vec().into()).await.unwrap();
         }
         f.store = store;
-        f.max_bytes = 4;
+        f.max_bytes = 6;
         f.ends = Some(3);
         assert_eq!(f.read(0).await.unwrap().as_ref(), b"012789");
-        // A file of at most two blocks is read whole (the limit is on what is read).
+        // A file of at most two blocks is read whole; the limit is on what is read, the ends of
+        // a larger file too.
+        f.max_bytes = 5;
+        assert!(
+            f.read(0)
+                .await
+                .is_err_and(|e| e.to_string().contains("of which 6 would be read"))
+        );
+        f.max_bytes = 4;
         assert!(
             f.read(1)
                 .await

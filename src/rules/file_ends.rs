@@ -5,9 +5,10 @@
 //! 8 KiB of each, and a file over `batchinfer.max_blob_bytes` is scored rather than refused.
 //!
 //! The content such a scan gives is not the file's (its middle is left out), so the rule
-//! applies only where nothing else can see it: the projection right above the scan (or above a
-//! filter of it that does not read `content`) uses `content` in those calls alone, each of the
-//! same block, and passes on no `content` of its own.
+//! applies only where nothing else can see it: a projection over the scan (through filters and
+//! an alias of the table: `FROM read_blob(...) AS f WHERE ...`), where every use of `content`,
+//! the filters' and the projection's, is in those calls alone, each of the same block, and the
+//! projection passes on no `content` of its own.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, Result, ScalarValue};
-use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection, TableScan};
+use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection, SubqueryAlias, TableScan};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use crate::blob::BlobTable;
@@ -42,13 +43,19 @@ impl OptimizerRule for FileEndsOnly {
         let LogicalPlan::Projection(projection) = &plan else {
             return Ok(Transformed::no(plan));
         };
-        let (scan, filter) = match projection.input.as_ref() {
-            LogicalPlan::TableScan(scan) => (scan, None),
-            LogicalPlan::Filter(filter) => match filter.input.as_ref() {
-                LogicalPlan::TableScan(scan) => (scan, Some(filter)),
+        // The filters and the alias between the projection and the scan, top first.
+        let mut between = Vec::new();
+        let mut node = projection.input.as_ref();
+        let scan = loop {
+            match node {
+                LogicalPlan::TableScan(scan) => break scan,
+                LogicalPlan::Filter(Filter { input, .. })
+                | LogicalPlan::SubqueryAlias(SubqueryAlias { input, .. }) => {
+                    between.push(node);
+                    node = input.as_ref();
+                }
                 _ => return Ok(Transformed::no(plan)),
-            },
-            _ => return Ok(Transformed::no(plan)),
+            }
         };
         let Ok(provider) = source_as_provider(&scan.source) else {
             return Ok(Transformed::no(plan));
@@ -56,7 +63,7 @@ impl OptimizerRule for FileEndsOnly {
         let Some(table) = provider.downcast_ref::<BlobTable>() else {
             return Ok(Transformed::no(plan));
         };
-        let Some(content) = scan
+        let Some(mut content) = scan
             .projected_schema
             .columns()
             .into_iter()
@@ -64,27 +71,41 @@ impl OptimizerRule for FileEndsOnly {
         else {
             return Ok(Transformed::no(plan));
         };
-        if table.ends().is_some()
-            || filter.is_some_and(|f| f.predicate.column_refs().contains(&content))
-        {
+        if table.ends().is_some() {
             return Ok(Transformed::no(plan));
         }
-        let Some(block) = ends_read(&projection.expr, &content, config)? else {
+        // Every use of `content`, from the scan up, by the name it has there.
+        let mut uses = Uses::default();
+        for node in between.iter().rev() {
+            match node {
+                LogicalPlan::Filter(filter) => {
+                    uses.add(std::slice::from_ref(&filter.predicate), &content, config)?
+                }
+                LogicalPlan::SubqueryAlias(alias) => {
+                    content = Column::new(Some(alias.alias.clone()), "content")
+                }
+                _ => {}
+            }
+        }
+        uses.add(&projection.expr, &content, config)?;
+        let Some(ends) = uses.block().and_then(|block| table.of_ends(block)) else {
             return Ok(Transformed::no(plan));
         };
-        let Some(ends) = table.of_ends(block) else {
-            return Ok(Transformed::no(plan));
-        };
-        let scan = LogicalPlan::TableScan(TableScan {
+        let mut input = LogicalPlan::TableScan(TableScan {
             source: provider_as_source(Arc::new(ends)),
             ..scan.clone()
         });
-        let input = match filter {
-            Some(filter) => {
-                LogicalPlan::Filter(Filter::try_new(filter.predicate.clone(), Arc::new(scan))?)
-            }
-            None => scan,
-        };
+        for node in between.iter().rev() {
+            input = match node {
+                LogicalPlan::Filter(filter) => {
+                    LogicalPlan::Filter(Filter::try_new(filter.predicate.clone(), Arc::new(input))?)
+                }
+                LogicalPlan::SubqueryAlias(alias) => LogicalPlan::SubqueryAlias(
+                    SubqueryAlias::try_new(Arc::new(input), alias.alias.clone())?,
+                ),
+                _ => input,
+            };
+        }
         let projection = Projection::try_new_with_schema(
             projection.expr.clone(),
             Arc::new(input),
@@ -94,46 +115,58 @@ impl OptimizerRule for FileEndsOnly {
     }
 }
 
-/// The block each end of a file `exprs` read, where they use `content` only as the file of
-/// bytes models' `predict` calls, of one block; None where they use it otherwise, or not.
-fn ends_read(
-    exprs: &[Expr],
-    content: &Column,
-    config: &dyn OptimizerConfig,
-) -> Result<Option<u64>> {
-    let mut blocks = BTreeSet::new();
-    let mut other_use = false;
-    for expr in exprs {
-        expr.apply(|e| {
-            if let Expr::ScalarFunction(call) = e
-                && let Some(predict) = call.func.inner().downcast_ref::<PredictUdf>()
-                && let [
-                    Expr::Literal(ScalarValue::Utf8(Some(name)), _),
-                    Expr::Column(c),
-                    rest @ ..,
-                ] = call.args.as_slice()
-                && c == content
-                && rest.len() <= 1
-                && rest
-                    .iter()
-                    .all(|r| matches!(r, Expr::Column(n) if n != content))
-            {
-                match predict.bytes_block(name, Some(&config.options())) {
-                    Some(block) => {
-                        blocks.insert(block);
+/// The blocks of the bytes models that read `content`, and whether anything else does.
+#[derive(Default)]
+struct Uses {
+    blocks: BTreeSet<u64>,
+    other: bool,
+}
+
+impl Uses {
+    /// The uses of `content` in `exprs`: as the file of a bytes model's `predict`, or other.
+    fn add(
+        &mut self,
+        exprs: &[Expr],
+        content: &Column,
+        config: &dyn OptimizerConfig,
+    ) -> Result<()> {
+        for expr in exprs {
+            expr.apply(|e| {
+                if let Expr::ScalarFunction(call) = e
+                    && let Some(predict) = call.func.inner().downcast_ref::<PredictUdf>()
+                    && let [
+                        Expr::Literal(ScalarValue::Utf8(Some(name)), _),
+                        Expr::Column(c),
+                        rest @ ..,
+                    ] = call.args.as_slice()
+                    && c == content
+                    && rest.len() <= 1
+                    && rest
+                        .iter()
+                        .all(|r| matches!(r, Expr::Column(n) if n != content))
+                {
+                    match predict.bytes_block(name, Some(&config.options())) {
+                        Some(block) => {
+                            self.blocks.insert(block);
+                        }
+                        None => self.other = true,
                     }
-                    None => other_use = true,
+                    return Ok(TreeNodeRecursion::Jump);
                 }
-                return Ok(TreeNodeRecursion::Jump);
-            }
-            if matches!(e, Expr::Column(c) if c == content) {
-                other_use = true;
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
+                if matches!(e, Expr::Column(c) if c == content) {
+                    self.other = true;
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(())
     }
-    Ok(match (other_use, blocks.len()) {
-        (false, 1) => blocks.pop_first(),
-        _ => None,
-    })
+
+    /// The one block read at each end, where bytes models alone read `content`, all alike.
+    fn block(&self) -> Option<u64> {
+        match (self.other, self.blocks.len()) {
+            (false, 1) => self.blocks.first().copied(),
+            _ => None,
+        }
+    }
 }
