@@ -97,6 +97,14 @@ impl Catalog {
                 session.empty()
             }
             ModelStatement::Show => session.result(models_batch(&self.registry)?),
+            // WIP (#39): the catalog's side of versions and aliases is not written yet.
+            ModelStatement::AddVersion { .. }
+            | ModelStatement::SetAlias { .. }
+            | ModelStatement::DropAlias { .. }
+            | ModelStatement::DropVersion { .. }
+            | ModelStatement::ShowVersions { .. } => Err(Error::Usage(
+                "model versions and aliases are not available in this build".into(),
+            )),
             ModelStatement::ShowCache | ModelStatement::ClearCache => {
                 let Some(warehouse) = &self.warehouse else {
                     return Err(Error::Usage(

@@ -13,6 +13,7 @@ pub mod score;
 pub mod shared;
 pub(crate) mod source;
 pub mod text;
+pub mod versions;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

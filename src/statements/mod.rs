@@ -86,6 +86,32 @@ pub enum ModelStatement {
         name: String,
         if_exists: bool,
     },
+    /// `ALTER MODEL name ADD VERSION FROM 'path' [OPTIONS (...)]`: a new version, the newest.
+    AddVersion {
+        name: String,
+        source: String,
+        quantize: Option<String>,
+    },
+    /// `ALTER MODEL name SET ALIAS alias TO VERSION n`.
+    SetAlias {
+        name: String,
+        alias: String,
+        version: u32,
+    },
+    /// `ALTER MODEL name DROP ALIAS alias`.
+    DropAlias {
+        name: String,
+        alias: String,
+    },
+    /// `ALTER MODEL name DROP VERSION n`.
+    DropVersion {
+        name: String,
+        version: u32,
+    },
+    /// `SHOW MODEL VERSIONS name`.
+    ShowVersions {
+        name: String,
+    },
     /// `SHOW LLM CACHE`: the endpoint models' answers the warehouse keeps ([`crate::llm::cache`]).
     ShowCache,
     /// `CLEAR LLM CACHE`: every kept answer removed.
@@ -320,6 +346,18 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
                 ModelStatement::ClearCache
             }
         }
+        Some(Keyword::ALTER) if is_word(&peek(parser, 1), "MODEL") => {
+            advance(parser, 2);
+            let name = identifier(parser, &format!("a model name: {ALTER}"))?;
+            alter_model(df, name)?
+        }
+        Some(Keyword::SHOW)
+            if is_word(&peek(parser, 1), "MODEL") && is_word(&peek(parser, 2), "VERSIONS") =>
+        {
+            advance(parser, 3);
+            let name = identifier(parser, "a model name: SHOW MODEL VERSIONS name")?;
+            ModelStatement::ShowVersions { name }
+        }
         Some(Keyword::SHOW) if is_word(&peek(parser, 1), "MODELS") => {
             advance(parser, 2);
             ModelStatement::Show
@@ -338,6 +376,84 @@ fn model_statement(df: &mut DFParser<'_>) -> Result<Option<ModelStatement>> {
         _ => return Ok(None),
     };
     Ok(Some(statement))
+}
+
+/// ALTER MODEL's forms, for its errors.
+const ALTER: &str = "ALTER MODEL name ADD VERSION FROM 'path' | SET ALIAS alias TO VERSION n | \
+                     DROP ALIAS alias | DROP VERSION n";
+
+/// What follows `ALTER MODEL name`.
+fn alter_model(df: &mut DFParser<'_>, name: String) -> Result<ModelStatement> {
+    let parser = &mut df.parser;
+    let expected = |what: &str| Error::Statement(format!("expected {what}: {ALTER}"));
+    let word = |parser: &mut Parser<'_>, w: &str| {
+        let is = is_word(&parser.peek_token().token, w);
+        if is {
+            parser.next_token();
+        }
+        is
+    };
+    if parser.parse_keyword(Keyword::ADD) {
+        if !word(parser, "VERSION") || !parser.parse_keyword(Keyword::FROM) {
+            return Err(expected("ADD VERSION FROM 'path'"));
+        }
+        let Token::SingleQuotedString(source) = parser.next_token().token else {
+            return Err(expected("the model's path as a quoted string"));
+        };
+        let quantize = model_options(df)?;
+        return Ok(ModelStatement::AddVersion {
+            name,
+            source,
+            quantize,
+        });
+    }
+    let set = parser.parse_keyword(Keyword::SET);
+    if !set && !parser.parse_keyword(Keyword::DROP) {
+        return Err(expected("ADD, SET or DROP"));
+    }
+    if word(parser, "ALIAS") {
+        let alias = alias_name(parser)?;
+        if !set {
+            return Ok(ModelStatement::DropAlias { name, alias });
+        }
+        if !parser.parse_keyword(Keyword::TO) || !word(parser, "VERSION") {
+            return Err(expected("TO VERSION n"));
+        }
+        let version = version_of(parser)?;
+        return Ok(ModelStatement::SetAlias {
+            name,
+            alias,
+            version,
+        });
+    }
+    if !set && word(parser, "VERSION") {
+        let version = version_of(parser)?;
+        return Ok(ModelStatement::DropVersion { name, version });
+    }
+    Err(expected(if set {
+        "SET ALIAS"
+    } else {
+        "DROP ALIAS or DROP VERSION"
+    }))
+}
+
+/// An alias as written (a word, lower-cased unless quoted), checked.
+fn alias_name(parser: &mut Parser<'_>) -> Result<String> {
+    let alias = identifier(parser, &format!("an alias: {ALTER}"))?;
+    crate::model::versions::check_alias(&alias)
+        .map_err(|why| Error::Statement(format!("alias {alias:?} is not usable: {why}")))?;
+    Ok(alias)
+}
+
+/// A version number as written.
+fn version_of(parser: &mut Parser<'_>) -> Result<u32> {
+    match parser.next_token().token {
+        Token::Number(digits, _) => crate::model::versions::version_number(&digits)
+            .map_err(|why| Error::Statement(format!("version {digits}: {why}"))),
+        other => Err(Error::Statement(format!(
+            "expected a version number, not {other}: {ALTER}"
+        ))),
+    }
 }
 
 /// CREATE MODEL's `OPTIONS ('key' 'value', ...)`, if any: the quantization asked for.

@@ -94,6 +94,54 @@ fn model_statements_are_recognized() {
 }
 
 #[test]
+fn model_versions_and_aliases_are_recognized_and_hostile_ones_refused() {
+    let statements = split(
+        "ALTER MODEL churn ADD VERSION FROM 'v2.onnx'; alter model Churn set alias Champion to \
+         version 1; ALTER MODEL churn DROP ALIAS champion; ALTER MODEL churn DROP VERSION 12; \
+         SHOW MODEL VERSIONS churn",
+    )
+    .unwrap();
+    assert_eq!(
+        statements,
+        vec![
+            Statement::Model(ModelStatement::AddVersion {
+                name: "churn".into(),
+                source: "v2.onnx".into(),
+                quantize: None,
+            }),
+            Statement::Model(ModelStatement::SetAlias {
+                name: "churn".into(),
+                alias: "champion".into(),
+                version: 1,
+            }),
+            Statement::Model(ModelStatement::DropAlias {
+                name: "churn".into(),
+                alias: "champion".into(),
+            }),
+            Statement::Model(ModelStatement::DropVersion {
+                name: "churn".into(),
+                version: 12,
+            }),
+            Statement::Model(ModelStatement::ShowVersions {
+                name: "churn".into()
+            }),
+        ]
+    );
+    let long = format!("ALTER MODEL m DROP VERSION {}", "9".repeat(300));
+    for hostile in [
+        "ALTER MODEL m SET ALIAS \"../x\" TO VERSION 1",
+        "ALTER MODEL m SET ALIAS a TO VERSION 0",
+        "ALTER MODEL m SET ALIAS a TO VERSION 1.5",
+        "ALTER MODEL m DROP VERSION '1/../2'",
+        long.as_str(),
+        "ALTER MODEL m ADD VERSION 'x.onnx'",
+        "ALTER MODEL m RENAME TO n",
+    ] {
+        assert!(split(hostile).is_err(), "{hostile}");
+    }
+}
+
+#[test]
 fn view_statements_are_recognized() {
     let statements = split(
         "CREATE MATERIALIZED VIEW s AS SELECT a FROM 'x/'; refresh materialized view S;\

@@ -1,0 +1,360 @@
+//! A model's versions and aliases: what `churn`, `churn@2` and `churn@champion` name.
+//!
+//! A model is a list of versions, numbered from 1 in the order they were added (a number is never
+//! given twice, even after its version is dropped), and aliases, each naming one version.
+//! `predict('churn', ...)` means the alias `default` where it is set, else the newest version;
+//! `churn@2` version 2; `churn@champion` the version the alias names now.
+//!
+//! What follows the `@` is parsed here, never made into a path: a version is at most
+//! [`MAX_VERSION_DIGITS`] digits without a leading zero, an alias a letter followed by letters,
+//! digits and `_`; anything else (`../x`, `1/../2`, 300 digits) is refused.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The alias `predict('name', ...)` follows where it is set.
+pub const DEFAULT_ALIAS: &str = "default";
+
+/// The most digits a version number has (versions count up to 999,999,999).
+pub const MAX_VERSION_DIGITS: usize = 9;
+
+/// The longest alias, in bytes.
+pub const MAX_ALIAS_BYTES: usize = 64;
+
+/// Which of a model's versions a reference picks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick {
+    /// The alias `default` where it is set, else the newest version.
+    Default,
+    /// A version by its number.
+    Version(u32),
+    /// The version an alias names.
+    Alias(String),
+}
+
+/// A model as SQL names it: `name`, `name@3` or `name@alias`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRef {
+    pub name: String,
+    pub pick: Pick,
+}
+
+impl ModelRef {
+    /// Parses `text`: the model's name is checked as every name is; what follows `@` as a
+    /// version or an alias ([`parse_pick`]).
+    pub fn parse(text: &str) -> Result<ModelRef> {
+        let (name, pick) = match text.split_once('@') {
+            Some((name, after)) => (name, parse_pick(text, after)?),
+            None => (text, Pick::Default),
+        };
+        crate::storage::check_name("model", name)?;
+        Ok(ModelRef {
+            name: name.to_string(),
+            pick,
+        })
+    }
+}
+
+/// What follows the `@` of `text`: digits are a version number, a name an alias.
+pub fn parse_pick(text: &str, after: &str) -> Result<Pick> {
+    if !after.is_empty() && after.bytes().all(|b| b.is_ascii_digit()) {
+        return version_number(after)
+            .map(Pick::Version)
+            .map_err(|why| refused(text, &why));
+    }
+    check_alias(after).map_err(|why| refused(text, &why))?;
+    Ok(Pick::Alias(after.to_string()))
+}
+
+/// A version number as written: 1 to 999,999,999, without a leading zero.
+pub fn version_number(digits: &str) -> std::result::Result<u32, String> {
+    if digits.len() > MAX_VERSION_DIGITS {
+        return Err(format!(
+            "a version has at most {MAX_VERSION_DIGITS} digits, not {}",
+            digits.len()
+        ));
+    }
+    if digits.starts_with('0') {
+        return Err("a version is a number from 1, written without a leading zero".into());
+    }
+    digits
+        .parse()
+        .map_err(|_| format!("{digits:?} is not a version number"))
+}
+
+/// Refuses an alias that is not a letter followed by letters, digits and `_`, or is too long.
+pub fn check_alias(alias: &str) -> std::result::Result<(), String> {
+    let mut chars = alias.chars();
+    let why = match chars.next() {
+        None => Some("the alias is empty".to_string()),
+        Some(c) if !c.is_ascii_alphabetic() => {
+            Some(format!("an alias starts with a letter, not {c:?}"))
+        }
+        _ if alias.len() > MAX_ALIAS_BYTES => Some(format!(
+            "an alias is at most {MAX_ALIAS_BYTES} bytes, this one {}",
+            alias.len()
+        )),
+        _ => chars
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_'))
+            .map(|c| format!("an alias is letters, digits and '_', not {c:?}")),
+    };
+    why.map_or(Ok(()), Err)
+}
+
+fn refused(text: &str, why: &str) -> Error {
+    Error::model(
+        text,
+        format!(
+            "model '{text}' cannot be named: {why}; a model is named 'name', 'name@3' (its \
+             version 3) or 'name@alias'"
+        ),
+    )
+}
+
+/// One registered version: the bytes it was registered with, by their sha256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub version: u32,
+    /// The model's version identity ([`crate::model::version`]): its file's sha256, with that of
+    /// the files beside it.
+    pub sha256: String,
+    /// Where its bytes are kept (the warehouse's copy).
+    pub source: String,
+    /// Where it was registered from, as the statement named it.
+    pub origin: String,
+    /// When it was added (RFC 3339, UTC).
+    pub created: String,
+}
+
+/// A model's versions and aliases.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versions {
+    /// Oldest first.
+    pub versions: Vec<Version>,
+    /// Alias -> version number.
+    pub aliases: BTreeMap<String, u32>,
+    /// The number the next version gets.
+    pub next: u32,
+}
+
+impl Versions {
+    /// Adds a version of `sha256` kept at `source`; its number.
+    pub fn add(&mut self, sha256: &str, source: &str, origin: &str, created: &str) -> u32 {
+        let version = self.next.max(1);
+        self.next = version + 1;
+        self.versions.push(Version {
+            version,
+            sha256: sha256.to_string(),
+            source: source.to_string(),
+            origin: origin.to_string(),
+            created: created.to_string(),
+        });
+        version
+    }
+
+    /// Points `alias` at `version`, which must be one there is.
+    pub fn set_alias(&mut self, model: &str, alias: &str, version: u32) -> Result<()> {
+        check_alias(alias).map_err(|why| refused(&format!("{model}@{alias}"), &why))?;
+        self.version(model, version)?;
+        self.aliases.insert(alias.to_string(), version);
+        Ok(())
+    }
+
+    /// Removes `alias`, which must be set.
+    pub fn drop_alias(&mut self, model: &str, alias: &str) -> Result<()> {
+        match self.aliases.remove(alias) {
+            Some(_) => Ok(()),
+            None => Err(Error::model(
+                model,
+                format!(
+                    "model '{model}' has no alias '{alias}' (its aliases: {})",
+                    self.alias_list()
+                ),
+            )),
+        }
+    }
+
+    /// Removes `version`: refused while an alias names it, or where it is the last one (DROP
+    /// MODEL removes a model).
+    pub fn drop_version(&mut self, model: &str, version: u32) -> Result<()> {
+        self.version(model, version)?;
+        let naming: Vec<&str> = self
+            .aliases
+            .iter()
+            .filter(|(_, v)| **v == version)
+            .map(|(a, _)| a.as_str())
+            .collect();
+        if !naming.is_empty() {
+            return Err(Error::model(
+                model,
+                format!(
+                    "version {version} of model '{model}' is named by the alias {}: move or drop \
+                     it first (ALTER MODEL {model} DROP ALIAS {})",
+                    naming.join(", "),
+                    naming[0]
+                ),
+            ));
+        }
+        if self.versions.len() == 1 {
+            return Err(Error::model(
+                model,
+                format!(
+                    "version {version} is the only version of model '{model}': DROP MODEL {model} \
+                     removes the model"
+                ),
+            ));
+        }
+        self.versions.retain(|v| v.version != version);
+        Ok(())
+    }
+
+    /// The version `pick` names now.
+    pub fn resolve(&self, model: &str, pick: &Pick) -> Result<&Version> {
+        match pick {
+            Pick::Version(n) => self.version(model, *n),
+            Pick::Alias(alias) => match self.aliases.get(alias) {
+                Some(n) => self.version(model, *n),
+                None => Err(Error::model(
+                    model,
+                    format!(
+                        "model '{model}' has no alias '{alias}' (its aliases: {})",
+                        self.alias_list()
+                    ),
+                )),
+            },
+            Pick::Default => match self.aliases.get(DEFAULT_ALIAS) {
+                Some(n) => self.version(model, *n),
+                None => self
+                    .versions
+                    .last()
+                    .ok_or_else(|| Error::model(model, format!("model '{model}' has no version"))),
+            },
+        }
+    }
+
+    /// The aliases naming `version`, in order of name.
+    pub fn aliases_of(&self, version: u32) -> Vec<&str> {
+        self.aliases
+            .iter()
+            .filter(|(_, v)| **v == version)
+            .map(|(a, _)| a.as_str())
+            .collect()
+    }
+
+    fn version(&self, model: &str, version: u32) -> Result<&Version> {
+        self.versions
+            .iter()
+            .find(|v| v.version == version)
+            .ok_or_else(|| {
+                let there: Vec<String> = self
+                    .versions
+                    .iter()
+                    .map(|v| v.version.to_string())
+                    .collect();
+                Error::model(
+                    model,
+                    format!(
+                        "model '{model}' has no version {version} (its versions: {})",
+                        there.join(", ")
+                    ),
+                )
+            })
+    }
+
+    fn alias_list(&self) -> String {
+        if self.aliases.is_empty() {
+            return "none".into();
+        }
+        self.aliases
+            .iter()
+            .map(|(a, v)| format!("{a} -> {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_versions_and_aliases_are_parsed_never_made_into_paths() {
+        let parsed = |t: &str| ModelRef::parse(t).map(|r| (r.name, r.pick));
+        assert_eq!(parsed("churn").unwrap(), ("churn".into(), Pick::Default));
+        assert_eq!(
+            parsed("churn@2").unwrap(),
+            ("churn".into(), Pick::Version(2))
+        );
+        assert_eq!(
+            parsed("churn@champion").unwrap(),
+            ("churn".into(), Pick::Alias("champion".into()))
+        );
+        let long = format!("churn@{}", "9".repeat(300));
+        for hostile in [
+            "churn@../x",
+            "churn@1/../2",
+            long.as_str(),
+            "churn@",
+            "churn@0",
+            "churn@01",
+            "churn@1@2",
+            "churn@_x",
+            "churn@a-b",
+            "churn@a.b",
+            "../churn@1",
+            "@1",
+            "churn@1000000000",
+        ] {
+            let refused = parsed(hostile);
+            assert!(refused.is_err(), "{hostile}: {refused:?}");
+        }
+        let message = parsed(&long).unwrap_err().to_string();
+        assert!(message.contains("at most 9 digits, not 300"), "{message}");
+    }
+
+    fn three() -> Versions {
+        let mut v = Versions::default();
+        for (i, sha) in ["a", "b", "c"].into_iter().enumerate() {
+            assert_eq!(v.add(sha, &format!("s{i}"), "o", "t"), i as u32 + 1);
+        }
+        v
+    }
+
+    #[test]
+    fn the_default_is_the_alias_default_else_the_newest() {
+        let mut v = three();
+        assert_eq!(v.resolve("m", &Pick::Default).unwrap().sha256, "c");
+        v.set_alias("m", DEFAULT_ALIAS, 1).unwrap();
+        assert_eq!(v.resolve("m", &Pick::Default).unwrap().sha256, "a");
+        v.set_alias("m", "champion", 2).unwrap();
+        assert_eq!(
+            v.resolve("m", &Pick::Alias("champion".into()))
+                .unwrap()
+                .sha256,
+            "b"
+        );
+        assert!(v.set_alias("m", "x", 9).is_err());
+        assert!(v.resolve("m", &Pick::Alias("nope".into())).is_err());
+        assert_eq!(v.aliases_of(1), vec![DEFAULT_ALIAS]);
+    }
+
+    #[test]
+    fn a_named_version_is_not_dropped_and_numbers_are_never_given_twice() {
+        let mut v = three();
+        v.set_alias("m", "champion", 3).unwrap();
+        let refused = v.drop_version("m", 3).unwrap_err().to_string();
+        assert!(refused.contains("named by the alias champion"), "{refused}");
+        v.drop_alias("m", "champion").unwrap();
+        assert!(v.drop_alias("m", "champion").is_err());
+        v.drop_version("m", 3).unwrap();
+        assert_eq!(v.add("d", "s", "o", "t"), 4);
+        v.drop_version("m", 1).unwrap();
+        v.drop_version("m", 2).unwrap();
+        assert!(v.drop_version("m", 4).is_err(), "the last version stays");
+        let json = serde_json::to_string(&v).unwrap();
+        assert_eq!(serde_json::from_str::<Versions>(&json).unwrap(), v);
+    }
+}
