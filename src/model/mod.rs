@@ -37,7 +37,6 @@ use crate::storage::StoreRegistry;
 /// The largest batch dimension a model may fix: each call is padded to it.
 pub const MAX_FIXED_BATCH: usize = 65_536;
 
-/// A model loaded into ONNX Runtime.
 /// A model's version ([`Model::version`]): `sha256`, or `sha256+beside` where files beside it
 /// count.
 pub fn version(sha256: &str, beside: Option<&str>) -> String {
@@ -54,6 +53,7 @@ pub fn sha256_of_version(version: &str) -> &str {
         .map_or(version, |(sha256, _)| sha256)
 }
 
+/// A model loaded into ONNX Runtime.
 #[derive(Debug)]
 pub struct Model {
     pub name: String,
@@ -125,14 +125,14 @@ pub struct ModelStats {
 }
 
 impl Model {
-    /// What `predict` returns: the model's outputs (one as it is, several as a struct), with
-    /// `label` and `score` in a struct where its folder names its classes.
     /// What a materialized view records of the model it scored with: its file's sha256, and
     /// that of the files beside it where it has any (a changed preprocessing is a new model).
     pub fn version(&self) -> String {
         version(&self.sha256, self.beside_sha256.as_deref())
     }
 
+    /// What `predict` returns: the model's outputs (one as it is, several as a struct), with
+    /// `label` and `score` in a struct where its folder names its classes.
     pub fn predict_type(&self) -> datafusion::arrow::datatypes::DataType {
         match &self.labels {
             Some(labels) => labels.output_type(&self.signature),
