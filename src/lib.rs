@@ -18,8 +18,9 @@
 //!   its rejects (`tag.rs`), the stores a statement's `OPTIONS` connect and its text with secrets
 //!   blanked (`stores.rs`), what writes register and report (`tables.rs`), EXPLAIN ANALYZE's rows
 //!   per model (`explain.rs`).
-//! - [`catalog`]: the models and tables a session knows: the model statements and the models
-//!   brought up to the warehouse's definitions (`models.rs`); what a table name names, CREATE
+//! - [`catalog`]: the models and tables a session knows: the model statements (CREATE, ALTER
+//!   with versions and aliases, DROP, SHOW) and the models brought up to the warehouse's
+//!   definitions, every name of a version registered pinned to its sha256 (`models.rs`); what a table name names, CREATE
 //!   EXTERNAL TABLE by the session's table factories, DROP TABLE, an INSERT's table
 //!   (`tables.rs`); statements run with a missing table explained (a view without a complete
 //!   refresh, a path the store says why it cannot open: `names.rs`).
@@ -48,9 +49,11 @@
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
 //!   cluster client sends), set through the session for each statement; no `SET` changes it.
-//! - [`model`]: the registry (name -> model), model sources (URLs), loaded models, a model's
-//!   one session run by parallel calls, text models' tokenizers, a classifier's class names
-//!   (`labels.rs`), what a file says of itself without a session (`header.rs`: its inputs and
+//! - [`model`]: the registry (name -> model; what each name of a version picks:
+//!   `registry/picks.rs`), a model's versions and aliases and the names that reach them
+//!   (`versions.rs`: `churn`, `churn@2`, `churn@champion`, parsed, never made into paths), model
+//!   sources (URLs), loaded models, a model's one session run by parallel calls, text models'
+//!   tokenizers, a classifier's class names (`labels.rs`), what a file says of itself without a session (`header.rs`: its inputs and
 //!   outputs, producer, class labels), and the scoring of one record batch.
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
@@ -109,8 +112,10 @@
 //!   (Parquet and other tables of files, or `read_blob`'s: `check.rs`), a view
 //!   read only while whole (`registered.rs`), and `batchinfer refresh VIEW` once, `--every` so
 //!   often or `--watch`ing for new files (`schedule.rs`).
-//! - [`warehouse`]: model definitions, tables (Delta Lake tables) and views that persist, over one
-//!   object store and prefix (a folder or a prefix in S3, Google Cloud Storage or Azure); the
+//! - [`warehouse`]: model definitions (`models.rs`: each model's versions and aliases, one
+//!   manifest a change, and each version's files kept by content), tables (Delta Lake tables)
+//!   and views that persist, over one object store and prefix (a folder or a prefix in S3, Google
+//!   Cloud Storage or Azure); the
 //!   session's default
 //!   schema over it (`schema.rs`: tables and views looked up by name when a statement names
 //!   them, the tables a process registers itself first); a view's manifest, its format

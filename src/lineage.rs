@@ -18,14 +18,17 @@ use crate::model::{Model, ModelRegistry};
 
 /// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
 /// quantized model the quantization and the sha256 of the model it was made from; an endpoint
-/// model with its endpoint, its name there and its definition's sha256.
+/// model with its endpoint, its name there and its definition's sha256. A name of a warehouse
+/// model's version (`churn`, `churn@2`, `churn@champion`) adds the model, the version and the
+/// alias it was reached through; its source is where the version was registered from, `kept`
+/// where its bytes are.
 pub fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Result<String> {
     let names = called(plan);
     let mut models: Vec<serde_json::Value> = files_of(registry, &names)
         .iter()
-        .map(|m| {
+        .map(|(name, m)| {
             let mut model = serde_json::json!({
-                "name": m.name,
+                "name": name,
                 "sha256": m.sha256,
                 "source": m.source.to_string(),
             });
@@ -33,23 +36,45 @@ pub fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Result<Strin
                 model["quantization"] = q.method.clone().into();
                 model["quantized_from_sha256"] = q.from_sha256.clone().into();
             }
+            picked(registry, name, &mut model);
             model
         })
         .collect();
-    for m in endpoints_of(registry, &names) {
-        models.push(serde_json::json!({
-            "name": m.name,
+    for (name, m) in endpoints_of(registry, &names) {
+        let mut model = serde_json::json!({
+            "name": name,
             "sha256": m.sha256,
             "source": m.endpoint.endpoint,
             "endpoint_model": m.endpoint.model,
-        }));
+        });
+        picked(registry, &name, &mut model);
+        models.push(model);
     }
     Ok(serde_json::Value::Array(models).to_string())
+}
+
+/// Adds to `model` what the name `name` picks of a warehouse model's versions, if it does.
+fn picked(registry: &ModelRegistry, name: &str, model: &mut serde_json::Value) {
+    let Some(picked) = registry.picked(name) else {
+        return;
+    };
+    model["model"] = picked.model.into();
+    model["version"] = picked.version.into();
+    if let Some(alias) = picked.alias {
+        model["alias"] = alias.into();
+    }
+    if model["source"] != serde_json::Value::String(picked.origin.clone()) {
+        model["kept"] = model["source"].clone();
+        model["source"] = picked.origin.into();
+    }
 }
 
 /// The model files a plan calls by literal name.
 pub fn models_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<Arc<Model>> {
     files_of(registry, &called(plan))
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect()
 }
 
 /// Each model a plan calls by literal name, file or endpoint, with what says which version it
@@ -59,25 +84,28 @@ pub fn versions_in(registry: &ModelRegistry, plan: &LogicalPlan) -> Vec<(String,
     let names = called(plan);
     let files = files_of(registry, &names)
         .into_iter()
-        .map(|m| (m.name.clone(), m.version()));
+        .map(|(name, m)| (name, m.version()));
     let endpoints = endpoints_of(registry, &names)
         .into_iter()
-        .map(|m| (m.name.clone(), m.sha256.clone()));
+        .map(|(name, m)| (name, m.sha256.clone()));
     files.chain(endpoints).collect()
 }
 
-fn files_of(registry: &ModelRegistry, names: &BTreeSet<String>) -> Vec<Arc<Model>> {
+fn files_of(registry: &ModelRegistry, names: &BTreeSet<String>) -> Vec<(String, Arc<Model>)> {
     names
         .iter()
         .filter(|n| registry.endpoint_model(n).is_none())
-        .filter_map(|n| registry.get(n).ok())
+        .filter_map(|n| Some((n.clone(), registry.get(n).ok()?)))
         .collect()
 }
 
-fn endpoints_of(registry: &ModelRegistry, names: &BTreeSet<String>) -> Vec<Arc<EndpointModel>> {
+fn endpoints_of(
+    registry: &ModelRegistry,
+    names: &BTreeSet<String>,
+) -> Vec<(String, Arc<EndpointModel>)> {
     names
         .iter()
-        .filter_map(|n| registry.endpoint_model(n))
+        .filter_map(|n| Some((n.clone(), registry.endpoint_model(n)?)))
         .collect()
 }
 
@@ -169,8 +197,8 @@ impl UsageRecord {
         statement: &crate::statement_context::StatementContext,
     ) -> Option<UsageRecord> {
         let models: Vec<String> = endpoints_of(registry, &called(plan))
-            .iter()
-            .map(|m| m.name.clone())
+            .into_iter()
+            .map(|(name, _)| name)
             .collect();
         if models.is_empty() {
             return None;

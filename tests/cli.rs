@@ -531,7 +531,8 @@ fn the_shell_runs_statements_typed_at_a_terminal() {
     session.send_line("\\q").unwrap();
     session.exp_eof().unwrap();
     // What was created in the shell persists.
-    let model = std::fs::read_to_string(wh.join("models/flowers.json")).unwrap();
+    let model =
+        std::fs::read_to_string(common::newest_manifest_file(&wh.join("models/flowers"))).unwrap();
     assert!(model.contains("iris.onnx"), "{model}");
 }
 

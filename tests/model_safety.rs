@@ -104,7 +104,10 @@ fn a_model_dropped_from_an_s3_warehouse_is_gone() {
         .output()
         .unwrap();
     assert_eq!(assert_ok(&out), "name\nm2\n");
-    assert_eq!(server.keys("lake", "wh/models/"), vec!["wh/models/m2.json"]);
+    assert_eq!(
+        server.keys("lake", "wh/models/"),
+        vec!["wh/models/m2/manifest-00000000000000000001.json"]
+    );
 }
 
 /// A model in S3 cannot name external data outside its folder by escaping `..` in the URL.
@@ -236,7 +239,7 @@ fn a_model_used_then_redefined_or_dropped_in_one_process_reports_success() {
         score_of("data/fixtures/linear_doubled.onnx")
     );
     assert_eq!(out, expected);
-    assert!(!wh.join("models/m.json").exists());
+    assert!(!wh.join("models/m.json").exists() && !wh.join("models/m").exists());
 }
 
 /// A model of `--models` is its file: a statement that would redefine or drop it (and leave a
@@ -252,7 +255,7 @@ fn models_of_the_models_folder_are_not_redefined_by_statements() {
     ] {
         let out = query(&wh, sql);
         assert_failure(&out, &["model 'linear' is a file of --models"]);
-        assert!(!wh.join("models/linear.json").exists());
+        assert!(!wh.join("models/linear.json").exists() && !wh.join("models/linear").exists());
     }
     // Defined in the warehouse by a process without --models, then hidden by the folder's file.
     let out = common::output_within(
@@ -363,7 +366,7 @@ fn an_unreadable_model_definition_can_be_dropped() {
     let out = query(&wh, "DROP MODEL broken");
     assert_ok(&out);
     assert!(!wh.join("models/broken.json").exists());
-    assert!(wh.join("models/m.json").exists());
+    assert!(wh.join("models/m").exists());
     assert_failure(
         &query(&wh, "DROP MODEL broken"),
         &["unknown model 'broken'"],

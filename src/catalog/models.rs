@@ -1,5 +1,7 @@
-//! The catalog's model statements (`CREATE/DROP/DESCRIBE MODEL`, `SHOW MODELS`), kept in the
-//! warehouse, and the models brought up to the warehouse's definitions before each statement.
+//! The catalog's model statements (`CREATE/ALTER/DROP/DESCRIBE MODEL`, `SHOW MODELS`, `SHOW
+//! MODEL VERSIONS`), kept in the warehouse with each model's versions and aliases, and the
+//! models brought up to the warehouse's definitions before each statement: every name of a
+//! version (`churn`, `churn@2`, `churn@champion`) registered pinned to its sha256.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,12 +12,15 @@ use datafusion::dataframe::DataFrame;
 use super::Catalog;
 use crate::error::{Error, Result};
 use crate::llm::{Endpoint, EndpointModel};
-use crate::model::listing::{describe_batch, describe_endpoint_batch, models_batch};
-use crate::model::{Model, ModelSource};
+use crate::model::listing::{
+    describe_batch, describe_endpoint_batch, models_batch, versions_batch,
+};
+use crate::model::versions::{DEFAULT_ALIAS, Pick, Version, Versions};
+use crate::model::{Model, ModelFiles, ModelSource, Picked};
 use crate::session::Session;
 use crate::statements::ModelStatement;
 use crate::storage::StoreRegistry;
-use crate::warehouse::{Definition, check_name};
+use crate::warehouse::{Definition, Warehouse, check_name};
 
 impl Catalog {
     pub async fn run_model_statement(
@@ -31,24 +36,59 @@ impl Catalog {
                 quantize,
             } => {
                 self.check_definable(&name, or_replace)?;
-                let source = model_source(&name, &source, self.registry.stores()).await?;
-                let (model, quantized) = self.model_of(&name, &source, quantize.is_some()).await?;
-                let model = Arc::new(model);
-                // Defined in the warehouse first: a model this process scores with is one the
-                // warehouse names.
-                self.persist_models(&name, Some(&model)).await?;
-                let created = format!(
-                    "model '{name}' {} from {} (sha256 {})",
-                    if or_replace { "defined" } else { "created" },
-                    model.source,
-                    model.sha256
-                );
-                self.registry.insert_loaded(&name, model);
-                eprintln!("{created}");
-                if let Some(message) = quantized {
-                    eprintln!("model '{name}' {message}");
-                }
+                let adding = if or_replace {
+                    Adding::Replace
+                } else {
+                    Adding::Create
+                };
+                self.add_version(&name, &source, quantize.is_some(), adding)
+                    .await?;
                 session.empty()
+            }
+            ModelStatement::AddVersion {
+                name,
+                source,
+                quantize,
+            } => {
+                self.versioned("ALTER MODEL ... ADD VERSION", &name)?;
+                self.add_version(&name, &source, quantize.is_some(), Adding::Version)
+                    .await?;
+                session.empty()
+            }
+            ModelStatement::SetAlias {
+                name,
+                alias,
+                version,
+            } => {
+                self.change_versions("ALTER MODEL ... SET ALIAS", &name, |v| {
+                    v.set_alias(&name, &alias, version)
+                })
+                .await?;
+                eprintln!("model '{name}': alias {alias} -> version {version}");
+                session.empty()
+            }
+            ModelStatement::DropAlias { name, alias } => {
+                self.change_versions("ALTER MODEL ... DROP ALIAS", &name, |v| {
+                    v.drop_alias(&name, &alias)
+                })
+                .await?;
+                eprintln!("model '{name}': alias {alias} dropped");
+                session.empty()
+            }
+            ModelStatement::DropVersion { name, version } => {
+                self.change_versions("ALTER MODEL ... DROP VERSION", &name, |v| {
+                    v.drop_version(&name, version)
+                })
+                .await?;
+                eprintln!("model '{name}': version {version} dropped");
+                session.empty()
+            }
+            ModelStatement::ShowVersions { name } => {
+                let warehouse = self.versioned("SHOW MODEL VERSIONS", &name)?;
+                let Some(definition) = warehouse.definition(&name).await? else {
+                    return Err(self.not_defined(&name));
+                };
+                session.result(versions_batch(&name, &definition.versions)?)
             }
             ModelStatement::CreateEndpoint {
                 name,
@@ -57,26 +97,42 @@ impl Catalog {
             } => {
                 self.check_definable(&name, or_replace)?;
                 let endpoint = Endpoint::from_options(&name, &options)?;
-                let definition = Definition {
-                    source: endpoint.endpoint.clone(),
-                    sha256: Some(endpoint.sha256()),
-                    endpoint: Some(endpoint.to_json()),
-                };
+                let mut version = Version::new(
+                    Some(endpoint.sha256()),
+                    endpoint.endpoint.clone(),
+                    endpoint.endpoint.clone(),
+                );
+                version.endpoint = Some(endpoint.to_json());
                 let model = Arc::new(self.endpoint_model(&name, endpoint)?);
-                self.persist_definition(&name, Some(definition)).await?;
+                let number = match &self.warehouse {
+                    Some(_) => {
+                        let adding = if or_replace {
+                            Adding::Replace
+                        } else {
+                            Adding::Create
+                        };
+                        let definition = self.keep_version(&name, version, adding).await?;
+                        self.register_definition(&name, &definition, None);
+                        Some(newest(&definition))
+                    }
+                    None => {
+                        self.registry.register_endpoint(&name, model.clone());
+                        None
+                    }
+                };
                 eprintln!(
-                    "model '{name}' {} as {} at {} (definition sha256 {})",
+                    "model '{name}' {} as {} at {} (definition sha256 {}){}",
                     if or_replace { "defined" } else { "created" },
                     model.endpoint.model,
                     model.endpoint.endpoint,
-                    model.sha256
+                    model.sha256,
+                    number.map_or_else(String::new, |n| format!(", version {n}"))
                 );
-                self.registry.register_endpoint(&name, model);
                 session.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
                 self.check_not_a_folder_model(&name)?;
-                let known = self.registry.unregister(&name);
+                let known = self.registry.unregister_model(&name);
                 // A definition that cannot be read (left out with a warning) is dropped too.
                 let unusable = match (&self.warehouse, known) {
                     (Some(warehouse), false) => {
@@ -90,21 +146,16 @@ impl Catalog {
                         available: format!("the models are: {}", self.registry.names().join(", ")),
                     });
                 }
-                self.persist_models(&name, None).await?;
+                if let Some(warehouse) = &self.warehouse {
+                    warehouse.remove_model(&name).await?;
+                    self.seen_models().remove(&name);
+                }
                 if known || unusable {
                     eprintln!("model '{name}' dropped");
                 }
                 session.empty()
             }
             ModelStatement::Show => session.result(models_batch(&self.registry)?),
-            // WIP (#39): the catalog's side of versions and aliases is not written yet.
-            ModelStatement::AddVersion { .. }
-            | ModelStatement::SetAlias { .. }
-            | ModelStatement::DropAlias { .. }
-            | ModelStatement::DropVersion { .. }
-            | ModelStatement::ShowVersions { .. } => Err(Error::Usage(
-                "model versions and aliases are not available in this build".into(),
-            )),
             ModelStatement::ShowCache | ModelStatement::ClearCache => {
                 let Some(warehouse) = &self.warehouse else {
                     return Err(Error::Usage(
@@ -150,23 +201,266 @@ impl Catalog {
         }
     }
 
-    /// The model CREATE MODEL defines from `source`: loaded, or quantized (and kept in the
-    /// warehouse, with what was done, for the statement to say).
-    async fn model_of(
+    /// Adds a version of model `name` from `source` (CREATE MODEL: the first; CREATE OR
+    /// REPLACE MODEL and ALTER MODEL ... ADD VERSION: the newest), loaded before anything is
+    /// kept, and registers it. Without a warehouse, the model is this process's alone, of no
+    /// versions.
+    async fn add_version(
+        &self,
+        name: &str,
+        source: &str,
+        quantize: bool,
+        adding: Adding,
+    ) -> Result<()> {
+        let source = model_source(name, source, self.registry.stores()).await?;
+        let (model, version, quantized) = self.version_of(name, &source, quantize).await?;
+        let model = Arc::new(model);
+        let number = match &self.warehouse {
+            Some(_) => {
+                let definition = self.keep_version(name, version, adding).await?;
+                let number = newest(&definition);
+                self.register_definition(name, &definition, Some((number, &model)));
+                Some(number)
+            }
+            None => {
+                self.registry.insert_loaded(name, model.clone());
+                None
+            }
+        };
+        let what = match (adding, number) {
+            (Adding::Version, Some(n)) => format!("version {n} added"),
+            (Adding::Create, n) => format!("created{}", version_suffix(n)),
+            (_, n) => format!("defined{}", version_suffix(n)),
+        };
+        eprintln!(
+            "model '{name}' {what} from {} (sha256 {})",
+            source, model.sha256
+        );
+        if let Some(message) = quantized {
+            eprintln!("model '{name}' {message}");
+        }
+        Ok(())
+    }
+
+    /// The model `source` holds, loaded (or quantized, and kept in the warehouse, with what was
+    /// done, for the statement to say), with the version it is: its files copied to the
+    /// warehouse's `model-files/`, where there is a warehouse.
+    async fn version_of(
         &self,
         name: &str,
         source: &ModelSource,
         quantize: bool,
-    ) -> Result<(Model, Option<String>)> {
+    ) -> Result<(Model, Version, Option<String>)> {
+        let version_of = |model: &Model| {
+            let mut version = Version::new(
+                Some(model.sha256.clone()),
+                model.source.to_string(),
+                source.to_string(),
+            );
+            version.beside_sha256 = model.beside_sha256.clone();
+            version
+        };
         if quantize {
             let warehouse = self.warehouse.as_ref();
             let (model, message) =
                 crate::quantized::quantized_model(warehouse, &self.registry, name, source).await?;
-            return Ok((model, Some(message)));
+            let version = version_of(&model);
+            return Ok((model, version, Some(message)));
         }
         let options = self.registry.session_options();
-        let model = Model::load(name, source, options, self.registry.stores())?;
-        Ok((model, None))
+        let stores = self.registry.stores();
+        let Some(warehouse) = &self.warehouse else {
+            let model = Model::load(name, source, options, stores)?;
+            let version = version_of(&model);
+            return Ok((model, version, None));
+        };
+        // The files are read once: what is loaded is what is kept.
+        let load_error = |e: Error| Error::ModelLoad {
+            model: name.to_string(),
+            path: source.to_string(),
+            message: e.to_string(),
+        };
+        let files = ModelFiles::read(source, stores).map_err(load_error)?;
+        let beside = match source.file_name() {
+            Some("model.onnx") => {
+                crate::model::text::read_text_files(source, stores).map_err(load_error)?
+            }
+            _ => Vec::new(),
+        };
+        let mut key = files.sha256();
+        if let Some(beside) = crate::quantize::text_digest(&beside) {
+            key = format!("{key}-{beside}");
+        }
+        let kept = ModelSource::from_url(warehouse.kept_model(&key)?);
+        let copy = ModelFiles {
+            bytes: files.bytes.clone(),
+            external: files.external.clone(),
+        };
+        let model = Model::assemble(name, &kept, copy, &beside, options).map_err(|e| match e {
+            // Said of the file the statement named.
+            Error::ModelLoad { message, .. } => load_error(Error::ModelFile(message)),
+            e => e,
+        })?;
+        let mut kept_files: Vec<(String, Arc<[u8]>)> = vec![("model.onnx".into(), files.bytes)];
+        kept_files.extend(files.external);
+        kept_files.extend(beside.into_iter().map(|(f, b)| (f.to_string(), b.into())));
+        warehouse.keep_model_files(&key, kept_files).await?;
+        let version = version_of(&model);
+        Ok((model, version, None))
+    }
+
+    /// Adds `version` to model `name` in the warehouse (refused where `adding` says the model
+    /// must not exist, or must); its definition as kept.
+    async fn keep_version(
+        &self,
+        name: &str,
+        version: Version,
+        adding: Adding,
+    ) -> Result<Definition> {
+        let warehouse = self
+            .warehouse
+            .as_ref()
+            .ok_or_else(|| self.no_warehouse("versions"))?;
+        let definition = warehouse
+            .change_model(name, |there| {
+                let mut versions = match (there, adding) {
+                    (Some(_), Adding::Create) => return Err(already_exists(name)),
+                    (None, Adding::Version) => return Err(self.not_defined(name)),
+                    (Some(there), _) => there.versions.clone(),
+                    (None, _) => Versions::default(),
+                };
+                versions.add(version.clone());
+                Ok(versions)
+            })
+            .await?;
+        self.seen_models()
+            .insert(name.to_string(), definition.clone());
+        Ok(definition)
+    }
+
+    /// Changes model `name`'s versions or aliases by `change` (ALTER MODEL), in the warehouse
+    /// first, then here.
+    async fn change_versions(
+        &self,
+        statement: &str,
+        name: &str,
+        change: impl Fn(&mut Versions) -> Result<()>,
+    ) -> Result<Definition> {
+        let warehouse = self.versioned(statement, name)?;
+        let definition = warehouse
+            .change_model(name, |there| {
+                let mut versions = there
+                    .ok_or_else(|| self.not_defined(name))?
+                    .versions
+                    .clone();
+                change(&mut versions)?;
+                Ok(versions)
+            })
+            .await?;
+        self.seen_models()
+            .insert(name.to_string(), definition.clone());
+        self.register_definition(name, &definition, None);
+        Ok(definition)
+    }
+
+    /// The warehouse, for a statement on the versions of model `name`: refused without one, and
+    /// for a model of `--models`.
+    fn versioned(&self, statement: &str, name: &str) -> Result<&Warehouse> {
+        check_name("model", name)?;
+        self.check_not_a_folder_model(name)?;
+        self.warehouse
+            .as_ref()
+            .ok_or_else(|| self.no_warehouse(statement))
+    }
+
+    fn no_warehouse(&self, statement: &str) -> Error {
+        Error::Usage(format!(
+            "{statement}: a model's versions and aliases are kept in the warehouse, and this              engine has none (start it with --warehouse DIR, or set BATCHINFER_WAREHOUSE)"
+        ))
+    }
+
+    /// The error of a statement on the versions of a model the warehouse does not define.
+    fn not_defined(&self, name: &str) -> Error {
+        let names = self.registry.names();
+        Error::UnknownModel {
+            name: name.to_string(),
+            available: if names.is_empty() {
+                "no models are registered (CREATE MODEL defines one)".into()
+            } else {
+                format!("the models are: {}", names.join(", "))
+            },
+        }
+    }
+
+    /// Registers every name of model `name`'s versions as `definition` has them: `name` (the
+    /// alias `default`, else the newest version), `name@N` for each version and `name@alias`
+    /// for each alias, each pinned to its version's sha256; `loaded`, the version this process
+    /// loaded (CREATE MODEL), under each name that picks it. Names no longer there are removed.
+    fn register_definition(
+        &self,
+        name: &str,
+        definition: &Definition,
+        loaded: Option<(u32, &Arc<Model>)>,
+    ) {
+        let versions = &definition.versions;
+        let numbers: Vec<u32> = versions.versions.iter().map(|v| v.version).collect();
+        let aliases: Vec<(String, u32)> = versions
+            .aliases
+            .iter()
+            .map(|(a, v)| (a.clone(), *v))
+            .collect();
+        let mut keys: Vec<(String, &Version, Option<String>)> = Vec::new();
+        if let Ok(picked) = versions.resolve(name, &Pick::Default) {
+            let alias = versions
+                .aliases
+                .contains_key(DEFAULT_ALIAS)
+                .then(|| DEFAULT_ALIAS.to_string());
+            keys.push((name.to_string(), picked, alias));
+        }
+        for version in &versions.versions {
+            keys.push((format!("{name}@{}", version.version), version, None));
+        }
+        for (alias, number) in &versions.aliases {
+            if let Ok(version) = versions.resolve(name, &Pick::Version(*number)) {
+                keys.push((format!("{name}@{alias}"), version, Some(alias.clone())));
+            }
+        }
+        let names: Vec<String> = keys.iter().map(|(k, _, _)| k.clone()).collect();
+        self.registry.unregister_picks_but(name, &names);
+        for (key, version, alias) in keys {
+            let picked = Picked {
+                model: name.to_string(),
+                version: version.version,
+                alias,
+                identity: version.identity(),
+                origin: version.origin.clone(),
+                versions: numbers.clone(),
+                aliases: aliases.clone(),
+            };
+            if let Some(endpoint) = &version.endpoint {
+                let model = Endpoint::from_json(endpoint)
+                    .and_then(|e| self.endpoint_model(&key, e).map_err(|e| e.to_string()));
+                match model {
+                    Ok(model) => {
+                        self.registry.register_endpoint(&key, Arc::new(model));
+                        self.registry.set_picked(&key, picked);
+                    }
+                    Err(why) => self.warn_once(format!("the definition of model '{key}' {why}")),
+                }
+                continue;
+            }
+            match (loaded, ModelSource::parse(&version.source)) {
+                (Some((number, model)), _) if number == version.version => {
+                    self.registry.insert_loaded(&key, model.clone());
+                    self.registry.set_picked(&key, picked);
+                }
+                (_, Ok(source)) => {
+                    self.registry
+                        .register_version(&key, source, version.sha256.as_deref(), picked)
+                }
+                (_, Err(why)) => self.warn_once(format!("model '{key}' is left out: {why}")),
+            }
+        }
     }
 
     /// Refuses a CREATE MODEL of `name` that cannot be: not a name, a model of `--models`, or
@@ -175,12 +469,7 @@ impl Catalog {
         check_name("model", name)?;
         self.check_not_a_folder_model(name)?;
         if self.registry.contains(name) && !or_replace {
-            return Err(Error::model(
-                name,
-                format!(
-                    "model '{name}' already exists (use CREATE OR REPLACE MODEL, or DROP MODEL {name})"
-                ),
-            ));
+            return Err(already_exists(name));
         }
         Ok(())
     }
@@ -203,34 +492,6 @@ impl Catalog {
              under another name"
             ),
         ))
-    }
-
-    /// Keeps this process's CREATE MODEL (`Some`) or DROP MODEL (`None`) in the warehouse.
-    async fn persist_models(&self, name: &str, model: Option<&Model>) -> Result<()> {
-        let definition = model.map(|model| Definition {
-            source: model.source.to_string(),
-            sha256: Some(model.sha256.clone()),
-            endpoint: None,
-        });
-        self.persist_definition(name, definition).await
-    }
-
-    /// Keeps the definition of `name` (`None`: its removal) in the warehouse.
-    async fn persist_definition(&self, name: &str, definition: Option<Definition>) -> Result<()> {
-        let Some(warehouse) = &self.warehouse else {
-            return Ok(());
-        };
-        match definition {
-            Some(definition) => {
-                warehouse.save_model(name, &definition).await?;
-                self.seen_models().insert(name.to_string(), definition);
-            }
-            None => {
-                warehouse.remove_model(name).await?;
-                self.seen_models().remove(name);
-            }
-        }
-        Ok(())
     }
 
     /// The endpoint model `name` of `endpoint`, keeping its answers in the warehouse's cache.
@@ -303,25 +564,7 @@ impl Catalog {
             if self.folder_models.contains(name) || seen.get(name) == Some(definition) {
                 continue;
             }
-            if let Some(endpoint) = &definition.endpoint {
-                match Endpoint::from_json(endpoint) {
-                    Ok(endpoint) => {
-                        let model = self.endpoint_model(name, endpoint)?;
-                        self.registry.register_endpoint(name, Arc::new(model));
-                    }
-                    Err(why) => warn(format!("the definition of model '{name}' {why}")),
-                }
-                seen.insert(name.clone(), definition.clone());
-                continue;
-            }
-            let source = ModelSource::parse(&definition.source)?;
-            // A registered model is the bytes that were registered: a file rewritten since is
-            // refused when it is loaded, here and on a cluster's executors, until CREATE OR
-            // REPLACE MODEL takes the new one.
-            match &definition.sha256 {
-                Some(sha256) => self.registry.register_pinned(name, source, sha256),
-                None => self.registry.register(name, source),
-            }
+            self.register_definition(name, definition, None);
             seen.insert(name.clone(), definition.clone());
         }
         // A definition that cannot be read now (being rewritten by hand) leaves its model as
@@ -329,7 +572,7 @@ impl Catalog {
         seen.retain(|name, _| {
             let kept = defined.contains_key(name) || definitions.unusable.contains_key(name);
             if !kept {
-                self.registry.unregister(name);
+                self.registry.unregister_model(name);
             }
             kept
         });
@@ -361,6 +604,36 @@ impl Catalog {
     fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
         self.models.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// How a statement adds a version.
+#[derive(Debug, Clone, Copy)]
+enum Adding {
+    /// CREATE MODEL: the model's first.
+    Create,
+    /// CREATE OR REPLACE MODEL: the first, or the newest.
+    Replace,
+    /// ALTER MODEL ... ADD VERSION: the newest of a model there is.
+    Version,
+}
+
+/// The number of the newest version of `definition`.
+fn newest(definition: &Definition) -> u32 {
+    definition.versions.versions.last().map_or(1, |v| v.version)
+}
+
+fn version_suffix(number: Option<u32>) -> String {
+    number.map_or_else(String::new, |n| format!(" as version {n}"))
+}
+
+fn already_exists(name: &str) -> Error {
+    Error::model(
+        name,
+        format!(
+            "model '{name}' already exists (use CREATE OR REPLACE MODEL, ALTER MODEL {name} ADD \
+             VERSION, or DROP MODEL {name})"
+        ),
+    )
 }
 
 /// The model file a CREATE MODEL source names: a `.onnx` file, or a folder with `model.onnx`,

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
 use super::{Model, ModelRegistry};
@@ -29,9 +31,11 @@ type ModelRow = (
 
 /// One row per registered model: name, source, inputs, outputs, size, sha256, and for a
 /// quantized model what it was quantized from, each read from its file without loading it
-/// ([`ModelRegistry::listing`]).
+/// ([`ModelRegistry::listing`]); for a model the warehouse keeps versions of, the version its
+/// name picks and the model's aliases (source: where that version was registered from).
 pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     let names = registry.names();
+    let picks: Vec<Option<super::Picked>> = names.iter().map(|n| registry.picked(n)).collect();
     let mut rows: Vec<ModelRow> = Vec::new();
     for name in names {
         if let Some(model) = registry.endpoint_model(&name) {
@@ -49,10 +53,13 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
             ));
             continue;
         }
-        let source = registry
-            .source(&name)
-            .map(|s| s.to_string())
-            .unwrap_or_default();
+        let source = match registry.picked(&name) {
+            Some(picked) => picked.origin,
+            None => registry
+                .source(&name)
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        };
         match registry.listing(&name) {
             Ok(model) => rows.push((
                 name,
@@ -82,7 +89,18 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
         Field::new("size_bytes", DataType::UInt64, true),
         Field::new("sha256", DataType::Utf8, true),
         Field::new("quantized", DataType::Utf8, true),
+        Field::new("version", DataType::UInt32, true),
+        Field::new("aliases", DataType::Utf8, true),
     ]));
+    let aliases = picks.iter().map(|p| {
+        let p = p.as_ref()?;
+        let aliases: Vec<String> = p
+            .aliases
+            .iter()
+            .map(|(a, v)| format!("{a} -> {v}"))
+            .collect();
+        (!aliases.is_empty()).then(|| aliases.join(", "))
+    });
     let column = |f: &dyn Fn(&ModelRow) -> String| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
     };
@@ -94,6 +112,65 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
         Arc::new(rows.iter().map(|r| r.4).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.5.clone()).collect::<StringArray>()),
         Arc::new(rows.iter().map(|r| r.6.clone()).collect::<StringArray>()),
+        Arc::new(
+            picks
+                .iter()
+                .map(|p| p.as_ref().map(|p| p.version))
+                .collect::<UInt32Array>(),
+        ),
+        Arc::new(aliases.collect::<StringArray>()),
+    ];
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// SHOW MODEL VERSIONS: one row per version of model `name`, oldest first: its number, sha256,
+/// where it was registered from, when, the aliases naming it, whether the name alone picks it,
+/// and where its files are kept.
+pub fn versions_batch(name: &str, versions: &super::versions::Versions) -> Result<RecordBatch> {
+    let picked = versions
+        .resolve(name, &super::versions::Pick::Default)
+        .ok()
+        .map(|v| v.version);
+    let list = &versions.versions;
+    let aliases = list.iter().map(|v| {
+        let aliases = versions.aliases_of(v.version);
+        (!aliases.is_empty()).then(|| aliases.join(", "))
+    });
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("version", DataType::UInt32, false),
+        Field::new("sha256", DataType::Utf8, true),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("created", DataType::Utf8, false),
+        Field::new("aliases", DataType::Utf8, true),
+        Field::new("picked", DataType::Boolean, false),
+        Field::new("kept", DataType::Utf8, false),
+    ]));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(
+            list.iter()
+                .map(|v| Some(v.version))
+                .collect::<UInt32Array>(),
+        ),
+        Arc::new(
+            list.iter()
+                .map(|v| v.sha256.clone())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(StringArray::from_iter_values(
+            list.iter().map(|v| &v.origin),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            list.iter().map(|v| &v.created),
+        )),
+        Arc::new(aliases.collect::<StringArray>()),
+        Arc::new(
+            list.iter()
+                .map(|v| Some(Some(v.version) == picked))
+                .collect::<BooleanArray>(),
+        ),
+        Arc::new(StringArray::from_iter_values(
+            list.iter().map(|v| &v.source),
+        )),
     ];
     Ok(RecordBatch::try_new(schema, columns)?)
 }

@@ -27,7 +27,7 @@ use crate::device::Target;
 use crate::stop::StopToken;
 pub use crate::tensor::signature::{ModelSignature, TensorSpec};
 use pool::SessionPool;
-pub use registry::{ModelRegistry, Totals};
+pub use registry::{ModelRegistry, Picked, Totals};
 pub use shared::SharedModels;
 pub use source::ModelSource;
 

@@ -82,6 +82,9 @@ pub struct ModelRegistry {
     origins: String,
     /// Endpoint models ([`crate::llm`]), by name.
     endpoints: endpoints::Endpoints,
+    /// What each name of a warehouse model's versions picks (`churn`, `churn@2`,
+    /// `churn@champion`).
+    picks: picks::Picks,
 }
 
 /// Where the models of an engine configured by `config` come from, as a person reads it.
@@ -105,7 +108,10 @@ fn origins(config: &EngineConfig) -> String {
 }
 
 mod endpoints;
+mod picks;
 mod stats;
+
+pub use picks::Picked;
 
 pub use stats::Totals;
 
@@ -127,6 +133,7 @@ impl ModelRegistry {
             },
             origins: origins(config),
             endpoints: Default::default(),
+            picks: Default::default(),
         }
     }
 
@@ -239,6 +246,7 @@ impl ModelRegistry {
             by_content: self.by_content.clone(),
             origins: self.origins.clone(),
             endpoints: Arc::new(RwLock::new(endpoints)),
+            picks: Default::default(),
         }))
     }
 
@@ -314,10 +322,12 @@ impl ModelRegistry {
         }
     }
 
-    /// Names of the registered models, sorted.
+    /// Names of the registered models, sorted, without their versions' and aliases' names
+    /// (`name@...`).
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.read().keys().cloned().collect();
         names.extend(self.endpoint_names());
+        names.retain(|n| !n.contains('@'));
         names.sort();
         names
     }

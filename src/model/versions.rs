@@ -114,19 +114,50 @@ fn refused(text: &str, why: &str) -> Error {
     )
 }
 
-/// One registered version: the bytes it was registered with, by their sha256.
+/// One registered version: the bytes it was registered with, by their sha256 (of an endpoint
+/// model, its definition).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Version {
     pub version: u32,
-    /// The model's version identity ([`crate::model::version`]): its file's sha256, with that of
-    /// the files beside it.
-    pub sha256: String,
-    /// Where its bytes are kept (the warehouse's copy).
+    /// The sha256 of its model file with its external data ([`crate::model::Model::sha256`]),
+    /// or of an endpoint model's definition; absent in definitions written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The sha256 of the files beside it that change what it computes (a text model's
+    /// tokenizer and settings, an image model's preprocessing), where it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beside_sha256: Option<String>,
+    /// Where its bytes are kept (the warehouse's copy), or an endpoint model's URL.
     pub source: String,
     /// Where it was registered from, as the statement named it.
     pub origin: String,
     /// When it was added (RFC 3339, UTC).
     pub created: String,
+    /// An endpoint model's definition ([`crate::llm::Endpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<serde_json::Value>,
+}
+
+impl Version {
+    /// A version of the bytes of `sha256` kept at `source`, registered from `origin` now; its
+    /// number is given when it is added ([`Versions::add`]).
+    pub fn new(sha256: Option<String>, source: String, origin: String) -> Version {
+        Version {
+            version: 0,
+            sha256,
+            beside_sha256: None,
+            source,
+            origin,
+            created: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            endpoint: None,
+        }
+    }
+
+    /// What a materialized view records of it ([`crate::model::Model::version`]).
+    pub fn identity(&self) -> Option<String> {
+        let sha256 = self.sha256.as_deref()?;
+        Some(crate::model::version(sha256, self.beside_sha256.as_deref()))
+    }
 }
 
 /// A model's versions and aliases.
@@ -141,18 +172,13 @@ pub struct Versions {
 }
 
 impl Versions {
-    /// Adds a version of `sha256` kept at `source`; its number.
-    pub fn add(&mut self, sha256: &str, source: &str, origin: &str, created: &str) -> u32 {
-        let version = self.next.max(1);
-        self.next = version + 1;
-        self.versions.push(Version {
-            version,
-            sha256: sha256.to_string(),
-            source: source.to_string(),
-            origin: origin.to_string(),
-            created: created.to_string(),
-        });
-        version
+    /// Adds `version` as the newest, numbered after every version there was; its number.
+    pub fn add(&mut self, mut version: Version) -> u32 {
+        let number = self.next.max(1);
+        self.next = number + 1;
+        version.version = number;
+        self.versions.push(version);
+        number
     }
 
     /// Points `alias` at `version`, which must be one there is.
@@ -318,24 +344,24 @@ mod tests {
     fn three() -> Versions {
         let mut v = Versions::default();
         for (i, sha) in ["a", "b", "c"].into_iter().enumerate() {
-            assert_eq!(v.add(sha, &format!("s{i}"), "o", "t"), i as u32 + 1);
+            let version = Version::new(Some(sha.into()), format!("s{i}"), "o".into());
+            assert_eq!(v.add(version), i as u32 + 1);
         }
         v
+    }
+
+    fn sha(v: &Versions, pick: &Pick) -> String {
+        v.resolve("m", pick).unwrap().sha256.clone().unwrap()
     }
 
     #[test]
     fn the_default_is_the_alias_default_else_the_newest() {
         let mut v = three();
-        assert_eq!(v.resolve("m", &Pick::Default).unwrap().sha256, "c");
+        assert_eq!(sha(&v, &Pick::Default), "c");
         v.set_alias("m", DEFAULT_ALIAS, 1).unwrap();
-        assert_eq!(v.resolve("m", &Pick::Default).unwrap().sha256, "a");
+        assert_eq!(sha(&v, &Pick::Default), "a");
         v.set_alias("m", "champion", 2).unwrap();
-        assert_eq!(
-            v.resolve("m", &Pick::Alias("champion".into()))
-                .unwrap()
-                .sha256,
-            "b"
-        );
+        assert_eq!(sha(&v, &Pick::Alias("champion".into())), "b");
         assert!(v.set_alias("m", "x", 9).is_err());
         assert!(v.resolve("m", &Pick::Alias("nope".into())).is_err());
         assert_eq!(v.aliases_of(1), vec![DEFAULT_ALIAS]);
@@ -350,7 +376,7 @@ mod tests {
         v.drop_alias("m", "champion").unwrap();
         assert!(v.drop_alias("m", "champion").is_err());
         v.drop_version("m", 3).unwrap();
-        assert_eq!(v.add("d", "s", "o", "t"), 4);
+        assert_eq!(v.add(Version::new(None, "s".into(), "o".into())), 4);
         v.drop_version("m", 1).unwrap();
         v.drop_version("m", 2).unwrap();
         assert!(v.drop_version("m", 4).is_err(), "the last version stays");

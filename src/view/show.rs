@@ -99,9 +99,14 @@ pub(crate) fn view_state(view: &Manifest, registry: &crate::model::ModelRegistry
             .models
             .iter()
             .filter(|(name, version)| {
-                registry
-                    .sha256_of(name)
-                    .is_some_and(|now| now != crate::model::sha256_of_version(version))
+                // A warehouse model's version says what it is whole (its file and the files
+                // beside it); another model, its file.
+                match registry.picked(name).and_then(|p| p.identity) {
+                    Some(identity) => identity != **version,
+                    None => registry
+                        .sha256_of(name)
+                        .is_some_and(|now| now != crate::model::sha256_of_version(version)),
+                }
             })
             .map(|(name, _)| name.clone())
             .collect()

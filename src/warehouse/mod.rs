@@ -2,7 +2,12 @@
 //!
 //! ```text
 //! warehouse/
-//!   models/NAME.json         one file per model, from CREATE MODEL: {"name", "source"}
+//!   models/NAME/             one folder per model, from CREATE MODEL and ALTER MODEL: its
+//!                            versions and aliases, one manifest a change ([`models`]); older
+//!                            warehouses keep models/NAME.json, a model of one version, until
+//!                            its next change
+//!   model-files/KEY/         the files of a model's version, as registered: model.onnx, its
+//!                            external data and the files beside it, KEY their sha256
 //!   tables/NAME/             one Delta Lake table per name, from CREATE TABLE ... AS and
 //!                            INSERT INTO: _delta_log/ and each statement's data-UUID/ folder
 //!                            ([`crate::delta::write`]); a folder of Parquet files written
@@ -15,61 +20,43 @@
 //! ```
 //! Names are names, never paths: a table or model name is letters, digits, `_` and `-`, at most
 //! [`MAX_NAME_BYTES`] bytes ([`check_name`]), checked here, where each name becomes a path or a
-//! key, so no statement reaches outside `tables/NAME/` or `models/NAME.json`.
+//! key, so no statement reaches outside `tables/NAME/` or `models/NAME/`; a model's versions
+//! and aliases are parsed ([`crate::model::versions`]) and kept in its manifest, never made
+//! into paths.
 //!
 //! The warehouse is one object store and a prefix in it: a local folder or a prefix in S3, Google
-//! Cloud Storage or Azure (`--warehouse s3://bucket/wh/`, `gs://...`, `az://...`), with one layout. A table appears whole or not at all, each
-//! table is a Delta table: each statement one commit of its log, which every store makes atomic
-//! (a conditional PUT): a statement that fails or is interrupted leaves nothing a later query
-//! would read. One file per model, each written
-//! whole, means concurrent CREATE MODEL statements never overwrite each other's definitions.
+//! Cloud Storage or Azure (`--warehouse s3://bucket/wh/`, `gs://...`, `az://...`), with one
+//! layout. A table appears whole or not at all, each table is a Delta table: each statement one
+//! commit of its log, which every store makes atomic (a conditional PUT): a statement that fails
+//! or is interrupted leaves nothing a later query would read. A model's every change is a new
+//! manifest created only where none of its number exists, so concurrent statements never
+//! overwrite each other's versions or aliases.
 //!
 //! Warehouses written before one file per model keep `models.json`; its definitions are moved to
 //! `models/` the first time the warehouse is opened.
 
+mod models;
 pub mod schema;
 pub mod view_files;
 pub mod view_manifest;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
-use serde_json::Value;
 use url::Url;
 
 use crate::error::{Error, Result};
-use crate::storage::{CommitStore, Manifests, StoreRegistry, Tables, read_object};
+use crate::storage::{CommitStore, Manifests, StoreRegistry, Tables};
 
 pub use crate::storage::{MAX_NAME_BYTES, check_name};
+pub use models::{Definition, Definitions};
 
 /// What identifies a Delta table's version `version`, committed as `commit` (its log file's tag
 /// and time): a table made again has versions of the same numbers.
 fn delta_key(version: u64, commit: &str) -> String {
     format!("delta:{version}:{commit}")
-}
-
-/// A model as CREATE MODEL defined it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Definition {
-    /// The model's file or folder: a path or an object store's URL.
-    pub source: String,
-    /// The sha256 of the model CREATE MODEL loaded (absent in definitions written before); of
-    /// an endpoint model, its definition's.
-    pub sha256: Option<String>,
-    /// An endpoint model's definition ([`crate::llm::Endpoint`]; `source` is then its URL).
-    pub endpoint: Option<Value>,
-}
-
-/// The model definitions of a warehouse.
-#[derive(Debug, Default)]
-pub struct Definitions {
-    /// Name -> definition.
-    pub models: BTreeMap<String, Definition>,
-    /// Name -> why its definition cannot be read.
-    pub unusable: BTreeMap<String, String>,
 }
 
 /// A warehouse: a folder (created on first write) or a prefix in S3, Google Cloud Storage or
@@ -139,7 +126,8 @@ impl Warehouse {
         Ok(crate::storage::display_location(&url))
     }
 
-    /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`) that
+    /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`,
+    /// `model-files/`) that
     /// `url` is in or is, if any: a place nothing else may write into.
     pub fn own_folder_holding(&self, url: &Url) -> Option<&'static str> {
         if url.scheme() != self.root.scheme() || url.host_str() != self.root.host_str() {
@@ -147,12 +135,18 @@ impl Warehouse {
         }
         // As the store reads them (escapes decoded: `%74ables` is `tables`).
         let path = crate::storage::object_path(url).ok()?;
-        ["tables", "views", "models", "quantized"]
-            .into_iter()
-            .find(|folder| {
-                self.object(folder)
-                    .is_ok_and(|own| path.prefix_matches(&own))
-            })
+        [
+            "tables",
+            "views",
+            "models",
+            "quantized",
+            models::KEPT_FOLDER,
+        ]
+        .into_iter()
+        .find(|folder| {
+            self.object(folder)
+                .is_ok_and(|own| path.prefix_matches(&own))
+        })
     }
 
     /// Refuses a write to `url` in a local warehouse through a symbolic link between the
@@ -187,90 +181,6 @@ impl Warehouse {
         self.tables.location(name)
     }
 
-    /// Models defined by CREATE MODEL: name -> source path (definitions that cannot be read left
-    /// out: see [`Warehouse::definitions`]).
-    pub async fn models(&self) -> Result<BTreeMap<String, String>> {
-        Ok(self
-            .definitions()
-            .await?
-            .models
-            .into_iter()
-            .map(|(name, d)| (name, d.source))
-            .collect())
-    }
-
-    /// Models defined by CREATE MODEL. A definition that cannot be read (not JSON, no source, a
-    /// FIFO, too large) is set apart with what is wrong, so that one bad file does not take the
-    /// others, or the warehouse, with it.
-    pub async fn definitions(&self) -> Result<Definitions> {
-        let mut definitions = Definitions::default();
-        for (name, text, path) in self.model_files().await? {
-            let definition = text.and_then(|text| {
-                let json: Value = serde_json::from_str(&text).map_err(|e| Error::Definition {
-                    path: path.clone(),
-                    problem: format!("is not valid JSON: {e}"),
-                })?;
-                let source = json.get("source").and_then(Value::as_str).ok_or_else(|| {
-                    Error::Definition {
-                        path: path.clone(),
-                        problem: "has no \"source\": not a model definition".into(),
-                    }
-                })?;
-                Ok(Definition {
-                    source: source.to_string(),
-                    sha256: json
-                        .get("sha256")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    endpoint: json.get("endpoint").cloned(),
-                })
-            });
-            match definition {
-                Ok(definition) => {
-                    definitions.models.insert(name, definition);
-                }
-                Err(e) => {
-                    definitions.unusable.insert(name, e.to_string());
-                }
-            }
-        }
-        Ok(definitions)
-    }
-
-    /// The text of each `models/NAME.json` whose NAME is a usable name (or why it cannot be
-    /// read), with where it was read.
-    async fn model_files(&self) -> Result<Vec<(String, Result<String>, String)>> {
-        let folder = self.object("models/")?;
-        let listed = match self.store.inner().list_with_delimiter(Some(&folder)).await {
-            Ok(listed) => listed.objects,
-            Err(object_store::Error::NotFound { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        let mut files = Vec::new();
-        for object in listed {
-            let Some(name) = object
-                .location
-                .filename()
-                .and_then(|file| file.strip_suffix(".json"))
-                .filter(|n| check_name("model", n).is_ok())
-                .map(str::to_string)
-            else {
-                continue;
-            };
-            let path = self.display(&object.location);
-            let text = match read_object(&self.store, &object.location, MODEL_DEFINITION_CAP).await
-            {
-                // Removed since it was listed.
-                Ok(None) => continue,
-                Ok(Some(bytes)) => String::from_utf8(bytes)
-                    .map_err(|e| Error::warehouse(&path, format!("reading {path}: {e}"))),
-                Err(e) => Err(Error::warehouse(&path, format!("reading {path}: {e}"))),
-            };
-            files.push((name, text, path));
-        }
-        Ok(files)
-    }
-
     /// The store and prefix of the warehouse's folder `folder`, where a feature keeps files
     /// of its own (endpoint models' answers: `llm-cache`).
     pub fn area(&self, folder: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path, Url)> {
@@ -280,70 +190,6 @@ impl Warehouse {
             .join(&format!("{folder}/"))
             .map_err(|e| Error::warehouse(&self.root, format!("{}{folder}: {e}", self.root)))?;
         Ok((self.store.inner().clone(), self.object(folder)?, url))
-    }
-
-    /// Keeps `name -> source` (replacing any definition of that name), with the sha256 of the
-    /// model the statement loaded, so that other processes see a redefinition from the same
-    /// file: one file written whole (by rename locally, by one PUT in S3).
-    pub async fn save_model(&self, name: &str, model: &Definition) -> Result<()> {
-        check_name("model", name)?;
-        let mut definition = serde_json::json!({
-            "name": name,
-            "source": model.source,
-        });
-        if let Some(sha256) = &model.sha256 {
-            definition["sha256"] = sha256.clone().into();
-        }
-        if let Some(endpoint) = &model.endpoint {
-            definition["endpoint"] = endpoint.clone();
-        }
-        let text = serde_json::to_string_pretty(&definition)
-            .map_err(|e| Error::warehouse(format!("models/{name}.json"), e.to_string()))?;
-        let path = self.object(&format!("models/{name}.json"))?;
-        self.store
-            .inner()
-            .put(&path, text.into_bytes().into())
-            .await?;
-        Ok(())
-    }
-
-    /// Forgets the model `name`.
-    pub async fn remove_model(&self, name: &str) -> Result<()> {
-        check_name("model", name)?;
-        self.delete(&self.object(&format!("models/{name}.json"))?)
-            .await
-    }
-
-    async fn delete(&self, path: &Path) -> Result<()> {
-        match self.store.inner().delete(path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Moves the definitions of a `models.json` (the layout before one file per model) to
-    /// `models/`, then removes it. Definitions already in `models/` win.
-    pub async fn move_legacy_models(&self) -> Result<()> {
-        let path = self.object("models.json")?;
-        let Some(bytes) = read_object(&self.store, &path, MODEL_DEFINITION_CAP).await? else {
-            return Ok(());
-        };
-        let json: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::warehouse(&path, format!("models.json is not valid JSON: {e}")))?;
-        let existing = self.models().await?;
-        if let Some(models) = json.get("models").and_then(Value::as_object) {
-            for (name, source) in models {
-                if let (Some(source), None) = (source.as_str(), existing.get(name)) {
-                    let definition = Definition {
-                        source: source.to_string(),
-                        sha256: None,
-                        endpoint: None,
-                    };
-                    self.save_model(name, &definition).await?;
-                }
-            }
-        }
-        self.delete(&path).await
     }
 
     /// Names of the table folders (one listing; a table being created may be among them).
@@ -451,6 +297,13 @@ impl Warehouse {
         Ok(())
     }
 
+    async fn delete(&self, path: &Path) -> Result<()> {
+        match self.store.inner().delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Removes one file under the warehouse, if it is there.
     pub async fn delete_file(&self, url: &Url) -> Result<()> {
         self.delete(&self.file(url)?).await
@@ -515,9 +368,6 @@ impl Warehouse {
         }
     }
 }
-
-/// The largest `models/NAME.json` read.
-const MODEL_DEFINITION_CAP: u64 = 1 << 20;
 
 /// A warehouse table's name: without schema, normalized as DataFusion does (lower case unless
 /// quoted), and a plain name ([`check_name`]).

@@ -152,6 +152,9 @@ impl ModelRegistry {
 
     /// The error of a name no model has.
     pub(super) fn unknown(&self, name: &str) -> Error {
+        if let Some(error) = self.no_such_version(name) {
+            return error;
+        }
         let names = self.names();
         let available = if names.is_empty() {
             format!("no models are registered; {}", self.origins)

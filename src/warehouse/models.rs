@@ -1,0 +1,336 @@
+//! A warehouse's models. Each is a folder `models/NAME/` of manifests ([`Manifests`]), the
+//! newest holding the model's versions and aliases ([`Versions`]); every change (a version
+//! added, an alias set) creates the next manifest, only where no writer created it first, so
+//! concurrent changes from several processes are each kept, locally and in S3 alike. A version's
+//! files are copied, as they were registered, to `model-files/KEY/`, KEY their sha256: a file
+//! changed or removed after registration changes nothing.
+//!
+//! Warehouses written before versions keep `models/NAME.json`, a model of one version (its
+//! source, not copied); its first change moves it to `models/NAME/`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use object_store::ObjectStoreExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use url::Url;
+
+use super::Warehouse;
+use crate::error::{Error, Result};
+use crate::model::versions::{Pick, Version, Versions};
+use crate::storage::{Manifests, check_name, read_object};
+
+/// The warehouse's folder of the files of models' versions.
+pub const KEPT_FOLDER: &str = "model-files";
+
+/// The largest model definition read.
+const MODEL_DEFINITION_CAP: u64 = 1 << 20;
+
+/// How many times a change is tried again after another process changed the model first.
+const ATTEMPTS: u32 = 100;
+
+/// A model as the warehouse defines it: its versions and aliases, and the version its name
+/// alone picks (the alias `default`, else the newest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Definition {
+    /// The picked version's file (the warehouse's copy, or an older definition's path), or an
+    /// endpoint model's URL.
+    pub source: String,
+    /// The picked version's sha256 (absent in definitions written before it was kept).
+    pub sha256: Option<String>,
+    /// The picked version's endpoint definition, for an endpoint model.
+    pub endpoint: Option<Value>,
+    /// Every version and alias.
+    pub versions: Versions,
+}
+
+impl Definition {
+    /// The definition of `name` with `versions`.
+    pub fn of(name: &str, versions: Versions) -> Result<Definition> {
+        let picked = versions.resolve(name, &Pick::Default)?;
+        Ok(Definition {
+            source: picked.source.clone(),
+            sha256: picked.sha256.clone(),
+            endpoint: picked.endpoint.clone(),
+            versions,
+        })
+    }
+
+    /// A model of the one version `version` (a new model, or an older definition).
+    pub fn first(name: &str, version: Version) -> Result<Definition> {
+        let mut versions = Versions::default();
+        versions.add(version);
+        Definition::of(name, versions)
+    }
+}
+
+/// The model definitions of a warehouse.
+#[derive(Debug, Default)]
+pub struct Definitions {
+    /// Name -> definition.
+    pub models: BTreeMap<String, Definition>,
+    /// Name -> why its definition cannot be read.
+    pub unusable: BTreeMap<String, String>,
+}
+
+/// A manifest of `models/NAME/`.
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    name: String,
+    versions: Versions,
+}
+
+impl Warehouse {
+    /// Models defined by CREATE MODEL: name -> the source of the version its name picks
+    /// (definitions that cannot be read left out: see [`Warehouse::definitions`]).
+    pub async fn models(&self) -> Result<BTreeMap<String, String>> {
+        Ok(self
+            .definitions()
+            .await?
+            .models
+            .into_iter()
+            .map(|(name, d)| (name, d.source))
+            .collect())
+    }
+
+    /// Models defined by CREATE MODEL. A definition that cannot be read (not JSON, no source, a
+    /// FIFO, too large) is set apart with what is wrong, so that one bad file does not take the
+    /// others, or the warehouse, with it.
+    pub async fn definitions(&self) -> Result<Definitions> {
+        let folder = self.object("models/")?;
+        let listed = match self.store.inner().list_with_delimiter(Some(&folder)).await {
+            Ok(listed) => listed,
+            Err(object_store::Error::NotFound { .. }) => object_store::ListResult {
+                common_prefixes: Vec::new(),
+                objects: Vec::new(),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let mut definitions = Definitions::default();
+        let usable = |name: Option<&str>| {
+            name.filter(|n| check_name("model", n).is_ok())
+                .map(str::to_string)
+        };
+        let mut named = Vec::new();
+        for object in &listed.objects {
+            let file = object.location.filename();
+            if let Some(name) = usable(file.and_then(|f| f.strip_suffix(".json"))) {
+                named.push(name);
+            }
+        }
+        for prefix in &listed.common_prefixes {
+            if let Some(name) = usable(prefix.filename()) {
+                named.push(name);
+            }
+        }
+        named.sort();
+        named.dedup();
+        for name in named {
+            match self.definition(&name).await {
+                Ok(Some(definition)) => {
+                    definitions.models.insert(name, definition);
+                }
+                // Removed since it was listed.
+                Ok(None) => {}
+                Err(e) => {
+                    definitions.unusable.insert(name, e.to_string());
+                }
+            }
+        }
+        Ok(definitions)
+    }
+
+    /// The definition of model `name`: its newest manifest, else an older warehouse's
+    /// `models/NAME.json`; `None` where it has neither.
+    pub async fn definition(&self, name: &str) -> Result<Option<Definition>> {
+        Ok(self.current(name).await?.map(|(_, definition)| definition))
+    }
+
+    /// The definition of model `name` with its manifest's number (0: none, the definition an
+    /// older warehouse's file, if any).
+    async fn current(&self, name: &str) -> Result<Option<(u64, Definition)>> {
+        let manifests = self.model_manifests(name)?;
+        if let Some((number, bytes)) = manifests.latest().await? {
+            let path = format!(
+                "{}models/{name}/",
+                crate::storage::display_location(&self.root)
+            );
+            let manifest: Manifest =
+                serde_json::from_slice(&bytes).map_err(|e| Error::Definition {
+                    path: path.clone(),
+                    problem: format!("its manifest {number} is not a model's versions: {e}"),
+                })?;
+            let definition =
+                Definition::of(name, manifest.versions).map_err(|e| Error::Definition {
+                    path,
+                    problem: e.to_string(),
+                })?;
+            return Ok(Some((number, definition)));
+        }
+        Ok(self.single_file(name).await?.map(|d| (0, d)))
+    }
+
+    /// The model `name` of an older warehouse's `models/NAME.json`: one version, not copied.
+    async fn single_file(&self, name: &str) -> Result<Option<Definition>> {
+        let path = self.object(&format!("models/{name}.json"))?;
+        let shown = self.display(&path);
+        let unreadable = |e: Error| Error::warehouse(&shown, format!("reading {shown}: {e}"));
+        let Some(bytes) = read_object(&self.store, &path, MODEL_DEFINITION_CAP)
+            .await
+            .map_err(unreadable)?
+        else {
+            return Ok(None);
+        };
+        let problem = |problem: String| Error::Definition {
+            path: shown.clone(),
+            problem,
+        };
+        let json: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| problem(format!("is not valid JSON: {e}")))?;
+        let source = json
+            .get("source")
+            .and_then(Value::as_str)
+            .ok_or_else(|| problem("has no \"source\": not a model definition".into()))?;
+        let sha256 = json.get("sha256").and_then(Value::as_str);
+        let mut version = Version::new(
+            sha256.map(str::to_string),
+            source.to_string(),
+            source.to_string(),
+        );
+        version.created = String::new();
+        version.endpoint = json.get("endpoint").cloned();
+        Definition::first(name, version).map(Some)
+    }
+
+    /// Changes model `name`'s versions and aliases: `change` is given its definition as it is
+    /// (`None`: there is none) and returns what it becomes, kept as the next manifest. Where
+    /// another process changed the model in between, `change` is given its definition again, so
+    /// that no change is lost. The definition as changed.
+    pub async fn change_model(
+        &self,
+        name: &str,
+        mut change: impl FnMut(Option<&Definition>) -> Result<Versions>,
+    ) -> Result<Definition> {
+        let manifests = self.model_manifests(name)?;
+        for attempt in 0..ATTEMPTS {
+            let current = self.current(name).await?;
+            let number = current.as_ref().map_or(0, |(n, _)| *n);
+            let versions = change(current.as_ref().map(|(_, d)| d))?;
+            let definition = Definition::of(name, versions.clone())?;
+            let manifest = Manifest {
+                name: name.to_string(),
+                versions,
+            };
+            let bytes = serde_json::to_vec_pretty(&manifest)
+                .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
+            if manifests.create(number + 1, bytes).await? {
+                if number == 0 {
+                    // An older warehouse's file, moved into the manifest.
+                    self.delete(&self.object(&format!("models/{name}.json"))?)
+                        .await?;
+                }
+                return Ok(definition);
+            }
+            // Another writer's change came first: read it and try again, a while later.
+            let wait = 5 + u64::from(attempt) * 5 + (std::process::id() as u64 % 7) * 3;
+            tokio::time::sleep(Duration::from_millis(wait.min(200))).await;
+        }
+        Err(Error::warehouse(
+            format!("models/{name}/"),
+            format!(
+                "model '{name}' was changed by other statements {ATTEMPTS} times while this \
+                 one tried to change it; nothing was changed: run it again"
+            ),
+        ))
+    }
+
+    /// Forgets the model `name` with all its versions (their files stay where other models'
+    /// versions may share them).
+    pub async fn remove_model(&self, name: &str) -> Result<()> {
+        self.model_manifests(name)?.remove_folder(None).await?;
+        self.delete(&self.object(&format!("models/{name}.json"))?)
+            .await
+    }
+
+    /// Moves the definitions of a `models.json` (the layout before one file per model) to
+    /// `models/`, then removes it. Definitions already in `models/` win.
+    pub async fn move_legacy_models(&self) -> Result<()> {
+        let path = self.object("models.json")?;
+        let Some(bytes) = read_object(&self.store, &path, MODEL_DEFINITION_CAP).await? else {
+            return Ok(());
+        };
+        let json: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::warehouse(&path, format!("models.json is not valid JSON: {e}")))?;
+        if let Some(models) = json.get("models").and_then(Value::as_object) {
+            for (name, source) in models {
+                let Some(source) = source.as_str() else {
+                    continue;
+                };
+                if check_name("model", name).is_err() {
+                    continue;
+                }
+                self.change_model(name, |there| match there {
+                    Some(there) => Ok(there.versions.clone()),
+                    None => {
+                        let version = Version::new(None, source.to_string(), source.to_string());
+                        Ok(Definition::first(name, version)?.versions)
+                    }
+                })
+                .await?;
+            }
+        }
+        self.delete(&path).await
+    }
+
+    /// The manifests of model `name`.
+    fn model_manifests(&self, name: &str) -> Result<Manifests> {
+        check_name("model", name)?;
+        let folder = self.object(&format!("models/{name}/"))?;
+        Ok(Manifests::new(self.store.clone(), folder))
+    }
+
+    /// Where the `model.onnx` of the version of files `key` (a hex digest of them) is kept.
+    pub fn kept_model(&self, key: &str) -> Result<Url> {
+        self.kept_file(key, "model.onnx")
+    }
+
+    fn kept_file(&self, key: &str, file: &str) -> Result<Url> {
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(Error::Internal(format!("'{key}' is not a digest")));
+        }
+        let path = format!("{KEPT_FOLDER}/{key}/{file}");
+        self.root
+            .join(&path)
+            .map_err(|e| Error::warehouse(&self.root, format!("{path}: {e}")))
+    }
+
+    /// Keeps a version's files (`files`: name in the folder -> bytes, the model's `model.onnx`
+    /// among them) in `model-files/KEY/`, KEY a hex digest of what they are. A file already
+    /// there with the same bytes is left as it is; the model file is written last, so that a
+    /// folder with one holds all the files it was kept with.
+    pub async fn keep_model_files(
+        &self,
+        key: &str,
+        files: Vec<(String, std::sync::Arc<[u8]>)>,
+    ) -> Result<()> {
+        let url = |file: &str| self.kept_file(key, file);
+        let (model, others): (Vec<_>, Vec<_>) =
+            files.into_iter().partition(|(f, _)| f == "model.onnx");
+        for (file, bytes) in others.into_iter().chain(model) {
+            crate::onnx::external::check_location(&file)?;
+            let target = url(&file)?;
+            let path = crate::storage::object_path(&target)?;
+            let same = match self.store.inner().head(&path).await {
+                Ok(meta) if meta.size == bytes.len() as u64 => {
+                    read_object(&self.store, &path, meta.size).await?.as_deref() == Some(&bytes[..])
+                }
+                _ => false,
+            };
+            if !same {
+                self.put_file(&target, bytes.to_vec()).await?;
+            }
+        }
+        Ok(())
+    }
+}
