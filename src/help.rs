@@ -68,8 +68,8 @@ batchinfer_rejects(): the rows models failed on with SET batchinfer.on_error = '
         names: &["create model", "model", "create or replace model"],
         text: "\
 CREATE [OR REPLACE] MODEL name FROM 'path or URL' [OPTIONS ('quantize' 'int8')]
-  Defines a model in the warehouse, kept with its file's sha256: a file rewritten since is
-  refused until CREATE OR REPLACE MODEL takes it.
+  Defines a model in the warehouse, its files kept there as they were registered: a file
+  rewritten since changes nothing. OR REPLACE adds a version (the newest) and keeps the others.
   CREATE MODEL late FROM 'models/late.onnx';
 CREATE [OR REPLACE] MODEL name OPTIONS ('endpoint' 'URL', 'model' 'NAME', ...)
   Defines an endpoint model: an LLM behind an OpenAI-compatible API, called by generate.
@@ -88,12 +88,26 @@ generate('model', prompt [, 'col TYPE, ...']): one request per row to an endpoin
   SET batchinfer.cache = 'on' | 'read' | 'off'; SHOW LLM CACHE; CLEAR LLM CACHE",
     },
     Topic {
+        names: &[
+            "alter model",
+            "model versions",
+            "show model versions",
+            "alias",
+        ],
+        text: "\
+ALTER MODEL name ADD VERSION FROM 'path or URL' [OPTIONS (...)] | SET ALIAS a TO VERSION n |
+  DROP ALIAS a | DROP VERSION n; SHOW MODEL VERSIONS name
+  predict('name', ...) is the alias default where it is set, else the newest version;
+  predict('name@2', ...) version 2; predict('name@champion', ...) the version the alias names.
+  ALTER MODEL churn SET ALIAS champion TO VERSION 2;",
+    },
+    Topic {
         names: &["drop model"],
-        text: "DROP MODEL [IF EXISTS] name: removes a model's definition from the warehouse.",
+        text: "DROP MODEL [IF EXISTS] name: removes a model, with all its versions, from the warehouse.",
     },
     Topic {
         names: &["show models"],
-        text: "SHOW MODELS: each model, its source, inputs, outputs, size and sha256.",
+        text: "SHOW MODELS: each model, its source, inputs, outputs, size, sha256, version and aliases.",
     },
     Topic {
         names: &["describe model", "describe"],

@@ -252,7 +252,11 @@ fn a_warehouse_in_every_written_store_keeps_models_and_tables_across_processes()
         assert!(
             store
                 .keys("lake", "wh/models/")
-                .contains(&"wh/models/lin.json".to_string()),
+                .contains(&"wh/models/lin/manifest-00000000000000000001.json".to_string())
+                && store
+                    .keys("lake", "wh/model-files/")
+                    .iter()
+                    .any(|k| k.ends_with("/model.onnx")),
             "{kind:?}: {:?}",
             store.keys("lake", "")
         );

@@ -60,7 +60,7 @@ pub enum Kind {
 }
 
 /// An endpoint model's definition, as `CREATE MODEL name OPTIONS (...)` gives it and the
-/// warehouse keeps it (`models/NAME.json`, under `"endpoint"`). Never the key: only the name of
+/// warehouse keeps it (a version of `models/NAME/`, under `"endpoint"`). Never the key: only the name of
 /// the environment variable that holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Endpoint {

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -98,36 +99,50 @@ impl Warehouse {
     /// FIFO, too large) is set apart with what is wrong, so that one bad file does not take the
     /// others, or the warehouse, with it.
     pub async fn definitions(&self) -> Result<Definitions> {
+        // One listing of everything under models/ (each model's manifests, the older layout's
+        // files), then one read of each model's newest manifest.
         let folder = self.object("models/")?;
-        let listed = match self.store.inner().list_with_delimiter(Some(&folder)).await {
-            Ok(listed) => listed,
-            Err(object_store::Error::NotFound { .. }) => object_store::ListResult {
-                common_prefixes: Vec::new(),
-                objects: Vec::new(),
-            },
-            Err(e) => return Err(e.into()),
-        };
+        let listed: Vec<object_store::ObjectMeta> =
+            match self.store.inner().list(Some(&folder)).try_collect().await {
+                Ok(listed) => listed,
+                Err(object_store::Error::NotFound { .. }) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+        // Name -> its newest manifest's number (0: the older layout's file alone).
+        let mut named: BTreeMap<String, u64> = BTreeMap::new();
+        for object in &listed {
+            let Some(relative) = object.location.prefix_match(&folder) else {
+                continue;
+            };
+            let parts: Vec<String> = relative.map(|p| p.as_ref().to_string()).collect();
+            let found = match parts.as_slice() {
+                [file] => file.strip_suffix(".json").map(|name| (name, 0)),
+                [name, file] => file
+                    .strip_prefix("manifest-")
+                    .and_then(|f| f.strip_suffix(".json"))
+                    .filter(|digits| digits.len() == 20)
+                    .and_then(|digits| digits.parse().ok())
+                    .map(|number| (name.as_str(), number)),
+                _ => None,
+            };
+            if let Some((name, number)) = found
+                && check_name("model", name).is_ok()
+            {
+                let newest = named.entry(name.to_string()).or_default();
+                *newest = (*newest).max(number);
+            }
+        }
         let mut definitions = Definitions::default();
-        let usable = |name: Option<&str>| {
-            name.filter(|n| check_name("model", n).is_ok())
-                .map(str::to_string)
-        };
-        let mut named = Vec::new();
-        for object in &listed.objects {
-            let file = object.location.filename();
-            if let Some(name) = usable(file.and_then(|f| f.strip_suffix(".json"))) {
-                named.push(name);
-            }
-        }
-        for prefix in &listed.common_prefixes {
-            if let Some(name) = usable(prefix.filename()) {
-                named.push(name);
-            }
-        }
-        named.sort();
-        named.dedup();
-        for name in named {
-            match self.definition(&name).await {
+        for (name, number) in named {
+            let read = match number {
+                0 => self.single_file(&name).await,
+                n => match self.manifest(&name, n).await {
+                    // Pruned since it was listed: a newer one is there.
+                    Ok(None) => self.definition(&name).await,
+                    read => read,
+                },
+            };
+            match read {
                 Ok(Some(definition)) => {
                     definitions.models.insert(name, definition);
                 }
@@ -152,23 +167,41 @@ impl Warehouse {
     async fn current(&self, name: &str) -> Result<Option<(u64, Definition)>> {
         let manifests = self.model_manifests(name)?;
         if let Some((number, bytes)) = manifests.latest().await? {
-            let path = format!(
-                "{}models/{name}/",
-                crate::storage::display_location(&self.root)
-            );
-            let manifest: Manifest =
-                serde_json::from_slice(&bytes).map_err(|e| Error::Definition {
-                    path: path.clone(),
-                    problem: format!("its manifest {number} is not a model's versions: {e}"),
-                })?;
-            let definition =
-                Definition::of(name, manifest.versions).map_err(|e| Error::Definition {
-                    path,
-                    problem: e.to_string(),
-                })?;
-            return Ok(Some((number, definition)));
+            return Ok(Some((number, self.parse_manifest(name, number, &bytes)?)));
         }
         Ok(self.single_file(name).await?.map(|d| (0, d)))
+    }
+
+    /// Model `name`'s manifest `number`, where it is there.
+    async fn manifest(&self, name: &str, number: u64) -> Result<Option<Definition>> {
+        match self.model_manifests(name)?.read(number).await? {
+            Some(bytes) => self.parse_manifest(name, number, &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn parse_manifest(&self, name: &str, number: u64, bytes: &[u8]) -> Result<Definition> {
+        let path = format!(
+            "{}models/{name}/",
+            crate::storage::display_location(&self.root)
+        );
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::Definition {
+            path: path.clone(),
+            problem: format!("its manifest {number} is not a model's versions: {e}"),
+        })?;
+        if manifest.name != name {
+            return Err(Error::Definition {
+                path,
+                problem: format!(
+                    "its manifest {number} is that of model '{}', not '{name}'",
+                    manifest.name
+                ),
+            });
+        }
+        Definition::of(name, manifest.versions).map_err(|e| Error::Definition {
+            path,
+            problem: e.to_string(),
+        })
     }
 
     /// The model `name` of an older warehouse's `models/NAME.json`: one version, not copied.
