@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::llm::EndpointModel;
 use crate::model::{Model, ModelRegistry};
 
-/// JSON naming each model a plan calls (by literal name) with its file's sha256, and for a
+/// JSON naming each model a plan calls (by literal name) with its file's sha256 (and that of the
+/// files beside it that change what it computes, where it has any), and for a
 /// quantized model the quantization and the sha256 of the model it was made from; an endpoint
 /// model with its endpoint, its name there and its definition's sha256. A name of a warehouse
 /// model's version (`churn`, `churn@2`, `churn@champion`) adds the model, the version and the
@@ -35,6 +36,9 @@ pub fn models_used(registry: &ModelRegistry, plan: &LogicalPlan) -> Result<Strin
             if let Some(q) = &m.quantized {
                 model["quantization"] = q.method.clone().into();
                 model["quantized_from_sha256"] = q.from_sha256.clone().into();
+            }
+            if let Some(beside) = &m.beside_sha256 {
+                model["beside_sha256"] = beside.clone().into();
             }
             picked(registry, name, &mut model);
             model

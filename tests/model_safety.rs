@@ -105,8 +105,16 @@ fn a_model_dropped_from_an_s3_warehouse_is_gone() {
         .unwrap();
     assert_eq!(assert_ok(&out), "name\nm2\n");
     assert_eq!(
-        server.keys("lake", "wh/models/"),
+        server.keys("lake", "wh/models/m2/"),
         vec!["wh/models/m2/manifest-00000000000000000001.json"]
+    );
+    // m's last manifest says it was dropped.
+    assert_eq!(
+        server.keys("lake", "wh/models/m/"),
+        vec![
+            "wh/models/m/manifest-00000000000000000001.json",
+            "wh/models/m/manifest-00000000000000000002.json"
+        ]
     );
 }
 
@@ -239,7 +247,14 @@ fn a_model_used_then_redefined_or_dropped_in_one_process_reports_success() {
         score_of("data/fixtures/linear_doubled.onnx")
     );
     assert_eq!(out, expected);
-    assert!(!wh.join("models/m.json").exists() && !wh.join("models/m").exists());
+    assert!(!wh.join("models/m.json").exists());
+    assert_eq!(
+        assert_ok(&query(
+            &wh,
+            "SELECT count(*) AS n FROM models() WHERE name = 'm'"
+        )),
+        "n\n0\n"
+    );
 }
 
 /// A model of `--models` is its file: a statement that would redefine or drop it (and leave a

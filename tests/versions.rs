@@ -54,12 +54,13 @@ fn versions(wh: &Path, name: &str) -> Vec<(u32, String, String, String, bool)> {
     parse_versions(&assert_ok(&run(wh, &format!("SHOW MODEL VERSIONS {name}"))))
 }
 
-/// The CSV of SHOW MODEL VERSIONS (version, sha256, source, created, aliases, picked, kept).
+/// The CSV of SHOW MODEL VERSIONS (version, sha256, beside_sha256, source, created, aliases,
+/// picked, kept).
 fn parse_versions(csv: &str) -> Vec<(u32, String, String, String, bool)> {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("version,sha256,source,created,aliases,picked,kept")
+        Some("version,sha256,beside_sha256,source,created,aliases,picked,kept")
     );
     lines
         .filter(|l| !l.is_empty())
@@ -68,9 +69,9 @@ fn parse_versions(csv: &str) -> Vec<(u32, String, String, String, bool)> {
             (
                 f[0].parse().unwrap(),
                 f[1].clone(),
-                f[2].clone(),
-                f[4].clone(),
-                f[5] == "true",
+                f[3].clone(),
+                f[5].clone(),
+                f[6] == "true",
             )
         })
         .collect()
@@ -280,6 +281,16 @@ fn each_name_scores_with_the_bytes_its_version_was_registered_with() {
         &["model 'churn@1'"],
     );
     assert_failure(&run(&wh, "SHOW MODEL VERSIONS churn"), &["'churn'"]);
+    assert_failure(
+        &run(&wh, "ALTER MODEL churn SET ALIAS x TO VERSION 1"),
+        &["the warehouse defines no model 'churn'"],
+    );
+    // Made anew, it counts from 1.
+    let out = run(&wh, &format!("CREATE MODEL churn FROM '{LINEAR}'"));
+    assert!(
+        stderr(&assert_ok_out(out)).contains("created as version 1"),
+        "a new model"
+    );
 }
 
 fn assert_ok_out(out: Output) -> Output {
@@ -340,6 +351,47 @@ fn hostile_versions_and_aliases_are_refused_and_touch_nothing() {
         common::changes(&before, &common::snapshot(&wh)).is_empty(),
         "the warehouse changed"
     );
+
+    // Manifests written by hand that no statement makes: one clear error each, no panic.
+    let newest = common::newest_manifest_file(&wh.join("models/m"));
+    let text = std::fs::read_to_string(&newest).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let write = |json: &serde_json::Value| {
+        std::fs::write(
+            wh.join("models/m/manifest-00000000000000000009.json"),
+            json.to_string(),
+        )
+        .unwrap()
+    };
+    let mut at_the_end = json.clone();
+    at_the_end["versions"]["next"] = u32::MAX.into();
+    write(&at_the_end);
+    assert_failure(
+        &run(&wh, &format!("ALTER MODEL m ADD VERSION FROM '{DOUBLED}'")),
+        &["the most a model has"],
+    );
+    let mut twice = json.clone();
+    let first = twice["versions"]["versions"][0].clone();
+    twice["versions"]["versions"]
+        .as_array_mut()
+        .unwrap()
+        .push(first);
+    write(&twice);
+    let out = run(&wh, "SELECT name FROM models()");
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("version 1 is there twice"),
+        "{}",
+        stderr(&out)
+    );
+    let mut dangling = json.clone();
+    dangling["versions"]["aliases"]["../x"] = 1.into();
+    write(&dangling);
+    let out = run(&wh, "SELECT name FROM models()");
+    assert!(stderr(&out).contains("is refused"), "{}", stderr(&out));
+    // DROP MODEL removes even a definition that cannot be read.
+    assert_ok(&run(&wh, "DROP MODEL m"));
+    assert_eq!(assert_ok(&run(&wh, "SELECT name FROM models()")), "name\n");
 }
 
 /// Processes adding versions at once each get a number of their own; processes setting one
@@ -548,14 +600,13 @@ fn an_endpoint_models_versions_are_its_definitions() {
 }
 
 /// A text model's version keeps its tokenizer and settings: the folder it was registered from
-/// changed (the tokenizer replaced by another model's) or removed, `embed` of each version
+/// changed (vectors not normalized, texts cut to 2 tokens) or removed, `embed` of each version
 /// gives what the folder gave when it was registered, against `--models` over the original.
 #[test]
 fn a_text_models_version_keeps_its_tokenizer_and_settings() {
     let dir = tempfile::tempdir().unwrap();
     let wh = dir.path().join("wh");
     let original = fixtures::fetch_model("all-MiniLM-L6-v2");
-    let other = fixtures::fetch_model("paraphrase-MiniLM-L3-v2");
     let folder = dir.path().join("minilm");
     std::fs::create_dir_all(&folder).unwrap();
     for entry in walk(&original) {
@@ -584,12 +635,14 @@ fn a_text_models_version_keeps_its_tokenizer_and_settings() {
         &wh,
         &format!("CREATE MODEL t FROM '{}/'", folder.display()),
     ));
-    // Another tokenizer and other settings in the folder: the version keeps its own.
-    for file in ["tokenizer.json", "config.json", "modules.json"] {
-        if other.join(file).exists() {
-            std::fs::copy(other.join(file), folder.join(file)).unwrap();
-        }
-    }
+    // Other settings in the folder: vectors not normalized (no Normalize module), every text
+    // cut to 2 tokens. The version keeps its own.
+    std::fs::write(folder.join("modules.json"), "[]").unwrap();
+    std::fs::write(
+        folder.join("sentence_bert_config.json"),
+        r#"{"max_seq_length": 2, "do_lower_case": false}"#,
+    )
+    .unwrap();
     let got = common::rows(&assert_ok(&run(&wh, &sentences.replace("{name}", "t@1"))));
     common::assert_same_rows(&got, &want, 1e-5);
     std::fs::remove_dir_all(&folder).unwrap();
@@ -613,6 +666,19 @@ fn a_text_models_version_keeps_its_tokenizer_and_settings() {
     assert_eq!(
         std::fs::read(tokenizer).unwrap(),
         std::fs::read(original.join("tokenizer.json")).unwrap()
+    );
+    // A kept file changed by hand (the same JSON and a space): refused by its sha256, naming
+    // the version and the way back.
+    let mut changed = std::fs::read(tokenizer).unwrap();
+    changed.push(b' ');
+    std::fs::write(tokenizer, changed).unwrap();
+    assert_failure(
+        &run(&wh, &sentences.replace("{name}", "t@1")),
+        &[
+            "version 1 of model 't'",
+            "changed or damaged",
+            "ALTER MODEL t ADD VERSION FROM",
+        ],
     );
 }
 

@@ -146,7 +146,9 @@ impl Catalog {
                         available: format!("the models are: {}", self.registry.names().join(", ")),
                     });
                 }
-                if let Some(warehouse) = &self.warehouse {
+                if let Some(warehouse) = &self.warehouse
+                    && (known || unusable)
+                {
                     warehouse.remove_model(&name).await?;
                     self.seen_models().remove(&name);
                 }
@@ -223,7 +225,7 @@ impl Catalog {
                 Some(number)
             }
             None => {
-                self.registry.insert_loaded(name, model.clone());
+                self.registry.insert_loaded(name, model.clone(), false);
                 None
             }
         };
@@ -329,7 +331,7 @@ impl Catalog {
                     (Some(there), _) => there.versions.clone(),
                     (None, _) => Versions::default(),
                 };
-                versions.add(version.clone());
+                versions.add(name, version.clone())?;
                 Ok(versions)
             })
             .await?;
@@ -381,14 +383,23 @@ impl Catalog {
 
     /// The error of a statement on the versions of a model the warehouse does not define.
     fn not_defined(&self, name: &str) -> Error {
-        let names = self.registry.names();
+        let names: Vec<String> = self
+            .registry
+            .names()
+            .into_iter()
+            .filter(|n| n != name)
+            .collect();
         Error::UnknownModel {
             name: name.to_string(),
-            available: if names.is_empty() {
-                "no models are registered (CREATE MODEL defines one)".into()
-            } else {
-                format!("the models are: {}", names.join(", "))
-            },
+            available: format!(
+                "the warehouse defines no model '{name}' (CREATE MODEL defines one; another \
+                 statement may have dropped it); {}",
+                if names.is_empty() {
+                    "no other models are registered".to_string()
+                } else {
+                    format!("the models are: {}", names.join(", "))
+                }
+            ),
         }
     }
 
@@ -451,12 +462,13 @@ impl Catalog {
             }
             match (loaded, ModelSource::parse(&version.source)) {
                 (Some((number, model)), _) if number == version.version => {
-                    self.registry.insert_loaded(&key, model.clone());
+                    self.registry.insert_loaded(&key, model.clone(), true);
                     self.registry.set_picked(&key, picked);
                 }
                 (_, Ok(source)) => {
+                    let identity = version.identity();
                     self.registry
-                        .register_version(&key, source, version.sha256.as_deref(), picked)
+                        .register_version(&key, source, identity.as_deref(), picked)
                 }
                 (_, Err(why)) => self.warn_once(format!("model '{key}' is left out: {why}")),
             }

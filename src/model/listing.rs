@@ -123,8 +123,8 @@ pub fn models_batch(registry: &ModelRegistry) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// SHOW MODEL VERSIONS: one row per version of model `name`, oldest first: its number, sha256,
-/// where it was registered from, when, the aliases naming it, whether the name alone picks it,
+/// SHOW MODEL VERSIONS: one row per version of model `name`, oldest first: its number, sha256
+/// (and that of the files beside it, where it has any), where it was registered from, when, the aliases naming it, whether the name alone picks it,
 /// and where its files are kept.
 pub fn versions_batch(name: &str, versions: &super::versions::Versions) -> Result<RecordBatch> {
     let picked = versions
@@ -139,6 +139,7 @@ pub fn versions_batch(name: &str, versions: &super::versions::Versions) -> Resul
     let schema = Arc::new(Schema::new(vec![
         Field::new("version", DataType::UInt32, false),
         Field::new("sha256", DataType::Utf8, true),
+        Field::new("beside_sha256", DataType::Utf8, true),
         Field::new("source", DataType::Utf8, false),
         Field::new("created", DataType::Utf8, false),
         Field::new("aliases", DataType::Utf8, true),
@@ -154,6 +155,11 @@ pub fn versions_batch(name: &str, versions: &super::versions::Versions) -> Resul
         Arc::new(
             list.iter()
                 .map(|v| v.sha256.clone())
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            list.iter()
+                .map(|v| v.beside_sha256.clone())
                 .collect::<StringArray>(),
         ),
         Arc::new(StringArray::from_iter_values(

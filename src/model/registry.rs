@@ -39,8 +39,11 @@ impl Listed {
 #[derive(Debug)]
 struct ModelEntry {
     source: ModelSource,
-    /// The sha256 the model's bytes must have (a definition a cluster client sent).
+    /// The sha256 the model's bytes must have (a definition a cluster client sent), or its
+    /// whole version, `sha256+beside` ([`Model::version`]), where the files beside it count.
     sha256: Option<String>,
+    /// A version of a warehouse model: what it loads is checked whole ([`Model::version`]).
+    version: bool,
     /// The model once loaded, per device asked for (one session per model per device).
     loaded: Mutex<Vec<(Target, Arc<Model>)>>,
 }
@@ -50,7 +53,16 @@ impl ModelEntry {
         ModelEntry {
             source,
             sha256,
+            version: false,
             loaded: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What of `model` is checked against [`ModelEntry::sha256`].
+    fn identity_of(&self, model: &Model) -> String {
+        match &self.sha256 {
+            Some(expected) if self.version || expected.contains('+') => model.version(),
+            _ => model.sha256.clone(),
         }
     }
 
@@ -200,7 +212,7 @@ impl ModelRegistry {
                 let sha256 = entry.models().first().map(|m| m.sha256.clone());
                 let model = shared::SharedModel {
                     source: entry.source.to_string(),
-                    sha256: sha256.or_else(|| entry.sha256.clone()),
+                    sha256: entry.sha256.clone().or(sha256),
                     endpoint: None,
                     cache: None,
                 };
@@ -282,11 +294,13 @@ impl ModelRegistry {
         self.write().insert(name.to_string(), entry);
     }
 
-    /// Registers a model that is already loaded (CREATE MODEL loads to check before it registers).
-    pub fn insert_loaded(&self, name: &str, model: Arc<Model>) {
+    /// Registers a model that is already loaded (CREATE MODEL loads to check before it
+    /// registers); `version`: a version of a warehouse model, pinned whole.
+    pub fn insert_loaded(&self, name: &str, model: Arc<Model>, version: bool) {
         let entry = Arc::new(ModelEntry {
             source: model.source.clone(),
-            sha256: None,
+            sha256: version.then(|| model.version()),
+            version,
             loaded: Mutex::new(vec![(self.device(), model)]),
         });
         self.loads.fetch_add(1, Ordering::Relaxed);
@@ -353,7 +367,7 @@ impl ModelRegistry {
         };
         let sha256 = crate::onnx::external::sha256(&files.bytes, &files.external);
         if let Some(expected) = &entry.sha256
-            && expected != &sha256
+            && super::sha256_of_version(expected) != sha256
         {
             // The load says why, as a query of the model would.
             return self.get(name).map(|m| Listed::of(&m));
@@ -374,7 +388,7 @@ impl ModelRegistry {
     pub fn sha256_of(&self, name: &str) -> Option<String> {
         let entry = self.read().get(name).cloned()?;
         if let Some(sha256) = &entry.sha256 {
-            return Some(sha256.clone());
+            return Some(super::sha256_of_version(sha256).to_string());
         }
         if let Some(model) = entry.models().first() {
             return Some(model.sha256.clone());
@@ -426,22 +440,49 @@ impl ModelRegistry {
         };
         let model = Arc::new(Model::load(name, &entry.source, options, &self.stores)?);
         if let Some(expected) = &entry.sha256
-            && expected != &model.sha256
+            && *expected != entry.identity_of(&model)
         {
-            return Err(Error::ModelLoad {
-                model: name.to_string(),
-                path: entry.source.to_string(),
-                message: format!(
-                    "the file now has sha256 {}, but the model was registered with sha256 \
-                     {expected}: the file changed since. To score with the new file, run \
-                     CREATE OR REPLACE MODEL {name} FROM '{}'",
-                    model.sha256, entry.source
-                ),
-            });
+            return Err(self.changed_since(name, entry, &model, expected));
         }
         self.loads.fetch_add(1, Ordering::Relaxed);
         loaded.push((device, model.clone()));
         Ok(model)
+    }
+
+    /// The error of a model whose files no longer have the sha256 `expected` they were
+    /// registered with.
+    fn changed_since(
+        &self,
+        name: &str,
+        entry: &ModelEntry,
+        model: &Model,
+        expected: &str,
+    ) -> Error {
+        let now = entry.identity_of(model);
+        let what = if now.contains('+') || expected.contains('+') {
+            "the files (the model's and those beside it) now have sha256"
+        } else {
+            "the file now has sha256"
+        };
+        let message = match self.picked(name) {
+            Some(picked) => format!(
+                "{what} {now}, but version {} of model '{}' was registered with sha256 \
+                 {expected}: its files kept in the warehouse were changed or damaged since. To \
+                 register the model again, run ALTER MODEL {} ADD VERSION FROM '{}'",
+                picked.version, picked.model, picked.model, picked.origin
+            ),
+            None => format!(
+                "{what} {now}, but the model was registered with sha256 {expected}: the file \
+                 changed since. To score with the new file, run CREATE OR REPLACE MODEL {name} \
+                 FROM '{}'",
+                entry.source
+            ),
+        };
+        Error::ModelLoad {
+            model: name.to_string(),
+            path: entry.source.to_string(),
+            message,
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {

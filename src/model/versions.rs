@@ -85,24 +85,29 @@ pub fn version_number(digits: &str) -> std::result::Result<u32, String> {
         .map_err(|_| format!("{digits:?} is not a version number"))
 }
 
-/// Refuses an alias that is not a letter followed by letters, digits and `_`, or is too long.
+/// Refuses an alias that is not a lower-case letter followed by lower-case letters, digits and
+/// `_`, or is too long (SQL makes a word lower case unless it is quoted: `SET ALIAS Champion`
+/// sets `champion`, as `predict('m@champion', ...)` names it).
 pub fn check_alias(alias: &str) -> std::result::Result<(), String> {
     let mut chars = alias.chars();
     let why = match chars.next() {
         None => Some("the alias is empty".to_string()),
-        Some(c) if !c.is_ascii_alphabetic() => {
-            Some(format!("an alias starts with a letter, not {c:?}"))
-        }
+        Some(c) if !c.is_ascii_lowercase() => Some(format!(
+            "an alias starts with a lower-case letter, not {c:?}"
+        )),
         _ if alias.len() > MAX_ALIAS_BYTES => Some(format!(
             "an alias is at most {MAX_ALIAS_BYTES} bytes, this one {}",
             alias.len()
         )),
         _ => chars
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_'))
-            .map(|c| format!("an alias is letters, digits and '_', not {c:?}")),
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
+            .map(|c| format!("an alias is lower-case letters, digits and '_', not {c:?}")),
     };
     why.map_or(Ok(()), Err)
 }
+
+/// The largest version number ([`MAX_VERSION_DIGITS`] digits).
+pub const MAX_VERSION: u32 = 999_999_999;
 
 fn refused(text: &str, why: &str) -> Error {
     Error::model(
@@ -173,12 +178,52 @@ pub struct Versions {
 
 impl Versions {
     /// Adds `version` as the newest, numbered after every version there was; its number.
-    pub fn add(&mut self, mut version: Version) -> u32 {
-        let number = self.next.max(1);
+    pub fn add(&mut self, model: &str, mut version: Version) -> Result<u32> {
+        let after = self.versions.iter().map(|v| v.version).max().unwrap_or(0);
+        let number = self.next.max(after.saturating_add(1)).max(1);
+        if number > MAX_VERSION {
+            return Err(Error::model(
+                model,
+                format!(
+                    "model '{model}' has had {MAX_VERSION} versions, the most a model has: \
+                     register this one under another name"
+                ),
+            ));
+        }
         self.next = number + 1;
         version.version = number;
         self.versions.push(version);
-        number
+        Ok(number)
+    }
+
+    /// Refuses versions and aliases no statement could have made (a definition written by
+    /// hand): a version numbered twice or out of range, an alias not a name or naming no
+    /// version, a sha256 not one.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for v in &self.versions {
+            if v.version == 0 || v.version > MAX_VERSION {
+                return Err(format!("version {} is not a version number", v.version));
+            }
+            if !seen.insert(v.version) {
+                return Err(format!("version {} is there twice", v.version));
+            }
+            let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+            if v.sha256.as_deref().is_some_and(|s| !hex(s))
+                || v.beside_sha256.as_deref().is_some_and(|s| !hex(s))
+            {
+                return Err(format!("version {}'s sha256 is not a sha256", v.version));
+            }
+        }
+        for (alias, version) in &self.aliases {
+            check_alias(alias).map_err(|why| format!("alias {alias:?}: {why}"))?;
+            if !seen.contains(version) {
+                return Err(format!(
+                    "alias {alias} names version {version}, which is not there"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Points `alias` at `version`, which must be one there is.
@@ -328,6 +373,7 @@ mod tests {
             "churn@01",
             "churn@1@2",
             "churn@_x",
+            "churn@Champion",
             "churn@a-b",
             "churn@a.b",
             "../churn@1",
@@ -345,7 +391,7 @@ mod tests {
         let mut v = Versions::default();
         for (i, sha) in ["a", "b", "c"].into_iter().enumerate() {
             let version = Version::new(Some(sha.into()), format!("s{i}"), "o".into());
-            assert_eq!(v.add(version), i as u32 + 1);
+            assert_eq!(v.add("m", version).unwrap(), i as u32 + 1);
         }
         v
     }
@@ -376,11 +422,43 @@ mod tests {
         v.drop_alias("m", "champion").unwrap();
         assert!(v.drop_alias("m", "champion").is_err());
         v.drop_version("m", 3).unwrap();
-        assert_eq!(v.add(Version::new(None, "s".into(), "o".into())), 4);
+        assert_eq!(
+            v.add("m", Version::new(None, "s".into(), "o".into()))
+                .unwrap(),
+            4
+        );
         v.drop_version("m", 1).unwrap();
         v.drop_version("m", 2).unwrap();
         assert!(v.drop_version("m", 4).is_err(), "the last version stays");
         let json = serde_json::to_string(&v).unwrap();
         assert_eq!(serde_json::from_str::<Versions>(&json).unwrap(), v);
+        // A number past the last, even where `next` says less; none past the largest.
+        v.next = 2;
+        assert_eq!(
+            v.add("m", Version::new(None, "s".into(), "o".into()))
+                .unwrap(),
+            5
+        );
+        v.next = MAX_VERSION;
+        v.add("m", Version::new(None, "s".into(), "o".into()))
+            .unwrap();
+        let refused = v.add("m", Version::new(None, "s".into(), "o".into()));
+        assert!(refused.is_err(), "{refused:?}");
+        v.next = u32::MAX;
+        assert!(
+            v.add("m", Version::new(None, "s".into(), "o".into()))
+                .is_err()
+        );
+        // Written by hand: refused.
+        let mut twice = v.clone();
+        twice.versions.push(twice.versions[0].clone());
+        assert!(twice.check().unwrap_err().contains("twice"));
+        let mut dangling = v.clone();
+        dangling.aliases.insert("x".into(), 77);
+        assert!(dangling.check().unwrap_err().contains("not there"));
+        let mut hostile = v.clone();
+        hostile.aliases.insert("../x".into(), 4);
+        assert!(hostile.check().is_err());
+        assert!(v.check().is_ok());
     }
 }

@@ -61,7 +61,7 @@ impl Definition {
     /// A model of the one version `version` (a new model, or an older definition).
     pub fn first(name: &str, version: Version) -> Result<Definition> {
         let mut versions = Versions::default();
-        versions.add(version);
+        versions.add(name, version)?;
         Definition::of(name, versions)
     }
 }
@@ -75,11 +75,16 @@ pub struct Definitions {
     pub unusable: BTreeMap<String, String>,
 }
 
-/// A manifest of `models/NAME/`.
+/// A manifest of `models/NAME/`: the model's versions, or (`dropped`) its removal, kept as the
+/// newest manifest so that a change another statement makes at the same time, on the model it
+/// read before, cannot bring it back.
 #[derive(Serialize, Deserialize)]
 struct Manifest {
     name: String,
+    #[serde(default)]
     versions: Versions,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    dropped: bool,
 }
 
 impl Warehouse {
@@ -137,9 +142,10 @@ impl Warehouse {
             let read = match number {
                 0 => self.single_file(&name).await,
                 n => match self.manifest(&name, n).await {
+                    Ok(Some(read)) => Ok(read),
                     // Pruned since it was listed: a newer one is there.
                     Ok(None) => self.definition(&name).await,
-                    read => read,
+                    Err(e) => Err(e),
                 },
             };
             match read {
@@ -159,28 +165,30 @@ impl Warehouse {
     /// The definition of model `name`: its newest manifest, else an older warehouse's
     /// `models/NAME.json`; `None` where it has neither.
     pub async fn definition(&self, name: &str) -> Result<Option<Definition>> {
-        Ok(self.current(name).await?.map(|(_, definition)| definition))
+        Ok(self.current(name).await?.1)
     }
 
     /// The definition of model `name` with its manifest's number (0: none, the definition an
     /// older warehouse's file, if any).
-    async fn current(&self, name: &str) -> Result<Option<(u64, Definition)>> {
+    async fn current(&self, name: &str) -> Result<(u64, Option<Definition>)> {
         let manifests = self.model_manifests(name)?;
         if let Some((number, bytes)) = manifests.latest().await? {
-            return Ok(Some((number, self.parse_manifest(name, number, &bytes)?)));
+            return Ok((number, self.parse_manifest(name, number, &bytes)?));
         }
-        Ok(self.single_file(name).await?.map(|d| (0, d)))
+        Ok((0, self.single_file(name).await?))
     }
 
     /// Model `name`'s manifest `number`, where it is there.
-    async fn manifest(&self, name: &str, number: u64) -> Result<Option<Definition>> {
+    async fn manifest(&self, name: &str, number: u64) -> Result<Option<Option<Definition>>> {
         match self.model_manifests(name)?.read(number).await? {
             Some(bytes) => self.parse_manifest(name, number, &bytes).map(Some),
             None => Ok(None),
         }
     }
 
-    fn parse_manifest(&self, name: &str, number: u64, bytes: &[u8]) -> Result<Definition> {
+    /// Model `name`'s manifest `number` read: its definition, or `None` where it says the model
+    /// was dropped.
+    fn parse_manifest(&self, name: &str, number: u64, bytes: &[u8]) -> Result<Option<Definition>> {
         let path = format!(
             "{}models/{name}/",
             crate::storage::display_location(&self.root)
@@ -189,19 +197,26 @@ impl Warehouse {
             path: path.clone(),
             problem: format!("its manifest {number} is not a model's versions: {e}"),
         })?;
+        let problem = |problem: String| Error::Definition {
+            path: path.clone(),
+            problem: format!("its manifest {number} {problem}"),
+        };
         if manifest.name != name {
-            return Err(Error::Definition {
-                path,
-                problem: format!(
-                    "its manifest {number} is that of model '{}', not '{name}'",
-                    manifest.name
-                ),
-            });
+            return Err(problem(format!(
+                "is that of model '{}', not '{name}'",
+                manifest.name
+            )));
         }
-        Definition::of(name, manifest.versions).map_err(|e| Error::Definition {
-            path,
-            problem: e.to_string(),
-        })
+        if manifest.dropped {
+            return Ok(None);
+        }
+        manifest
+            .versions
+            .check()
+            .map_err(|why| problem(format!("is refused: {why}")))?;
+        Definition::of(name, manifest.versions)
+            .map(Some)
+            .map_err(|e| problem(format!("is refused: {e}")))
     }
 
     /// The model `name` of an older warehouse's `models/NAME.json`: one version, not copied.
@@ -245,25 +260,52 @@ impl Warehouse {
         name: &str,
         mut change: impl FnMut(Option<&Definition>) -> Result<Versions>,
     ) -> Result<Definition> {
-        let manifests = self.model_manifests(name)?;
-        for attempt in 0..ATTEMPTS {
-            let current = self.current(name).await?;
-            let number = current.as_ref().map_or(0, |(n, _)| *n);
-            let versions = change(current.as_ref().map(|(_, d)| d))?;
-            let definition = Definition::of(name, versions.clone())?;
-            let manifest = Manifest {
+        let mut definition = None;
+        self.commit_model(name, |current| {
+            let versions = change(current)?;
+            let changed = Definition::of(name, versions.clone())?;
+            definition = Some(changed);
+            Ok(Manifest {
                 name: name.to_string(),
                 versions,
-            };
+                dropped: false,
+            })
+        })
+        .await?;
+        definition.ok_or_else(|| Error::Internal("a model changed to nothing".into()))
+    }
+
+    /// Creates the manifest `next` makes of model `name`'s definition as it is, as the next one
+    /// (retried on the definition another writer made, where one was first); then an older
+    /// warehouse's `models/NAME.json` is removed.
+    async fn commit_model(
+        &self,
+        name: &str,
+        mut next: impl FnMut(Option<&Definition>) -> Result<Manifest>,
+    ) -> Result<()> {
+        let manifests = self.model_manifests(name)?;
+        for attempt in 0..ATTEMPTS {
+            let (number, current) = self.current(name).await?;
+            let manifest = next(current.as_ref())?;
             let bytes = serde_json::to_vec_pretty(&manifest)
                 .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
             if manifests.create(number + 1, bytes).await? {
-                if number == 0 {
-                    // An older warehouse's file, moved into the manifest.
-                    self.delete(&self.object(&format!("models/{name}.json"))?)
-                        .await?;
-                }
-                return Ok(definition);
+                // An older warehouse's file, moved into the manifest (or dropped with it).
+                self.delete(&self.object(&format!("models/{name}.json"))?)
+                    .await?;
+                return Ok(());
+            }
+            if manifests.versions().await?.last().copied().unwrap_or(0) <= number {
+                // Not another writer's manifest: something else is where it goes.
+                return Err(Error::warehouse(
+                    format!("models/{name}/"),
+                    format!(
+                        "model '{name}' cannot be changed: {}models/{name}/manifest-{:020}.json \
+                         is there and is not a manifest (remove it)",
+                        crate::storage::display_location(&self.root),
+                        number + 1
+                    ),
+                ));
             }
             // Another writer's change came first: read it and try again, a while later.
             let wait = 5 + u64::from(attempt) * 5 + (std::process::id() as u64 % 7) * 3;
@@ -278,12 +320,41 @@ impl Warehouse {
         ))
     }
 
-    /// Forgets the model `name` with all its versions (their files stay where other models'
-    /// versions may share them).
+    /// Forgets the model `name` with all its versions: a manifest that says so, the newest, so
+    /// that a change made at the same time on the model as it was fails and reads it again
+    /// (their files stay, where other models' versions may share them). A definition that
+    /// cannot be read is dropped too.
     pub async fn remove_model(&self, name: &str) -> Result<()> {
-        self.model_manifests(name)?.remove_folder(None).await?;
-        self.delete(&self.object(&format!("models/{name}.json"))?)
-            .await
+        let manifests = self.model_manifests(name)?;
+        let tombstone = serde_json::to_vec_pretty(&Manifest {
+            name: name.to_string(),
+            versions: Versions::default(),
+            dropped: true,
+        })
+        .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
+        for _ in 0..ATTEMPTS {
+            let number = manifests.versions().await?.last().copied().unwrap_or(0);
+            if manifests.create(number + 1, tombstone.clone()).await? {
+                return self
+                    .delete(&self.object(&format!("models/{name}.json"))?)
+                    .await;
+            }
+            if manifests.versions().await?.last().copied().unwrap_or(0) <= number {
+                return Err(Error::warehouse(
+                    format!("models/{name}/"),
+                    format!(
+                        "model '{name}' cannot be dropped: {}models/{name}/manifest-{:020}.json \
+                         is there and is not a manifest (remove it)",
+                        crate::storage::display_location(&self.root),
+                        number + 1
+                    ),
+                ));
+            }
+        }
+        Err(Error::warehouse(
+            format!("models/{name}/"),
+            format!("model '{name}' kept changing while it was dropped: run DROP MODEL again"),
+        ))
     }
 
     /// Moves the definitions of a `models.json` (the layout before one file per model) to

@@ -162,10 +162,14 @@ impl S3Server {
         builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let s3 = builder.build();
         let hold = self.hold.clone();
+        // s3s-fs checks a conditional PUT's condition, then writes: two at once could both
+        // pass. S3 decides them one at a time, and so does this server.
+        let conditional = Arc::new(tokio::sync::Mutex::new(()));
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let s3 = s3.clone();
                 let held = held_by(&hold, &req);
+                let conditional = conditional.clone();
                 async move {
                     if let Some(report) = held {
                         // The writes before this one finish first.
@@ -173,6 +177,14 @@ impl S3Server {
                         let _ = report.send(());
                         std::future::pending::<()>().await;
                     }
+                    let headers = req.headers();
+                    let _one_at_a_time = if headers.contains_key("if-none-match")
+                        || headers.contains_key("if-match")
+                    {
+                        Some(conditional.lock().await)
+                    } else {
+                        None
+                    };
                     hyper::service::Service::call(&s3, req).await
                 }
             });

@@ -36,27 +36,26 @@ impl ModelRegistry {
         self.picks.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `key`, one name of a model's version, as the file `source` of `sha256` (a
-    /// model already registered under `key` with that file and sha256 stays, loaded).
+    /// Registers `key`, one name of a model's version, as the file `source` whose files have
+    /// the version `identity` (`sha256`, or `sha256+beside`: [`Model::version`]), checked whole
+    /// when it is loaded; a model already registered under `key` with that file and version
+    /// stays, loaded.
     pub fn register_version(
         &self,
         key: &str,
         source: ModelSource,
-        sha256: Option<&str>,
+        identity: Option<&str>,
         picked: Picked,
     ) {
         let same = self.read().get(key).is_some_and(|entry| {
-            let there = entry
-                .sha256
-                .clone()
-                .or_else(|| entry.models().first().map(|m| m.sha256.clone()));
-            entry.source == source && there.as_deref() == sha256
+            entry.version && entry.source == source && entry.sha256.as_deref() == identity
         });
         if !same {
-            match sha256 {
-                Some(sha256) => self.register_pinned(key, source, sha256),
-                None => self.register(key, source),
-            }
+            let entry = Arc::new(ModelEntry {
+                version: identity.is_some(),
+                ..ModelEntry::new(source, identity.map(str::to_string))
+            });
+            self.write().insert(key.to_string(), entry);
             self.unregister_endpoint(key);
         }
         self.picks_mut().insert(key.to_string(), picked);
