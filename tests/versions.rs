@@ -609,7 +609,7 @@ fn a_text_models_version_keeps_its_tokenizer_and_settings() {
     let original = fixtures::fetch_model("all-MiniLM-L6-v2");
     let folder = dir.path().join("minilm");
     std::fs::create_dir_all(&folder).unwrap();
-    for entry in walk(&original) {
+    for entry in common::files_under(&original) {
         let target = folder.join(entry.strip_prefix(&original).unwrap());
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
         std::fs::copy(&entry, &target).unwrap();
@@ -649,7 +649,7 @@ fn a_text_models_version_keeps_its_tokenizer_and_settings() {
     let got = common::rows(&assert_ok(&run(&wh, &sentences.replace("{name}", "t"))));
     common::assert_same_rows(&got, &want, 1e-5);
     // Kept by the model's sha256 with that of the files beside it.
-    let kept: Vec<PathBuf> = walk(&wh.join("model-files"));
+    let kept: Vec<PathBuf> = common::files_under(&wh.join("model-files"));
     let tokenizer = kept
         .iter()
         .find(|p| p.ends_with("tokenizer.json"))
@@ -716,18 +716,4 @@ fn a_quantized_version_names_what_it_was_made_from() {
         )) && lineage.contains("\"version\":1"),
         "{lineage}"
     );
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }

@@ -131,6 +131,7 @@ impl Catalog {
                 session.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
+                check_name("model", &name)?;
                 self.check_not_a_folder_model(&name)?;
                 let known = self.registry.unregister_model(&name);
                 // A definition that cannot be read (left out with a warning) is dropped too.

@@ -261,7 +261,7 @@ impl Warehouse {
         mut change: impl FnMut(Option<&Definition>) -> Result<Versions>,
     ) -> Result<Definition> {
         let mut definition = None;
-        self.commit_model(name, |current| {
+        self.commit_model(name, true, |current| {
             let versions = change(current)?;
             let changed = Definition::of(name, versions.clone())?;
             definition = Some(changed);
@@ -275,17 +275,24 @@ impl Warehouse {
         definition.ok_or_else(|| Error::Internal("a model changed to nothing".into()))
     }
 
-    /// Creates the manifest `next` makes of model `name`'s definition as it is, as the next one
-    /// (retried on the definition another writer made, where one was first); then an older
-    /// warehouse's `models/NAME.json` is removed.
+    /// Creates the manifest `next` makes of model `name`'s definition as it is (`read`; else
+    /// of none), as the next one (retried on the definition another writer made, where one was
+    /// first); then an older warehouse's `models/NAME.json` is removed.
     async fn commit_model(
         &self,
         name: &str,
+        read: bool,
         mut next: impl FnMut(Option<&Definition>) -> Result<Manifest>,
     ) -> Result<()> {
         let manifests = self.model_manifests(name)?;
         for attempt in 0..ATTEMPTS {
-            let (number, current) = self.current(name).await?;
+            let (number, current) = match read {
+                true => self.current(name).await?,
+                false => (
+                    manifests.versions().await?.last().copied().unwrap_or(0),
+                    None,
+                ),
+            };
             let manifest = next(current.as_ref())?;
             let bytes = serde_json::to_vec_pretty(&manifest)
                 .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
@@ -323,38 +330,16 @@ impl Warehouse {
     /// Forgets the model `name` with all its versions: a manifest that says so, the newest, so
     /// that a change made at the same time on the model as it was fails and reads it again
     /// (their files stay, where other models' versions may share them). A definition that
-    /// cannot be read is dropped too.
+    /// cannot be read is dropped too: it is not read.
     pub async fn remove_model(&self, name: &str) -> Result<()> {
-        let manifests = self.model_manifests(name)?;
-        let tombstone = serde_json::to_vec_pretty(&Manifest {
-            name: name.to_string(),
-            versions: Versions::default(),
-            dropped: true,
+        self.commit_model(name, false, |_| {
+            Ok(Manifest {
+                name: name.to_string(),
+                versions: Versions::default(),
+                dropped: true,
+            })
         })
-        .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
-        for _ in 0..ATTEMPTS {
-            let number = manifests.versions().await?.last().copied().unwrap_or(0);
-            if manifests.create(number + 1, tombstone.clone()).await? {
-                return self
-                    .delete(&self.object(&format!("models/{name}.json"))?)
-                    .await;
-            }
-            if manifests.versions().await?.last().copied().unwrap_or(0) <= number {
-                return Err(Error::warehouse(
-                    format!("models/{name}/"),
-                    format!(
-                        "model '{name}' cannot be dropped: {}models/{name}/manifest-{:020}.json \
-                         is there and is not a manifest (remove it)",
-                        crate::storage::display_location(&self.root),
-                        number + 1
-                    ),
-                ));
-            }
-        }
-        Err(Error::warehouse(
-            format!("models/{name}/"),
-            format!("model '{name}' kept changing while it was dropped: run DROP MODEL again"),
-        ))
+        .await
     }
 
     /// Moves the definitions of a `models.json` (the layout before one file per model) to
