@@ -384,6 +384,28 @@ fn hostile_versions_and_aliases_are_refused_and_touch_nothing() {
         "{}",
         stderr(&out)
     );
+    let mut upper = json.clone();
+    let sha = upper["versions"]["versions"][0]["sha256"]
+        .as_str()
+        .unwrap()
+        .to_uppercase();
+    upper["versions"]["versions"][0]["sha256"] = sha.into();
+    write(&upper);
+    let out = run(&wh, "SELECT name FROM models()");
+    assert!(
+        stderr(&out).contains("sha256 is not a sha256"),
+        "{}",
+        stderr(&out)
+    );
+    let mut escaping = json.clone();
+    escaping["versions"]["versions"][0]["source"] = "../../elsewhere/model.onnx".into();
+    write(&escaping);
+    let out = run(&wh, "SELECT name FROM models()");
+    assert!(
+        stderr(&out).contains("is not a file of the warehouse"),
+        "{}",
+        stderr(&out)
+    );
     let mut dangling = json.clone();
     dangling["versions"]["aliases"]["../x"] = 1.into();
     write(&dangling);
@@ -574,6 +596,45 @@ fn a_view_over_an_alias_is_rebuilt_when_the_alias_moves() {
     ));
     common::assert_same_rows(&read(), &want_linear, 0.0);
     let _ = stdout(&out);
+    // The model dropped: the view says so, and keeps its rows.
+    assert_ok(&run(&wh, "DROP MODEL m"));
+    assert!(
+        state().contains("model missing (m@champion)"),
+        "{}",
+        state()
+    );
+    common::assert_same_rows(&read(), &want_linear, 0.0);
+}
+
+/// A warehouse moved, then copied and the original removed, keeps scoring each version with
+/// its own kept files.
+#[test]
+fn a_warehouse_moved_or_copied_keeps_its_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    assert_ok(&run(
+        &wh,
+        &format!("CREATE MODEL m FROM '{LINEAR}'; ALTER MODEL m ADD VERSION FROM '{DOUBLED}'"),
+    ));
+    let moved = dir.path().join("moved");
+    std::fs::rename(&wh, &moved).unwrap();
+    common::assert_same_rows(&scores(&moved, "m@1"), &reference(LINEAR), 0.0);
+    let copy = dir.path().join("copy");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(&moved)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::remove_dir_all(&moved).unwrap();
+    common::assert_same_rows(&scores(&copy, "m@1"), &reference(LINEAR), 0.0);
+    common::assert_same_rows(&scores(&copy, "m"), &reference(DOUBLED), 0.0);
+    let kept = assert_ok(&run(&copy, "SHOW MODEL VERSIONS m"));
+    assert!(
+        kept.contains(&copy.display().to_string()),
+        "the copy's own files: {kept}"
+    );
 }
 
 /// An endpoint model's versions are its definitions: each name reaches the definition of its

@@ -465,6 +465,14 @@ impl ModelRegistry {
             "the file now has sha256"
         };
         let message = match self.picked(name) {
+            // A version of an older warehouse, read from the file it was defined from.
+            Some(picked) if picked.origin == entry.source.to_string() => format!(
+                "{what} {now}, but version {} of model '{}' was registered with sha256 \
+                 {expected}: the file changed since, and the warehouse keeps no copy of that \
+                 version. To score with the file as it is, run ALTER MODEL {} ADD VERSION FROM \
+                 '{}'",
+                picked.version, picked.model, picked.model, picked.origin
+            ),
             Some(picked) => format!(
                 "{what} {now}, but version {} of model '{}' was registered with sha256 \
                  {expected}: its files kept in the warehouse were changed or damaged since. To \

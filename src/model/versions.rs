@@ -208,7 +208,11 @@ impl Versions {
             if !seen.insert(v.version) {
                 return Err(format!("version {} is there twice", v.version));
             }
-            let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+            let hex = |s: &str| {
+                s.len() == 64
+                    && s.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            };
             if v.sha256.as_deref().is_some_and(|s| !hex(s))
                 || v.beside_sha256.as_deref().is_some_and(|s| !hex(s))
             {

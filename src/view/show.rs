@@ -121,7 +121,19 @@ pub(crate) fn view_state(view: &Manifest, registry: &crate::model::ModelRegistry
             "query changed: REFRESH to rebuild".into()
         }
         (Some(current), None) => match changed(current)[..] {
-            [] => "current".into(),
+            [] => match current
+                .models
+                .iter()
+                .filter(|(name, _)| !registry.contains(name))
+                .map(|(name, _)| name.clone())
+                .collect::<Vec<_>>()[..]
+            {
+                [] => "current".into(),
+                ref missing => format!(
+                    "model missing ({}): a refresh fails until it is defined again",
+                    missing.join(", ")
+                ),
+            },
             ref models => format!("model changed ({}): REFRESH to rebuild", models.join(", ")),
         },
     }

@@ -210,11 +210,16 @@ impl Warehouse {
         if manifest.dropped {
             return Ok(None);
         }
-        manifest
-            .versions
+        let mut versions = manifest.versions;
+        versions
             .check()
             .map_err(|why| problem(format!("is refused: {why}")))?;
-        Definition::of(name, manifest.versions)
+        for version in &mut versions.versions {
+            version.source = self
+                .in_warehouse(&version.source)
+                .map_err(|why| problem(format!("is refused: {why}")))?;
+        }
+        Definition::of(name, versions)
             .map(Some)
             .map_err(|e| problem(format!("is refused: {e}")))
     }
@@ -293,7 +298,10 @@ impl Warehouse {
                     None,
                 ),
             };
-            let manifest = next(current.as_ref())?;
+            let mut manifest = next(current.as_ref())?;
+            for version in &mut manifest.versions.versions {
+                version.source = self.relative(&version.source);
+            }
             let bytes = serde_json::to_vec_pretty(&manifest)
                 .map_err(|e| Error::warehouse(format!("models/{name}/"), e.to_string()))?;
             if manifests.create(number + 1, bytes).await? {
@@ -370,6 +378,40 @@ impl Warehouse {
             }
         }
         self.delete(&path).await
+    }
+
+    /// `source` as a manifest keeps it: relative to the warehouse's root where it is in the
+    /// warehouse (`model-files/KEY/model.onnx`), so that a warehouse moved or copied elsewhere
+    /// reads its own files.
+    fn relative(&self, source: &str) -> String {
+        let Ok(parsed) = crate::model::ModelSource::parse(source) else {
+            return source.to_string();
+        };
+        match parsed.url().as_str().strip_prefix(self.root.as_str()) {
+            Some(rest) if !rest.is_empty() => rest.to_string(),
+            _ => source.to_string(),
+        }
+    }
+
+    /// A manifest's `source` where it is read from: one relative to the warehouse's root made
+    /// whole (never outside it), any other as it is.
+    fn in_warehouse(&self, source: &str) -> std::result::Result<String, String> {
+        if source.contains("://") || source.starts_with('/') {
+            return Ok(source.to_string());
+        }
+        if source.is_empty()
+            || source.contains('\\')
+            || source
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+        {
+            return Err(format!("{source:?} is not a file of the warehouse"));
+        }
+        let url = self
+            .root
+            .join(source)
+            .map_err(|e| format!("{source:?}: {e}"))?;
+        Ok(crate::model::ModelSource::from_url(url).to_string())
     }
 
     /// The manifests of model `name`.
