@@ -287,13 +287,6 @@ impl ModelRegistry {
         self.write().insert(name.to_string(), entry);
     }
 
-    /// Registers one model file under `name` that must have the sha256 `sha256` when it is
-    /// loaded (a file batchinfer wrote, such as a quantized model: a change is damage).
-    pub fn register_pinned(&self, name: &str, source: ModelSource, sha256: &str) {
-        let entry = Arc::new(ModelEntry::new(source, Some(sha256.to_string())));
-        self.write().insert(name.to_string(), entry);
-    }
-
     /// Registers a model that is already loaded (CREATE MODEL loads to check before it
     /// registers); `version`: a version of a warehouse model, pinned whole.
     pub fn insert_loaded(&self, name: &str, model: Arc<Model>, version: bool) {

@@ -76,27 +76,15 @@ impl ModelRegistry {
     /// any was there.
     pub fn unregister_model(&self, name: &str) -> bool {
         let prefix = format!("{name}@");
-        let ours = |key: &String| key == name || key.starts_with(&prefix);
-        let keys: Vec<String> = {
-            let files = self.read();
-            let endpoints = self.endpoints();
-            files
-                .keys()
-                .chain(endpoints.keys())
-                .filter(|k| ours(k))
-                .cloned()
-                .collect()
-        };
-        self.picks_mut().retain(|key, _| !ours(key));
-        let mut any = false;
-        for key in keys {
-            any |= self.unregister(&key);
-        }
-        any
+        self.picks_mut()
+            .retain(|key, _| key != name && !key.starts_with(&prefix));
+        let named = self.unregister(name);
+        self.unregister_picks_but(name, &[]) || named
     }
 
-    /// Removes the names of model `name`'s versions and aliases that `keep` does not hold.
-    pub fn unregister_picks_but(&self, name: &str, keep: &[String]) {
+    /// Removes the names of model `name`'s versions and aliases that `keep` does not hold;
+    /// whether any was there.
+    pub fn unregister_picks_but(&self, name: &str, keep: &[String]) -> bool {
         let prefix = format!("{name}@");
         let stale: Vec<String> = {
             let files = self.read();
@@ -108,10 +96,12 @@ impl ModelRegistry {
                 .cloned()
                 .collect()
         };
+        self.picks_mut().retain(|key, _| !stale.contains(key));
+        let mut any = false;
         for key in stale {
-            self.unregister(&key);
-            self.picks_mut().remove(&key);
+            any |= self.unregister(&key);
         }
+        any
     }
 
     /// The error of `name@...` where `name` is a model but has no such version or alias.
