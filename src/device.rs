@@ -36,11 +36,11 @@ impl Device {
             Device::Cuda(n) => Target::Cuda(n),
             Device::Auto => *AUTO.get_or_init(|| match usable_gpu(0) {
                 Ok(name) => {
-                    eprintln!("batchinfer: --device auto chose cuda:0 ({name})");
+                    crate::say!("batchinfer: --device auto chose cuda:0 ({name})");
                     Target::Cuda(0)
                 }
                 Err(why) => {
-                    eprintln!("batchinfer: --device auto chose the CPU: {why}");
+                    crate::say!("batchinfer: --device auto chose the CPU: {why}");
                     Target::Cpu
                 }
             }),
@@ -148,7 +148,7 @@ impl Target {
             Target::Cuda(n) => {
                 let name = usable_gpu(n).map_err(|e| cuda_error(self, &e))?;
                 let env = runtime::load_cuda().map_err(|e| cuda_error(self, &e))?;
-                eprintln!("batchinfer: running models on cuda:{n} ({name})");
+                crate::say!("batchinfer: running models on cuda:{n} ({name})");
                 (env, runtime::Build::Cuda)
             }
             Target::Cpu => (runtime::load_cpu()?, runtime::Build::Cpu),

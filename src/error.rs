@@ -259,12 +259,89 @@ impl From<Error> for DataFusionError {
             Error::DataFusion(e) => e,
             Error::Arrow(e) => DataFusionError::ArrowError(Box::new(e), None),
             Error::ObjectStore(e) => DataFusionError::ObjectStore(Box::new(e)),
-            // Planning-time mistakes read as plan errors, the way DataFusion reports its own.
-            e @ (Error::UnknownModel { .. } | Error::Binding { .. }) => {
-                DataFusionError::Plan(e.to_string())
-            }
+            // Kept whole, so that its kind ([`Error::kind`]) is still known after DataFusion.
             e => DataFusionError::External(Box::new(e)),
         }
+    }
+}
+
+/// What kind of failure an error is, for a caller that branches on it (Python's exception
+/// classes). The innermost of batchinfer's errors decides, through DataFusion's layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A model: unknown, not loadable, failing as it runs, or its endpoint failing.
+    Model,
+    /// The data given to a model: columns that do not fit its inputs, values that cannot be its
+    /// tensors, more than batchinfer holds at once, more failed rows than the error budget.
+    Input,
+    /// A store, a file, a database or the warehouse could not be read or written.
+    Storage,
+    /// Stopped by a signal (Ctrl-C); nothing the statement wrote was kept.
+    Cancelled,
+    /// Anything else: SQL that does not parse or plan, a setting, a table or view missing.
+    Other,
+}
+
+impl Error {
+    /// What kind of failure this is ([`Kind`]).
+    pub fn kind(&self) -> Kind {
+        match self {
+            Error::UnknownModel { .. }
+            | Error::ModelLoad { .. }
+            | Error::Inference { .. }
+            | Error::Output { .. }
+            | Error::Model { .. }
+            | Error::ModelFile(_)
+            | Error::Onnx(_)
+            | Error::Runtime(_)
+            | Error::Llm(_)
+            | Error::Gpu(_) => Kind::Model,
+            Error::Binding { .. }
+            | Error::Tensor(_)
+            | Error::TooLarge { .. }
+            | Error::ErrorBudget { .. } => Kind::Input,
+            Error::Location { .. }
+            | Error::Store { .. }
+            | Error::Warehouse { .. }
+            | Error::ObjectStore(_)
+            | Error::Io { .. }
+            | Error::Database { .. }
+            | Error::Parquet(_) => Kind::Storage,
+            Error::Cancelled(_) => Kind::Cancelled,
+            Error::DataFusion(e) => datafusion_kind(e),
+            Error::Arrow(ArrowError::ExternalError(inner)) => external_kind(inner.as_ref()),
+            _ => Kind::Other,
+        }
+    }
+}
+
+fn datafusion_kind(e: &DataFusionError) -> Kind {
+    match e {
+        DataFusionError::External(inner) => external_kind(inner.as_ref()),
+        DataFusionError::ArrowError(arrow, _) => match arrow.as_ref() {
+            ArrowError::ExternalError(inner) => external_kind(inner.as_ref()),
+            _ => Kind::Other,
+        },
+        DataFusionError::ObjectStore(_)
+        | DataFusionError::IoError(_)
+        | DataFusionError::ParquetError(_) => Kind::Storage,
+        DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => {
+            datafusion_kind(inner)
+        }
+        DataFusionError::Shared(inner) => datafusion_kind(inner),
+        _ => Kind::Other,
+    }
+}
+
+fn external_kind(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> Kind {
+    if let Some(e) = inner.downcast_ref::<Error>() {
+        e.kind()
+    } else if let Some(e) = inner.downcast_ref::<DataFusionError>() {
+        datafusion_kind(e)
+    } else if inner.downcast_ref::<object_store::Error>().is_some() {
+        Kind::Storage
+    } else {
+        Kind::Other
     }
 }
 

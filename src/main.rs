@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use batchinfer::cluster::{self, Remote};
 use batchinfer::config::{Device, GraphOptimization, parse_size};
+use batchinfer::engine::{EngineOptions, MAX_BATCH_ROWS, MAX_PARALLEL, check_count};
 use batchinfer::message::display_error;
 use batchinfer::output::OutputFormat;
 use batchinfer::runner::Runner;
@@ -241,28 +242,25 @@ fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// The engine's configuration from the command line, the device decided once here: everything
-/// after asks the resolved device.
-fn engine_config(args: &EngineArgs) -> EngineConfig {
-    let defaults = EngineConfig::default();
-    let device = args.device.resolve();
-    EngineConfig {
-        models_dir: args.models.clone(),
-        target_partitions: args.partitions.unwrap_or(defaults.target_partitions),
-        sessions_per_model: args.sessions.unwrap_or(defaults.sessions_per_model),
-        intra_threads: args.threads.unwrap_or(defaults.intra_threads),
-        batch_size: args.batch_rows.unwrap_or_else(|| device.batch_rows()),
-        optimization: args.graph_optimization,
+/// The engine's options from the command line.
+fn engine_options(args: &EngineArgs) -> EngineOptions {
+    EngineOptions {
+        models: args.models.clone(),
+        partitions: args.partitions,
+        sessions: args.sessions,
+        threads: args.threads,
+        batch_rows: args.batch_rows,
+        graph_optimization: args.graph_optimization,
         memory_limit: args.memory_limit,
         warehouse: Some(args.warehouse.clone()),
+        device: args.device,
         remote: args.remote.clone(),
-        device,
     }
 }
 
 async fn main_inner(cli: Cli) -> Result<()> {
     let args = cli.engine;
-    let config = engine_config(&args);
+    let config = engine_options(&args).config()?;
     match cli.command {
         Some(Command::Scheduler {
             bind,
@@ -330,16 +328,10 @@ async fn main_inner(cli: Cli) -> Result<()> {
     }
 }
 
-/// The most partitions, sessions or threads asked for: more than any machine has cores.
-const MAX_PARALLEL: usize = 1024;
-/// The most rows per record batch.
-const MAX_BATCH_ROWS: usize = 1 << 24;
-
 /// A parser of a count from 1 to `max`.
 fn count(max: usize) -> impl Fn(&str) -> Result<usize> + Clone {
     move |text| match text.parse::<usize>() {
-        Ok(n) if (1..=max).contains(&n) => Ok(n),
-        Ok(_) => Err(Error::Usage(format!("must be from 1 to {max}"))),
+        Ok(n) => check_count(n, max).map_err(Error::Usage),
         Err(e) => Err(Error::Usage(e.to_string())),
     }
 }

@@ -49,6 +49,36 @@ fn display_datafusion_error(err: &DataFusionError) -> String {
     }
 }
 
+/// Where what the engine says as it works goes (a model created, a view refreshed, a warning):
+/// standard error, unless [`say_to`] named a function (Python's `sys.stderr`, which a notebook
+/// shows).
+static SAY_TO: std::sync::RwLock<Option<Sayer>> = std::sync::RwLock::new(None);
+
+/// A function that takes each line the engine says.
+pub type Sayer = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Sends what the engine says to `sayer`, for the rest of the process.
+pub fn say_to(sayer: Sayer) {
+    *SAY_TO.write().unwrap_or_else(|p| p.into_inner()) = Some(sayer);
+}
+
+/// Says `line` where [`say_to`] sent the engine's lines (standard error by default).
+pub fn say(line: &str) {
+    let sayer = SAY_TO.read().unwrap_or_else(|p| p.into_inner()).clone();
+    match sayer {
+        Some(sayer) => sayer(line),
+        None => eprintln!("{line}"),
+    }
+}
+
+/// `eprintln!` for what the engine says: through [`say`].
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::message::say(&format!($($arg)*))
+    };
+}
+
 /// Warnings said once each on standard error (a table that cannot be read is named at the
 /// first statement that meets it, not at every one).
 #[derive(Debug, Default)]
@@ -59,7 +89,7 @@ impl Warnings {
     pub fn say_once(&self, warning: String) {
         let mut said = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if said.insert(warning.clone()) {
-            eprintln!("warning: {warning}");
+            crate::say!("warning: {warning}");
         }
     }
 }

@@ -1,7 +1,8 @@
-//! Long work shows progress: while a statement runs for more than a second and stderr is a
-//! terminal, a line on stderr shows the rows scored so far, rows/s, the time elapsed, and an
-//! estimate of the time left where Parquet metadata gives the row count. Nothing is printed when
-//! stderr is not a terminal, so scripts stay clean. After the statement, [`RunReport::summary`]
+//! Long work shows progress: while a statement runs for more than a second, a line shows the
+//! rows scored so far, rows/s, the time elapsed, and an estimate of the time left where Parquet
+//! metadata gives the row count. The command line draws it on stderr when stderr is a terminal
+//! (nothing otherwise, so scripts stay clean); Python's `progress=True` hands it to a function
+//! ([`Progress`]). After the statement, [`RunReport::summary`]
 //! says how long it took and how much of it was spent inside the model.
 
 use std::io::{IsTerminal, Write};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
+use datafusion::dataframe::DataFrame;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 
 use crate::engine::Engine;
@@ -145,9 +147,56 @@ fn thousands(n: u64) -> String {
     out
 }
 
+/// Where a statement's progress line goes.
+#[derive(Clone, Default)]
+pub enum Progress {
+    /// Nowhere.
+    #[default]
+    Off,
+    /// Drawn over itself on stderr (a terminal).
+    Terminal,
+    /// Each new line given to a function (Python's `progress=True`); `""` once at the end, when
+    /// a line was shown, to erase it.
+    To(Arc<dyn Fn(&str) + Send + Sync>),
+}
+
+impl Progress {
+    /// [`Progress::Terminal`] where stderr is a terminal, else [`Progress::Off`].
+    pub fn on_terminal() -> Progress {
+        if std::io::stderr().is_terminal() {
+            Progress::Terminal
+        } else {
+            Progress::Off
+        }
+    }
+
+    fn show(&self, line: &str) {
+        match self {
+            Progress::Off => {}
+            Progress::Terminal => {
+                eprint!("\r\x1b[2K{line}");
+                let _ = std::io::stderr().flush();
+            }
+            Progress::To(show) => show(line),
+        }
+    }
+}
+
 /// Runs one statement to completion, with a progress line on a terminal.
 pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<RunReport> {
     let written = statement.writes();
+    let frame = engine.run(statement);
+    run_reported(engine, written, Progress::on_terminal(), frame).await
+}
+
+/// Collects the frame `frame` gives (a statement run, or a query planned earlier), with its
+/// progress shown as `progress` says; `written` is what the statement writes, if it writes.
+pub async fn run_reported(
+    engine: &Engine,
+    written: Option<String>,
+    progress: Progress,
+    frame: impl Future<Output = Result<DataFrame>>,
+) -> Result<RunReport> {
     let registry = engine.registry().clone();
     let before = registry.totals();
     let llm_before = registry.llm_usage();
@@ -155,7 +204,7 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
     let work = {
         let total = total.clone();
         async move {
-            let df = engine.run(statement).await?;
+            let df = frame.await?;
             let schema = df.schema().inner().clone();
             let task = Arc::new(df.task_ctx());
             let plan = df.create_physical_plan().await?;
@@ -164,12 +213,13 @@ pub async fn run_with_progress(engine: &Engine, statement: Statement) -> Result<
             Ok::<_, crate::error::Error>((schema, batches))
         }
     };
-    let line = std::io::stderr().is_terminal().then(|| {
+    let line = (!matches!(progress, Progress::Off)).then(|| {
         ProgressLine::start(
             registry.clone(),
             (before.rows, llm_before),
             total,
             engine.placement().running_on(),
+            progress,
         )
     });
     let result = work.await;
@@ -203,6 +253,7 @@ impl ProgressLine {
         (base_rows, llm_before): (u64, crate::llm::Usage),
         total: Arc<AtomicU64>,
         elsewhere: Option<String>,
+        shown_to: Progress,
     ) -> ProgressLine {
         let (done, finished) = std::sync::mpsc::channel::<()>();
         let draw = move || {
@@ -237,13 +288,11 @@ impl ProgressLine {
                         }
                     }
                 };
-                eprint!("\r\x1b[2K{line}");
-                let _ = std::io::stderr().flush();
+                shown_to.show(&line);
                 shown = true;
             }
             if shown {
-                eprint!("\r\x1b[2K");
-                let _ = std::io::stderr().flush();
+                shown_to.show("");
             }
         };
         let thread = std::thread::Builder::new()

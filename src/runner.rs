@@ -145,31 +145,40 @@ impl Runner<'_> {
 /// Says, after a statement succeeded, on how many rows each model failed (which got NULL) and
 /// where those kept as rejects are. Rejects that cannot be counted are a warning, not an error.
 pub async fn report_failed_rows(engine: &Engine) {
-    let (rejected, folder) = engine.statement_rejects().await.unwrap_or_else(|e| {
-        eprintln!(
-            "warning: the statement's rejects cannot be counted: {}",
-            display_error(&e)
-        );
-        (Vec::new(), String::new())
-    });
-    for (model, rows) in &rejected {
-        eprintln!(
-            "warning: model '{model}' failed on {rows} row(s), which got NULL; they are kept in \
-             {folder}"
-        );
-    }
-    for (model, rows) in engine.registry().take_failed_rows() {
-        if !rejected.iter().any(|(m, _)| *m == model) {
-            eprintln!(
-                "warning: model '{model}' failed on {rows} row(s), which got NULL \
-                 (batchinfer.on_error = 'null')"
-            );
-        }
+    for warning in failed_rows(engine).await {
+        eprintln!("warning: {warning}");
     }
 }
 
-/// Answers a stop signal: waits until what the statement wrote is discarded.
-async fn cancelled(signal: &'static str) -> Result<()> {
+/// The warnings [`report_failed_rows`] prints, one a model.
+pub async fn failed_rows(engine: &Engine) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let (rejected, folder) = engine.statement_rejects().await.unwrap_or_else(|e| {
+        warnings.push(format!(
+            "the statement's rejects cannot be counted: {}",
+            display_error(&e)
+        ));
+        (Vec::new(), String::new())
+    });
+    for (model, rows) in &rejected {
+        warnings.push(format!(
+            "model '{model}' failed on {rows} row(s), which got NULL; they are kept in {folder}"
+        ));
+    }
+    for (model, rows) in engine.registry().take_failed_rows() {
+        if !rejected.iter().any(|(m, _)| *m == model) {
+            warnings.push(format!(
+                "model '{model}' failed on {rows} row(s), which got NULL \
+                 (batchinfer.on_error = 'null')"
+            ));
+        }
+    }
+    warnings
+}
+
+/// Answers a stop signal: waits until what the statement wrote is discarded, and says so (or
+/// what a commit already under way kept).
+pub async fn cancelled(signal: &'static str) -> Result<()> {
     heed();
     crate::storage::discards_done().await;
     let kept = crate::storage::take_kept_despite_cancel();

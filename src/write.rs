@@ -230,7 +230,7 @@ impl<'a> Writes<'a> {
         if self.catalog.is_view(&name).await? {
             // IF NOT EXISTS asks for nothing where the name is taken, by a view too.
             if ct.if_not_exists {
-                eprintln!(
+                crate::say!(
                     "a materialized view named '{name}' exists: CREATE TABLE IF NOT EXISTS {name} \
                      created nothing"
                 );

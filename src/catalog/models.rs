@@ -64,7 +64,7 @@ impl Catalog {
                     v.set_alias(&name, &alias, version)
                 })
                 .await?;
-                eprintln!("model '{name}': alias {alias} -> version {version}");
+                crate::say!("model '{name}': alias {alias} -> version {version}");
                 session.empty()
             }
             ModelStatement::DropAlias { name, alias } => {
@@ -72,7 +72,7 @@ impl Catalog {
                     v.drop_alias(&name, &alias)
                 })
                 .await?;
-                eprintln!("model '{name}': alias {alias} dropped");
+                crate::say!("model '{name}': alias {alias} dropped");
                 session.empty()
             }
             ModelStatement::DropVersion { name, version } => {
@@ -80,7 +80,7 @@ impl Catalog {
                     v.drop_version(&name, version)
                 })
                 .await?;
-                eprintln!("model '{name}': version {version} dropped");
+                crate::say!("model '{name}': version {version} dropped");
                 session.empty()
             }
             ModelStatement::ShowVersions { name } => {
@@ -120,7 +120,7 @@ impl Catalog {
                         None
                     }
                 };
-                eprintln!(
+                crate::say!(
                     "model '{name}' {} as {} at {} (definition sha256 {}){}",
                     if or_replace { "defined" } else { "created" },
                     model.endpoint.model,
@@ -154,7 +154,7 @@ impl Catalog {
                     self.seen_models().remove(&name);
                 }
                 if known || unusable {
-                    eprintln!("model '{name}' dropped");
+                    crate::say!("model '{name}' dropped");
                 }
                 session.empty()
             }
@@ -188,7 +188,7 @@ impl Catalog {
                     Arc::new(datafusion::arrow::array::UInt64Array::from(vec![bytes])),
                 ];
                 if matches!(statement, ModelStatement::ClearCache) {
-                    eprintln!("{entries} kept answers removed from the LLM cache");
+                    crate::say!("{entries} kept answers removed from the LLM cache");
                 }
                 session.result(datafusion::arrow::array::RecordBatch::try_new(
                     schema, columns,
@@ -235,12 +235,13 @@ impl Catalog {
             (Adding::Create, n) => format!("created{}", version_suffix(n)),
             (_, n) => format!("defined{}", version_suffix(n)),
         };
-        eprintln!(
+        crate::say!(
             "model '{name}' {what} from {} (sha256 {})",
-            source, model.sha256
+            source,
+            model.sha256
         );
         if let Some(message) = quantized {
-            eprintln!("model '{name}' {message}");
+            crate::say!("model '{name}' {message}");
         }
         Ok(())
     }

@@ -164,7 +164,7 @@ impl TableWrite {
         };
         let version = post.version;
         if let Err(e) = post.await {
-            eprintln!(
+            crate::say!(
                 "table '{}': version {version} is committed; what follows a commit failed: {}",
                 self.name,
                 super::readable(&e.to_string())

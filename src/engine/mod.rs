@@ -17,7 +17,11 @@
 //! # Ok(()) }
 //! ```
 
+mod options;
+
 use std::sync::Arc;
+
+pub use options::{EngineOptions, MAX_BATCH_ROWS, MAX_PARALLEL, check_count};
 
 use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;

@@ -140,7 +140,7 @@ impl Cache {
             if let Err(warning) = cache.put(&key, &reply).await
                 && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
             {
-                eprintln!("warning: {warning}");
+                crate::say!("warning: {warning}");
             }
         });
         PENDING

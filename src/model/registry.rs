@@ -167,11 +167,11 @@ impl ModelRegistry {
             };
             // A model name is a name (as CREATE MODEL's), and one model's.
             if let Err(e) = crate::storage::check_name("model", name) {
-                eprintln!("warning: {file} in {} is left out: {e}", dir.display());
+                crate::say!("warning: {file} in {} is left out: {e}", dir.display());
                 continue;
             }
             if found.iter().any(|f| f == name) {
-                eprintln!(
+                crate::say!(
                     "warning: {file} in {} is left out: the model '{name}' is already its \
                      {name}.onnx",
                     dir.display()

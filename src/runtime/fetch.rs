@@ -69,7 +69,7 @@ pub(crate) fn cached_library(wheel: &Wheel, extra: &[&str], folder: &str) -> Res
     let dir = cache_dir()?.join(folder);
     match in_cache(wheel, extra, &dir) {
         Some(Ok(path)) => return Ok(path),
-        Some(Err(why)) => eprintln!("batchinfer: {why}; fetching it again"),
+        Some(Err(why)) => crate::say!("batchinfer: {why}; fetching it again"),
         None => {}
     }
     fetch_library(wheel, extra, &dir)?;
@@ -178,7 +178,7 @@ pub(crate) fn wheel_for_this_machine(wheels: &'static [Wheel]) -> Option<&'stati
 /// (the library last: its presence says the folder is complete).
 pub(crate) fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path) -> Result<()> {
     let url = format!("{PYPI}/{}", wheel.url);
-    eprintln!(
+    crate::say!(
         "batchinfer: fetching ONNX Runtime {ORT_VERSION} ({}) from PyPI (once; cached in {})",
         url.rsplit('/').next().unwrap_or(&url),
         dir.display()

@@ -138,6 +138,14 @@ pub enum ViewStatement {
 }
 
 impl Statement {
+    /// Whether it is a query (`SELECT`, `WITH`, `VALUES`): what it returns is computed as it is
+    /// read, where other statements do their work when they run.
+    pub fn is_query(&self) -> bool {
+        use datafusion::sql::sqlparser::ast::Statement as SQL;
+        matches!(self, Statement::Sql(statement)
+            if matches!(statement.as_ref(), DFStatement::Statement(s) if matches!(s.as_ref(), SQL::Query(_))))
+    }
+
     /// What the statement writes, when it writes (COPY's target, INSERT's and CREATE TABLE's
     /// table), for the summary of what it did.
     pub fn writes(&self) -> Option<String> {

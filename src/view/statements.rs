@@ -176,7 +176,7 @@ impl Views<'_> {
             return Ok(true);
         }
         if if_not_exists {
-            eprintln!(
+            crate::say!(
                 "a table named '{name}' exists: CREATE MATERIALIZED VIEW IF NOT EXISTS {name} \
                  created nothing"
             );
@@ -222,7 +222,7 @@ impl Views<'_> {
         }
         .await;
         if let Err(e) = undone {
-            eprintln!(
+            crate::say!(
                 "warning: materialized view '{name}' could not be put back as it was: {}",
                 display_error(&e)
             );

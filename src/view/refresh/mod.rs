@@ -188,7 +188,7 @@ impl Views<'_> {
                 .await?;
         }
         for (path, why) in &refreshed.failed {
-            eprintln!(
+            crate::say!(
                 "warning: materialized view '{name}': the input file {path} is left out until it \
                  changes: {why}"
             );

@@ -1,0 +1,260 @@
+//! `batchinfer._native`: the extension module of the Python package (`python/batchinfer/`
+//! wraps it). A [`Connection`] is one batchinfer [`Engine`]; a statement runs on a thread of its
+//! own with the GIL released ([`run`]); data comes in and results go out through the Arrow C
+//! stream interface, without copies ([`arrow_c`], [`registered`]).
+
+mod arrow_c;
+mod errors;
+mod registered;
+mod relation;
+mod run;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use batchinfer::config::{Device, GraphOptimization, Remote, parse_size};
+use batchinfer::engine::EngineOptions;
+use batchinfer::progress::Progress;
+use batchinfer::{Engine, Error as EngineError};
+use clap_free::value_enum;
+use datafusion::common::TableReference;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+use crate::errors::raise;
+use crate::relation::Relation;
+
+/// A connection: one engine, its models, warehouse and registered tables.
+#[pyclass(frozen, module = "batchinfer._native")]
+struct Connection {
+    inner: Arc<Inner>,
+}
+
+/// What a connection and the relations it returned share.
+pub(crate) struct Inner {
+    engine: Engine,
+    /// Held while a statement runs or a result is collected: one statement at a time on a
+    /// connection (the statement at hand is the engine's), as in DuckDB.
+    busy: Mutex<bool>,
+    /// Where progress lines go (`progress=True`), or `Progress::Off`.
+    progress: Progress,
+}
+
+impl Inner {
+    /// The engine, for a statement: `Err` once the connection is closed.
+    pub(crate) fn lock(&self) -> PyResult<parking_lot::MutexGuard<'_, bool>> {
+        let guard = self.busy.lock();
+        if *guard {
+            return Err(raise(EngineError::Usage(
+                "the connection is closed; batchinfer.connect() opens another".to_string(),
+            )));
+        }
+        Ok(guard)
+    }
+}
+
+#[pymethods]
+impl Connection {
+    #[new]
+    #[pyo3(signature = (models=None, warehouse=None, *, partitions=None, sessions=None,
+                        threads=None, batch_rows=None, graph_optimization="all",
+                        memory_limit=None, device="cpu", remote=None, progress=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        models: Option<PathBuf>,
+        warehouse: Option<PathBuf>,
+        partitions: Option<usize>,
+        sessions: Option<usize>,
+        threads: Option<usize>,
+        batch_rows: Option<usize>,
+        graph_optimization: &str,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        device: &str,
+        remote: Option<String>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        // "memory_limit: 'lots' is not a size ...": the option named where its message does not.
+        let setting = |name: &str, e: &dyn std::fmt::Display| {
+            let said = e.to_string();
+            let said = match said.starts_with(name.split('_').next().unwrap_or(name)) {
+                true => said,
+                false => format!("{name}: {said}"),
+            };
+            raise(EngineError::setting(name, said))
+        };
+        let memory_limit = match memory_limit {
+            None => None,
+            Some(size) => Some(match size.extract::<usize>() {
+                Ok(bytes) if bytes > 0 => bytes,
+                _ => parse_size(&size.str()?.to_string_lossy())
+                    .map_err(|e| setting("memory_limit", &e))?,
+            }),
+        };
+        let options = EngineOptions {
+            models,
+            partitions,
+            sessions,
+            threads,
+            batch_rows,
+            graph_optimization: value_enum::<GraphOptimization>(graph_optimization)
+                .map_err(|e| setting("graph_optimization", &e))?,
+            memory_limit,
+            warehouse,
+            device: Device::from_str(device).map_err(|e| setting("device", &e))?,
+            remote: remote
+                .map(|r| Remote::from_str(&r))
+                .transpose()
+                .map_err(|e| setting("remote", &e))?,
+        };
+        let progress = match progress {
+            None => Progress::Off,
+            Some(write) => Progress::To(Arc::new(move |line: &str| {
+                Python::attach(|py| {
+                    // A progress line that cannot be shown is no reason to stop the statement.
+                    let _ = write.call1(py, (line,));
+                })
+            })),
+        };
+        let config = options.config().map_err(raise)?;
+        let engine = run::run(py, async move || Engine::open(config).await)?;
+        Ok(Connection {
+            inner: Arc::new(Inner {
+                engine,
+                busy: Mutex::new(false),
+                progress,
+            }),
+        })
+    }
+
+    /// Runs `query`'s statements in order. Every statement but a final query runs now; a final
+    /// query (`SELECT`, `WITH`, `VALUES`) is planned now and runs when its result is read.
+    /// Returns the last statement's result.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Relation> {
+        let inner = &self.inner;
+        let guard = inner.lock()?;
+        let engine = &inner.engine;
+        let mut statements = engine.statements(query).map_err(raise)?;
+        let Some(last) = statements.pop() else {
+            return Err(raise(EngineError::Statement(
+                "no statement to run: the text holds none".to_string(),
+            )));
+        };
+        let mut warnings = Vec::new();
+        for statement in statements {
+            run::statement(py, inner, statement, &mut warnings)?;
+        }
+        let result = if last.is_query() {
+            let df = run::run(py, async || engine.run(last).await)?;
+            Relation::planned(inner.clone(), df)
+        } else {
+            let report = run::statement(py, inner, last, &mut warnings)?;
+            Relation::collected(inner.clone(), report.schema, report.batches)
+        };
+        drop(guard);
+        run::warn(py, &warnings)?;
+        Ok(result)
+    }
+
+    /// Registers `data` (an object with `__arrow_c_stream__`) as the table `name`, in place of
+    /// any registered before under that name. `once`: a stream read by the first statement
+    /// that reads the table (a `RecordBatchReader`); else read now, its buffers shared, not
+    /// copied, and read again by every statement.
+    #[pyo3(signature = (name, data, once=false))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        data: &Bound<'_, PyAny>,
+        once: bool,
+    ) -> PyResult<()> {
+        let inner = &self.inner;
+        let _guard = inner.lock()?;
+        check_table_name(name)?;
+        let stream = arrow_c::import_stream(data)?;
+        let engine = &inner.engine;
+        let provider = if once {
+            registered::once(name, stream)
+        } else {
+            let config = engine.config();
+            let (partitions, rows) = (config.partitions(), config.batch_size);
+            py.detach(move || registered::shared(stream, partitions, rows))
+                .map_err(raise)?
+        };
+        let ctx = engine.context();
+        let reference = TableReference::bare(name);
+        ctx.deregister_table(reference.clone())
+            .map_err(|e| raise(e.into()))?;
+        ctx.register_table(reference, provider)
+            .map_err(|e| raise(e.into()))?;
+        Ok(())
+    }
+
+    /// Removes the table `name` registered by `register`; a name not registered is no error.
+    fn unregister(&self, name: &str) -> PyResult<()> {
+        let _guard = self.inner.lock()?;
+        check_table_name(name)?;
+        let ctx = self.inner.engine.context();
+        ctx.deregister_table(TableReference::bare(name))
+            .map_err(|e| raise(e.into()))?;
+        Ok(())
+    }
+
+    /// Closes the connection: later statements are refused. Results already read stay.
+    fn close(&self) {
+        *self.inner.busy.lock() = true;
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        *self.inner.busy.lock()
+    }
+}
+
+/// A registered table's name: not empty, and of at most 255 bytes.
+fn check_table_name(name: &str) -> PyResult<()> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(raise(EngineError::Usage(format!(
+            "'{name}' cannot name a table: a name has 1 to 255 bytes"
+        ))));
+    }
+    Ok(())
+}
+
+/// Parsing without clap's derive: a value of a `clap::ValueEnum`, case-insensitive.
+mod clap_free {
+    pub fn value_enum<T: clap::ValueEnum>(text: &str) -> Result<T, String> {
+        T::from_str(text, true).map_err(|_| {
+            let names: Vec<String> = T::value_variants()
+                .iter()
+                .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+                .collect();
+            format!("'{text}' is not one of {}", names.join(", "))
+        })
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    run::start_runtime()?;
+    // What the engine says (a model created, a view refreshed, warnings) goes to sys.stderr,
+    // which a notebook shows; the process's own stderr where that cannot be written.
+    batchinfer::message::say_to(Arc::new(|line: &str| {
+        Python::attach(|py| {
+            let said = py.import("sys").and_then(|sys| {
+                let stderr = sys.getattr("stderr")?;
+                stderr.call_method1("write", (format!("{line}\n"),))?;
+                stderr.call_method0("flush")
+            });
+            if said.is_err() {
+                eprintln!("{line}");
+            }
+        })
+    }));
+    m.add_class::<Connection>()?;
+    m.add_class::<Relation>()?;
+    errors::add(m)?;
+    Ok(())
+}
