@@ -11,7 +11,12 @@
 //! - [`engine`]: [`Engine`], the library entry point. It parses statements and routes each to
 //!   the feature that runs it ([`catalog`], [`view`], [`write`]), each given narrow handles over
 //!   one [`session::Session`]; it holds the session, the configuration, the warehouse and the
-//!   catalog, nothing more.
+//!   catalog, nothing more. `options.rs`: the engine's options as a person gives them (the
+//!   command line's flags, Python's `connect()`), made into its [`EngineConfig`].
+//! - The Python package is the workspace's second member, `python/`: its extension module
+//!   (`python/src/`: connections, Arrow C streams in and out, statements run with the GIL
+//!   released) over this crate's [`Engine`], [`runner`] and [`progress`], and the Python code
+//!   around it (`python/batchinfer/`).
 //! - [`session`]: the handle every feature gets on the SQL session: DataFusion's context, the
 //!   model registry, where statements run; statements planned and run (`mod.rs`), the
 //!   `batchinfer.*` options and the statement at hand (`settings.rs`), the statement tagged for
@@ -80,7 +85,8 @@
 //! - [`device`]: `--device cpu | cuda[:N] | auto`, resolved at start-up into the one
 //!   [`device::Target`] asked everything that depends on the device; the GPU, the CUDA libraries.
 //! - [`output`]: printing results as a table, CSV or JSON.
-//! - [`progress`]: the progress line on long statements and the per-statement summary.
+//! - [`progress`]: the progress line on long statements (on a terminal, or handed to a
+//!   function) and the per-statement summary.
 //! - [`runner`]: runs statements and prints their results: the one runner behind `-e`, `-f`,
 //!   piped standard input, the shell and `batchinfer refresh VIEW`.
 //! - [`signals`]: SIGINT and SIGTERM as the process answers them: statements count themselves
@@ -121,8 +127,9 @@
 //!   them, the tables a process registers itself first); a view's manifest, its format
 //!   (`view_manifest.rs`), and the files a view may read (its own, of their recorded sizes:
 //!   `view_files.rs`, which also makes a view's table).
-//! - [`error`]: the crate's error type, and panics reported as errors; [`message`]: an error as a
-//!   person reads it, and warnings said once.
+//! - [`error`]: the crate's error type, its kinds (what a caller branches on), and panics
+//!   reported as errors; [`message`]: an error as a person reads it, what the engine says as it
+//!   works (`say!`: stderr, or where Python sends it), and warnings said once.
 //! - [`llm`]: endpoint models (LLMs behind an OpenAI-compatible API) and what `generate` needs
 //!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and
 //!   identical requests sent once (`client.rs`), pacing (`pace.rs`), typed output (`output.rs`),
