@@ -15,6 +15,7 @@ Errors are :class:`Error` (and :class:`ModelError`, :class:`InputError`, :class:
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Union
@@ -23,6 +24,9 @@ import pyarrow as pa
 
 from . import _native
 from ._native import CancelledError, Error, InputError, ModelError, StorageError
+
+# Statements still running in other threads as Python exits are stopped first.
+atexit.register(_native.stop_all)
 
 if TYPE_CHECKING:
     import pandas
@@ -238,13 +242,20 @@ def _arrow_source(data: Any) -> tuple[Any, bool]:
     if module == "pandas":
         import pandas
 
-        if isinstance(data, pandas.DataFrame):
-            return pa.Table.from_pandas(data, preserve_index=False), False
         if isinstance(data, pandas.Series):
-            return pa.Table.from_pandas(data.to_frame(), preserve_index=False), False
+            data = data.to_frame()
+        if isinstance(data, pandas.DataFrame):
+            return _from_pandas(data), False
+    if isinstance(data, (pa.Array, pa.ChunkedArray)):
+        raise Error(
+            f"a pyarrow {type(data).__name__} is a column, not a table: register "
+            "pyarrow.table({'name': column})"
+        )
     if module == "polars":
         import polars
 
+        if isinstance(data, polars.Series):
+            data = data.to_frame()
         if isinstance(data, polars.LazyFrame):
             data = data.collect()
         if isinstance(data, polars.DataFrame):
@@ -257,6 +268,38 @@ def _arrow_source(data: Any) -> tuple[Any, bool]:
         "Table, RecordBatch or RecordBatchReader, a pandas or polars DataFrame, or any object "
         "with __arrow_c_stream__"
     )
+
+
+def _from_pandas(frame: pandas.DataFrame) -> pa.Table:
+    """``frame`` as Arrow, its index left out: ``pyarrow.Table.from_pandas``, except that float
+    columns (numpy's float32 and float64) are shared as they are, NaN and all, and batchinfer
+    makes their NaN NULL as it registers them (pyarrow reads every value to do so, slower).
+    The table's schema metadata says which columns those are."""
+    import numpy as np
+
+    floats = {
+        position
+        for position, dtype in enumerate(frame.dtypes)
+        if isinstance(dtype, np.dtype) and dtype in (np.float32, np.float64)
+    }
+    if not floats:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    rest = pa.Table.from_pandas(
+        frame.iloc[:, [p for p in range(frame.shape[1]) if p not in floats]], preserve_index=False
+    )
+    arrays, names, taken = [], [], iter(range(rest.num_columns))
+    for position, name in enumerate(frame.columns):
+        if position in floats:
+            arrays.append(pa.array(frame.iloc[:, position].to_numpy(), from_pandas=False))
+        else:
+            arrays.append(rest.column(next(taken)))
+        names.append(str(name))
+    marked = ",".join(str(p) for p in sorted(floats))
+    return pa.Table.from_arrays(arrays, names=names, metadata={_NAN_IS_NULL: marked})
+
+
+# The schema metadata that names the float columns whose NaN batchinfer makes NULL.
+_NAN_IS_NULL = "batchinfer.nan_is_null"
 
 
 class _ProgressWriter:

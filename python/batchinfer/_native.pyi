@@ -17,6 +17,9 @@ class StorageError(Error):
 class CancelledError(Error):
     """The statement was stopped (Ctrl-C); nothing it wrote was kept."""
 
+def stop_all() -> None:
+    """Stops every statement running in the process (called as Python exits)."""
+
 class Connection:
     def __init__(
         self,

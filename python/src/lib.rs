@@ -19,7 +19,7 @@ use batchinfer::progress::Progress;
 use batchinfer::{Engine, Error as EngineError};
 use clap_free::value_enum;
 use datafusion::common::TableReference;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 
 use crate::errors::raise;
@@ -43,8 +43,8 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// The engine, for a statement: `Err` once the connection is closed.
-    pub(crate) fn lock(&self) -> PyResult<parking_lot::MutexGuard<'_, bool>> {
-        let guard = self.busy.lock();
+    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, bool>> {
+        let guard = lock_detached(py, &self.busy)?;
         if *guard {
             return Err(raise(EngineError::Usage(
                 "the connection is closed; batchinfer.connect() opens another".to_string(),
@@ -65,10 +65,10 @@ impl Connection {
         py: Python<'_>,
         models: Option<PathBuf>,
         warehouse: Option<PathBuf>,
-        partitions: Option<usize>,
-        sessions: Option<usize>,
-        threads: Option<usize>,
-        batch_rows: Option<usize>,
+        partitions: Option<i64>,
+        sessions: Option<i64>,
+        threads: Option<i64>,
+        batch_rows: Option<i64>,
         graph_optimization: &str,
         memory_limit: Option<Bound<'_, PyAny>>,
         device: &str,
@@ -92,12 +92,14 @@ impl Connection {
                     .map_err(|e| setting("memory_limit", &e))?,
             }),
         };
+        // A count below 1 is refused by EngineOptions::config, with the others.
+        let count = |n: Option<i64>| n.map(|n| usize::try_from(n).unwrap_or(0));
         let options = EngineOptions {
             models,
-            partitions,
-            sessions,
-            threads,
-            batch_rows,
+            partitions: count(partitions),
+            sessions: count(sessions),
+            threads: count(threads),
+            batch_rows: count(batch_rows),
             graph_optimization: value_enum::<GraphOptimization>(graph_optimization)
                 .map_err(|e| setting("graph_optimization", &e))?,
             memory_limit,
@@ -111,10 +113,11 @@ impl Connection {
         let progress = match progress {
             None => Progress::Off,
             Some(write) => Progress::To(Arc::new(move |line: &str| {
-                Python::attach(|py| {
-                    // A progress line that cannot be shown is no reason to stop the statement.
+                // A progress line that cannot be shown (the interpreter exiting) is no reason to
+                // stop the statement.
+                Python::try_attach(|py| {
                     let _ = write.call1(py, (line,));
-                })
+                });
             })),
         };
         let config = options.config().map_err(raise)?;
@@ -133,7 +136,7 @@ impl Connection {
     /// Returns the last statement's result.
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<Relation> {
         let inner = &self.inner;
-        let guard = inner.lock()?;
+        let guard = inner.lock(py)?;
         let engine = &inner.engine;
         let mut statements = engine.statements(query).map_err(raise)?;
         let Some(last) = statements.pop() else {
@@ -170,7 +173,7 @@ impl Connection {
         once: bool,
     ) -> PyResult<()> {
         let inner = &self.inner;
-        let _guard = inner.lock()?;
+        let _guard = inner.lock(py)?;
         check_table_name(name)?;
         let stream = arrow_c::import_stream(data)?;
         let engine = &inner.engine;
@@ -192,8 +195,8 @@ impl Connection {
     }
 
     /// Removes the table `name` registered by `register`; a name not registered is no error.
-    fn unregister(&self, name: &str) -> PyResult<()> {
-        let _guard = self.inner.lock()?;
+    fn unregister(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let _guard = self.inner.lock(py)?;
         check_table_name(name)?;
         let ctx = self.inner.engine.context();
         ctx.deregister_table(TableReference::bare(name))
@@ -202,14 +205,32 @@ impl Connection {
     }
 
     /// Closes the connection: later statements are refused. Results already read stay.
-    fn close(&self) {
-        *self.inner.busy.lock() = true;
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        *lock_detached(py, &self.inner.busy)? = true;
+        Ok(())
     }
 
     /// Whether `close` was called.
     #[getter]
-    fn closed(&self) -> bool {
-        *self.inner.busy.lock()
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(*lock_detached(py, &self.inner.busy)?)
+    }
+}
+
+/// `mutex` locked, waiting for it with the GIL released: the thread that holds it may be running
+/// a statement that needs the GIL (a stream read from Python, a buffer of Python's released).
+/// Ctrl-C stops the wait.
+pub(crate) fn lock_detached<'a, T: Send>(
+    py: Python<'_>,
+    mutex: &'a Mutex<T>,
+) -> PyResult<MutexGuard<'a, T>> {
+    loop {
+        if let Some(guard) = mutex.try_lock() {
+            return Ok(guard);
+        }
+        // Waits until it is free (or a while), then takes it with the GIL held.
+        py.detach(|| drop(mutex.try_lock_for(std::time::Duration::from_millis(100))));
+        py.check_signals()?;
     }
 }
 
@@ -236,23 +257,31 @@ mod clap_free {
     }
 }
 
+/// Stops every statement running in the process (the package calls it as Python exits, so that
+/// none is left calling into an interpreter that is gone).
+#[pyfunction]
+fn stop_all() {
+    batchinfer::stop::request("SIGTERM");
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     run::start_runtime()?;
     // What the engine says (a model created, a view refreshed, warnings) goes to sys.stderr,
     // which a notebook shows; the process's own stderr where that cannot be written.
     batchinfer::message::say_to(Arc::new(|line: &str| {
-        Python::attach(|py| {
-            let said = py.import("sys").and_then(|sys| {
+        let said = Python::try_attach(|py| {
+            py.import("sys").and_then(|sys| {
                 let stderr = sys.getattr("stderr")?;
                 stderr.call_method1("write", (format!("{line}\n"),))?;
-                stderr.call_method0("flush")
-            });
-            if said.is_err() {
-                eprintln!("{line}");
-            }
-        })
+                stderr.call_method0("flush").map(drop)
+            })
+        });
+        if !matches!(said, Some(Ok(_))) {
+            eprintln!("{line}");
+        }
     }));
+    m.add_function(wrap_pyfunction!(stop_all, m)?)?;
     m.add_class::<Connection>()?;
     m.add_class::<Relation>()?;
     errors::add(m)?;

@@ -9,6 +9,7 @@ use batchinfer::Error as EngineError;
 use batchinfer::message::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
 use batchinfer::progress::run_reported;
+use batchinfer::statement_context::StatementContext;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchIterator, RecordBatchReader};
@@ -19,10 +20,10 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use crate::Inner;
 use crate::arrow_c::{export_schema, export_stream};
 use crate::errors::raise;
 use crate::run::{self, runtime};
+use crate::{Inner, lock_detached};
 
 /// A statement's result (see the module's text).
 #[pyclass(frozen, module = "batchinfer._native")]
@@ -63,6 +64,19 @@ impl Relation {
     }
 }
 
+/// `df` as a statement starting now: its scoring stops at a Ctrl-C that comes from now on, not
+/// at one that stopped another statement since it was planned.
+fn starting_now(df: DataFrame) -> DataFrame {
+    let (mut state, plan) = df.into_parts();
+    let options = state.config_mut().options_mut();
+    if let Some(statement) = options.extensions.get_mut::<StatementContext>() {
+        statement.stop_signals_before = batchinfer::stop::signals();
+    }
+    // The options the physical plan's functions are given are those of the execution's start.
+    state.mark_start_execution();
+    DataFrame::new(state, plan)
+}
+
 fn streamed() -> PyErr {
     raise(EngineError::Usage(
         "this result was streamed already, and a query runs once: run con.sql(...) again, or \
@@ -75,14 +89,14 @@ fn streamed() -> PyErr {
 impl Relation {
     /// Runs the query, if it has not run, keeping its rows.
     fn collect(&self, py: Python<'_>) -> PyResult<()> {
-        let mut state = self.state.lock();
+        let mut state = lock_detached(py, &self.state)?;
         let df = match &*state {
-            State::Planned(df) => df.as_ref().clone(),
+            State::Planned(df) => starting_now(df.as_ref().clone()),
             State::Collected(_) => return Ok(()),
             State::Streamed => return Err(streamed()),
         };
         let inner = &self.inner;
-        let guard = inner.lock()?;
+        let guard = inner.lock(py)?;
         let (engine, progress) = (&inner.engine, inner.progress.clone());
         let (report, failed) = run::run(py, async move || {
             let report = run_reported(engine, None, progress, async { Ok(df) }).await?;
@@ -104,7 +118,7 @@ impl Relation {
     ) -> PyResult<Bound<'py, PyCapsule>> {
         // The rows are given in their own schema; the interface lets a producer do so.
         let _ = requested_schema;
-        let mut state = self.state.lock();
+        let mut state = lock_detached(py, &self.state)?;
         let reader: Box<dyn RecordBatchReader + Send> = match &*state {
             State::Collected(batches) => Box::new(RecordBatchIterator::new(
                 batches.clone().into_iter().map(Ok),
@@ -112,7 +126,9 @@ impl Relation {
             )),
             State::Streamed => return Err(streamed()),
             State::Planned(df) => {
-                let df = df.as_ref().clone();
+                // Refused once the connection is closed, as collect is.
+                drop(self.inner.lock(py)?);
+                let df = starting_now(df.as_ref().clone());
                 let stream = run::run(py, async move || Ok(df.execute_stream().await?))?;
                 *state = State::Streamed;
                 Box::new(Streaming {
@@ -139,12 +155,16 @@ impl Relation {
             .collect()
     }
 
-    fn __repr__(&self) -> String {
-        let state = self.state.lock();
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let state = lock_detached(py, &self.state)?;
         let columns = self.columns().join(", ");
         match &*state {
-            State::Planned(_) => format!("<batchinfer.Relation: a query not yet run ({columns})>"),
-            State::Streamed => format!("<batchinfer.Relation: a query streamed ({columns})>"),
+            State::Planned(_) => Ok(format!(
+                "<batchinfer.Relation: a query not yet run ({columns})>"
+            )),
+            State::Streamed => Ok(format!(
+                "<batchinfer.Relation: a query streamed ({columns})>"
+            )),
             State::Collected(batches) => {
                 let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
                 let mut shown = Vec::new();
@@ -160,13 +180,13 @@ impl Relation {
                 let mut text = Vec::new();
                 if let Err(e) = print_batches(&mut text, OutputFormat::Table, &self.schema, &shown)
                 {
-                    return format!("<batchinfer.Relation: {}>", display_error(&e));
+                    return Ok(format!("<batchinfer.Relation: {}>", display_error(&e)));
                 }
                 let mut text = String::from_utf8_lossy(&text).trim_end().to_string();
                 if rows > SHOWN_ROWS {
                     text.push_str(&format!("\n({rows} rows, {SHOWN_ROWS} shown)"));
                 }
-                text
+                Ok(text)
             }
         }
     }

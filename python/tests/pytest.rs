@@ -35,7 +35,8 @@ fn pytest_suite() {
     );
     let python = String::from_utf8(env.stdout).unwrap().trim().to_string();
 
-    let extension = artifacts().join("lib_native.so");
+    // The extension cargo built with this test (the package's cdylib, beside the test in deps/).
+    let extension = artifacts().join("deps").join("lib_native.so");
     assert!(
         extension.exists(),
         "{} is missing: cargo builds it for this test",

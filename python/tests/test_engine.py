@@ -265,3 +265,42 @@ def test_statements_on_a_cluster(tmp_path):
             process.kill()
             process.wait()
         log.close()
+
+
+def test_one_connection_from_two_threads_takes_turns():
+    con = batchinfer.connect(models=MODELS, partitions=1)
+    con.register("big", big_table(8_000_000))
+    relation = con.sql(f"SELECT sum({LINEAR}) AS s FROM big")
+    done = {}
+
+    def first() -> None:
+        done["first"] = relation.to_arrow()["s"][0].as_py()
+
+    def second() -> None:
+        # Each waits for the statement the other thread runs, with the GIL free meanwhile.
+        done["closed"] = con.closed
+        done["second"] = con.sql("SELECT 41 + 1 AS x").to_arrow()["x"][0].as_py()
+        done["repr"] = repr(relation)
+
+    a = threading.Thread(target=first, daemon=True)
+    a.start()
+    time.sleep(0.2)
+    b = threading.Thread(target=second, daemon=True)
+    b.start()
+    a.join(120)
+    b.join(120)
+    assert not a.is_alive() and not b.is_alive(), "a thread never finished"
+    assert done["closed"] is False and done["second"] == 42
+    assert "s" in done["repr"] and done["first"] is not None
+
+
+def test_a_query_planned_before_a_ctrl_c_still_runs(tmp_path):
+    with batchinfer.connect(models=MODELS) as con:
+        con.register("feats", features(10_000))
+        planned = con.sql(f"SELECT count({LINEAR}) AS n FROM feats")
+        timer = interrupt_after(1.0)
+        with pytest.raises(KeyboardInterrupt):
+            con.sql(f"COPY ({LONG}) TO '{tmp_path / 'out.parquet'}' STORED AS PARQUET")
+        timer.cancel()
+        # The Ctrl-C stopped the COPY; the query planned before it runs now.
+        assert planned.to_arrow()["n"].to_pylist() == [10_000]

@@ -167,3 +167,28 @@ def test_results_stream_to_other_readers(con):
     assert sum(b.num_rows for b in reader) == 10_000
     # pyarrow reads the capsule of a relation directly.
     assert pa.table(con.sql("SELECT 1 AS one")).to_pylist() == [{"one": 1}]
+
+
+def test_pandas_nan_is_null_in_every_float_type(con):
+    frame = pd.DataFrame(
+        {
+            "a": np.array([1.0, np.nan, 3.0, np.nan], dtype=np.float64),
+            "b": np.array([np.nan, 2.0, 3.0, 4.0], dtype=np.float32),
+            "c": pd.array([1.5, None, 2.5, 3.5], dtype="Float64"),  # pandas' own nullable type
+            "n": [1, 2, 3, 4],
+            "s": ["w", None, "y", "z"],
+        },
+        index=[10, 20, 30, 40],  # left out
+    )
+    con.register("f", frame)
+    out = con.sql(
+        "SELECT count(*) AS rows, count(a) AS a, count(b) AS b, count(c) AS c, count(s) AS s, "
+        "sum(a) AS sum_a, sum(b) AS sum_b FROM f"
+    ).to_arrow().to_pylist()
+    assert out == [{"rows": 4, "a": 2, "b": 3, "c": 3, "s": 3, "sum_a": 4.0, "sum_b": 9.0}]
+    assert con.sql("SELECT * FROM f").columns == ["a", "b", "c", "n", "s"]
+    back = con.sql("SELECT a, b, n FROM f ORDER BY n").to_pandas()
+    assert back["a"].isna().tolist() == [False, True, False, True]
+    assert back["b"].isna().tolist() == [True, False, False, False]
+    # The DataFrame itself is untouched: its NaN are NaN.
+    assert np.isnan(frame["a"].to_numpy()).sum() == 2
