@@ -18,7 +18,8 @@ class CancelledError(Error):
     """The statement was stopped (Ctrl-C); nothing it wrote was kept."""
 
 def stop_all() -> None:
-    """Stops every statement running in the process (called as Python exits)."""
+    """Stops every statement running in the process and waits up to 10 s for them (called as
+    Python exits)."""
 
 class Connection:
     def __init__(

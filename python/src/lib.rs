@@ -257,11 +257,12 @@ mod clap_free {
     }
 }
 
-/// Stops every statement running in the process (the package calls it as Python exits, so that
-/// none is left calling into an interpreter that is gone).
+/// Stops every statement running in the process and waits (up to 10 s) for them to end: the
+/// package calls it as Python exits, so that none is left calling into an interpreter that is
+/// gone.
 #[pyfunction]
-fn stop_all() {
-    batchinfer::stop::request("SIGTERM");
+fn stop_all(py: Python<'_>) {
+    run::wait_for_work(py, std::time::Duration::from_secs(10));
 }
 
 #[pymodule]

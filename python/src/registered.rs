@@ -99,7 +99,10 @@ fn with_nan_as_null(
                 .collect();
             workers
                 .into_iter()
-                .flat_map(|w| w.join().unwrap_or_default())
+                .flat_map(|w| match w.join() {
+                    Ok(converted) => converted,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
                 .collect()
         });
         for (c, array) in converted {
@@ -170,14 +173,17 @@ impl PartitionStream for Once {
             // behind a RecordBatchReader), which takes the GIL.
             Some(reader) => futures::stream::unfold(Some(reader), |reader| async move {
                 let mut reader = reader?;
+                let working = crate::run::Working::start();
                 let read = tokio::task::spawn_blocking(move || {
                     let batch = reader.next();
-                    (batch, reader)
+                    // Counted until the reader is dropped too (releasing it calls into Python),
+                    // wherever that happens: a statement dropped leaves it to this thread.
+                    (batch, reader, working)
                 })
                 .await;
                 match read {
-                    Ok((Some(batch), reader)) => Some((batch.map_err(Into::into), Some(reader))),
-                    Ok((None, _)) => None,
+                    Ok((Some(batch), reader, _)) => Some((batch.map_err(Into::into), Some(reader))),
+                    Ok((None, _, _)) => None,
                     Err(e) => Some((
                         Err(datafusion::error::DataFusionError::External(Box::new(e))),
                         None,

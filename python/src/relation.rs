@@ -202,6 +202,12 @@ impl Iterator for Streaming {
     type Item = Result<RecordBatch, ArrowError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if crate::run::exiting() {
+            return Some(Err(ArrowError::ExternalError(
+                "the stream ended: Python is exiting".into(),
+            )));
+        }
+        let _working = crate::run::Working::start();
         let stream = &mut self.stream;
         let next = without_gil(move || block_on(stream.next()))?;
         Some(next.map_err(|e| {

@@ -45,6 +45,52 @@ pub fn start_runtime() -> PyResult<()> {
     Ok(())
 }
 
+/// Work under way that may call into Python (statements, a stream's reads): counted so that
+/// Python's exit can wait for it ([`wait_for_work`]).
+static WORKING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts work under way while it lives.
+pub struct Working(());
+
+impl Working {
+    pub fn start() -> Working {
+        WORKING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Working(())
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        WORKING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Set as Python exits: running statements are cancelled, streams end.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether Python is exiting ([`wait_for_work`] was called).
+pub fn exiting() -> bool {
+    EXITING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// As Python exits: cancels the statements still running (in daemon threads) and waits, the GIL
+/// released, up to `within` for them and their reads to end, so that none calls into an
+/// interpreter that is being torn down.
+pub fn wait_for_work(py: Python<'_>, within: Duration) {
+    let working = || WORKING.load(std::sync::atomic::Ordering::SeqCst);
+    EXITING.store(true, std::sync::atomic::Ordering::SeqCst);
+    if working() == 0 {
+        return;
+    }
+    batchinfer::stop::request("SIGTERM");
+    py.detach(|| {
+        let started = std::time::Instant::now();
+        while working() > 0 && started.elapsed() < within {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+}
+
 /// How a statement's thread ended.
 enum Outcome<T> {
     Done(batchinfer::Result<T>),
@@ -58,7 +104,8 @@ where
     T: Send,
     F: AsyncFnOnce() -> batchinfer::Result<T> + Send,
 {
-    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let _working = Working::start();
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<&'static str>();
     let done = (Mutex::new(false), Condvar::new());
     std::thread::scope(|scope| {
         let done = &done;
@@ -72,8 +119,8 @@ where
                         result = work => Outcome::Done(result.unwrap_or_else(|panic| {
                             Err(EngineError::Internal(batchinfer::error::panic_message(&panic)))
                         })),
-                        Ok(()) = cancelled => {
-                            Outcome::Stopped(batchinfer::runner::cancelled("SIGINT").await)
+                        Ok(signal) = cancelled => {
+                            Outcome::Stopped(batchinfer::runner::cancelled(signal).await)
                         }
                     }
                 });
@@ -103,8 +150,14 @@ where
                 // then the statement is dropped and its writes discarded.
                 batchinfer::stop::request("SIGINT");
                 if let Some(cancel) = cancel.take() {
-                    let _ = cancel.send(());
+                    let _ = cancel.send("SIGINT");
                 }
+            }
+            // Python exiting: the statement is dropped, its writes discarded, as at SIGTERM.
+            if exiting()
+                && let Some(cancel) = cancel.take()
+            {
+                let _ = cancel.send("SIGTERM");
             }
         }
         let outcome = worker.join().unwrap_or_else(|panic| {
@@ -127,8 +180,8 @@ where
                 Err(EngineError::Cancelled(_)) => Err(interrupt),
                 Err(e) => Err(raise(e)),
             },
-            // Only an interrupt stops a statement.
-            (Outcome::Stopped(Ok(())), None) => Err(raise(EngineError::Cancelled("SIGINT"))),
+            // Stopped as Python exits.
+            (Outcome::Stopped(Ok(())), None) => Err(raise(EngineError::Cancelled("SIGTERM"))),
         }
     })
 }

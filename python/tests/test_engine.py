@@ -4,11 +4,11 @@ rejects, progress and a cluster."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -304,3 +304,42 @@ def test_a_query_planned_before_a_ctrl_c_still_runs(tmp_path):
         timer.cancel()
         # The Ctrl-C stopped the COPY; the query planned before it runs now.
         assert planned.to_arrow()["n"].to_pylist() == [10_000]
+
+
+EXIT_WHILE_RUNNING = """
+import sys, threading, time
+import pyarrow as pa
+import batchinfer
+
+con = batchinfer.connect()
+schema = pa.schema([("x", pa.float64())])
+
+def batches():
+    while True:
+        time.sleep(0.05)
+        yield pa.record_batch([pa.array([1.0] * 1000)], schema=schema)
+
+con.register("g", pa.RecordBatchReader.from_batches(schema, batches()))
+
+def run():
+    try:
+        con.sql("SELECT count(x) FROM g").to_arrow()
+    except batchinfer.Error:
+        pass
+
+threading.Thread(target=run, daemon=True).start()
+time.sleep(1)
+print("exiting", flush=True)
+"""
+
+
+def test_python_exits_cleanly_while_a_daemon_thread_reads_a_generator(tmp_path):
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_WHILE_RUNNING)
+    env = dict(os.environ)
+    for attempt in range(3):
+        run = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert run.returncode == 0, (attempt, run.returncode, run.stderr[-2000:])
+        assert "exiting" in run.stdout and "panicked" not in run.stderr
