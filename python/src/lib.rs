@@ -146,13 +146,13 @@ impl Connection {
         };
         let mut warnings = Vec::new();
         for statement in statements {
-            run::statement(py, inner, statement, &mut warnings)?;
+            run::collect(py, inner, run::Work::Statement(statement), &mut warnings)?;
         }
         let result = if last.is_query() {
             let df = run::run(py, async || engine.run(last).await)?;
             Relation::planned(inner.clone(), df)
         } else {
-            let report = run::statement(py, inner, last, &mut warnings)?;
+            let report = run::collect(py, inner, run::Work::Statement(last), &mut warnings)?;
             Relation::collected(inner.clone(), report.schema, report.batches)
         };
         drop(guard);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use batchinfer::Error as EngineError;
 use batchinfer::message::display_error;
 use batchinfer::output::{OutputFormat, print_batches};
-use batchinfer::progress::run_reported;
 use batchinfer::statement_context::StatementContext;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
@@ -97,15 +96,12 @@ impl Relation {
         };
         let inner = &self.inner;
         let guard = inner.lock(py)?;
-        let (engine, progress) = (&inner.engine, inner.progress.clone());
-        let (report, failed) = run::run(py, async move || {
-            let report = run_reported(engine, None, progress, async { Ok(df) }).await?;
-            Ok((report, batchinfer::runner::failed_rows(engine).await))
-        })?;
+        let mut warnings = Vec::new();
+        let report = run::collect(py, inner, run::Work::Planned(df), &mut warnings)?;
         drop(guard);
         *state = State::Collected(report.batches);
         drop(state);
-        run::warn(py, &failed)
+        run::warn(py, &warnings)
     }
 
     /// The rows, as an Arrow C stream (the PyCapsule interface): those kept, or the query's as

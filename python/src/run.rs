@@ -11,6 +11,7 @@ use std::time::Duration;
 use batchinfer::Error as EngineError;
 use batchinfer::progress::{RunReport, run_reported};
 use batchinfer::statements::Statement;
+use datafusion::dataframe::DataFrame;
 use futures::FutureExt;
 use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
@@ -186,19 +187,30 @@ where
     })
 }
 
-/// Runs `statement` to its end and collects what it returns, with progress where the
-/// connection shows it; the warnings of failed rows are added to `warnings`.
-pub fn statement(
+/// What [`collect`] runs: a statement, or a query planned earlier.
+pub enum Work {
+    Statement(Statement),
+    Planned(DataFrame),
+}
+
+/// Runs `work` to its end and collects what it returns, with progress where the connection
+/// shows it; the warnings of failed rows are added to `warnings`.
+pub fn collect(
     py: Python<'_>,
     inner: &Inner,
-    statement: Statement,
+    work: Work,
     warnings: &mut Vec<String>,
 ) -> PyResult<RunReport> {
     let engine = &inner.engine;
-    let written = statement.writes();
     let progress = inner.progress.clone();
     let (report, failed) = run(py, async move || {
-        let report = run_reported(engine, written, progress, engine.run(statement)).await?;
+        let report = match work {
+            Work::Statement(statement) => {
+                let written = statement.writes();
+                run_reported(engine, written, progress, engine.run(statement)).await?
+            }
+            Work::Planned(df) => run_reported(engine, None, progress, async { Ok(df) }).await?,
+        };
         Ok((report, batchinfer::runner::failed_rows(engine).await))
     })?;
     warnings.extend(failed);
