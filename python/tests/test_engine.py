@@ -343,3 +343,18 @@ def test_python_exits_cleanly_while_a_daemon_thread_reads_a_generator(tmp_path):
         )
         assert run.returncode == 0, (attempt, run.returncode, run.stderr[-2000:])
         assert "exiting" in run.stdout and "panicked" not in run.stderr
+
+
+def test_registered_names_are_names_never_paths(tmp_path):
+    wh = tmp_path / "wh"
+    with batchinfer.connect(models=MODELS, warehouse=wh) as con:
+        con.sql("SELECT 1").to_arrow()
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        for name in ["../escape", "tables/x", "a.b", "/etc/passwd", "Feats"]:
+            con.register(name, pa.table({"v": [1, 2, 3]}))
+            quoted = '"' + name.replace('"', '""') + '"'
+            assert con.sql(f"SELECT sum(v) AS s FROM {quoted}").to_arrow()["s"].to_pylist() == [6]
+            con.unregister(name)
+        # Nothing was written for them, in the warehouse or beside it.
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+        assert not (tmp_path / "escape").exists()
