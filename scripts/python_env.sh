@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the virtual environment the Python package's tests run in, once per machine, at
 # ${BATCHINFER_PYTHON_ENV:-~/.cache/batchinfer-python-env}: pytest, and what the tests compare
-# batchinfer against or hand it (pyarrow, pandas, polars, numpy, onnxruntime), from PyPI at
+# batchinfer against or hand it (pyarrow, pandas, polars, numpy, onnxruntime), the Arrow Flight SQL
+# client `batchinfer serve` is tested with (ADBC's driver), from PyPI at
 # pinned versions; maturin too, which builds the wheel (docs/python.md). Prints the
 # environment's python. Safe to run from several tests at once.
 set -euo pipefail
@@ -14,6 +15,8 @@ PACKAGES=(
     polars==2.1.0
     numpy==2.4.6
     onnxruntime==1.31.1
+    adbc-driver-manager==1.13.0
+    adbc-driver-flightsql==1.13.0
 )
 
 dest="${BATCHINFER_PYTHON_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/batchinfer-python-env}"

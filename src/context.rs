@@ -39,6 +39,7 @@ pub fn build_context(
     config: &EngineConfig,
     registry: Arc<ModelRegistry>,
     tables: Arc<ResolvedTables>,
+    runtime: Arc<RuntimeEnv>,
     place: impl FnOnce(SessionStateBuilder) -> Result<SessionState>,
 ) -> Result<SessionContext> {
     let mut session_config = session_config(config);
@@ -49,7 +50,6 @@ pub fn build_context(
         execution.sort_spill_reservation_bytes =
             execution.sort_spill_reservation_bytes.min(limit / 8);
     }
-    let runtime = runtime_env(registry.stores(), config.memory_limit)?;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(session_config)

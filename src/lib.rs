@@ -11,7 +11,8 @@
 //! - [`engine`]: [`Engine`], the library entry point. It parses statements and routes each to
 //!   the feature that runs it ([`catalog`], [`view`], [`write`]), each given narrow handles over
 //!   one [`session::Session`]; it holds the session, the configuration, the warehouse and the
-//!   catalog, nothing more. `options.rs`: the engine's options as a person gives them (the
+//!   catalog, nothing more; [`Engine::session`] opens another over the same models, warehouse
+//!   and memory pool, with settings of its own (a server's clients). `options.rs`: the engine's options as a person gives them (the
 //!   command line's flags, Python's `connect()`), made into its [`EngineConfig`].
 //! - The Python package is the workspace's second member, `python/`: its extension module
 //!   (`python/src/`: connections, Arrow C streams in and out, statements run with the GIL
@@ -92,6 +93,12 @@
 //! - [`signals`]: SIGINT and SIGTERM as the process answers them: statements count themselves
 //!   running and say when they stopped for one; a signal none answers ends the process.
 //! - [`shell`]: the interactive shell (datafusion-cli's line editor helper around the runner).
+//! - [`serve`]: `batchinfer serve`, the feature whole: an Arrow Flight SQL server (arrow-flight's
+//!   `FlightSqlService`, over tonic) whose clients each get an engine session of their own
+//!   ([`Engine::session`]: their `SET` options, over the models, warehouse and memory pool of the
+//!   one engine); how clients are let in (`auth.rs`), their sessions (`sessions.rs`), the
+//!   protocol (`service.rs`), bound parameters (`params.rs`) and the catalog browser's calls
+//!   (`metadata.rs`).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
 //! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
@@ -176,6 +183,7 @@ pub mod rules;
 pub mod runner;
 pub mod runtime;
 pub mod scan;
+pub mod serve;
 pub mod session;
 pub mod shell;
 pub mod signals;

@@ -12,6 +12,7 @@ use batchinfer::engine::{EngineOptions, MAX_BATCH_ROWS, MAX_PARALLEL, check_coun
 use batchinfer::message::display_error;
 use batchinfer::output::OutputFormat;
 use batchinfer::runner::Runner;
+use batchinfer::serve::{Credentials, ServeOptions};
 use batchinfer::shell::{ShellOptions, run_shell};
 use batchinfer::view::schedule::{Schedule, parse_duration};
 use batchinfer::{Engine, EngineConfig, Error, Result};
@@ -121,6 +122,41 @@ enum Command {
         /// With --watch: how often the input files are looked at
         #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s", requires = "watch")]
         poll: std::time::Duration,
+    },
+    /// Serve SQL over Arrow Flight SQL (ADBC and other Flight SQL clients) until stopped. Clients show
+    /// BATCHINFER_TOKEN as a bearer token, or log in as --user with BATCHINFER_PASSWORD
+    Serve {
+        /// Address to listen on; one not on this machine needs authentication
+        #[arg(long, default_value = "127.0.0.1:32010", value_name = "HOST:PORT")]
+        bind: SocketAddr,
+        /// A file whose first line is the bearer token (instead of BATCHINFER_TOKEN)
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// The user that logs in with a password (BATCHINFER_PASSWORD or --password-file)
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
+        /// A file whose first line is --user's password (instead of BATCHINFER_PASSWORD)
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+        /// Serve an address beyond this machine with no authentication
+        #[arg(long)]
+        insecure_no_auth: bool,
+        /// TLS: the server's certificate chain, a PEM file
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// TLS: the certificate's private key, a PEM file
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Statements that run at once, all clients together; the others wait
+        #[arg(long, default_value_t = 8, value_name = "N", value_parser = count(MAX_PARALLEL))]
+        max_statements: usize,
+        /// Cancel a statement still running (or streaming its rows) after this long, e.g. 10m
+        /// [default: none]
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        statement_timeout: Option<std::time::Duration>,
+        /// End a client's session after this long with no call
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "8h")]
+        idle_timeout: std::time::Duration,
     },
     /// Run a cluster scheduler (DataFusion Ballista) until stopped
     Scheduler {
@@ -287,6 +323,38 @@ async fn main_inner(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
+    if let Some(Command::Serve {
+        bind,
+        token_file,
+        user,
+        password_file,
+        insecure_no_auth,
+        tls_cert,
+        tls_key,
+        max_statements,
+        statement_timeout,
+        idle_timeout,
+    }) = cli.command
+    {
+        let credentials = Credentials::new(
+            secret_variable("BATCHINFER_TOKEN")?,
+            token_file.as_deref(),
+            user,
+            secret_variable("BATCHINFER_PASSWORD")?,
+            password_file.as_deref(),
+        )?;
+        let options = ServeOptions {
+            bind,
+            credentials,
+            insecure_no_auth,
+            tls: tls_cert.zip(tls_key),
+            max_statements,
+            statement_timeout,
+            idle_timeout,
+        };
+        let engine = Engine::open(config).await?;
+        return batchinfer::serve::serve(engine, options).await;
+    }
     batchinfer::runner::exit_on_unheeded_signals();
     let engine = Engine::open(config).await?;
     match cli.command {
@@ -322,8 +390,24 @@ async fn main_inner(cli: Cli) -> Result<()> {
             };
             batchinfer::runner::refresh_view(&engine, &view, schedule).await
         }
-        Some(Command::Shell | Command::Scheduler { .. } | Command::Executor { .. }) | None => {
-            shell(&engine, args.format, args.timing).await
+        Some(
+            Command::Shell
+            | Command::Scheduler { .. }
+            | Command::Executor { .. }
+            | Command::Serve { .. },
+        )
+        | None => shell(&engine, args.format, args.timing).await,
+    }
+}
+
+/// A secret from the environment variable `name` (None where unset or empty).
+fn secret_variable(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(value) if value.is_empty() => Ok(None),
+        Ok(value) => Ok(Some(value)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::Usage(format!("{name} is not UTF-8 text")))
         }
     }
 }

@@ -75,6 +75,30 @@ impl Catalog {
         })
     }
 
+    /// The catalog of another session of this process ([`Session::beside`]): the same models,
+    /// as this catalog has seen them (none registered again, none loaded again), and the
+    /// warehouse's tables made that session's default schema.
+    pub fn beside(&self, session: &Session) -> Result<Self> {
+        let tables = match &self.warehouse {
+            Some(warehouse) => {
+                let files_only = !matches!(session.placement(), crate::Placement::InProcess);
+                Some(warehouse_schema(session.ctx(), warehouse, files_only)?)
+            }
+            None => None,
+        };
+        Ok(Catalog {
+            registry: self.registry.clone(),
+            warehouse: self.warehouse.clone(),
+            models_dir: self.models_dir.clone(),
+            folder_models: self.folder_models.clone(),
+            models: Mutex::new(copied(&self.models)),
+            warned: Warnings::default(),
+            opened: self.opened.clone(),
+            tables,
+            folder_versions: Mutex::new(copied(&self.folder_versions)),
+        })
+    }
+
     /// Says `warning` on standard error, unless it was said before.
     pub fn warn_once(&self, warning: String) {
         self.warned.say_once(warning);
@@ -87,6 +111,11 @@ impl Catalog {
 }
 
 /// The session's default schema made the warehouse's ([`WarehouseSchema`]).
+/// What `map` holds now.
+fn copied<K: Clone, V: Clone>(map: &Mutex<BTreeMap<K, V>>) -> BTreeMap<K, V> {
+    map.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 fn warehouse_schema(
     ctx: &SessionContext,
     warehouse: &Warehouse,

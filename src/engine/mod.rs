@@ -87,6 +87,20 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Another engine over this one's models (loaded once, shared), warehouse, object stores and
+    /// memory pool, whose session has settings (`SET`) and tables of its own: a server's
+    /// client session.
+    pub fn session(&self) -> Result<Engine> {
+        let session = self.session.beside(&self.config)?;
+        let catalog = self.catalog.beside(&session)?;
+        Ok(Engine {
+            session,
+            config: self.config.clone(),
+            warehouse: self.warehouse.clone(),
+            catalog,
+        })
+    }
+
     /// The DataFusion context, to register tables or run DataFrame code.
     pub fn context(&self) -> &SessionContext {
         self.session.ctx()

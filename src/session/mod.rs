@@ -9,6 +9,7 @@ use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::Schema;
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::dialect::{Dialect, dialect_from_str};
@@ -45,12 +46,30 @@ pub struct Session {
 impl Session {
     /// A session over `registry`'s models, placed as `config.remote` says.
     pub fn new(config: &EngineConfig, registry: Arc<ModelRegistry>) -> Result<Self> {
+        let runtime = crate::context::runtime_env(registry.stores(), config.memory_limit)?;
+        Self::with_runtime(config, registry, runtime)
+    }
+
+    /// Another session over this one's models, object stores and memory pool (its
+    /// `--memory-limit` shared), with settings of its own.
+    pub fn beside(&self, config: &EngineConfig) -> Result<Self> {
+        Self::with_runtime(config, self.registry.clone(), self.ctx.runtime_env())
+    }
+
+    fn with_runtime(
+        config: &EngineConfig,
+        registry: Arc<ModelRegistry>,
+        runtime: Arc<RuntimeEnv>,
+    ) -> Result<Self> {
         let tables = Arc::new(ResolvedTables::default());
         let placement = Placement::new(config.remote.as_ref());
-        let ctx =
-            crate::context::build_context(config, registry.clone(), tables.clone(), |state| {
-                placement.finish(state)
-            })?;
+        let ctx = crate::context::build_context(
+            config,
+            registry.clone(),
+            tables.clone(),
+            runtime,
+            |state| placement.finish(state),
+        )?;
         Ok(Session {
             ctx,
             results: SessionContext::new(),
