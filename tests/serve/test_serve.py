@@ -463,7 +463,7 @@ def test_server_settings_are_refused_to_sessions(serve):
 def test_a_statement_long_in_planning_holds_no_one_else(serve):
     """Planning does not pause: it runs on a thread of its own, and the server keeps answering
     other clients and times it out on time."""
-    server = serve("--statement-timeout", "3s")
+    server = serve("--statement-timeout", "1s")
     slow = ("SELECT count(*) FROM '" + str(FEATURES) + "' WHERE "
             + "+".join(["f0"] * 400) + " > 0")
     failures: list[float] = []
@@ -490,7 +490,8 @@ def test_a_statement_long_in_planning_holds_no_one_else(serve):
         t.join(120)
     print(f"planning: others answered in {answered:.2f} s; timed out after {failures}")
     assert answered < 2.5, answered
-    assert len(failures) == 2 and all(f < 6 for f in failures), failures
+    # Planning takes 9 s here (a debug build): the timeout must not wait for it.
+    assert len(failures) == 2 and all(f < 4 for f in failures), failures
 
 
 def test_a_client_that_stops_reading_frees_its_slot_at_the_timeout(serve):
