@@ -141,11 +141,12 @@ impl FlightSql {
         if statements.is_empty() {
             return Err(Status::invalid_argument("no SQL statement was given"));
         }
-        let slot = self.slot().await?;
+        // Held here, not by the work: a statement past its deadline (or whose client left)
+        // gives its place back at once, even while its thread is still busy planning.
+        let _slot = self.slot().await?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
         let session = session.clone();
         let work = async move {
-            let _slot = slot;
             let engine = session.engine().await?;
             let _turn = session.turn.lock().await;
             let last = statements.len() - 1;
@@ -356,6 +357,15 @@ fn statements_runtime() -> &'static tokio::runtime::Runtime {
         .expect("the statements' runtime is started with the server")
 }
 
+/// A statement's slot, shared: given back when the first holder is dropped.
+struct Released(Arc<parking_lot::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        self.0.lock().take();
+    }
+}
+
 /// A task on the statements' runtime, aborted when its caller drops it.
 struct Aborted<T>(tokio::task::JoinHandle<T>);
 
@@ -562,6 +572,9 @@ fn produced(
     session: Arc<ClientSession>,
 ) -> impl Stream<Item = std::result::Result<RecordBatch, FlightError>> + Send + 'static {
     let (sender, receiver) = tokio::sync::mpsc::channel(2);
+    // The slot is given back by whichever ends first: the work, or the stream the client reads.
+    let slot = Released(Arc::new(parking_lot::Mutex::new(Some(slot))));
+    let kept = Released(slot.0.clone());
     let work = async move {
         let produce = async {
             let mut rows = match df.execute_stream().await {
@@ -597,9 +610,9 @@ fn produced(
     };
     let task = Aborted(statements_runtime().spawn(work));
     // The deadline is kept here too: a statement busy on its thread (planning) cannot see it.
-    let state = (receiver, Some(task));
-    futures::stream::unfold(state, move |(mut receiver, task)| async move {
-        let task = task?;
+    let state = (receiver, Some((task, kept)));
+    futures::stream::unfold(state, move |(mut receiver, held)| async move {
+        let held = held?;
         let item = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline.into(), receiver.recv()).await
             {
@@ -608,7 +621,7 @@ fn produced(
             },
             None => receiver.recv().await?,
         };
-        Some((item, (receiver, Some(task))))
+        Some((item, (receiver, Some(held))))
     })
     .map_err(|e| FlightError::Tonic(Box::new(e)))
 }
