@@ -2,6 +2,8 @@
 //! driver (from PyPI, in the environment `scripts/python_env.sh` makes) against the binary this
 //! `cargo test` built; and the sessions a server gives its clients, over one engine's models.
 
+mod fixtures;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -10,16 +12,7 @@ use batchinfer::{Engine, EngineConfig};
 #[test]
 fn adbc_client_suite() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let env = Command::new(root.join("scripts/python_env.sh"))
-        .output()
-        .expect("scripts/python_env.sh runs");
-    assert!(
-        env.status.success(),
-        "scripts/python_env.sh failed:\n{}",
-        String::from_utf8_lossy(&env.stderr)
-    );
-    let python = String::from_utf8(env.stdout).unwrap().trim().to_string();
-    let status = Command::new(&python)
+    let status = Command::new(fixtures::python_env())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-s"])
         .arg(root.join("tests/serve"))
         .current_dir(root)

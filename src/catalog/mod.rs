@@ -55,13 +55,7 @@ impl Catalog {
             Some(dir) => registry.register_dir(dir)?.into_iter().collect(),
             None => BTreeSet::new(),
         };
-        let tables = match warehouse {
-            Some(warehouse) => {
-                let files_only = !matches!(session.placement(), crate::Placement::InProcess);
-                Some(warehouse_schema(session.ctx(), warehouse, files_only)?)
-            }
-            None => None,
-        };
+        let tables = warehouse_schema(session, warehouse)?;
         Ok(Catalog {
             registry,
             warehouse: warehouse.cloned(),
@@ -79,13 +73,7 @@ impl Catalog {
     /// as this catalog has seen them (none registered again, none loaded again), and the
     /// warehouse's tables made that session's default schema.
     pub fn beside(&self, session: &Session) -> Result<Self> {
-        let tables = match &self.warehouse {
-            Some(warehouse) => {
-                let files_only = !matches!(session.placement(), crate::Placement::InProcess);
-                Some(warehouse_schema(session.ctx(), warehouse, files_only)?)
-            }
-            None => None,
-        };
+        let tables = warehouse_schema(session, self.warehouse.as_ref())?;
         Ok(Catalog {
             registry: self.registry.clone(),
             warehouse: self.warehouse.clone(),
@@ -110,13 +98,26 @@ impl Catalog {
     }
 }
 
-/// The session's default schema made the warehouse's ([`WarehouseSchema`]).
 /// What `map` holds now.
 fn copied<K: Clone, V: Clone>(map: &Mutex<BTreeMap<K, V>>) -> BTreeMap<K, V> {
     map.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
+/// The session's default schema made the warehouse's, where there is one; on a cluster, of
+/// the tables' files alone.
 fn warehouse_schema(
+    session: &Session,
+    warehouse: Option<&Warehouse>,
+) -> Result<Option<Arc<WarehouseSchema>>> {
+    let Some(warehouse) = warehouse else {
+        return Ok(None);
+    };
+    let files_only = !matches!(session.placement(), crate::Placement::InProcess);
+    default_schema(session.ctx(), warehouse, files_only).map(Some)
+}
+
+/// The session's default schema made the warehouse's ([`WarehouseSchema`]).
+fn default_schema(
     ctx: &SessionContext,
     warehouse: &Warehouse,
     files_only: bool,
