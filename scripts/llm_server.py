@@ -5,7 +5,7 @@ scripts/llm_server.sh prints.
   python llm_server.py serve --port 18080 [--parallel 4] [--ctx 4096] [--threads 2] [--embedding]
   python llm_server.py proxy --port 18081 --upstream http://127.0.0.1:18080 \
       [--status 429 --first 3 --retry-after 1] [--reset-first 2] [--delay 5 --delay-first 1]
-      [--exhausted-first 1 --reset 2s] [--echo-first 1 [--huge-usage]]
+      [--exhausted-first 1 --reset 2s] [--echo-first 1 [--huge-usage | --bad-usage] [--escaped]]
 
 Each prints "ready" once it answers, and stops when its standard input closes (the test that
 started it ended) or on SIGTERM. The proxy answers GET /_counts with how many requests it
@@ -13,6 +13,7 @@ received, forwarded and failed on purpose, and the tokens the server said its re
 """
 
 import argparse
+import base64
 import http.client
 import http.server
 import json
@@ -89,7 +90,7 @@ def proxy(args):
             pass
 
         def answer(self, status, body, headers=()):
-            data = json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -132,6 +133,25 @@ def proxy(args):
                 }
                 if args.huge_usage:
                     reply["usage"] = {"prompt_tokens": 2**64 - 1, "completion_tokens": 2**64 - 1}
+                if args.bad_usage:
+                    # Counts that are no counts: negative, and past any number of tokens.
+                    reply["usage"] = {"prompt_tokens": -5, "completion_tokens": 1e300}
+                if args.escaped:
+                    # The key as JSON escapes (every character \uXXXX, and '-' as \u002d beside
+                    # plain ones), URL-encoded and in base64: a reply's text, as sent.
+                    auth = self.headers.get("Authorization", "")
+                    key = auth.split(" ", 1)[-1]
+                    forms = [
+                        "".join("\\u%04x" % ord(c) for c in key),
+                        key.replace("-", "\\u002d"),
+                        "".join("%%%02X" % b for b in key.encode()),
+                        base64.b64encode(key.encode()).decode(),
+                    ]
+                    content = "forms: " + " ".join(forms)
+                    reply["choices"][0]["message"]["content"] = "@CONTENT@"
+                    raw = json.dumps(reply).replace('"@CONTENT@"', '"' + content + '"')
+                    self.answer(200, raw.encode())
+                    return
                 self.answer(200, reply)
                 return
             if n <= args.reset_first:
@@ -225,6 +245,8 @@ def main():
     p.add_argument("--exhausted-first", type=int, default=0)
     p.add_argument("--echo-first", type=int, default=0)
     p.add_argument("--huge-usage", action="store_true")
+    p.add_argument("--bad-usage", action="store_true")
+    p.add_argument("--escaped", action="store_true")
     p.add_argument("--reset", default="2s")
     args = parser.parse_args()
     {"serve": serve, "proxy": proxy}[args.command](args)

@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::rules::{FileEndsOnly, FileNamesBeside, ModelCallsOnce, TableSchemaLimits};
 use crate::statement_context::StatementContext;
-use crate::storage::{Azure, Gcp, SqlStoreOptions, StoreRegistry};
+use crate::storage::{Azure, Gcp, SessionLimits, SessionStores, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{
     CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction, PredictUdf,
@@ -167,8 +167,10 @@ pub fn cluster_session_config() -> SessionConfig {
 pub fn runtime_env(
     stores: &Arc<StoreRegistry>,
     memory_limit: Option<usize>,
+    limits: Arc<SessionLimits>,
 ) -> datafusion::error::Result<Arc<RuntimeEnv>> {
-    let mut runtime = RuntimeEnvBuilder::new().with_object_store_registry(stores.clone());
+    let mut runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(SessionStores::new(stores.clone(), limits)));
     if let Some(limit) = memory_limit {
         let pool = TrackConsumersPool::new(
             FairSpillPool::new(limit),
@@ -177,6 +179,18 @@ pub fn runtime_env(
         runtime = runtime.with_memory_pool(Arc::new(pool));
     }
     runtime.build_arc()
+}
+
+/// `runtime`'s memory pool, spill files and caches, with the stores read under `limits`: the
+/// runtime of a session beside another.
+pub fn runtime_beside(
+    runtime: &RuntimeEnv,
+    stores: &Arc<StoreRegistry>,
+    limits: Arc<SessionLimits>,
+) -> datafusion::error::Result<Arc<RuntimeEnv>> {
+    RuntimeEnvBuilder::from_runtime_env(runtime)
+        .with_object_store_registry(Arc::new(SessionStores::new(stores.clone(), limits)))
+        .build_arc()
 }
 
 /// A cluster scheduler's state for one client session (`config`): Ballista's functions and
@@ -188,10 +202,12 @@ pub fn cluster_state(
 ) -> datafusion::error::Result<SessionState> {
     let mut scalar = ballista_scalar_functions();
     scalar.extend(scalar_functions(registry));
+    // The footer cap and confinement of the client's session, as its options say.
+    let limits = SessionLimits::of(config.options().extensions.get::<BatchInferOptions>());
     Ok(SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
-        .with_runtime_env(runtime_env(stores, None)?)
+        .with_runtime_env(runtime_env(stores, None, Arc::new(limits))?)
         .with_scalar_functions(scalar)
         .with_aggregate_functions(ballista_aggregate_functions())
         .with_window_functions(ballista_window_functions())

@@ -51,10 +51,17 @@
 //!   a query is planned or at one pinned (`OPTIONS`, `VERSION AS OF`), `DESCRIBE HISTORY`
 //!   (`mod.rs`); a statement's files made one commit of a table, with its lineage, and the
 //!   columns Delta keeps (`write.rs`); `VACUUM` and `OPTIMIZE` (`maintenance.rs`).
+//! - [`confine`]: a statement checked against what its session may reach before it runs (a
+//!   read-only session, the folders and locations it may read and write: `SET
+//!   batchinfer.read_only`, `allowed_directories`, `allowed_urls`, or `serve --read-only
+//!   --allow-dir --allow-url --no-local-files`), and no write but the catalog's into the
+//!   warehouse's folders; every path read or written through a session's stores is checked
+//!   again there (`storage/access.rs`, `storage/session_stores.rs`).
 //! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`]
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
-//!   cluster client sends), set through the session for each statement; no `SET` changes it.
+//!   cluster client sends), set through the session for each statement; no `SET` changes it;
+//!   its ledger (the spend, token budget and error tally it owns, kept as long as it runs).
 //! - [`model`]: the registry (name -> model; what each name of a version picks:
 //!   `registry/picks.rs`), a model's versions and aliases and the names that reach them
 //!   (`versions.rs`: `churn`, `churn@2`, `churn@champion`, parsed, never made into paths), model
@@ -96,7 +103,8 @@
 //! - [`serve`]: `batchinfer serve`, the feature whole: an Arrow Flight SQL server (arrow-flight's
 //!   `FlightSqlService`, over tonic) whose clients each get an engine session of their own
 //!   ([`Engine::session`]: their `SET` options, over the models, warehouse and memory pool of the
-//!   one engine); how clients are let in (`auth.rs`), their sessions (`sessions.rs`), the
+//!   one engine); how clients are let in (`auth.rs`; failed attempts slowed: `throttle.rs`),
+//!   their sessions (`sessions.rs`), the
 //!   protocol (`service.rs`), bound parameters (`params.rs`) and the catalog browser's calls
 //!   (`metadata.rs`).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
@@ -117,7 +125,9 @@
 //!   the older layout's files (`table.rs`; what killed writes left in a local folder, removed in
 //!   `folder.rs`), whole
 //!   files read for models (`files.rs`), a Parquet footer checked before it is trusted
-//!   (`footer.rs`), and what an object store's error means for a person (`hints.rs`).
+//!   (`footer.rs`), a session's own limits on what its stores read (`session_stores.rs`), local
+//!   deletes that never follow a link or leave their folder (`beneath.rs`), and what an object
+//!   store's error means for a person (`hints.rs`).
 //! - [`view`]: materialized views, the feature whole, given the session, the warehouse and the
 //!   catalog ([`view::Views`]): their statements (`statements.rs`, `show.rs`), a refresh
 //!   (`refresh/`: units scored and committed, what it repairs), what a refresh has to do
@@ -141,7 +151,7 @@
 //!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and
 //!   identical requests sent once (`client.rs`), pacing (`pace.rs`), typed output (`output.rs`),
 //!   the warehouse's cache of answers (`cache.rs`), a statement's spending against its budget
-//!   (`spend.rs`); the registry keeps them beside the model files, and a cluster client's
+//!   (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`); the registry keeps them beside the model files, and a cluster client's
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
 //!   is `udf/embed_endpoint.rs`.
 //! - [`blob`]: files as rows, `read_blob` and `read_text` (their names, sizes and times listed,
@@ -160,6 +170,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod commands;
 pub mod config;
+pub mod confine;
 pub mod context;
 pub mod database;
 pub mod delta;

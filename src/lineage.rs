@@ -184,7 +184,8 @@ pub const LLM_USAGE_KEY: &str = "batchinfer.llm_usage";
 /// commits ([`crate::storage::fill`]), once all is known.
 #[derive(Debug, Clone)]
 pub struct UsageRecord {
-    statement: String,
+    /// The statement's ledger, where its spending is counted.
+    ledger: crate::statement_context::Ledger,
     part: String,
     models: Vec<String>,
     placeholder: String,
@@ -217,7 +218,7 @@ impl UsageRecord {
         let room = room.max(placeholder.len());
         placeholder.push_str(&" ".repeat(room - placeholder.len()));
         Some(UsageRecord {
-            statement: statement.id.clone(),
+            ledger: statement.ledger.clone(),
             part: statement.part.clone(),
             models,
             placeholder,
@@ -228,7 +229,7 @@ impl UsageRecord {
     /// `{"writer": {"requests": 20, "retries": 1, "cache_hits": 5, "prompt_tokens": 900,
     /// "completion_tokens": 300, "cost": 0.00032}}`: what each model did so far.
     pub fn json(&self) -> String {
-        let usage = crate::llm::spend::usage(&self.statement, Some(&self.part));
+        let usage = crate::llm::spend::usage(&self.ledger, Some(&self.part));
         let models: serde_json::Map<String, serde_json::Value> = self
             .models
             .iter()

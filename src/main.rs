@@ -157,6 +157,20 @@ enum Command {
         /// End a client's session after this long with no call
         #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "8h")]
         idle_timeout: std::time::Duration,
+        /// Clients read and write local files only under DIR (repeatable; links resolved).
+        /// Default beyond loopback: no local file but the warehouse's
+        #[arg(long = "allow-dir", value_name = "DIR")]
+        allow_dirs: Vec<PathBuf>,
+        /// Clients read and write no local file (the warehouse's tables and models still work)
+        #[arg(long, conflicts_with = "allow_dirs")]
+        no_local_files: bool,
+        /// Clients read and write object stores only under PREFIX, e.g. s3://bucket/data/
+        /// (repeatable)
+        #[arg(long = "allow-url", value_name = "PREFIX")]
+        allow_urls: Vec<String>,
+        /// Clients run no statement that writes (COPY, CREATE, INSERT, DROP, ALTER, VACUUM ...)
+        #[arg(long)]
+        read_only: bool,
     },
     /// Run a cluster scheduler (DataFusion Ballista) until stopped
     Scheduler {
@@ -334,6 +348,10 @@ async fn main_inner(cli: Cli) -> Result<()> {
         max_statements,
         statement_timeout,
         idle_timeout,
+        allow_dirs,
+        no_local_files,
+        allow_urls,
+        read_only,
     }) = cli.command
     {
         let credentials = Credentials::new(
@@ -351,6 +369,12 @@ async fn main_inner(cli: Cli) -> Result<()> {
             max_statements,
             statement_timeout,
             idle_timeout,
+            confinement: batchinfer::serve::Confinement {
+                allow_dirs,
+                no_local_files,
+                allow_urls,
+                read_only,
+            },
         };
         let engine = Engine::open(config).await?;
         return batchinfer::serve::serve(engine, options).await;

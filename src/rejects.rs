@@ -10,9 +10,8 @@
 //! (the executors of a cluster too), each whole (a rename locally, one PUT in S3): a statement
 //! stopped by its budget keeps the rejects it found.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
 use datafusion::arrow::compute::take;
@@ -27,18 +26,14 @@ use crate::statement_context::StatementContext;
 use crate::storage::StoreRegistry;
 use crate::warehouse::Warehouse;
 
-/// What one statement's model calls in this process have scored and failed on so far.
+/// What one statement's model calls in this process have scored and failed on so far (kept in
+/// the statement's own ledger).
 #[derive(Debug, Default)]
 struct Tally {
     scored: u64,
     failed: u64,
     first: Vec<String>,
 }
-
-/// Statements whose tallies are kept (the oldest are forgotten past this).
-const TALLIES: usize = 256;
-
-static TALLY: Mutex<BTreeMap<String, Tally>> = Mutex::new(BTreeMap::new());
 
 /// Counts a batch's rows for the statement at hand, and stops it once its failed rows are past
 /// `batchinfer.max_errors`: the error gives the count and the first messages.
@@ -52,8 +47,8 @@ pub fn count(
     let Some(budget) = options.max_errors else {
         return Ok(());
     };
-    let mut tallies = TALLY.lock().unwrap_or_else(|p| p.into_inner());
-    let tally = tallies.entry(statement.id.clone()).or_default();
+    let tally = statement.ledger.get::<parking_lot::Mutex<Tally>>();
+    let mut tally = tally.lock();
     tally.scored += scored as u64;
     tally.failed += failed.len() as u64;
     for (_, message) in failed {
@@ -75,9 +70,6 @@ pub fn count(
                 tally.first.join("; ")
             ),
         });
-    while tallies.len() > TALLIES {
-        tallies.pop_first();
-    }
     over.map_or(Ok(()), Err)
 }
 
@@ -287,28 +279,50 @@ pub async fn rejected(
 
 /// Before `statement`'s writes commit: its rejects, counted wherever they were written (the
 /// executors of a cluster each count only their own while it runs), are within `budget`
-/// (`batchinfer.max_errors`).
+/// (`batchinfer.max_errors`); a share is held at every size here, however few rows were scored
+/// (while the statement runs it is checked only past [`SHARE_AFTER`] rows, when it means
+/// something).
 pub async fn check_budget(
     stores: &StoreRegistry,
     statement: &StatementContext,
     budget: Option<ErrorBudget>,
 ) -> Result<()> {
-    let Some(ErrorBudget::Count(most)) = budget else {
-        return Ok(());
-    };
-    let (counts, folder) = rejected(stores, statement).await?;
-    let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
-    if rejected > most {
-        return Err(Error::ErrorBudget {
-            failed: rejected,
-            budget: most.to_string(),
-            problem: format!(
-                "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing is \
-                 written; they are in {folder}"
-            ),
-        });
+    match budget {
+        Some(ErrorBudget::Count(most)) => {
+            let (counts, folder) = rejected(stores, statement).await?;
+            let rejected: u64 = counts.iter().map(|(_, rows)| rows).sum();
+            if rejected > most {
+                return Err(Error::ErrorBudget {
+                    failed: rejected,
+                    budget: most.to_string(),
+                    problem: format!(
+                        "{rejected} rows failed, past batchinfer.max_errors = '{most}'; nothing \
+                         is written; they are in {folder}"
+                    ),
+                });
+            }
+            Ok(())
+        }
+        Some(budget @ ErrorBudget::Share(share)) => {
+            let tally = statement.ledger.get::<parking_lot::Mutex<Tally>>();
+            let tally = tally.lock();
+            if tally.failed as f64 > share * tally.scored as f64 {
+                return Err(Error::ErrorBudget {
+                    failed: tally.failed,
+                    budget: budget.to_string(),
+                    problem: format!(
+                        "{} rows failed of {} scored, past batchinfer.max_errors = '{budget}'; \
+                         nothing is written; the first failures: {}",
+                        tally.failed,
+                        tally.scored,
+                        tally.first.join("; ")
+                    ),
+                });
+            }
+            Ok(())
+        }
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

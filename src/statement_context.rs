@@ -7,6 +7,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
 
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
 use datafusion::error::DataFusionError;
@@ -40,6 +41,61 @@ pub struct StatementContext {
     /// endpoint models do for it is counted apart, for the files it writes
     /// ([`crate::llm::spend`]). Set on the query's own session state; it does not travel.
     pub part: String,
+    /// What the statement counts while it runs (its spending, its failed rows), owned by it.
+    pub ledger: Ledger,
+}
+
+/// What one statement counts while it runs: each feature keeps its own value here (the LLM
+/// spending of [`crate::llm::spend`], the failed rows of [`crate::rejects`]), made on first use.
+/// Every clone of the statement (its plans, its tasks) shares it, and it is dropped with the
+/// last of them: a statement's budget is never forgotten while it runs, and never outlives it.
+/// Each process counts its own: it does not travel with the query.
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<LedgerValues>);
+
+impl Ledger {
+    /// The statement's value of type `T` (a feature's own type), made the first time it is asked.
+    pub fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut values = self.0.lock();
+        if let Some(found) = values.iter().find_map(|v| v.clone().downcast::<T>().ok()) {
+            return found;
+        }
+        let made = Arc::new(T::default());
+        values.push(made.clone());
+        made
+    }
+
+    /// The ledger of the statement `id` in a process that runs its tasks from their options (a
+    /// cluster's executor): tasks of one statement running at once share it.
+    fn of_tasks(id: &str) -> Ledger {
+        // Per process: the statements whose tasks run here, each held only by its tasks (a
+        // weak reference), so that nothing is kept past them and no running one is dropped.
+        static RUNNING: parking_lot::Mutex<BTreeMap<String, Weak<LedgerValues>>> =
+            parking_lot::Mutex::new(BTreeMap::new());
+        let mut running = RUNNING.lock();
+        running.retain(|_, ledger| ledger.strong_count() > 0);
+        if let Some(ledger) = running.get(id).and_then(Weak::upgrade) {
+            return Ledger(ledger);
+        }
+        let ledger = Ledger::default();
+        running.insert(id.to_string(), Arc::downgrade(&ledger.0));
+        ledger
+    }
+}
+
+type LedgerValues = parking_lot::Mutex<Vec<Arc<dyn Any + Send + Sync>>>;
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ledger")
+    }
+}
+
+/// What a statement counted is not what it is: two statements are equal by their parts.
+impl PartialEq for Ledger {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// The prefix of the statement's entries among a session's options.
@@ -76,7 +132,10 @@ impl ExtensionOptions for StatementContext {
 
     fn set(&mut self, key: &str, value: &str) -> datafusion::error::Result<()> {
         match key {
-            "id" => self.id = value.to_string(),
+            "id" => {
+                self.id = value.to_string();
+                self.ledger = Ledger::of_tasks(value);
+            }
             "text" => self.text = value.to_string(),
             "rejects" => self.rejects = value.to_string(),
             "models" => self.models = SharedModels::parse(value)?,

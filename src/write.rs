@@ -103,6 +103,10 @@ impl<'a> Writes<'a> {
         };
         // The folder an INSERT writes into: its table's first.
         let folder = listing.table_paths()[0].as_str().to_string();
+        let TableObject::TableName(name) = &insert.table else {
+            return Ok(Placed::NotAWrite(statement));
+        };
+        crate::confine::check_insert_target(self.session, self.catalog.warehouse(), name, &folder)?;
         let (write_to, write) = self.session.placement().write_to(stores, &folder)?;
         let mut staged = None;
         if write_to != folder {

@@ -910,3 +910,73 @@ fn names_are_kept_and_dropped_by_what_they_are() {
         common::stderr(&out)
     );
 }
+
+/// No delete follows a symbolic link out of the folder it is for. The warehouse's folders hold
+/// links to a folder of old files (a Parquet file and a text file, three days old): one in the
+/// LLM cache, two in a table's folder (one named as a write's folder is). `CLEAR LLM CACHE` and
+/// `VACUUM t RETAIN 0 HOURS` do their work (the cache's entry and the file the replace removed
+/// are gone) and leave that folder whole, saying why.
+#[test]
+fn deletes_never_follow_a_link_out_of_the_warehouse() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::copy(
+        "data/sample/features.parquet",
+        elsewhere.join("part-0.parquet"),
+    )
+    .unwrap();
+    std::fs::write(elsewhere.join("notes.txt"), "mine").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(3 * 24 * 3600);
+    for file in ["part-0.parquet", "notes.txt"] {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(elsewhere.join(file))
+            .unwrap();
+        f.set_modified(old).unwrap();
+    }
+    let before = snapshot(&elsewhere);
+
+    assert_ok(&query(
+        &wh,
+        "CREATE TABLE t AS SELECT 1 AS x; CREATE OR REPLACE TABLE t AS SELECT 2 AS x",
+    ));
+    let entry = wh.join("llm-cache/ab/abcd.json");
+    std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+    std::fs::write(&entry, "{}").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, wh.join("llm-cache/zz")).unwrap();
+    let out = query(&wh, "CLEAR LLM CACHE");
+    assert_ok(&out);
+    assert!(!entry.exists(), "the cache's own entry is removed");
+    assert!(
+        changes(&before, &snapshot(&elsewhere)).is_empty(),
+        "CLEAR LLM CACHE deleted through a link"
+    );
+    assert!(
+        common::stderr(&out).contains("symbolic link"),
+        "{}",
+        common::stderr(&out)
+    );
+
+    let table = wh.join("tables/t");
+    std::os::unix::fs::symlink(&elsewhere, table.join("data-x")).unwrap();
+    std::os::unix::fs::symlink(
+        &elsewhere,
+        table.join("data-0123456789abcdef0123456789abcdef"),
+    )
+    .unwrap();
+    let vacuumed = assert_ok(&query(
+        &wh,
+        "SET batchinfer.vacuum_retention_check = false; VACUUM t RETAIN 0 HOURS",
+    ));
+    assert!(
+        vacuumed.contains('1'),
+        "the replaced version's file: {vacuumed}"
+    );
+    assert!(
+        changes(&before, &snapshot(&elsewhere)).is_empty(),
+        "VACUUM deleted through a link"
+    );
+    assert!(assert_ok(&query(&wh, "SELECT x * 21 FROM t")).contains("42"));
+}

@@ -960,10 +960,22 @@ fn a_file_named_in_bytes_that_are_not_utf8_is_one_clear_error() {
     );
     assert_failure(
         &out,
-        &[
-            "read_blob: a file under",
-            "has a name that is not UTF-8",
-            "rename it",
-        ],
+        &["read_blob: a file under", "is not UTF-8", "rename it"],
     );
+    // A newline in a name is said as it is; a glob that does not match such a name reads the
+    // other files.
+    std::fs::remove_file(files.join(std::ffi::OsStr::from_bytes(b"b\xff.txt"))).unwrap();
+    std::fs::write(files.join("c\nd.bin"), b"three").unwrap();
+    let read = |what: &str| {
+        query(
+            &dir.path().join("wh"),
+            &format!(
+                "SELECT count(*) AS n, sum(size) AS bytes FROM read_blob('{}/{what}')",
+                files.display()
+            ),
+        )
+    };
+    assert_failure(&read(""), &["holds a newline", "rename it"]);
+    let out = assert_ok(&read("*.txt"));
+    assert_eq!(out.lines().nth(1), Some("1,3"), "{out}");
 }

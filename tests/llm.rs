@@ -720,6 +720,7 @@ fn hostile_replies_and_headers_give_clear_errors_and_never_the_key() {
     for faults in [
         &["--echo-first", "100"][..],
         &["--echo-first", "100", "--huge-usage"],
+        &["--echo-first", "100", "--escaped"],
     ] {
         let echo = proxy(faults);
         let sql = format!(
@@ -735,16 +736,42 @@ fn hostile_replies_and_headers_give_clear_errors_and_never_the_key() {
         assert!(!printed.contains(key), "{printed}");
         assert!(printed.contains("completion tokens"), "{printed}");
         let rows = assert_ok(&with_key("SELECT g FROM echoed ORDER BY id"));
-        assert!(rows.contains("your header was Bearer <redacted>"), "{rows}");
+        let shown = match faults.contains(&"--escaped") {
+            // JSON's escapes (two spellings), URL-encoded, base64.
+            true => "forms: <redacted> <redacted> <redacted> <redacted>",
+            false => "your header was Bearer <redacted>",
+        };
+        assert!(rows.contains(shown), "{rows}");
+        let forms = [
+            key.to_string(),
+            key.replace('-', "\\u002d"),
+            key.bytes().map(|b| format!("%{b:02X}")).collect(),
+            "c2stdGVzdC05ODc2NTQzMjEwLUVDSE9FRA".to_string(),
+        ];
         for file in common::files_under(wh) {
             let bytes = std::fs::read(&file).unwrap();
-            assert!(
-                !bytes.windows(key.len()).any(|w| w == key.as_bytes()),
-                "{} holds the key",
-                file.display()
-            );
+            for form in &forms {
+                assert!(
+                    !bytes.windows(form.len()).any(|w| w == form.as_bytes()),
+                    "{} holds the key as {form}",
+                    file.display()
+                );
+            }
         }
     }
+    // Counts of tokens that are no counts (negative, 1e300) are charged the estimate, never
+    // nothing: a budget of 5 tokens stops the statement.
+    let bad = proxy(&["--echo-first", "100", "--bad-usage"]);
+    failing(
+        wh,
+        &create("m", &bad.url(), ""),
+        &format!(
+            "SET batchinfer.cache = 'off'; SET batchinfer.max_llm_tokens = '5'; \
+             SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) FROM {}",
+            numbers(20)
+        ),
+        &["batchinfer.max_llm_tokens = '5'"],
+    );
     // A Retry-After and a rate-limit reset past any duration: one clear error, no panic.
     let storm = proxy(&["--status", "429", "--first", "100", "--retry-after", "1e20"]);
     let define = create("m", &storm.url(), ", 'max_retries' '0'");

@@ -313,6 +313,50 @@ fn a_statement_past_its_error_budget_fails_and_writes_nothing() {
     assert!(n >= 3, "{n}");
 }
 
+/// A share of the rows holds at every size: a job of 300 rows of which 38 fail (12.7%) is past
+/// `max_errors = '10%'` and commits nothing, though it never reaches the 1,000 rows after which
+/// the share is checked as rows go; within 15% it commits.
+#[test]
+fn a_share_of_errors_holds_for_a_small_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let input = dir.path().join("small.parquet");
+    let ids: Vec<i64> = (0..300).collect();
+    let idx: Vec<i64> = ids
+        .iter()
+        .map(|id| if id % 8 == 0 { 99 } else { id % 10 })
+        .collect();
+    write(
+        &input,
+        vec![
+            ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("idx", Arc::new(Int64Array::from(idx))),
+        ],
+    );
+    let create = |budget: &str| {
+        query(
+            &wh,
+            &format!(
+                "SET batchinfer.on_error = 'reject'; SET batchinfer.max_errors = '{budget}';
+                 CREATE OR REPLACE TABLE small AS SELECT id, predict('lookup', idx) AS p FROM '{}'",
+                input.display()
+            ),
+        )
+    };
+    let out = create("10%");
+    assert_failure(&out, &["38 rows failed of 300", "max_errors = '10%'"]);
+    assert!(
+        !wh.join("tables/small").exists(),
+        "a table past its budget was kept"
+    );
+    assert_ok(&create("15%"));
+    let out = assert_ok(&query(
+        &wh,
+        "SELECT count(*) AS n, count(p) AS scored FROM small",
+    ));
+    assert!(out.contains("300") && out.contains("262"), "{out}");
+}
+
 #[test]
 fn budgets_and_on_error_values_are_checked() {
     let dir = tempfile::tempdir().unwrap();

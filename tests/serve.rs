@@ -8,6 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use batchinfer::{Engine, EngineConfig};
+use datafusion::arrow::array::RecordBatch;
+use futures::StreamExt;
 
 #[test]
 fn adbc_client_suite() {
@@ -66,5 +68,122 @@ async fn sessions_share_models_not_settings() {
         root.registry().loads(),
         1,
         "the model loaded once for every session"
+    );
+}
+
+async fn run(session: &Engine, sql: &str) -> batchinfer::Result<Vec<RecordBatch>> {
+    let mut batches = Vec::new();
+    for statement in sql.split(';').filter(|s| !s.trim().is_empty()) {
+        batches = session.sql(statement).await?.collect().await?;
+    }
+    Ok(batches)
+}
+
+async fn engine(warehouse: &Path) -> Engine {
+    Engine::open(EngineConfig {
+        models_dir: Some("data/models".into()),
+        warehouse: Some(warehouse.to_path_buf()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// A statement's error budget is its own for as long as it runs: another session running
+/// hundreds of statements meanwhile (each with a tally of its own) never makes it forget what
+/// it counted. 100 rows fail under `max_errors = '30'`, 25 a batch, with 300 statements of the
+/// other session between two batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_error_budget_holds_while_another_session_runs_hundreds_of_statements() {
+    let warehouse = tempfile::tempdir().unwrap();
+    let root = engine(warehouse.path()).await;
+    let (long, busy) = (root.session().unwrap(), root.session().unwrap());
+    run(
+        &long,
+        "SET batchinfer.on_error = 'null'; SET batchinfer.max_errors = '30';
+         SET datafusion.execution.batch_size = 25; SET datafusion.execution.target_partitions = 1",
+    )
+    .await
+    .unwrap();
+    run(
+        &busy,
+        "SET batchinfer.on_error = 'null'; SET batchinfer.max_errors = '1000000'",
+    )
+    .await
+    .unwrap();
+    let df = long
+        .sql("SELECT predict('lookup', value + 100) AS p FROM range(100)")
+        .await
+        .unwrap();
+    let mut stream = df.execute_stream().await.unwrap();
+    let mut outcome = Ok(0);
+    while let Some(batch) = stream.next().await {
+        match batch {
+            Ok(batch) => outcome = outcome.map(|rows| rows + batch.num_rows()),
+            Err(e) => {
+                outcome = Err(e.to_string());
+                break;
+            }
+        }
+        for _ in 0..300 {
+            run(
+                &busy,
+                "SELECT predict('lookup', v) FROM (VALUES (1), (42)) t(v)",
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let e = outcome.expect_err("100 failed rows are past max_errors = '30'");
+    assert!(e.contains("past batchinfer.max_errors = '30'"), "{e}");
+}
+
+/// `SET batchinfer.max_footer_bytes` is one session's: a session that never set it reads the
+/// files another session's cap refuses, even when that session's statement starts while its
+/// own is planned and not yet run. The file is new to the process (no footer cached), its
+/// table declared (nothing read at planning).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_footer_cap_set_in_one_session_leaves_the_others_alone() {
+    let warehouse = tempfile::tempdir().unwrap();
+    let root = engine(warehouse.path()).await;
+    let (capped, other) = (root.session().unwrap(), root.session().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a.parquet", "b.parquet"] {
+        std::fs::copy("data/sample/features.parquet", dir.path().join(name)).unwrap();
+    }
+    run(&capped, "SET batchinfer.max_footer_bytes = '100'")
+        .await
+        .unwrap();
+    let columns: Vec<String> = (0..10).map(|i| format!("f{i} FLOAT")).collect();
+    run(
+        &other,
+        &format!(
+            "SET datafusion.execution.collect_statistics = false;
+             CREATE EXTERNAL TABLE a ({}) STORED AS PARQUET LOCATION '{}'",
+            columns.join(", "),
+            dir.path().join("a.parquet").display()
+        ),
+    )
+    .await
+    .unwrap();
+    let planned = other.sql("SELECT sum(f0) FROM a").await.unwrap();
+    run(&capped, "SELECT 1").await.unwrap();
+    let sum = planned
+        .collect()
+        .await
+        .expect("the other session's cap is the default");
+    assert_eq!(sum[0].num_rows(), 1);
+    let e = run(
+        &capped,
+        &format!(
+            "SELECT count(*) FROM '{}'",
+            dir.path().join("b.parquet").display()
+        ),
+    )
+    .await
+    .expect_err("the capped session is held to its own cap");
+    assert!(
+        e.to_string().contains("batchinfer.max_footer_bytes (100)"),
+        "{e}"
     );
 }

@@ -273,6 +273,49 @@ impl BlobTable {
             .await
     }
 
+    fn function(&self) -> &'static str {
+        if self.text { "read_text" } else { "read_blob" }
+    }
+
+    /// A local file whose name cannot be a path (`source` says why), where the glob would not
+    /// have matched it anyway: its name, shown. None where the file would be read.
+    fn unnamed_left_out(&self, source: &object_store::path::Error) -> Option<String> {
+        let glob = self.url.get_glob().as_ref()?;
+        let full = match source {
+            object_store::path::Error::BadSegment { path, .. }
+            | object_store::path::Error::NonUnicode { path, .. } => path.clone(),
+            object_store::path::Error::InvalidPath { path } => path.to_string_lossy().into_owned(),
+            _ => return None,
+        };
+        let folder = self.url.prefix().as_ref().trim_matches('/').to_string();
+        let relative = full.trim_start_matches('/').strip_prefix(folder.as_str())?;
+        let relative = relative.trim_start_matches('/');
+        let options = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        (!glob.matches_with(relative, options)).then(|| relative.to_string())
+    }
+
+    /// The error of a file whose name cannot be a path.
+    fn unnameable(&self, source: &object_store::path::Error) -> DataFusionError {
+        let why = match source {
+            object_store::path::Error::NonUnicode { path, .. } => {
+                format!("the name of {path:?} is not UTF-8")
+            }
+            object_store::path::Error::BadSegment { path, .. } => format!(
+                "the name of {path:?} holds a newline or another character a path cannot hold"
+            ),
+            other => other.to_string(),
+        };
+        DataFusionError::Execution(format!(
+            "{}: a file under {} has a name a filename cannot hold: {why}; rename it",
+            self.function(),
+            self.location
+        ))
+    }
+
     /// The files named now: under a folder, every file at any depth; of a glob, those it
     /// matches (`*` within a folder, `**` across folders); one file by its name. Hidden files
     /// (a name starting with `.`: a write in progress among them) are left out.
@@ -313,23 +356,34 @@ impl BlobTable {
         };
         // A bucket's root is listed whole (an empty prefix would be read as "/").
         let under = Some(prefix).filter(|p| !p.as_ref().is_empty());
-        let listed: Vec<ObjectMeta> = store.list(under).try_collect().await.map_err(|e| {
-            match e {
-                // A local file whose name is not UTF-8 cannot be a row's filename, and the
-                // listing stops at it: the query is refused rather than given part of the files.
-                object_store::Error::InvalidPath { source } => DataFusionError::Execution(format!(
-                    "{}: a file under {} has a name that is not UTF-8, which a filename cannot \
-                     hold ({source}); rename it",
-                    if self.text { "read_text" } else { "read_blob" },
-                    self.location
-                )),
-                e => e.into(),
+        let mut listing = store.list(under);
+        let mut listed = Vec::new();
+        while let Some(entry) = listing.next().await {
+            match entry {
+                Ok(meta) => {
+                    if named(&meta.location) {
+                        listed.push(meta);
+                    }
+                }
+                // A local file whose name no path can hold (not UTF-8, a newline or another
+                // control character) cannot be a row's filename: a query that would read it is
+                // refused rather than given part of the files; one whose glob leaves it out
+                // goes on.
+                Err(object_store::Error::InvalidPath { source }) => {
+                    if let Some(name) = self.unnamed_left_out(&source) {
+                        crate::say!(
+                            "warning: {}: {name:?} left out: its name cannot be a filename, and \
+                             the glob does not match it",
+                            self.function()
+                        );
+                        continue;
+                    }
+                    return Err(self.unnameable(&source));
+                }
+                Err(e) => return Err(e.into()),
             }
-        })?;
-        Ok(listed
-            .into_iter()
-            .filter(|meta| named(&meta.location))
-            .collect())
+        }
+        Ok(listed)
     }
 }
 

@@ -93,6 +93,10 @@ impl Catalog {
     }
 
     /// The warehouse's tables and views, as the session's default schema.
+    pub fn warehouse(&self) -> Option<&Warehouse> {
+        self.warehouse.as_ref()
+    }
+
     pub fn warehouse_tables(&self) -> Option<&WarehouseSchema> {
         self.tables.as_deref()
     }

@@ -10,7 +10,7 @@ use datafusion::prelude::SessionConfig;
 use super::client::Remote;
 use super::node::Node;
 use super::{HEARTBEAT_SECONDS, cluster_error, warn_if_exposed};
-use crate::config::EngineConfig;
+use crate::config::{BatchInferOptions, EngineConfig};
 use crate::context::{cluster_session_config, runtime_env, scalar_functions};
 use crate::error::Result;
 
@@ -59,8 +59,12 @@ pub async fn run_executor(options: ExecutorOptions, config: &EngineConfig) -> Re
         override_logical_codec: Some(super::codec::logical()),
         override_physical_codec: Some(super::codec::physical()),
         override_config_producer: Some(Arc::new(cluster_session_config)),
-        override_runtime_producer: Some(Arc::new(move |_config: &SessionConfig| {
-            runtime_env(&stores, memory_limit)
+        override_runtime_producer: Some(Arc::new(move |config: &SessionConfig| {
+            // The footer cap and confinement of the client's session, as its query says.
+            let limits = crate::storage::SessionLimits::of(
+                config.options().extensions.get::<BatchInferOptions>(),
+            );
+            runtime_env(&stores, memory_limit, Arc::new(limits))
         })),
         ..Default::default()
     };

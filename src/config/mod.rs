@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+mod confine;
+pub use confine::url_within;
 mod values;
 
 pub use values::*;
@@ -149,6 +151,18 @@ pub struct BatchInferOptions {
     /// `read_blob` and `read_text`: the largest file whose content is read, in bytes; a larger
     /// one is refused, named.
     pub max_blob_bytes: u64,
+    /// No statement that writes runs (COPY, CREATE, INSERT, DROP, ALTER, VACUUM, OPTIMIZE,
+    /// REFRESH, CLEAR LLM CACHE); once on, on for the rest of the session.
+    pub read_only: bool,
+    /// The local folders statements may read and write, canonical (symbolic links resolved);
+    /// unset: any; empty: no local file. A session can only narrow it.
+    pub allowed_directories: Option<Vec<String>>,
+    /// The object store locations (URL prefixes) statements may read and write; unset: any;
+    /// empty: none. A session can only narrow it.
+    pub allowed_urls: Option<Vec<String>>,
+    /// `VACUUM ... RETAIN n HOURS` under the table's retention (`delta.deletedFileRetentionDuration`,
+    /// 7 days) is refused, as Delta does, unless this is false.
+    pub vacuum_retention_check: bool,
 }
 
 impl Default for BatchInferOptions {
@@ -168,6 +182,10 @@ impl Default for BatchInferOptions {
             max_cost: None,
             cache: Default::default(),
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
+            read_only: false,
+            allowed_directories: None,
+            allowed_urls: None,
+            vacuum_retention_check: true,
         }
     }
 }
@@ -293,10 +311,45 @@ impl BatchInferOptions {
                 self.max_blob_bytes = bytes;
                 Ok(())
             }
+            "vacuum_retention_check" => self.vacuum_retention_check.set(key, value),
+            "read_only" => {
+                let mut read_only = self.read_only;
+                read_only.set(key, value)?;
+                if self.read_only && !read_only {
+                    return Err(DataFusionError::Configuration(
+                        "batchinfer.read_only is on for this session, and stays on".into(),
+                    ));
+                }
+                self.read_only = read_only;
+                Ok(())
+            }
+            "allowed_directories" => {
+                let folders = confine::folders(value)?;
+                confine::narrower(
+                    key,
+                    self.allowed_directories.as_deref(),
+                    &folders,
+                    |a, b| std::path::Path::new(a).starts_with(b),
+                )?;
+                self.allowed_directories = Some(folders);
+                Ok(())
+            }
+            "allowed_urls" => {
+                let prefixes = confine::url_prefixes(value)?;
+                confine::narrower(
+                    key,
+                    self.allowed_urls.as_deref(),
+                    &prefixes,
+                    confine::url_within,
+                )?;
+                self.allowed_urls = Some(prefixes);
+                Ok(())
+            }
             _ => Err(DataFusionError::Configuration(format!(
                 "batchinfer.{key} is not an option; the options are batch_size, on_error, \
                  nulls, token_budget, device, streaming_scan, rejects, max_errors, files_per_commit, \
-                 max_footer_bytes, max_llm_tokens, max_cost, cache, max_blob_bytes"
+                 max_footer_bytes, max_llm_tokens, max_cost, cache, max_blob_bytes, read_only, \
+                 allowed_directories, allowed_urls, vacuum_retention_check"
             ))),
         }
     }
@@ -396,6 +449,26 @@ impl BatchInferOptions {
             self.cache,
             "Endpoint models' answers kept in the warehouse by request: 'on', 'read' (read, not written) or 'off'.",
         );
+        self.vacuum_retention_check.visit(
+            v,
+            "batchinfer.vacuum_retention_check",
+            "VACUUM ... RETAIN n HOURS under the table's retention (delta.deletedFileRetentionDuration, 7 days) is refused unless false.",
+        );
+        self.read_only.visit(
+            v,
+            "batchinfer.read_only",
+            "No statement that writes (COPY, CREATE, INSERT, DROP, ALTER, VACUUM, OPTIMIZE, REFRESH); once true, true for the session.",
+        );
+        let about = "The local folders statements may read and write, comma-separated (unset: any; empty: no local file); a session can only narrow it.";
+        match &self.allowed_directories {
+            Some(folders) => v.some("batchinfer.allowed_directories", folders.join(","), about),
+            None => v.none("batchinfer.allowed_directories", about),
+        }
+        let about = "The object store locations (URL prefixes, comma-separated) statements may read and write (unset: any; empty: none); a session can only narrow it.";
+        match &self.allowed_urls {
+            Some(prefixes) => v.some("batchinfer.allowed_urls", prefixes.join(","), about),
+            None => v.none("batchinfer.allowed_urls", about),
+        }
         entries.0
     }
 }

@@ -287,7 +287,7 @@ impl DeltaTableProvider {
         version: Option<Version>,
         warehouse: bool,
     ) -> Result<Self> {
-        let scan = checked_scan(table, &name, &location).await?;
+        let scan = checked_scan(table, &name, &location, version).await?;
         let state = table
             .snapshot()
             .map_err(|e| delta_error(&name, &location, e))?;
@@ -356,7 +356,7 @@ impl DeltaTableProvider {
             None => table.load().await,
         };
         loaded.map_err(|e| delta_error(&self.name, &self.location, e))?;
-        let scan = Arc::new(checked_scan(&table, &self.name, &self.location).await?);
+        let scan = Arc::new(checked_scan(&table, &self.name, &self.location, self.version).await?);
         if scan.schema().fields() != self.scanned.fields() {
             return Err(Error::table(
                 &self.name,
@@ -498,7 +498,12 @@ async fn committed_by(
 /// path relative to its folder (no `..`, no absolute path or URL, which would read files of
 /// another folder, store or host), and no deletion vector (not read yet); and a column mapping
 /// batchinfer knows.
-async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<DeltaScan> {
+async fn checked_scan(
+    table: &DeltaTable,
+    name: &str,
+    location: &str,
+    pinned: Option<Version>,
+) -> Result<DeltaScan> {
     let refuse = |problem: String| {
         Error::table(
             name,
@@ -518,6 +523,7 @@ async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<
         )));
     }
     let log_store = table.log_store();
+    let mut named = Vec::new();
     let mut files = state.snapshot().file_views(log_store.as_ref(), None);
     while let Some(file) = files
         .try_next()
@@ -544,12 +550,49 @@ async fn checked_scan(table: &DeltaTable, name: &str, location: &str) -> Result<
                  (rewrite the table without them: OPTIMIZE or REORG ... APPLY (PURGE) in Spark)"
             )));
         }
+        if pinned.is_some() {
+            named.push(path.to_string());
+        }
+    }
+    if let Some(version) = pinned {
+        all_there(&log_store, &named).await.map_err(|missing| {
+            refuse(format!(
+                "version {version} can no longer be read: its file {missing:?} is gone \
+                     (VACUUM deletes the files of versions older than its retention); read a \
+                     newer version"
+            ))
+        })?;
     }
     Ok(TableProviderBuilder::default()
         .with_log_store(log_store)
         .with_eager_snapshot(state.snapshot().clone())
         .build()
         .await?)
+}
+
+/// Whether every file of `paths` (a version's, as its log names them) is still there: the
+/// first missing one otherwise. An old version's counts come from its log alone, so a version
+/// VACUUM emptied would answer `count(*)` without a file read.
+async fn all_there(log_store: &LogStoreRef, paths: &[String]) -> std::result::Result<(), String> {
+    use futures::StreamExt;
+    let store = log_store.object_store(None);
+    let mut heads = futures::stream::iter(paths.iter().cloned())
+        .map(|path| {
+            let store = store.clone();
+            async move {
+                let found = store
+                    .head(&object_store::path::Path::from(path.as_str()))
+                    .await;
+                (path, found)
+            }
+        })
+        .buffer_unordered(16);
+    while let Some((path, found)) = heads.next().await {
+        if let Err(object_store::Error::NotFound { .. }) = found {
+            return Err(path);
+        }
+    }
+    Ok(())
 }
 
 /// Whether a data file's path (as the log names it, URL-decoded) is a file of the table's own
@@ -798,7 +841,7 @@ mod tests {
         let url = folder_location(&format!("{}/", dir.path().display())).unwrap();
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
         let table = open(&url, store, &At::Newest).await.unwrap();
-        let scan = checked_scan(&table, "t", "here").await.unwrap();
+        let scan = checked_scan(&table, "t", "here", None).await.unwrap();
         let provider = DeltaTableProvider {
             name: "t".into(),
             location: "here".into(),

@@ -376,8 +376,13 @@ async fn row_count(store: Arc<dyn ObjectStore>, file: &object_store::ObjectMeta)
         .as_ref()
         .try_into()
         .map_err(|_| Error::Internal(format!("{what}: {size} bytes is not a Parquet file")))?;
-    let length = crate::storage::footer::metadata_len(&what, size, tail)
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let length = crate::storage::footer::metadata_len(
+        &what,
+        size,
+        tail,
+        crate::storage::footer::DEFAULT_MAX_FOOTER_BYTES,
+    )
+    .map_err(|e| Error::Internal(e.to_string()))?;
     let footer = store
         .get_range(&file.location, size - 8 - length..size - 8)
         .await?;

@@ -36,7 +36,6 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::model::ModelRegistry;
 use crate::session::Session;
-use crate::statement_context::StatementContext;
 use crate::statements::Statement;
 use crate::storage::StoreRegistry;
 use crate::udf::predict_table::tables_named;
@@ -67,6 +66,9 @@ impl Engine {
             .map(|root| Warehouse::new(root, stores))
             .transpose()?;
         let session = Session::new(&config, registry)?;
+        if let Some(warehouse) = &warehouse {
+            session.set_warehouse(warehouse.root());
+        }
         let catalog = Catalog::new(&session, warehouse.as_ref(), config.models_dir.as_deref())?;
         Ok(Engine {
             session,
@@ -92,6 +94,17 @@ impl Engine {
     /// client session.
     pub fn session(&self) -> Result<Engine> {
         let session = self.session.beside(&self.config)?;
+        // Confined as this one is (a server's clients as the server).
+        let confined = self.session.batchinfer_options();
+        session.update_options(|options| {
+            options.read_only = confined.read_only;
+            options.allowed_directories = confined.allowed_directories;
+            options.allowed_urls = confined.allowed_urls;
+            Ok(())
+        })?;
+        if let Some(warehouse) = &self.warehouse {
+            session.set_warehouse(warehouse.root());
+        }
         let catalog = self.catalog.beside(&session)?;
         Ok(Engine {
             session,
@@ -99,6 +112,19 @@ impl Engine {
             warehouse: self.warehouse.clone(),
             catalog,
         })
+    }
+
+    /// Confines this engine's session, and the sessions opened beside it from now on, as `SET
+    /// batchinfer.<key> = '<value>'` of each of `settings` would (`read_only`,
+    /// `allowed_directories`, `allowed_urls`): only ever narrowed.
+    pub fn confine(&self, settings: &[(&str, String)]) -> Result<()> {
+        for (key, value) in settings {
+            self.session.update_options(|options| {
+                datafusion::common::config::ExtensionOptions::set(options, key, value)
+            })?;
+        }
+        self.session.begin_statement();
+        Ok(())
     }
 
     /// The DataFusion context, to register tables or run DataFrame code.
@@ -147,6 +173,7 @@ impl Engine {
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
         self.before_statement().await?;
+        crate::confine::check_statement(&statement, &self.session, self.warehouse.as_ref())?;
         match statement {
             Statement::Model(m) => self.catalog.run_model_statement(m, &self.session).await,
             Statement::View(v) => self.views().run(v).await,
@@ -176,16 +203,7 @@ impl Engine {
     /// What each statement begins with: the warehouse's models and tables (and views) as they
     /// are now, and the models shared with a cluster.
     async fn before_statement(&self) -> Result<()> {
-        // A statement of its own, which keeps no rejects until it is tagged, and whose scoring
-        // stops at a signal that comes from now on, not at one that came before.
-        self.session.update_statement(|statement| {
-            *statement = StatementContext {
-                stop_signals_before: crate::stop::signals(),
-                ..StatementContext::default()
-            }
-        });
-        let options = self.session.batchinfer_options();
-        crate::storage::footer::set_max_footer_bytes(options.max_footer_bytes);
+        self.session.begin_statement();
         self.catalog.refresh_models().await?;
         // The files of a table are listed again by each statement (one replaced or added to
         // elsewhere is read as it is now).
@@ -294,6 +312,9 @@ impl Engine {
     pub async fn refresh(&self, name: &str) -> Result<Refreshed> {
         crate::warehouse::check_name("view", name)?;
         self.before_statement().await?;
+        (self.session.access())
+            .check_writes("REFRESH MATERIALIZED VIEW")
+            .map_err(|e| crate::error::Error::Statement(e.0))?;
         self.views().refresh_view(name).await
     }
 

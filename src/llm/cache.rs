@@ -47,6 +47,9 @@ pub struct Cache {
     prefix: Path,
     /// Its URL, for the processes of a cluster.
     location: String,
+    /// Its folder, where it is on a local disk: entries there are read as regular files only,
+    /// and deleted without following links ([`crate::storage::beneath`]).
+    local: Option<std::path::PathBuf>,
 }
 
 /// The key of `request` sent to `endpoint`.
@@ -59,10 +62,15 @@ impl Cache {
     /// The cache under `prefix` (the warehouse's `llm-cache`) of `store`, at the URL
     /// `location`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: Path, location: String) -> Cache {
+        let local = url::Url::parse(&location)
+            .ok()
+            .filter(|url| url.scheme() == "file")
+            .and_then(|url| url.to_file_path().ok());
         Cache {
             store,
             prefix,
             location,
+            local,
         }
     }
 
@@ -93,14 +101,41 @@ impl Cache {
             .join(format!("{key}.json").as_str())
     }
 
-    /// The reply kept for `key`, if a whole one is.
+    /// The reply kept for `key`, if a whole one is. A local entry that is not a regular file (a
+    /// FIFO, a device, a folder) is a miss, said once, never a wait.
     pub async fn get(&self, key: &str) -> Option<String> {
         let path = self.path(key);
-        let result = self.store.get(&path).await.ok()?;
-        if result.meta.size > MAX_ENTRY as u64 {
-            return None;
-        }
-        let bytes = result.bytes().await.ok()?;
+        let bytes = match &self.local {
+            Some(root) => {
+                let file = root
+                    .join(key.get(..2).unwrap_or("00"))
+                    .join(format!("{key}.json"));
+                if std::fs::symlink_metadata(&file).is_err() {
+                    return None;
+                }
+                let read = tokio::task::spawn_blocking(move || {
+                    crate::storage::read_capped(&file, MAX_ENTRY as u64)
+                })
+                .await
+                .ok()?;
+                match read {
+                    Ok(bytes) => bytes::Bytes::from(bytes),
+                    Err(e) => {
+                        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            crate::say!("warning: an entry of the LLM cache is not used: {e}");
+                        }
+                        return None;
+                    }
+                }
+            }
+            None => {
+                let result = self.store.get(&path).await.ok()?;
+                if result.meta.size > MAX_ENTRY as u64 {
+                    return None;
+                }
+                result.bytes().await.ok()?
+            }
+        };
         let entry: Value = serde_json::from_slice(&bytes).ok()?;
         let reply = entry.get("reply")?.as_str()?;
         let whole = entry.get("key")?.as_str() == Some(key)
@@ -160,7 +195,8 @@ impl Cache {
         Ok((entries, bytes))
     }
 
-    /// Removes every entry; returns how many.
+    /// Removes every entry; returns how many. On a local disk nothing is deleted through a
+    /// link: a folder of the cache that links elsewhere is left, and said.
     pub async fn clear(&self) -> crate::error::Result<u64> {
         let paths: Vec<Path> = self
             .store
@@ -169,12 +205,46 @@ impl Cache {
             .try_collect()
             .await?;
         let mut removed = 0;
+        let mut links = std::collections::BTreeSet::new();
         for path in paths {
-            match self.store.delete(&path).await {
+            let Some(root) = &self.local else {
+                match self.store.delete(&path).await {
+                    Ok(()) => removed += 1,
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                continue;
+            };
+            let Some(relative) = path.prefix_match(&self.prefix) else {
+                continue;
+            };
+            let relative: std::path::PathBuf = relative.map(|p| p.as_ref().to_string()).collect();
+            let (root, file) = (root.clone(), root.join(&relative));
+            let deleted = tokio::task::spawn_blocking(move || {
+                crate::storage::beneath::remove_file_beneath(&root, &file)
+            })
+            .await
+            .map_err(|e| crate::error::Error::Internal(format!("clearing the LLM cache: {e}")))?;
+            match deleted {
                 Ok(()) => removed += 1,
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Err(crate::storage::beneath::BeneathError::Link { link, .. }) => {
+                    links.insert(link);
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    return Err(crate::error::Error::io(
+                        "clearing the LLM cache".to_string(),
+                        std::io::Error::other(e.to_string()),
+                    ));
+                }
             }
+        }
+        for link in links {
+            crate::say!(
+                "warning: {} is a symbolic link in the LLM cache: nothing was deleted through it \
+                 (remove the link)",
+                link.display()
+            );
         }
         Ok(removed)
     }

@@ -29,7 +29,8 @@ pub struct Reply {
     pub finish_reason: Option<String>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
-    /// Whether the tokens are an estimate (the server's reply had no `usage`).
+    /// Whether the prompt's tokens are to be estimated (the server's reply had no usable
+    /// `usage`).
     pub estimated: bool,
     /// The reply's body as sent, which the cache keeps.
     pub raw: String,
@@ -56,25 +57,45 @@ impl Reply {
         // A server that says nothing of its tokens is charged an estimate (a token per four
         // characters of the reply; the prompt's is added by the caller), so that budgets hold.
         let content = text(message.and_then(|m| m.get("content")));
+        // A count that is not a whole number of tokens (negative, fractional, 1e300, text) is
+        // no count: the estimate is charged, as for a reply without usage, never nothing.
         let usage = json.get("usage").filter(|u| u.is_object());
-        let tokens = |key: &str, estimate: u64| match usage {
-            Some(usage) => usage
-                .get(key)
+        let said = |key: &str| {
+            usage
+                .and_then(|u| u.get(key))
                 .and_then(Value::as_u64)
-                .unwrap_or(0)
-                .min(MAX_TOKENS_A_REPLY),
-            None => estimate,
+                .map(|n| n.min(MAX_TOKENS_A_REPLY))
         };
+        let (prompt, completion) = (said("prompt_tokens"), said("completion_tokens"));
         let completion_estimate = content.as_ref().map_or(0, |c| c.len() as u64 / 4 + 1);
         Ok(Reply {
             content,
             refusal: text(message.and_then(|m| m.get("refusal"))),
             finish_reason: text(choice.get("finish_reason")),
-            prompt_tokens: tokens("prompt_tokens", 0),
-            completion_tokens: tokens("completion_tokens", completion_estimate),
-            estimated: usage.is_none(),
+            prompt_tokens: prompt.unwrap_or(0),
+            completion_tokens: completion.unwrap_or(completion_estimate),
+            estimated: prompt.is_none(),
             raw,
         })
+    }
+}
+
+impl Reply {
+    /// The reply with the strings parsed out of it blanked of `key` too
+    /// ([`crate::llm::redact`]).
+    fn scrubbed(mut self, key: Option<&str>) -> Reply {
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            return self;
+        };
+        let blank = |text: &mut Option<String>| {
+            if let Some(t) = text.take() {
+                *text = Some(super::redact::redact(t, key));
+            }
+        };
+        blank(&mut self.content);
+        blank(&mut self.refusal);
+        self.raw = super::redact::redact(std::mem::take(&mut self.raw), key);
+        self
     }
 }
 
@@ -196,6 +217,8 @@ const MAX_REPLY: usize = 32 << 20;
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
     pub statement: &'a str,
+    /// What the statement counts ([`spend`]).
+    pub ledger: &'a crate::statement_context::Ledger,
     /// The part of the statement it belongs to (a view refresh's unit; "" for the rest), whose
     /// usage is counted apart.
     pub part: &'a str,
@@ -211,6 +234,7 @@ impl<'a> Call<'a> {
     ) -> Call<'a> {
         Call {
             statement: &statement.id,
+            ledger: &statement.ledger,
             part: &statement.part,
             options,
             cache: options.map(|o| o.cache).unwrap_or_default(),
@@ -360,7 +384,7 @@ impl EndpointModel {
             .fetch_add(done.completion_tokens, Ordering::Relaxed);
         c.cost_nanos
             .fetch_add((done.cost * 1e9).round() as u64, Ordering::Relaxed);
-        spend::count(call.statement, call.part, &self.name, done);
+        spend::count(call.ledger, call.part, &self.name, done);
     }
 
     /// The body of the chat request for `prompt`, with the JSON schema of a typed output.
@@ -449,12 +473,13 @@ impl EndpointModel {
 
     async fn fetch(&self, call: &Call<'_>, key: &str, body: &Value) -> Result<Outcome, LlmError> {
         let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
+        let api_key = self.api_key().ok().flatten();
         if let Some(cache) = cache
             && let Some(raw) = cache.get(key).await
             && let Ok(reply) = Reply::parse(raw)
         {
             self.count(call, &Usage::cache_hit());
-            return Ok(Ok(Arc::new(reply)));
+            return Ok(Ok(Arc::new(reply.scrubbed(api_key.as_deref()))));
         }
         let prompt_chars: usize = body["messages"]
             .as_array()
@@ -478,8 +503,8 @@ impl EndpointModel {
         }
         // Past its budget, the statement stops now: this answer is kept in the cache, and the
         // requests in flight are cancelled.
-        spend::check(call.statement, call.options)?;
-        Ok(Reply::parse(raw).map(Arc::new))
+        spend::check(call.ledger, call.options)?;
+        Ok(Reply::parse(raw).map(|reply| Arc::new(reply.scrubbed(api_key.as_deref()))))
     }
 
     /// The vectors of `texts` from an embedding endpoint (`/embeddings`), each of the
@@ -589,7 +614,7 @@ impl EndpointModel {
             };
             found.insert(text, vector);
         }
-        spend::check(call.statement, call.options)?;
+        spend::check(call.ledger, call.options)?;
         Ok(texts
             .iter()
             .map(|t| {
@@ -613,7 +638,7 @@ impl EndpointModel {
         reserve: f64,
         count: &(dyn Fn(&str) -> (u64, u64) + Sync),
     ) -> Result<Result<String, String>, LlmError> {
-        spend::check(call.statement, call.options)?;
+        spend::check(call.ledger, call.options)?;
         let api_key = self.api_key()?;
         let _permit = self
             .permits
@@ -623,7 +648,7 @@ impl EndpointModel {
         let mut attempt: u32 = 0;
         loop {
             self.pace.take(reserve).await;
-            spend::check(call.statement, call.options)?;
+            spend::check(call.ledger, call.options)?;
             self.count(
                 call,
                 &Usage {
@@ -824,10 +849,12 @@ fn vectors_of(
     Ok(out)
 }
 
-/// `text` without the key, should a server have echoed it.
-fn scrub(text: String, api_key: Option<&str>) -> String {
+/// `text` without the key, should a server have echoed it: as it is, JSON-escaped (`\/`,
+/// `\uXXXX`, any of its characters), URL-encoded (`%XX`), or in base64 (standard or URL-safe,
+/// with or without padding).
+pub fn scrub(text: String, api_key: Option<&str>) -> String {
     match api_key {
-        Some(key) if !key.is_empty() && text.contains(key) => text.replace(key, "<redacted>"),
+        Some(key) if !key.is_empty() => crate::llm::redact::redact(text, key),
         _ => text,
     }
 }

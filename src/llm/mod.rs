@@ -23,6 +23,7 @@ pub mod cache;
 pub mod client;
 pub mod output;
 pub mod pace;
+pub mod redact;
 pub mod spend;
 
 use std::collections::BTreeMap;

@@ -1,12 +1,15 @@
-//! What each statement has spent on endpoint models in this process (tokens and money), held
+//! What a statement has spent on endpoint models in this process (tokens and money), held
 //! against `batchinfer.max_llm_tokens` and `batchinfer.max_cost`: a statement that reaches
-//! either stops.
+//! either stops. The spending is the statement's own ([`Ledger`]): it lasts as long as the
+//! statement, whatever other statements or sessions run beside it.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::{LlmError, Usage};
 use crate::config::BatchInferOptions;
+use crate::statement_context::Ledger;
 
 /// One statement's spending: what each model did for each part of it (a view refresh's unit;
 /// "" for the rest).
@@ -25,53 +28,39 @@ impl Spent {
     }
 }
 
-/// Statements whose spending is kept (the oldest are forgotten past this).
-const STATEMENTS: usize = 256;
-
-static SPENT: Mutex<BTreeMap<String, Spent>> = Mutex::new(BTreeMap::new());
-
-fn spent() -> std::sync::MutexGuard<'static, BTreeMap<String, Spent>> {
-    SPENT.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Counts what `model` did (`done`: requests, retries, answers from the cache, tokens, cost)
-/// for `part` of the statement `statement`.
-pub fn count(statement: &str, part: &str, model: &str, done: &Usage) {
-    let mut all = spent();
-    all.entry(statement.to_string())
-        .or_default()
+/// for `part` of the statement whose ledger is `ledger`.
+pub fn count(ledger: &Ledger, part: &str, model: &str, done: &Usage) {
+    ledger
+        .get::<Mutex<Spent>>()
+        .lock()
         .by
         .entry((part.to_string(), model.to_string()))
         .or_default()
         .add(done);
-    while all.len() > STATEMENTS {
-        all.pop_first();
-    }
 }
 
-/// What each endpoint model did for the statement `statement`, by name: for its part `part`
-/// only, or (None) for all of it.
-pub fn usage(statement: &str, part: Option<&str>) -> BTreeMap<String, Usage> {
+/// What each endpoint model did for the statement whose ledger is `ledger`, by name: for its
+/// part `part` only, or (None) for all of it.
+pub fn usage(ledger: &Ledger, part: Option<&str>) -> BTreeMap<String, Usage> {
     let mut by_model: BTreeMap<String, Usage> = BTreeMap::new();
-    if let Some(spent) = spent().get(statement) {
-        for ((p, model), done) in &spent.by {
-            if part.is_none_or(|part| part == p) {
-                by_model.entry(model.clone()).or_default().add(done);
-            }
+    for ((p, model), done) in &ledger.get::<Mutex<Spent>>().lock().by {
+        if part.is_none_or(|part| part == p) {
+            by_model.entry(model.clone()).or_default().add(done);
         }
     }
     by_model
 }
 
 /// `Err` once the statement has reached one of its budgets: what it spent, and which budget.
-pub fn check(statement: &str, options: Option<&BatchInferOptions>) -> Result<(), LlmError> {
+pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(), LlmError> {
     let Some(options) = options else {
         return Ok(());
     };
     if options.max_llm_tokens.is_none() && options.max_cost.is_none() {
         return Ok(());
     }
-    let s = spent().get(statement).map(Spent::total).unwrap_or_default();
+    let s = ledger.get::<Mutex<Spent>>().lock().total();
     let tokens = s.prompt_tokens.saturating_add(s.completion_tokens);
     let reached = match (options.max_llm_tokens, options.max_cost) {
         (Some(max), _) if tokens >= max => format!("batchinfer.max_llm_tokens = '{max}'"),

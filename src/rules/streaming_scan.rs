@@ -84,7 +84,13 @@ impl StreamingParquetExec {
         let (names, read_schema, projector) =
             columns_to_read(&table, source.projection(), &output)?;
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        let files = files_of(scan, &table, &names, &read_schema)?;
+        let footer_cap = config
+            .extensions
+            .get::<BatchInferOptions>()
+            .map_or(crate::storage::footer::DEFAULT_MAX_FOOTER_BYTES, |o| {
+                o.max_footer_bytes
+            });
+        let files = files_of(scan, &table, &names, &read_schema, footer_cap)?;
         let batch_size = scan
             .batch_size
             .unwrap_or(config.execution.batch_size.get())
@@ -162,6 +168,7 @@ fn files_of(
     table: &SchemaRef,
     names: &[&str],
     read_schema: &SchemaRef,
+    footer_cap: u64,
 ) -> Option<Vec<ScanFile>> {
     let mut locations = Vec::new();
     for file in scan.file_groups.iter().flat_map(|g| g.iter()) {
@@ -176,7 +183,7 @@ fn files_of(
         .iter()
         .map(|location| {
             let path = crate::storage::local_file(location)?;
-            ScanFile::open(path, table, names, read_schema)
+            ScanFile::open(path, table, names, read_schema, footer_cap)
         })
         .collect()
 }

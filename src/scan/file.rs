@@ -40,6 +40,7 @@ impl ScanFile {
         table: &Schema,
         names: &[&str],
         output: &Schema,
+        footer_cap: u64,
     ) -> Option<Self> {
         // Opening a FIFO would wait for a writer: regular files only.
         if !std::fs::metadata(&path).ok()?.is_file() {
@@ -51,7 +52,7 @@ impl ScanFile {
         let size = file.metadata().ok()?.len();
         let mut tail = [0u8; 8];
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut tail, size.checked_sub(8)?).ok()?;
-        crate::storage::footer::metadata_len(&path.display(), size, tail).ok()?;
+        crate::storage::footer::metadata_len(&path.display(), size, tail, footer_cap).ok()?;
         let metadata = with_table_types(&file, table)?;
         let schema = metadata.schema().clone();
         for (name, field) in names.iter().zip(output.fields()) {

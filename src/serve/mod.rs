@@ -1,6 +1,7 @@
 //! `batchinfer serve`: the engine as an Arrow Flight SQL server, for BI tools, notebooks and
 //! services (any Flight SQL client: ADBC, JDBC, ODBC drivers). The feature whole: how clients are
-//! let in (`auth.rs`: a bearer token, a username and password, session tokens), their sessions
+//! let in (`auth.rs`: a bearer token, a username and password, session tokens; failed attempts
+//! slowed per address: `throttle.rs`), their sessions
 //! (`sessions.rs`: each with its own engine session and `SET` options, over the models loaded
 //! once), the protocol (`service.rs`: statements, updates, prepared statements, results
 //! streamed), statements with their parameters bound (`params.rs`), what a client's catalog
@@ -13,6 +14,7 @@ mod metadata;
 mod params;
 mod service;
 mod sessions;
+mod throttle;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +46,73 @@ pub struct ServeOptions {
     pub statement_timeout: Option<Duration>,
     /// How long a session is kept with no call before it is ended.
     pub idle_timeout: Duration,
+    /// What clients may read and write.
+    pub confinement: Confinement,
+}
+
+/// What a server's clients may read and write (`--allow-dir`, `--no-local-files`,
+/// `--allow-url`, `--read-only`): their sessions start so confined, and a `SET` only narrows it.
+#[derive(Debug, Clone, Default)]
+pub struct Confinement {
+    pub allow_dirs: Vec<PathBuf>,
+    pub no_local_files: bool,
+    pub allow_urls: Vec<String>,
+    pub read_only: bool,
+}
+
+impl Confinement {
+    /// The `batchinfer.*` settings it comes to, for a server listening on `bind`: beyond
+    /// loopback, no local file unless `--allow-dir` says which.
+    fn settings(&self, bind: &SocketAddr) -> Result<Vec<(&'static str, String)>> {
+        let mut settings = Vec::new();
+        if self.read_only {
+            settings.push(("read_only", "true".to_string()));
+        }
+        if !self.allow_dirs.is_empty() {
+            let mut folders = Vec::new();
+            for dir in &self.allow_dirs {
+                let dir = dir.to_str().filter(|d| !d.contains(',')).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "--allow-dir {}: a folder's name must be UTF-8 without a comma",
+                        dir.display()
+                    ))
+                })?;
+                folders.push(dir);
+            }
+            settings.push(("allowed_directories", folders.join(",")));
+        } else if self.no_local_files || !bind.ip().is_loopback() {
+            settings.push(("allowed_directories", String::new()));
+        }
+        if !self.allow_urls.is_empty() {
+            settings.push(("allowed_urls", self.allow_urls.join(",")));
+        }
+        Ok(settings)
+    }
+
+    /// What the server says of it when it starts.
+    fn describe(&self, bind: &SocketAddr) -> String {
+        let local = if !self.allow_dirs.is_empty() {
+            let dirs: Vec<String> = self
+                .allow_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            format!("local files under {}", dirs.join(", "))
+        } else if self.no_local_files {
+            "no local file".to_string()
+        } else if !bind.ip().is_loopback() {
+            "no local file (beyond loopback; --allow-dir DIR to allow some)".to_string()
+        } else {
+            "any local file".to_string()
+        };
+        let stores = if self.allow_urls.is_empty() {
+            "any object store".to_string()
+        } else {
+            format!("object stores under {}", self.allow_urls.join(", "))
+        };
+        let writes = if self.read_only { "; read-only" } else { "" };
+        format!("clients reach {local} and {stores}{writes}")
+    }
 }
 
 /// Sessions kept at once; past it, the one idle longest is ended for a new one.
@@ -53,6 +122,9 @@ pub const MAX_SESSIONS: usize = 1000;
 /// are cancelled (what they wrote discarded) and the process ends.
 pub async fn serve(engine: Engine, options: ServeOptions) -> Result<()> {
     check_exposure(&options)?;
+    engine
+        .confine(&options.confinement.settings(&options.bind)?)
+        .map_err(|e| Error::Usage(format!("confining the server's clients: {e}")))?;
     let tls = match &options.tls {
         Some((cert, key)) => Some(tls_config(cert, key)?),
         None => None,
@@ -81,9 +153,10 @@ pub async fn serve(engine: Engine, options: ServeOptions) -> Result<()> {
     let service = service::FlightSql::new(Arc::new(engine), &options);
     let gate = service.gate();
     crate::say!(
-        "batchinfer serve: Arrow Flight SQL on {scheme}://{address} ({}; at most {} statement(s) at once)",
+        "batchinfer serve: Arrow Flight SQL on {scheme}://{address} ({}; at most {} statement(s) at once; {})",
         options.credentials.describe(),
-        options.max_statements
+        options.max_statements,
+        options.confinement.describe(&options.bind)
     );
     let incoming = connections::accepted(listener, connections::max_connections());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -30,6 +30,7 @@ use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::dataframe::DataFrame;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::sql::parser::Statement as DFStatement;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
@@ -161,7 +162,26 @@ impl FlightSql {
                     break;
                 }
                 let schema = df.schema().inner().clone();
+                if query {
+                    // A query before the script's last statement: its rows are read to the end
+                    // and dropped as they come, never kept.
+                    let mut rows = df.execute_stream().await?;
+                    while let Some(batch) = rows.next().await {
+                        batch?;
+                    }
+                    result = Some(Pending::Done {
+                        schema,
+                        batches: Vec::new(),
+                        held: None,
+                    });
+                    continue;
+                }
                 let batches = df.collect().await?;
+                // What the server keeps until it is read counts against `--memory-limit`.
+                let size = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+                let held = MemoryConsumer::new(format!("session {}'s result", session.number))
+                    .register(&engine.context().runtime_env().memory_pool);
+                held.try_grow(size)?;
                 for warning in crate::runner::failed_rows(engine).await {
                     crate::say!("warning: session {}: {warning}", session.number);
                 }
@@ -169,7 +189,11 @@ impl FlightSql {
                     // A write returns as many rows (of no columns) as it wrote.
                     count_result(batches.iter().map(|b| b.num_rows() as u64).sum())
                 } else {
-                    Pending::Done { schema, batches }
+                    Pending::Done {
+                        schema,
+                        batches,
+                        held: Some(held),
+                    }
                 });
             }
             result.ok_or_else(|| Error::Internal("a script ran no statement".to_string()))
@@ -396,7 +420,8 @@ impl tonic::service::Interceptor for Gate {
             .metadata()
             .get("authorization")
             .map(|v| v.to_str().unwrap_or("?"));
-        self.sessions.admits(&self.credentials, header)?;
+        let peer = request.remote_addr().map(|a| a.ip());
+        self.sessions.admits(&self.credentials, header, peer)?;
         Ok(request)
     }
 }
@@ -432,6 +457,7 @@ fn count_result(rows: u64) -> Pending {
     Pending::Done {
         schema,
         batches: vec![batch],
+        held: None,
     }
 }
 
@@ -442,7 +468,9 @@ fn update_count(pending: Pending) -> Result<i64, Status> {
         Pending::Query { .. } => Err(Status::invalid_argument(
             "a query was sent as an update, which returns no rows: execute it as a query",
         )),
-        Pending::Done { schema, batches } => {
+        Pending::Done {
+            schema, batches, ..
+        } => {
             let is_count = schema.fields().len() == 1 && schema.field(0).name() == "count";
             let count = batches.first().filter(|_| is_count).and_then(|b| {
                 b.column(0)
@@ -759,8 +787,16 @@ impl FlightSqlService for FlightSql {
             )
         })?;
         match pending {
-            Pending::Done { schema, batches } => {
-                let rows = futures::stream::iter(batches.into_iter().map(Ok));
+            Pending::Done {
+                schema,
+                batches,
+                held,
+            } => {
+                // The reservation lives as long as the stream that sends the batches.
+                let rows = futures::stream::iter(batches.into_iter().map(move |batch| {
+                    let _held = &held;
+                    Ok(batch)
+                }));
                 Ok(self.stream(&access, schema, rows))
             }
             Pending::Query { df, deadline } => {

@@ -6,6 +6,7 @@
 //! one idle longest.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use tonic::Status;
 
 use super::MAX_SESSIONS;
 use super::auth::{Credentials, Shown};
+use super::throttle::Throttle;
 use crate::engine::Engine;
 use crate::statements::Statement;
 
@@ -38,6 +40,8 @@ pub struct Sessions {
     by_token: Mutex<HashMap<[u8; 32], Arc<ClientSession>>>,
     numbers: AtomicU64,
     idle: Duration,
+    /// Failed logins slowed, per peer address.
+    throttle: Throttle,
 }
 
 /// A client's session.
@@ -68,6 +72,9 @@ pub enum Pending {
     Done {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
+        /// Its batches' memory, counted against the server's `--memory-limit` until they are
+        /// sent.
+        held: Option<datafusion::execution::memory_pool::MemoryReservation>,
     },
 }
 
@@ -116,6 +123,7 @@ impl Sessions {
             by_token: Mutex::default(),
             numbers: AtomicU64::new(1),
             idle,
+            throttle: Throttle::default(),
         }
     }
 
@@ -152,13 +160,46 @@ impl Sessions {
     /// Whether a call with this `authorization` header may go on at all: it shows a credential
     /// of the server's, or a session token the server gave (or none is needed).
     #[allow(clippy::result_large_err)]
-    pub fn admits(&self, credentials: &Credentials, header: Option<&str>) -> Result<(), Status> {
-        match credentials.check(header) {
-            Shown::Refused(why) => Err(Status::unauthenticated(why)),
-            Shown::Session(token) if credentials.required() && self.live(&token).is_none() => {
+    pub fn admits(
+        &self,
+        credentials: &Credentials,
+        header: Option<&str>,
+        peer: Option<IpAddr>,
+    ) -> Result<(), Status> {
+        let shown = credentials.check(header);
+        // A session's own token goes on, whatever others at its address tried.
+        if let Shown::Session(token) = &shown
+            && self.live(token).is_some()
+        {
+            return Ok(());
+        }
+        if !credentials.required() {
+            return match shown {
+                Shown::Refused(why) => Err(Status::unauthenticated(why)),
+                _ => Ok(()),
+            };
+        }
+        // A call that shows nothing guesses nothing: it is refused, not counted.
+        if header.is_none() {
+            return match shown {
+                Shown::Refused(why) => Err(Status::unauthenticated(why)),
+                _ => Ok(()),
+            };
+        }
+        self.throttle.wait(peer)?;
+        match shown {
+            Shown::Refused(why) => {
+                self.throttle.failed(peer);
+                Err(Status::unauthenticated(why))
+            }
+            Shown::Session(_) => {
+                self.throttle.failed(peer);
                 Err(self.unknown())
             }
-            _ => Ok(()),
+            Shown::Credential => {
+                self.throttle.succeeded(peer);
+                Ok(())
+            }
         }
     }
 

@@ -19,6 +19,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::model::ModelRegistry;
 use crate::statements::{Statement, parse};
+use crate::storage::SessionLimits;
 use crate::udf::predict_table::ResolvedTables;
 
 mod explain;
@@ -41,25 +42,36 @@ pub struct Session {
     tables: Arc<ResolvedTables>,
     /// Where statements run: this process, or a cluster.
     placement: Placement,
+    /// The limits the session's reads are under, from its options ([`Session::begin_statement`]).
+    limits: Arc<SessionLimits>,
 }
 
 impl Session {
     /// A session over `registry`'s models, placed as `config.remote` says.
     pub fn new(config: &EngineConfig, registry: Arc<ModelRegistry>) -> Result<Self> {
-        let runtime = crate::context::runtime_env(registry.stores(), config.memory_limit)?;
-        Self::with_runtime(config, registry, runtime)
+        let limits = Arc::new(SessionLimits::default());
+        let runtime =
+            crate::context::runtime_env(registry.stores(), config.memory_limit, limits.clone())?;
+        Self::with_runtime(config, registry, runtime, limits)
     }
 
     /// Another session over this one's models, object stores and memory pool (its
     /// `--memory-limit` shared), with settings of its own.
     pub fn beside(&self, config: &EngineConfig) -> Result<Self> {
-        Self::with_runtime(config, self.registry.clone(), self.ctx.runtime_env())
+        let limits = Arc::new(SessionLimits::default());
+        let runtime = crate::context::runtime_beside(
+            &self.ctx.runtime_env(),
+            self.registry.stores(),
+            limits.clone(),
+        )?;
+        Self::with_runtime(config, self.registry.clone(), runtime, limits)
     }
 
     fn with_runtime(
         config: &EngineConfig,
         registry: Arc<ModelRegistry>,
         runtime: Arc<RuntimeEnv>,
+        limits: Arc<SessionLimits>,
     ) -> Result<Self> {
         let tables = Arc::new(ResolvedTables::default());
         let placement = Placement::new(config.remote.as_ref());
@@ -76,6 +88,7 @@ impl Session {
             registry,
             tables,
             placement,
+            limits,
         })
     }
 

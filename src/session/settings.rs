@@ -14,6 +14,31 @@ impl Session {
         self.session_options()
     }
 
+    /// A statement of its own, begun: a new [`StatementContext`] (which keeps no rejects until
+    /// it is tagged, owns what the statement counts, and whose scoring stops at a signal that
+    /// comes from now on, not at one that came before), and the session's reads held to its
+    /// options as they are now.
+    pub fn begin_statement(&self) {
+        self.update_statement(|statement| {
+            *statement = StatementContext {
+                stop_signals_before: crate::stop::signals(),
+                ..StatementContext::default()
+            }
+        });
+        self.limits.follow(&self.batchinfer_options());
+    }
+
+    /// What the session may read and write, as its options said when its statement began.
+    pub fn access(&self) -> std::sync::Arc<crate::storage::access::Access> {
+        self.limits.access()
+    }
+
+    /// The warehouse whose files the session's catalog reads and writes, whatever confines it.
+    pub fn set_warehouse(&self, root: &url::Url) {
+        self.limits.set_warehouse(root);
+        self.limits.follow(&self.batchinfer_options());
+    }
+
     /// Changes the statement at hand with `change`.
     pub fn update_statement(&self, change: impl FnOnce(&mut StatementContext)) {
         let _ = self.update_session_options(|statement: &mut StatementContext| {

@@ -314,16 +314,16 @@ impl ObjectStore for CommitStore {
                     return Err(changed_while_read(&self.shown(location), &range, size));
                 }
                 // The end of a Parquet file, as a reader fetches it to find the metadata: the
-                // length it claims is checked before a decoder trusts it.
+                // length it claims is checked against the file before a decoder trusts it (and
+                // against the session's cap by the session's stores, `SessionStores`).
                 if range.end == size && super::footer::is_parquet_tail(&bytes) {
                     let mut tail = [0u8; 8];
                     tail.copy_from_slice(&bytes[bytes.len() - 8..]);
-                    super::footer::metadata_len(&self.shown(location), size, tail).map_err(
-                        |message| object_store::Error::Generic {
+                    super::footer::metadata_len(&self.shown(location), size, tail, u64::MAX)
+                        .map_err(|message| object_store::Error::Generic {
                             store: "batchinfer",
                             source: Box::new(super::unreadable::Unreadable(message.to_string())),
-                        },
-                    )?;
+                        })?;
                 }
                 Ok(bytes)
             },

@@ -187,8 +187,13 @@ impl StoreRegistry {
                 .get_range(&file.location, size.saturating_sub(8)..size)
                 .await?;
             let tail = <[u8; 8]>::try_from(tail.as_ref()).map_err(|_| unreadable())?;
-            let length = super::footer::metadata_len(&file.location, size, tail)
-                .map_err(|e| Error::location(&file.location, e.to_string()))?;
+            let length = super::footer::metadata_len(
+                &file.location,
+                size,
+                tail,
+                super::footer::DEFAULT_MAX_FOOTER_BYTES,
+            )
+            .map_err(|e| Error::location(&file.location, e.to_string()))?;
             let metadata = store
                 .get_range(&file.location, size - 8 - length..size - 8)
                 .await?;

@@ -2,20 +2,10 @@
 //! of the metadata before them, and a reader allocates that much. A file (or a server) claiming
 //! more than the file holds, or more than `batchinfer.max_footer_bytes`, is one error naming it,
 //! never an allocation of gigabytes or a panic in the decoder (parquet's push decoder subtracts
-//! the claimed length from the file's size unchecked).
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! the claimed length from the file's size unchecked). The cap is the session's: each session
+//! reads through stores of its own that hold it ([`super::SessionStores`]).
 
 pub use crate::config::DEFAULT_MAX_FOOTER_BYTES;
-
-/// The cap in force: the process's, set from the session's `batchinfer.max_footer_bytes` as
-/// each statement starts (stores are shared by every statement of a process).
-static MAX_FOOTER_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_MAX_FOOTER_BYTES);
-
-/// Sets the cap for the statements that follow.
-pub fn set_max_footer_bytes(bytes: u64) {
-    MAX_FOOTER_BYTES.store(bytes, Ordering::Relaxed);
-}
 
 /// Why a file's footer is not read: the file, and what its last 8 bytes claim.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,11 +37,13 @@ pub fn is_parquet_tail(tail: &[u8]) -> bool {
 }
 
 /// The length of the metadata that `tail` (the last 8 bytes of `what`, `size` bytes in all)
-/// claims, checked against the file's size and the cap; the error names the file.
+/// claims, checked against the file's size and `cap` (`batchinfer.max_footer_bytes`); the error
+/// names the file.
 pub fn metadata_len(
     what: &dyn std::fmt::Display,
     size: u64,
     tail: [u8; 8],
+    cap: u64,
 ) -> Result<u64, FooterError> {
     let file = what.to_string();
     if !is_parquet_tail(&tail) {
@@ -62,7 +54,6 @@ pub fn metadata_len(
     if length + 12 > size {
         return Err(FooterError::CutShort { file, length, size });
     }
-    let cap = MAX_FOOTER_BYTES.load(Ordering::Relaxed);
     if length > cap {
         return Err(FooterError::OverCap { file, length, cap });
     }
@@ -78,16 +69,18 @@ fn footers_are_checked_against_the_file_and_the_cap() {
         tail[4..].copy_from_slice(magic);
         tail
     };
-    assert_eq!(metadata_len(&"f", 1_000, tail(100, b"PAR1")), Ok(100));
+    let cap = DEFAULT_MAX_FOOTER_BYTES;
+    assert_eq!(metadata_len(&"f", 1_000, tail(100, b"PAR1"), cap), Ok(100));
+    assert!(metadata_len(&"f", 1_000, tail(100, b"PAR1"), 99).is_err());
     // `PAR1garbagePAR1`: the 15 bytes claim 1,701,273,954 bytes of metadata.
     let garbage: [u8; 8] = b"bagePAR1".to_owned();
-    let e = metadata_len(&"g.parquet", 15, garbage)
+    let e = metadata_len(&"g.parquet", 15, garbage, cap)
         .unwrap_err()
         .to_string();
     assert!(e.contains("g.parquet") && e.contains("cut short"), "{e}");
-    assert!(metadata_len(&"f", 100, tail(100, b"PAR1")).is_err());
-    assert!(metadata_len(&"f", 1_000, tail(100, b"JUNK")).is_err());
-    let e = metadata_len(&"big", 8 << 30, tail(u32::MAX - 15, b"PAR1"))
+    assert!(metadata_len(&"f", 100, tail(100, b"PAR1"), cap).is_err());
+    assert!(metadata_len(&"f", 1_000, tail(100, b"JUNK"), cap).is_err());
+    let e = metadata_len(&"big", 8 << 30, tail(u32::MAX - 15, b"PAR1"), cap)
         .unwrap_err()
         .to_string();
     assert!(e.contains("batchinfer.max_footer_bytes"), "{e}");

@@ -97,7 +97,7 @@ impl<'a> Facts<'a> {
             // batchinfer's own refusals (a FIFO where a file belongs) say all there is to say.
             (
                 object_store::Error::Generic {
-                    store: "LocalFileSystem",
+                    store: "LocalFileSystem" | "batchinfer",
                     source,
                 },
                 _,

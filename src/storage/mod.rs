@@ -17,6 +17,8 @@
 //! making its files visible until the whole statement has succeeded (see [`commit`]):
 //! [`StoreRegistry::begin_write`] is where COPY, INSERT and CREATE TABLE begin theirs.
 
+pub mod access;
+pub mod beneath;
 mod cloud;
 pub mod commit;
 mod credentials;
@@ -29,6 +31,7 @@ pub mod hints;
 mod location;
 mod manifest;
 mod s3;
+mod session_stores;
 pub mod staging;
 mod table;
 pub mod unreadable;
@@ -55,6 +58,7 @@ pub use location::{
     local_path, location_url, object_path, parse_location,
 };
 pub use manifest::Manifests;
+pub use session_stores::{SessionLimits, SessionStores};
 pub use staging::StagedOutput;
 pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, Tables, check_name, named_folders};
 

@@ -117,6 +117,11 @@ impl Warehouse {
         crate::storage::display_location(&url)
     }
 
+    /// The warehouse's root: a folder's `file:` URL or an object store's.
+    pub fn root(&self) -> &Url {
+        &self.root
+    }
+
     /// Where rejected rows go unless `batchinfer.rejects` says otherwise: `rejects/`.
     pub fn rejects_location(&self) -> Result<String> {
         let url = self
@@ -127,23 +132,35 @@ impl Warehouse {
     }
 
     /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`,
-    /// `model-files/`) that
-    /// `url` is in or is, if any: a place nothing else may write into.
+    /// `model-files/`, `llm-cache/`) that `url` is in or is, if any: a place nothing else may
+    /// write into. A local path is also judged where it really is (its links resolved), as is
+    /// the warehouse.
     pub fn own_folder_holding(&self, url: &Url) -> Option<&'static str> {
         if url.scheme() != self.root.scheme() || url.host_str() != self.root.host_str() {
             return None;
         }
-        // As the store reads them (escapes decoded: `%74ables` is `tables`).
-        let path = crate::storage::object_path(url).ok()?;
-        [
+        let own = [
             "tables",
             "views",
             "models",
             "quantized",
             models::KEPT_FOLDER,
-        ]
-        .into_iter()
-        .find(|folder| {
+            crate::llm::cache::FOLDER,
+        ];
+        if let (Ok(root), Ok(file)) = (self.root.to_file_path(), url.to_file_path())
+            && let (Some(root), Some(file)) = (
+                crate::storage::access::resolved(&root),
+                crate::storage::access::resolved(&file),
+            )
+            && let Some(folder) = own
+                .into_iter()
+                .find(|folder| file.starts_with(root.join(folder)))
+        {
+            return Some(folder);
+        }
+        // As the store reads them (escapes decoded: `%74ables` is `tables`).
+        let path = crate::storage::object_path(url).ok()?;
+        own.into_iter().find(|folder| {
             self.object(folder)
                 .is_ok_and(|own| path.prefix_matches(&own))
         })

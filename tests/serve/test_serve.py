@@ -444,6 +444,8 @@ def test_every_call_needs_a_credential_and_a_plain_token_client_works(serve):
     wrong = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer " + b"x" * 40)])
     with pytest.raises(flight.FlightUnauthenticatedError):
         list(client.list_actions(options=wrong))
+    # A wrong token makes its address wait 0.1 s before its next credential is looked at.
+    time.sleep(0.3)
     options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
     assert list(client.list_actions(options=options))
     descriptor = flight.FlightDescriptor.for_command(flight_sql_query(f"{SCORE} LIMIT 4"))
@@ -525,3 +527,231 @@ def test_a_silent_connection_is_closed(serve):
         while silent.recv(100):  # the server's HTTP/2 settings, then the end
             pass
         assert 8 < time.monotonic() - started < 20
+
+
+def peak_rss(server) -> int:
+    """The server's peak resident memory so far, in bytes."""
+    with open(f"/proc/{server.proc.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_script_keeps_no_rows_of_its_earlier_statements(serve):
+    """A script's statements before its last are run to their end and their rows dropped as
+    they come: 1 GB of rows before a `SELECT 2` never sits in the server's memory (a plain
+    Flight SQL client sends the script as one statement query)."""
+    import pyarrow.flight as flight
+
+    server = serve("--memory-limit", "256M", env={"BATCHINFER_TOKEN": TOKEN})
+    client = flight.FlightClient(server.uri)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+
+    def run(sql: str) -> pa.Table:
+        descriptor = flight.FlightDescriptor.for_command(flight_sql_query(sql))
+        info = client.get_flight_info(descriptor, options=options)
+        return client.do_get(info.endpoints[0].ticket, options=options).read_all()
+
+    assert run("SELECT 1 AS one").column(0).to_pylist() == [1]
+    before = peak_rss(server)
+    script = "SELECT repeat('x', 1000) AS big FROM unnest(range(0, 1000000)); SELECT 2 AS two"
+    assert run(script).column(0).to_pylist() == [2]
+    grown = peak_rss(server) - before
+    assert grown < 400 << 20, f"the server's peak grew by {grown >> 20} MiB"
+    assert run("SELECT 3 AS three").column(0).to_pylist() == [3]
+    client.close()
+
+
+def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_path):
+    """`--allow-dir`: clients read and write local files only there, judged where they really
+    are (links resolved); a `SET` narrows it, never widens it. The warehouse's own folders are
+    written by its own statements alone, and the tables in it still work."""
+    import shutil
+
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    shutil.copy(FEATURES, allowed / "f.parquet")
+    shutil.copy(FEATURES, outside / "f.parquet")
+    (outside / "victim.txt").write_text("keep me")
+    (allowed / "link").symlink_to(outside)
+    model = FEATURES.parents[1] / "models" / "linear.onnx"
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+
+    server = serve("--allow-dir", str(allowed))
+    with server.connect() as con, con.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM '{allowed}/f.parquet'")
+        assert cur.fetchall() == [(10000,)]
+        cur.execute(f"COPY (SELECT 1 AS x) TO '{allowed}/new/out.parquet' STORED AS PARQUET")
+        assert pq.read_table(allowed / "new" / "out.parquet").column(0).to_pylist() == [1]
+        cur.execute(f"CREATE TABLE kept AS SELECT id FROM '{allowed}/f.parquet' WHERE id < 5")
+        cur.execute("SELECT count(*) FROM kept")
+        assert cur.fetchall() == [(5,)]
+
+        refused = [
+            "SELECT * FROM read_text('/etc/passwd')",
+            f"SELECT count(*) FROM '{outside}/f.parquet'",
+            f"SELECT count(*) FROM '{allowed}/link/f.parquet'",
+            f"SELECT count(*) FROM read_blob('{allowed}/link/')",
+            f"CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{outside}/f.parquet'",
+            f"CREATE EXTERNAL TABLE p STORED AS CSV LOCATION '/etc/passwd'",
+            f"COPY (SELECT 'x' AS a) TO '{outside}/victim.txt' STORED AS CSV",
+            f"COPY (SELECT 'x' AS a) TO '{allowed}/link/new.csv' STORED AS CSV",
+            f"CREATE MODEL stolen FROM '{model}'",
+            f"COPY (SELECT 'x' AS a) TO '{warehouse}/llm-cache/ab/forged.json' STORED AS JSON",
+            f"COPY (SELECT 'x' AS a) TO '{warehouse}/tables/kept/_delta_log/x.json' STORED AS JSON",
+            "SET batchinfer.allowed_directories = '/'",
+        ]
+        for sql in refused:
+            with pytest.raises(adbc_driver_manager.Error,
+                               match="outside the folders|refused|only be narrowed"):
+                cur.execute(sql)
+                cur.fetchall()
+        # Narrowed, then refused what was allowed before.
+        cur.execute(f"SET batchinfer.allowed_directories = '{allowed}/new'")
+        with pytest.raises(adbc_driver_manager.Error, match="outside the folders"):
+            cur.execute(f"SELECT count(*) FROM '{allowed}/f.parquet'")
+            cur.fetchall()
+    # Another client starts confined as the server says, not as the first narrowed it.
+    with server.connect() as con, con.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM '{allowed}/f.parquet'")
+        assert cur.fetchall() == [(10000,)]
+    after = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == before
+    assert not (warehouse / "llm-cache").exists()
+
+
+def test_a_read_only_server_and_one_with_no_local_files(serve, warehouse):
+    """`--read-only`: no statement that writes runs, and a session cannot turn it off;
+    `--no-local-files`: no local path, the warehouse's tables still read."""
+    assert cli(warehouse, "CREATE TABLE t AS SELECT 1 AS x").returncode == 0
+    server = serve("--read-only")
+    with server.connect() as con, con.cursor() as cur:
+        cur.execute("SELECT x FROM t")
+        assert cur.fetchall() == [(1,)]
+        cur.execute(f"SELECT count(*) FROM '{FEATURES}'")
+        assert cur.fetchall() == [(10000,)]
+        for sql in [
+            "CREATE TABLE u AS SELECT 1 AS x",
+            "INSERT INTO t VALUES (2)",
+            "DROP TABLE t",
+            f"COPY (SELECT 1) TO '{warehouse.parent}/x.parquet'",
+            "VACUUM t",
+            "CLEAR LLM CACHE",
+            "CREATE MODEL m FROM 'x.onnx'",
+            "SET batchinfer.read_only = false",
+        ]:
+            with pytest.raises(adbc_driver_manager.Error, match="read-only|stays on"):
+                cur.execute(sql)
+                cur.fetchall()
+    server.stop()
+    server = serve("--no-local-files")
+    with server.connect() as con, con.cursor() as cur:
+        cur.execute("SELECT x FROM t")
+        assert cur.fetchall() == [(1,)]
+        with pytest.raises(adbc_driver_manager.Error, match="no local file"):
+            cur.execute(f"SELECT count(*) FROM '{FEATURES}'")
+            cur.fetchall()
+    # Nothing the read-only server was asked changed the table.
+    out = cli(warehouse, "SELECT count(*) AS n, min(x) AS x FROM t", "--format", "csv")
+    assert out.stdout.split() == ["n,x", "1,1"], out
+    # The same settings from the command line: a SET narrows, never widens.
+    out = cli(warehouse, "SET batchinfer.read_only = true; SET batchinfer.read_only = false")
+    assert out.returncode != 0 and "stays on" in out.stderr
+    out = cli(warehouse, f"SET batchinfer.allowed_directories = '{warehouse}'; "
+                         f"SELECT count(*) FROM '{FEATURES}'")
+    assert out.returncode != 0 and "outside the folders" in out.stderr, out.stderr
+
+
+def test_beyond_loopback_a_server_reads_no_local_file_unless_told(warehouse):
+    """Listening beyond loopback with no `--allow-dir`, clients reach no local file."""
+    log = warehouse.parent / "wide.log"
+    proc = subprocess.Popen(
+        [os.environ["BATCHINFER_CLI"], "serve", "--warehouse", str(warehouse),
+         "--bind", "0.0.0.0:0"],
+        stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+        env={**os.environ, "BATCHINFER_TOKEN": TOKEN},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Arrow Flight SQL on" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        text = log.read_text()
+        assert "no local file (beyond loopback" in text, text
+        port = re.search(r"grpc://[\d.]+:(\d+)", text).group(1)
+        import adbc_driver_flightsql.dbapi as flightsql
+        db = {DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {TOKEN}"}
+        with flightsql.connect(f"grpc://127.0.0.1:{port}", db_kwargs=db,
+                               autocommit=True) as con, con.cursor() as cur:
+            with pytest.raises(adbc_driver_manager.Error, match="no local file"):
+                cur.execute(f"SELECT count(*) FROM '{FEATURES}'")
+                cur.fetchall()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_the_documented_confinement(serve, warehouse, tmp_path):
+    """docs/serve.md's confined server, started as it says (its folder made the test's), says
+    what the page says at start and refuses the page's statement with the page's message."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs/serve.md").read_text()
+    section = page[page.index("## Confining clients"):]
+    command = re.search(r"^batchinfer serve (.*)$", section, flags=re.M).group(1).split()
+    said = re.search(r"^# (batchinfer serve: .*)$", section, flags=re.M).group(1)
+    sql, message = re.search(r"^```sql\n(.*?)\n-- (.*?)\n```", section, flags=re.S | re.M).groups()
+    data = tmp_path / "srv-data"
+    data.mkdir()
+    args = [a.replace("/srv/data", str(data)) for a in command]
+    assert args[:2] == ["--warehouse", "wh"], args
+    server = serve(*args[2:], env={"BATCHINFER_TOKEN": TOKEN})
+    log = server.log.read_text()
+    expected = said.replace("/srv/data", str(data)).replace("127.0.0.1:32010", server.address)
+    assert expected in log, log
+    with server.connect(TOKEN) as con, con.cursor() as cur:
+        with pytest.raises(adbc_driver_manager.Error) as refused:
+            cur.execute(sql)
+            cur.fetchall()
+    assert message.replace("/srv/data", str(data)) in str(refused.value), refused.value
+
+
+def test_failed_logins_are_slowed_per_address(serve):
+    """Wrong tokens from one address are looked at a few times a second, not thousands: each
+    failure makes the address wait (0.1 s, doubling, up to 5 s), refused meanwhile whatever it
+    shows. A client already in, holding its session's token, is never held up."""
+    import pyarrow.flight as flight
+
+    server = serve(env={"BATCHINFER_TOKEN": TOKEN})
+    with server.connect(TOKEN) as con, con.cursor() as cur:
+        cur.execute("SELECT 1 AS one")
+        client = flight.FlightClient(server.uri)
+        wrong = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer " + b"x" * 40)])
+        looked_at = waited = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 3:
+            try:
+                list(client.list_actions(options=wrong))
+            except flight.FlightUnauthenticatedError as e:
+                if "too many failed attempts" in str(e):
+                    waited += 1
+                else:
+                    looked_at += 1
+            # The session opened before keeps working meanwhile.
+            cur.execute("SELECT 2 AS two")
+            assert cur.fetchall() == [(2,)]
+        print(f"in 3 s: {looked_at} wrong tokens looked at, {waited} refused unread")
+        # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s: at most 6 looked at in 3 s.
+        assert 1 <= looked_at <= 6, (looked_at, waited)
+        assert waited > looked_at
+        # Even the right token waits its turn (a wrong one just before it), then gets in.
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.list_actions(options=wrong))
+        right = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+        with pytest.raises(flight.FlightUnauthenticatedError, match="too many failed attempts"):
+            list(client.list_actions(options=right))
+        time.sleep(5.1)
+        assert list(client.list_actions(options=right))
+        client.close()

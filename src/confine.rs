@@ -1,0 +1,187 @@
+//! A statement checked against what its session may reach before it runs: a read-only session
+//! runs no statement that writes, and every path a statement names to write, to define a table
+//! over or to load a model from is within the session's folders and locations
+//! ([`crate::storage::access`]); what the statement then reads or writes through the session's
+//! stores is checked again there, file by file. Whatever confines a session, nothing but the
+//! catalog's own statements writes into the warehouse's folders (`tables/`, `llm-cache/` ...).
+
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::Statement as SQLStatement;
+
+use crate::config::OnError;
+use crate::error::{Error, Result};
+use crate::session::Session;
+use crate::statements::{ModelStatement, Statement, ViewStatement};
+use crate::storage::access::{Access, Op};
+use crate::warehouse::Warehouse;
+
+/// Refuses `statement` where its session may not run it: one that writes in a read-only
+/// session, one that names a path the session may not reach.
+pub fn check_statement(
+    statement: &Statement,
+    session: &Session,
+    warehouse: Option<&Warehouse>,
+) -> Result<()> {
+    let access = session.access();
+    if let Some(what) = writes(statement) {
+        access.check_writes(what).map_err(refused)?;
+    }
+    if !access.confined() {
+        return Ok(());
+    }
+    match statement {
+        Statement::Model(
+            ModelStatement::Create { source, .. } | ModelStatement::AddVersion { source, .. },
+        ) => check_path(&access, source, Op::Read),
+        Statement::Sql(sql) => check_sql(sql, session, warehouse, &access),
+        _ => Ok(()),
+    }?;
+    let options = session.batchinfer_options();
+    if options.on_error == OnError::Reject && !options.rejects.is_empty() {
+        check_path(&access, &options.rejects, Op::Write)?;
+    }
+    Ok(())
+}
+
+fn check_sql(
+    statement: &DFStatement,
+    session: &Session,
+    warehouse: Option<&Warehouse>,
+    access: &Access,
+) -> Result<()> {
+    match statement {
+        DFStatement::CopyTo(copy) => check_write_target(session, warehouse, &copy.target),
+        DFStatement::CreateExternalTable(table) => {
+            // A database's location is where to connect, not a path.
+            if table.file_type.eq_ignore_ascii_case("postgres") {
+                return Ok(());
+            }
+            table
+                .locations
+                .iter()
+                .try_for_each(|location| check_path(access, location, Op::Read))
+        }
+        DFStatement::Explain(explain) => check_sql(&explain.statement, session, warehouse, access),
+        _ => {
+            // A table named by its path (`FROM 'data/x.parquet'`), which DataFusion would only
+            // call missing once the store refused it.
+            let references = session.ctx().state().resolve_table_references(statement)?;
+            references
+                .iter()
+                .filter(|r| r.schema().is_none() && looks_like_a_path(r.table()))
+                .try_for_each(|r| check_path(access, r.table(), Op::Read))
+        }
+    }
+}
+
+/// Whether a table's name is a path or a URL rather than a name.
+fn looks_like_a_path(name: &str) -> bool {
+    name.contains('/') || name.contains('.') || name.contains(':')
+}
+
+/// Refuses a write into `target` (a COPY's, an INSERT's folder) where the session may not
+/// write, and into the warehouse's own folders in any session.
+pub fn check_write_target(
+    session: &Session,
+    warehouse: Option<&Warehouse>,
+    target: &str,
+) -> Result<()> {
+    let url = crate::storage::location_url(target)?;
+    if let Some(folder) = warehouse.and_then(|w| w.own_folder_holding(&url)) {
+        return Err(Error::Statement(format!(
+            "writing '{target}' is refused: it is in the warehouse's {folder}/ folder, which \
+             only the warehouse's own statements write (CREATE TABLE, INSERT INTO a table, \
+             CREATE MODEL ...)"
+        )));
+    }
+    session
+        .access()
+        .check(&url, Op::Write, false)
+        .map_err(refused)
+}
+
+/// [`check_write_target`] for an INSERT INTO `table`, whose files go into `folder`: a table of
+/// the warehouse (a folder of Parquet files of its older layout) is the catalog's own to write.
+pub fn check_insert_target(
+    session: &Session,
+    warehouse: Option<&Warehouse>,
+    table: &datafusion::sql::sqlparser::ast::ObjectName,
+    folder: &str,
+) -> Result<()> {
+    let own = warehouse
+        .zip(crate::warehouse::table_name(table).ok())
+        .and_then(|(warehouse, name)| warehouse.root().join(&format!("tables/{name}/")).ok());
+    let url = crate::storage::location_url(folder)?;
+    if own
+        .is_some_and(|own| own.as_str().trim_end_matches('/') == url.as_str().trim_end_matches('/'))
+    {
+        return session
+            .access()
+            .check(&url, Op::Write, true)
+            .map_err(refused);
+    }
+    check_write_target(session, warehouse, folder)
+}
+
+fn check_path(access: &Access, location: &str, op: Op) -> Result<()> {
+    let url = crate::storage::location_url(location)?;
+    access.check(&url, op, false).map_err(refused)
+}
+
+fn refused(e: crate::storage::access::Refused) -> Error {
+    Error::Statement(e.0)
+}
+
+/// What `statement` is called when it writes (None: it only reads, or sets an option).
+fn writes(statement: &Statement) -> Option<&'static str> {
+    Some(match statement {
+        Statement::Model(m) => match m {
+            ModelStatement::Create { .. } | ModelStatement::CreateEndpoint { .. } => "CREATE MODEL",
+            ModelStatement::Drop { .. } => "DROP MODEL",
+            ModelStatement::AddVersion { .. }
+            | ModelStatement::SetAlias { .. }
+            | ModelStatement::DropAlias { .. }
+            | ModelStatement::DropVersion { .. } => "ALTER MODEL",
+            ModelStatement::ClearCache => "CLEAR LLM CACHE",
+            ModelStatement::Show
+            | ModelStatement::Describe { .. }
+            | ModelStatement::ShowVersions { .. }
+            | ModelStatement::ShowCache => return None,
+        },
+        Statement::View(v) => match v {
+            ViewStatement::Create { .. } => "CREATE MATERIALIZED VIEW",
+            ViewStatement::Refresh { .. } => "REFRESH MATERIALIZED VIEW",
+            ViewStatement::Drop { .. } => "DROP MATERIALIZED VIEW",
+            ViewStatement::Show => return None,
+        },
+        Statement::Vacuum { .. } => "VACUUM",
+        Statement::Optimize(_) => "OPTIMIZE",
+        Statement::History(_) => return None,
+        Statement::Sql(sql) => return sql_writes(sql),
+    })
+}
+
+fn sql_writes(statement: &DFStatement) -> Option<&'static str> {
+    Some(match statement {
+        DFStatement::CopyTo(_) => "COPY",
+        DFStatement::CreateExternalTable(_) => "CREATE EXTERNAL TABLE",
+        DFStatement::Explain(explain) => return sql_writes(&explain.statement),
+        DFStatement::Statement(s) => match s.as_ref() {
+            SQLStatement::Insert(_) => "INSERT",
+            SQLStatement::Update { .. } => "UPDATE",
+            SQLStatement::Delete(_) => "DELETE",
+            SQLStatement::Merge { .. } => "MERGE",
+            SQLStatement::Truncate { .. } => "TRUNCATE",
+            SQLStatement::CreateTable(_) => "CREATE TABLE",
+            SQLStatement::CreateView { .. } => "CREATE VIEW",
+            SQLStatement::CreateSchema { .. } => "CREATE SCHEMA",
+            SQLStatement::CreateDatabase { .. } => "CREATE DATABASE",
+            SQLStatement::CreateFunction(_) => "CREATE FUNCTION",
+            SQLStatement::CreateIndex(_) => "CREATE INDEX",
+            SQLStatement::Drop { .. } | SQLStatement::DropFunction { .. } => "DROP",
+            SQLStatement::AlterTable { .. } | SQLStatement::AlterView { .. } => "ALTER",
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
