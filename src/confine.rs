@@ -5,8 +5,13 @@
 //! stores is checked again there, file by file. Whatever confines a session, nothing but the
 //! catalog's own statements writes into the warehouse's folders (`tables/`, `llm-cache/` ...).
 
+use std::ops::ControlFlow;
+
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::Statement as SQLStatement;
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, FunctionArg, FunctionArgExpr, Statement as SQLStatement, TableFactor, Visit,
+    Visitor,
+};
 
 use crate::config::OnError;
 use crate::error::{Error, Result};
@@ -26,18 +31,24 @@ pub fn check_statement(
     if let Some(what) = writes(statement) {
         access.check_writes(what).map_err(refused)?;
     }
+    // A write into the warehouse's folders is refused in every session, confined or not.
+    if let Statement::Sql(sql) = statement {
+        check_sql(sql, session, warehouse, &access)?;
+    }
     if !access.confined() {
         return Ok(());
     }
-    match statement {
-        Statement::Model(
-            ModelStatement::Create { source, .. } | ModelStatement::AddVersion { source, .. },
-        ) => check_path(&access, source, Op::Read),
-        Statement::Sql(sql) => check_sql(sql, session, warehouse, &access),
-        _ => Ok(()),
-    }?;
+    if let Statement::Model(
+        ModelStatement::Create { source, .. } | ModelStatement::AddVersion { source, .. },
+    ) = statement
+    {
+        check_path(&access, source, Op::Read)?;
+    }
+    // Where rejected rows would go (a SET, which may be the one that changes it, goes on).
     let options = session.batchinfer_options();
-    if options.on_error == OnError::Reject && !options.rejects.is_empty() {
+    let setting = matches!(statement, Statement::Sql(sql)
+        if matches!(sql.as_ref(), DFStatement::Statement(s) if matches!(s.as_ref(), SQLStatement::Set(_))));
+    if !setting && options.on_error == OnError::Reject && !options.rejects.is_empty() {
         check_path(&access, &options.rejects, Op::Write)?;
     }
     Ok(())
@@ -49,8 +60,28 @@ fn check_sql(
     warehouse: Option<&Warehouse>,
     access: &Access,
 ) -> Result<()> {
+    if let DFStatement::CopyTo(copy) = statement {
+        check_write_target(session, warehouse, &copy.target)?;
+    }
+    if !access.confined() {
+        return Ok(());
+    }
+    // The paths given to table functions (`read_blob('...')`), checked before the function
+    // looks at them (so that whether a file outside exists is not told either).
+    let mut named = PathArguments::default();
+    let _ = match statement {
+        DFStatement::Statement(s) => s.visit(&mut named),
+        DFStatement::CopyTo(copy) => match &copy.source {
+            datafusion::sql::parser::CopyToSource::Query(query) => query.visit(&mut named),
+            datafusion::sql::parser::CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        _ => ControlFlow::Continue(()),
+    };
+    for path in &named.0 {
+        check_path(access, path, Op::Read)?;
+    }
     match statement {
-        DFStatement::CopyTo(copy) => check_write_target(session, warehouse, &copy.target),
+        DFStatement::CopyTo(_) => Ok(()),
         DFStatement::CreateExternalTable(table) => {
             // A database's location is where to connect, not a path.
             if table.file_type.eq_ignore_ascii_case("postgres") {
@@ -74,6 +105,38 @@ fn check_sql(
     }
 }
 
+/// The string literals a statement gives table functions as paths: `read_blob`'s and
+/// `read_text`'s argument, `predict_table`'s second.
+#[derive(Default)]
+struct PathArguments(Vec<String>);
+
+impl Visitor for PathArguments {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table {
+            name,
+            args: Some(args),
+            ..
+        } = factor
+        {
+            let skip = match name.to_string().to_ascii_lowercase().as_str() {
+                "read_blob" | "read_text" => 0,
+                "predict_table" => 1,
+                _ => return ControlFlow::Continue(()),
+            };
+            for arg in args.args.iter().skip(skip) {
+                if let FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Value(value))) = arg
+                    && let Some(text) = value.clone().into_string()
+                {
+                    self.0.push(text);
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// Whether a table's name is a path or a URL rather than a name.
 fn looks_like_a_path(name: &str) -> bool {
     name.contains('/') || name.contains('.') || name.contains(':')
@@ -87,11 +150,20 @@ pub fn check_write_target(
     target: &str,
 ) -> Result<()> {
     let url = crate::storage::location_url(target)?;
-    if let Some(folder) = warehouse.and_then(|w| w.own_folder_holding(&url)) {
+    if let Some(warehouse) = warehouse
+        && warehouse.holds(&url)
+    {
+        let within = match warehouse.own_folder_holding(&url) {
+            Some(folder) => format!("the warehouse's {folder}/ folder"),
+            None => format!(
+                "the warehouse ({})",
+                crate::storage::display_location(warehouse.root())
+            ),
+        };
         return Err(Error::Statement(format!(
-            "writing '{target}' is refused: it is in the warehouse's {folder}/ folder, which \
-             only the warehouse's own statements write (CREATE TABLE, INSERT INTO a table, \
-             CREATE MODEL ...)"
+            "writing '{target}' is refused: it is in {within}, whose files only the \
+             warehouse's own statements write (CREATE TABLE, INSERT INTO a table, CREATE MODEL \
+             ...)"
         )));
     }
     session

@@ -548,8 +548,44 @@ impl Files {
         ))
     }
 
-    /// The bytes of file `i`, or why not: larger than the limit, or not there as listed.
+    /// The bytes of file `i`, or why not: larger than the limit, not there as listed, or (a
+    /// local file) changed while it was read: replaced or rewritten, its bytes would be another
+    /// file's cut to the listed size.
     async fn read(&self, i: usize) -> datafusion::error::Result<bytes::Bytes> {
+        let bytes = self.read_listed(i).await?;
+        let meta = &self.metas[i];
+        if self.store_url.starts_with("file:") && meta.e_tag.is_some() {
+            let now = match self.store.head(&meta.location).await {
+                Ok(now) => format!("{} {}", now.size, now.e_tag.unwrap_or_default()),
+                Err(object_store::Error::NotFound { .. }) => "gone".to_string(),
+                Err(e) => {
+                    return Err(DataFusionError::Execution(format!(
+                        "{}: reading {}: {e}",
+                        self.function(),
+                        self.names[i]
+                    )));
+                }
+            };
+            let listed = format!(
+                "{} {}",
+                meta.size,
+                meta.e_tag.as_deref().unwrap_or_default()
+            );
+            if now != listed {
+                return Err(unreadable(format!(
+                    "{}: {} changed while it was read (listed with {} bytes; it was replaced, \
+                     rewritten or deleted since): read it again",
+                    self.function(),
+                    self.names[i],
+                    meta.size
+                )));
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// [`Files::read`]: the bytes, as the store gives them.
+    async fn read_listed(&self, i: usize) -> datafusion::error::Result<bytes::Bytes> {
         let meta = &self.metas[i];
         let name = &self.names[i];
         let failed = |e: object_store::Error| {
@@ -945,6 +981,31 @@ mod tests {
         assert_eq!(f.read(1).await.unwrap().as_ref(), b"abcdef");
         assert_eq!(f.read(2).await.unwrap().as_ref(), b"");
         assert_eq!(f.batches(0..3, true), vec![0..3]);
+    }
+
+    /// A local file replaced by a larger one between its listing and its read is an error
+    /// naming it, never the new file's bytes cut to the listed size.
+    #[tokio::test]
+    async fn a_local_file_replaced_after_its_listing_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
+        std::fs::write(&path, b"abcdef").unwrap();
+        let store = Arc::new(object_store::local::LocalFileSystem::new());
+        let location = object_store::path::Path::from_filesystem_path(&path).unwrap();
+        let mut f = files(&[6], 100);
+        f.metas = vec![store.head(&location).await.unwrap()];
+        f.store = store;
+        f.store_url = "file:///".into();
+        assert_eq!(f.read(0).await.unwrap().as_ref(), b"abcdef");
+        let replacement = dir.path().join("b.txt");
+        std::fs::write(&replacement, vec![b'z'; 50_000]).unwrap();
+        std::fs::rename(&replacement, &path).unwrap();
+        let read = f.read(0).await;
+        assert!(
+            read.as_ref()
+                .is_err_and(|e| e.to_string().contains("f0 changed while it was read")),
+            "{read:?}"
+        );
     }
 
     #[test]

@@ -601,6 +601,10 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
             f"CREATE MODEL stolen FROM '{model}'",
             f"COPY (SELECT 'x' AS a) TO '{warehouse}/llm-cache/ab/forged.json' STORED AS JSON",
             f"COPY (SELECT 'x' AS a) TO '{warehouse}/tables/kept/_delta_log/x.json' STORED AS JSON",
+            f"COPY (SELECT 'x' AS a) TO '{warehouse}/x.csv' STORED AS CSV",
+            # Whether a file outside exists is not told either.
+            "SELECT * FROM read_text('/etc/no-such-file')",
+            f"SELECT * FROM predict_table('linear', '{outside}/f.parquet')",
             "SET batchinfer.allowed_directories = '/'",
         ]
         for sql in refused:
@@ -608,6 +612,16 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
                                match="outside the folders|refused|only be narrowed"):
                 cur.execute(sql)
                 cur.fetchall()
+        # Rejects meant to go outside: refused where they would be written, and the session
+        # can set them elsewhere again.
+        cur.execute("SET batchinfer.on_error = 'reject'")
+        cur.execute(f"SET batchinfer.rejects = '{outside}/rejects'")
+        with pytest.raises(adbc_driver_manager.Error, match="outside the folders"):
+            cur.execute("SELECT 1")
+            cur.fetchall()
+        cur.execute(f"SET batchinfer.rejects = '{allowed}/rejects'")
+        cur.execute("SELECT 1 AS one")
+        assert cur.fetchall() == [(1,)]
         # Narrowed, then refused what was allowed before.
         cur.execute(f"SET batchinfer.allowed_directories = '{allowed}/new'")
         with pytest.raises(adbc_driver_manager.Error, match="outside the folders"):
@@ -620,6 +634,18 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
     after = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
     assert after == before
     assert not (warehouse / "llm-cache").exists()
+    assert not (warehouse / "x.csv").exists()
+    # Nor does any session write into the warehouse, confined or not: the command line, through
+    # a link to the warehouse, or a forged commit in a table's log.
+    (tmp_path / "whlink").symlink_to(warehouse)
+    log = sorted((warehouse / "tables" / "kept" / "_delta_log").iterdir())
+    for target in [f"{warehouse}/llm-cache/ab/forged.json",
+                   f"{tmp_path}/whlink/tables/kept/_delta_log/00000000000000000009.json",
+                   f"file://{warehouse}/tables/kept/evil/", f"{warehouse}/x.json"]:
+        out = cli(warehouse, f"COPY (SELECT 1 AS a) TO '{target}' STORED AS JSON")
+        assert out.returncode != 0 and "refused" in out.stderr, (target, out.stderr)
+    assert sorted((warehouse / "tables" / "kept" / "_delta_log").iterdir()) == log
+    assert not (warehouse / "llm-cache").exists() and not (warehouse / "x.json").exists()
 
 
 def test_a_read_only_server_and_one_with_no_local_files(serve, warehouse):
