@@ -150,20 +150,11 @@ pub fn check_write_target(
     target: &str,
 ) -> Result<()> {
     let url = crate::storage::location_url(target)?;
-    if let Some(warehouse) = warehouse
-        && warehouse.holds(&url)
-    {
-        let within = match warehouse.own_folder_holding(&url) {
-            Some(folder) => format!("the warehouse's {folder}/ folder"),
-            None => format!(
-                "the warehouse ({})",
-                crate::storage::display_location(warehouse.root())
-            ),
-        };
+    if let Some(folder) = warehouse.and_then(|w| w.own_folder_holding(&url)) {
         return Err(Error::Statement(format!(
-            "writing '{target}' is refused: it is in {within}, whose files only the \
-             warehouse's own statements write (CREATE TABLE, INSERT INTO a table, CREATE MODEL \
-             ...)"
+            "writing '{target}' is refused: it is in the warehouse's {folder}/ folder, whose \
+             files only the warehouse's own statements write (CREATE TABLE, INSERT INTO a table, \
+             CREATE MODEL ...)"
         )));
     }
     session

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::json::WriterBuilder;
+use datafusion::arrow::json::writer::{JsonArray, JsonFormat, LineDelimited};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion_cli::print_format::PrintFormat;
 use datafusion_cli::print_options::MaxRows;
@@ -30,8 +32,8 @@ pub enum OutputFormat {
 }
 
 /// Prints the result of one statement. Statements that return no columns print nothing. The
-/// table, JSON and NDJSON are datafusion-cli's printing (the table's cells cut first); CSV with
-/// lists and structs in it, and the vertical display, are this module's.
+/// table is datafusion-cli's printing (its cells cut first); CSV with lists and structs in it,
+/// JSON with every key (NULL as `null`), and the vertical display, are this module's.
 pub fn print_batches(
     out: &mut dyn Write,
     format: OutputFormat,
@@ -41,7 +43,6 @@ pub fn print_batches(
     if schema.fields().is_empty() {
         return Ok(());
     }
-    let io = |e: std::io::Error| Error::io("writing results", e);
     let datafusion = |out: &mut dyn Write, format: PrintFormat, batches: &[RecordBatch]| {
         let options = datafusion::config::FormatOptions {
             null: "NULL".to_string(),
@@ -66,14 +67,37 @@ pub fn print_batches(
         }
         OutputFormat::Csv => write_csv(out, schema, batches)?,
         OutputFormat::Vertical => write_vertical(out, schema, batches)?,
-        OutputFormat::Json => {
-            datafusion(out, PrintFormat::Json, batches)?;
-            // datafusion-cli prints nothing for no rows; a script reads an empty array.
-            if batches.iter().all(|b| b.num_rows() == 0) {
-                writeln!(out, "[]").map_err(io)?;
-            }
+        OutputFormat::Json => write_json::<JsonArray>(out, batches, true)?,
+        OutputFormat::Ndjson => write_json::<LineDelimited>(out, batches, false)?,
+    }
+    Ok(())
+}
+
+/// JSON objects, one a row, every column's key in each: a NULL is `null`, never a key left out
+/// (a script reading them finds every column). As one array (`array`), `[]` for no rows; else
+/// one object a line.
+fn write_json<F: JsonFormat>(
+    out: &mut dyn Write,
+    batches: &[RecordBatch],
+    array: bool,
+) -> Result<()> {
+    let io = |e: std::io::Error| Error::io("writing results", e);
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        if array {
+            writeln!(out, "[]").map_err(io)?;
         }
-        OutputFormat::Ndjson => datafusion(out, PrintFormat::NdJson, batches)?,
+        return Ok(());
+    }
+    let mut writer = WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, F>(&mut *out);
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    drop(writer);
+    if array {
+        writeln!(out).map_err(io)?;
     }
     Ok(())
 }

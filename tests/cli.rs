@@ -152,6 +152,20 @@ fn formats_print_the_same_rows() {
         run("ndjson"),
         "{\"id\":0,\"label\":0}\n{\"id\":149,\"label\":2}\n"
     );
+    // NULL is written as `null`, never a key left out.
+    let nulls = |format: &str| {
+        let out = batchinfer(&[
+            "query",
+            "--format",
+            format,
+            "-e",
+            "SELECT 1 AS a, CAST(NULL AS INT) AS b",
+        ]);
+        assert_ok(&out);
+        stdout(&out)
+    };
+    assert_eq!(nulls("json"), "[{\"a\":1,\"b\":null}]\n");
+    assert_eq!(nulls("ndjson"), "{\"a\":1,\"b\":null}\n");
     let table = run("table");
     assert!(table.contains("| id  | label |"), "{table}");
     assert!(table.contains("| 149 | 2     |"), "{table}");

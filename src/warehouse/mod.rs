@@ -131,30 +131,6 @@ impl Warehouse {
         Ok(crate::storage::display_location(&url))
     }
 
-    /// Whether `url` is in the warehouse (or is its root): a local path judged where it really
-    /// is, its links resolved.
-    pub fn holds(&self, url: &Url) -> bool {
-        if let (Ok(root), Ok(file)) = (self.root.to_file_path(), url.to_file_path())
-            && let (Some(root), Some(file)) = (
-                crate::storage::access::resolved(&root),
-                crate::storage::access::resolved(&file),
-            )
-            && file.starts_with(&root)
-        {
-            return true;
-        }
-        if url.scheme() != self.root.scheme() || url.host_str() != self.root.host_str() {
-            return false;
-        }
-        let (Ok(path), Ok(root)) = (
-            crate::storage::object_path(url),
-            crate::storage::object_path(&self.root),
-        ) else {
-            return false;
-        };
-        path.prefix_matches(&root)
-    }
-
     /// The warehouse folder of its own (`tables/`, `views/`, `models/`, `quantized/`,
     /// `model-files/`, `llm-cache/`) that `url` is in or is, if any: a place nothing else may
     /// write into. A local path is also judged where it really is (its links resolved), as is

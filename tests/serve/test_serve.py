@@ -641,11 +641,11 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
     log = sorted((warehouse / "tables" / "kept" / "_delta_log").iterdir())
     for target in [f"{warehouse}/llm-cache/ab/forged.json",
                    f"{tmp_path}/whlink/tables/kept/_delta_log/00000000000000000009.json",
-                   f"file://{warehouse}/tables/kept/evil/", f"{warehouse}/x.json"]:
+                   f"file://{warehouse}/tables/kept/evil/", f"{warehouse}/views/x.json"]:
         out = cli(warehouse, f"COPY (SELECT 1 AS a) TO '{target}' STORED AS JSON")
         assert out.returncode != 0 and "refused" in out.stderr, (target, out.stderr)
     assert sorted((warehouse / "tables" / "kept" / "_delta_log").iterdir()) == log
-    assert not (warehouse / "llm-cache").exists() and not (warehouse / "x.json").exists()
+    assert not (warehouse / "llm-cache").exists() and not (warehouse / "views").exists()
 
 
 def test_a_read_only_server_and_one_with_no_local_files(serve, warehouse):
