@@ -286,6 +286,20 @@ fn the_cache_answers_later_processes_even_with_the_server_stopped() {
         "{}",
         stderr(&damaged)
     );
+    // An entry made a FIFO is a miss with a warning, never a read that waits for a writer.
+    std::fs::remove_file(&entries[1]).unwrap();
+    let made = Command::new("mkfifo").arg(&entries[1]).status().unwrap();
+    assert!(made.success());
+    let started = std::time::Instant::now();
+    let fifo = query(wh, &select);
+    assert_ok(&fifo);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(
+        stderr(&fifo).contains("3 answers from the cache")
+            && stderr(&fifo).contains("an entry of the LLM cache is not used"),
+        "{}",
+        stderr(&fifo)
+    );
 }
 
 #[test]
