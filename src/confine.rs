@@ -5,35 +5,35 @@
 //! stores is checked again there, file by file. Whatever confines a session, nothing but the
 //! catalog's own statements writes into the warehouse's folders (`tables/`, `llm-cache/` ...).
 
-use std::ops::ControlFlow;
-
+use datafusion::execution::context::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{
-    Expr as SqlExpr, FunctionArg, FunctionArgExpr, Statement as SQLStatement, TableFactor, Visit,
-    Visitor,
-};
+use datafusion::sql::sqlparser::ast::Statement as SQLStatement;
 
-use crate::config::OnError;
+use crate::config::{BatchInferOptions, OnError};
 use crate::error::{Error, Result};
-use crate::session::Session;
-use crate::statements::{ModelStatement, Statement, ViewStatement};
+use crate::statements::{ModelStatement, Statement, ViewStatement, table_function_literals};
 use crate::storage::access::{Access, Op};
 use crate::warehouse::Warehouse;
 
+/// What a statement is checked against: its session's confinement, options and context (for the
+/// tables it names), and the warehouse.
+pub struct Reach<'a> {
+    pub access: &'a Access,
+    pub options: &'a BatchInferOptions,
+    pub ctx: &'a SessionContext,
+    pub warehouse: Option<&'a Warehouse>,
+}
+
 /// Refuses `statement` where its session may not run it: one that writes in a read-only
 /// session, one that names a path the session may not reach.
-pub fn check_statement(
-    statement: &Statement,
-    session: &Session,
-    warehouse: Option<&Warehouse>,
-) -> Result<()> {
-    let access = session.access();
+pub fn check_statement(statement: &Statement, reach: &Reach<'_>) -> Result<()> {
+    let access = reach.access;
     if let Some(what) = writes(statement) {
         access.check_writes(what).map_err(refused)?;
     }
     // A write into the warehouse's folders is refused in every session, confined or not.
     if let Statement::Sql(sql) = statement {
-        check_sql(sql, session, warehouse, &access)?;
+        check_sql(sql, reach)?;
     }
     if !access.confined() {
         return Ok(());
@@ -42,43 +42,34 @@ pub fn check_statement(
         ModelStatement::Create { source, .. } | ModelStatement::AddVersion { source, .. },
     ) = statement
     {
-        check_path(&access, source, Op::Read)?;
+        check_path(access, source, Op::Read)?;
     }
     // Where rejected rows would go (a SET, which may be the one that changes it, goes on).
-    let options = session.batchinfer_options();
+    let options = reach.options;
     let setting = matches!(statement, Statement::Sql(sql)
         if matches!(sql.as_ref(), DFStatement::Statement(s) if matches!(s.as_ref(), SQLStatement::Set(_))));
     if !setting && options.on_error == OnError::Reject && !options.rejects.is_empty() {
-        check_path(&access, &options.rejects, Op::Write)?;
+        check_path(access, &options.rejects, Op::Write)?;
     }
     Ok(())
 }
 
-fn check_sql(
-    statement: &DFStatement,
-    session: &Session,
-    warehouse: Option<&Warehouse>,
-    access: &Access,
-) -> Result<()> {
+fn check_sql(statement: &DFStatement, reach: &Reach<'_>) -> Result<()> {
+    let access = reach.access;
     if let DFStatement::CopyTo(copy) = statement {
-        check_write_target(session, warehouse, &copy.target)?;
+        check_write_target(access, reach.warehouse, &copy.target)?;
     }
     if !access.confined() {
         return Ok(());
     }
     // The paths given to table functions (`read_blob('...')`), checked before the function
     // looks at them (so that whether a file outside exists is not told either).
-    let mut named = PathArguments::default();
-    let _ = match statement {
-        DFStatement::Statement(s) => s.visit(&mut named),
-        DFStatement::CopyTo(copy) => match &copy.source {
-            datafusion::sql::parser::CopyToSource::Query(query) => query.visit(&mut named),
-            datafusion::sql::parser::CopyToSource::Relation(_) => ControlFlow::Continue(()),
-        },
-        _ => ControlFlow::Continue(()),
-    };
-    for path in &named.0 {
-        check_path(access, path, Op::Read)?;
+    let named = ["read_blob", "read_text"]
+        .into_iter()
+        .flat_map(|function| table_function_literals(statement, function, 0))
+        .chain(table_function_literals(statement, "predict_table", 1));
+    for path in named {
+        check_path(access, &path, Op::Read)?;
     }
     match statement {
         DFStatement::CopyTo(_) => Ok(()),
@@ -92,48 +83,16 @@ fn check_sql(
                 .iter()
                 .try_for_each(|location| check_path(access, location, Op::Read))
         }
-        DFStatement::Explain(explain) => check_sql(&explain.statement, session, warehouse, access),
+        DFStatement::Explain(explain) => check_sql(&explain.statement, reach),
         _ => {
             // A table named by its path (`FROM 'data/x.parquet'`), which DataFusion would only
             // call missing once the store refused it.
-            let references = session.ctx().state().resolve_table_references(statement)?;
+            let references = reach.ctx.state().resolve_table_references(statement)?;
             references
                 .iter()
                 .filter(|r| r.schema().is_none() && looks_like_a_path(r.table()))
                 .try_for_each(|r| check_path(access, r.table(), Op::Read))
         }
-    }
-}
-
-/// The string literals a statement gives table functions as paths: `read_blob`'s and
-/// `read_text`'s argument, `predict_table`'s second.
-#[derive(Default)]
-struct PathArguments(Vec<String>);
-
-impl Visitor for PathArguments {
-    type Break = ();
-
-    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-        if let TableFactor::Table {
-            name,
-            args: Some(args),
-            ..
-        } = factor
-        {
-            let skip = match name.to_string().to_ascii_lowercase().as_str() {
-                "read_blob" | "read_text" => 0,
-                "predict_table" => 1,
-                _ => return ControlFlow::Continue(()),
-            };
-            for arg in args.args.iter().skip(skip) {
-                if let FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Value(value))) = arg
-                    && let Some(text) = value.clone().into_string()
-                {
-                    self.0.push(text);
-                }
-            }
-        }
-        ControlFlow::Continue(())
     }
 }
 
@@ -145,7 +104,7 @@ fn looks_like_a_path(name: &str) -> bool {
 /// Refuses a write into `target` (a COPY's, an INSERT's folder) where the session may not
 /// write, and into the warehouse's own folders in any session.
 pub fn check_write_target(
-    session: &Session,
+    access: &Access,
     warehouse: Option<&Warehouse>,
     target: &str,
 ) -> Result<()> {
@@ -157,16 +116,13 @@ pub fn check_write_target(
              CREATE MODEL ...)"
         )));
     }
-    session
-        .access()
-        .check(&url, Op::Write, false)
-        .map_err(refused)
+    access.check(&url, Op::Write, false).map_err(refused)
 }
 
 /// [`check_write_target`] for an INSERT INTO `table`, whose files go into `folder`: a table of
 /// the warehouse (a folder of Parquet files of its older layout) is the catalog's own to write.
 pub fn check_insert_target(
-    session: &Session,
+    access: &Access,
     warehouse: Option<&Warehouse>,
     table: &datafusion::sql::sqlparser::ast::ObjectName,
     folder: &str,
@@ -178,12 +134,9 @@ pub fn check_insert_target(
     if own
         .is_some_and(|own| own.as_str().trim_end_matches('/') == url.as_str().trim_end_matches('/'))
     {
-        return session
-            .access()
-            .check(&url, Op::Write, true)
-            .map_err(refused);
+        return access.check(&url, Op::Write, true).map_err(refused);
     }
-    check_write_target(session, warehouse, folder)
+    check_write_target(access, warehouse, folder)
 }
 
 fn check_path(access: &Access, location: &str, op: Op) -> Result<()> {

@@ -106,7 +106,12 @@ impl<'a> Writes<'a> {
         let TableObject::TableName(name) = &insert.table else {
             return Ok(Placed::NotAWrite(statement));
         };
-        crate::confine::check_insert_target(self.session, self.catalog.warehouse(), name, &folder)?;
+        crate::confine::check_insert_target(
+            &self.session.access(),
+            self.catalog.warehouse(),
+            name,
+            &folder,
+        )?;
         let (write_to, write) = self.session.placement().write_to(stores, &folder)?;
         let mut staged = None;
         if write_to != folder {

@@ -173,7 +173,13 @@ impl Engine {
     /// Runs one statement of a script.
     pub async fn run(&self, statement: Statement) -> Result<DataFrame> {
         self.before_statement().await?;
-        crate::confine::check_statement(&statement, &self.session, self.warehouse.as_ref())?;
+        let reach = crate::confine::Reach {
+            access: &self.session.access(),
+            options: &self.session.batchinfer_options(),
+            ctx: self.session.ctx(),
+            warehouse: self.warehouse.as_ref(),
+        };
+        crate::confine::check_statement(&statement, &reach)?;
         match statement {
             Statement::Model(m) => self.catalog.run_model_statement(m, &self.session).await,
             Statement::View(v) => self.views().run(v).await,

@@ -224,6 +224,50 @@ pub fn visit_sql<V: Visitor>(statement: &DFStatement, visitor: &mut V) -> Contro
     }
 }
 
+/// The string-literal arguments of each call of the table function `function` in `statement`,
+/// from its argument `from` on (`read_blob('photos/')`: `photos/`).
+pub fn table_function_literals(
+    statement: &DFStatement,
+    function: &str,
+    from: usize,
+) -> Vec<String> {
+    use datafusion::sql::sqlparser::ast::{Expr, FunctionArg, FunctionArgExpr, TableFactor};
+
+    struct Calls<'f> {
+        function: &'f str,
+        from: usize,
+        literals: Vec<String>,
+    }
+    impl Visitor for Calls<'_> {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+            if let TableFactor::Table {
+                name,
+                args: Some(args),
+                ..
+            } = factor
+                && name.to_string().eq_ignore_ascii_case(self.function)
+            {
+                for arg in args.args.iter().skip(self.from) {
+                    if let FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value))) = arg
+                        && let Some(text) = value.clone().into_string()
+                    {
+                        self.literals.push(text);
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut calls = Calls {
+        function,
+        from,
+        literals: Vec::new(),
+    };
+    let _ = visit_sql(statement, &mut calls);
+    calls.literals
+}
+
 /// [`visit_sql`], changing what it visits.
 pub fn visit_sql_mut<V: VisitorMut>(
     statement: &mut DFStatement,

@@ -53,33 +53,7 @@ impl ResolvedTables {
 /// The table (second) argument of each `predict_table` call in `statement` that is a string
 /// literal: what [`ResolvedTables`] should hold before it is planned.
 pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<String> {
-    use datafusion::sql::sqlparser::ast::{
-        Expr as SqlExpr, FunctionArg, FunctionArgExpr, TableFactor, Value, Visitor,
-    };
-    use std::ops::ControlFlow;
-
-    struct Calls(Vec<String>);
-    impl Visitor for Calls {
-        type Break = ();
-        fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
-            if let TableFactor::Table {
-                name,
-                args: Some(args),
-                ..
-            } = factor
-                && name.to_string().eq_ignore_ascii_case("predict_table")
-                && let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(SqlExpr::Value(value)))) =
-                    args.args.get(1)
-                && let Value::SingleQuotedString(table) = &value.value
-            {
-                self.0.push(table.clone());
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let mut calls = Calls(Vec::new());
-    let _ = crate::statements::visit_sql(statement, &mut calls);
-    calls.0
+    crate::statements::table_function_literals(statement, "predict_table", 1)
 }
 
 /// Whether `predict` of `model` is one value (one output, no labels) rather than a struct.
