@@ -1221,3 +1221,66 @@ fn a_view_of_embed_records_what_each_unit_asked_for() {
     }
     assert_eq!(by_unit.values().sum::<u64>(), sent, "{by_unit:?}");
 }
+
+#[test]
+fn a_forged_or_altered_cache_entry_is_ignored_and_the_request_sent() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&[]);
+    assert_ok(&query(
+        wh,
+        &create("m", &front.url(), ", 'max_tokens' '16'"),
+    ));
+    let select = format!(
+        "SET batchinfer.on_error = 'null'; SELECT id, generate('m', 'Say ' || CAST(id AS \
+         VARCHAR)) AS g FROM {} ORDER BY id",
+        numbers(3)
+    );
+    let first = query(wh, &select);
+    let rows = assert_ok(&first);
+    assert_eq!(front.count("received"), 3);
+    // The warehouse's secret: made once, readable by its owner only, never printed.
+    let secret_file = wh.join("llm-cache.key");
+    let secret = std::fs::read_to_string(&secret_file).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&secret_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    assert!(!format!("{first:?}").contains(secret.trim()));
+    // Someone who can write the warehouse (not read its secret) rewrites every entry whole:
+    // a new reply, its key and sha256 made right, as the format says.
+    let entries = common::files_under(&wh.join("llm-cache"));
+    assert_eq!(entries.len(), 3);
+    for entry in &entries {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry).unwrap()).unwrap();
+        let mut reply: serde_json::Value =
+            serde_json::from_str(json["reply"].as_str().unwrap()).unwrap();
+        reply["choices"][0]["message"]["content"] = "FORGED".into();
+        let reply = reply.to_string();
+        json["sha256"] = hex::encode(sha2::Sha256::digest(reply.as_bytes())).into();
+        json["reply"] = reply.into();
+        std::fs::write(entry, json.to_string()).unwrap();
+    }
+    let later = query(wh, &select);
+    assert_eq!(assert_ok(&later), rows, "{}", stderr(&later));
+    assert!(!String::from_utf8_lossy(&later.stdout).contains("FORGED"));
+    assert!(
+        stderr(&later).contains("not signed with this warehouse's secret"),
+        "{}",
+        stderr(&later)
+    );
+    assert_eq!(front.count("received"), 6, "each forged entry was asked again");
+    // What was asked again is kept again, signed: the next process is answered from it.
+    let third = query(wh, &select);
+    assert_eq!(assert_ok(&third), rows);
+    assert!(stderr(&third).contains("3 answers from the cache"), "{}", stderr(&third));
+    assert_eq!(front.count("received"), 6);
+    // The secret is the warehouse's: COPY cannot write it, nor a session read it once confined.
+    let copy = query(
+        wh,
+        &format!("COPY (SELECT 1 AS a) TO '{}' STORED AS CSV", secret_file.display()),
+    );
+    assert!(!copy.status.success());
+    assert_eq!(std::fs::read_to_string(&secret_file).unwrap(), secret);
+}

@@ -146,6 +146,7 @@ impl Warehouse {
             "quantized",
             models::KEPT_FOLDER,
             crate::llm::cache::FOLDER,
+            crate::llm::cache::SECRET,
         ];
         if let (Ok(root), Ok(file)) = (self.root.to_file_path(), url.to_file_path())
             && let (Some(root), Some(file)) = (
