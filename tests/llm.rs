@@ -1244,7 +1244,10 @@ fn a_forged_or_altered_cache_entry_is_ignored_and_the_request_sent() {
     let secret_file = wh.join("llm-cache.key");
     let secret = std::fs::read_to_string(&secret_file).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&secret_file).unwrap().permissions().mode();
+    let mode = std::fs::metadata(&secret_file)
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     assert!(!format!("{first:?}").contains(secret.trim()));
     // Someone who can write the warehouse (not read its secret) rewrites every entry whole:
@@ -1270,16 +1273,27 @@ fn a_forged_or_altered_cache_entry_is_ignored_and_the_request_sent() {
         "{}",
         stderr(&later)
     );
-    assert_eq!(front.count("received"), 6, "each forged entry was asked again");
+    assert_eq!(
+        front.count("received"),
+        6,
+        "each forged entry was asked again"
+    );
     // What was asked again is kept again, signed: the next process is answered from it.
     let third = query(wh, &select);
     assert_eq!(assert_ok(&third), rows);
-    assert!(stderr(&third).contains("3 answers from the cache"), "{}", stderr(&third));
+    assert!(
+        stderr(&third).contains("3 answers from the cache"),
+        "{}",
+        stderr(&third)
+    );
     assert_eq!(front.count("received"), 6);
     // The secret is the warehouse's: COPY cannot write it, nor a session read it once confined.
     let copy = query(
         wh,
-        &format!("COPY (SELECT 1 AS a) TO '{}' STORED AS CSV", secret_file.display()),
+        &format!(
+            "COPY (SELECT 1 AS a) TO '{}' STORED AS CSV",
+            secret_file.display()
+        ),
     );
     assert!(!copy.status.success());
     assert_eq!(std::fs::read_to_string(&secret_file).unwrap(), secret);

@@ -282,7 +282,35 @@ impl ObjectStore for CommitStore {
             Some(object_store::GetRange::Bounded(range)) => Some(range.clone()),
             _ => None,
         };
-        let result = self.inner.get_opts(location, options).await?;
+        let result = self
+            .inner
+            .get_opts(location, options)
+            .await
+            .map_err(|e| self.cut_short(e, location, asked.as_ref()))?;
+        // A local range is read here, so that a file cut short meanwhile is said as such, not
+        // as the local store's "Requested range was invalid" or "expected: 6, actual: 6".
+        let result = match (&self.kind, &asked) {
+            (CommitKind::StageAndRename(_), Some(_)) => {
+                let (meta, range, attributes) = (
+                    result.meta.clone(),
+                    result.range.clone(),
+                    result.attributes.clone(),
+                );
+                let bytes = result
+                    .bytes()
+                    .await
+                    .map_err(|e| self.cut_short(e, location, Some(&range)))?;
+                GetResult {
+                    payload: object_store::GetResultPayload::Stream(Box::pin(
+                        futures::stream::once(async move { Ok(bytes) }),
+                    )),
+                    meta,
+                    range,
+                    attributes,
+                }
+            }
+            _ => result,
+        };
         // A store gives what is there of a range: an object that shrank since its size was
         // read (replaced between two requests) would hand a reader fewer bytes than it asked
         // for, which parquet's decoder takes for a bug of its own (a panic).
@@ -375,6 +403,40 @@ impl ObjectStore for CommitStore {
 }
 
 impl CommitStore {
+    /// `error`, a local read of `asked` of `location`, said as "changed while it was read" where
+    /// the file was cut short since its size was taken (object_store says "Requested range was
+    /// invalid" or "Out of range of file ..., expected: .., actual: ..").
+    fn cut_short(
+        &self,
+        error: object_store::Error,
+        location: &Path,
+        asked: Option<&std::ops::Range<u64>>,
+    ) -> object_store::Error {
+        let CommitKind::StageAndRename(fs) = &self.kind else {
+            return error;
+        };
+        let text = error.to_string();
+        if !text.contains("Requested range was invalid") && !text.contains("Out of range of file") {
+            return error;
+        }
+        let size = fs
+            .path_to_filesystem(location)
+            .ok()
+            .and_then(|path| std::fs::metadata(path).ok())
+            .map(|meta| meta.len());
+        match (asked, size) {
+            (Some(asked), Some(size)) => changed_while_read(&self.shown(location), asked, size),
+            _ => object_store::Error::Generic {
+                store: "batchinfer",
+                source: format!(
+                    "{} changed while it was read: it is shorter than when it was listed, or gone",
+                    self.shown(location)
+                )
+                .into(),
+            },
+        }
+    }
+
     /// Where `location` is, as a person reads it: a local file's path, else the object's key.
     fn shown(&self, location: &Path) -> String {
         match &self.kind {
@@ -415,5 +477,56 @@ fn read_only_store(store: &'static str, location: &Path) -> object_store::Error 
     object_store::Error::NotSupported {
         source: format!("'{location}' is on an {store} server, which batchinfer reads from only")
             .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStoreExt;
+
+    /// A local file cut short between its listing (its size) and the reads a Parquet reader
+    /// makes of it: one message naming the file and what changed, never object_store's
+    /// "Requested range was invalid" or "expected: 6, actual: 6".
+    #[tokio::test]
+    async fn a_local_file_cut_short_mid_read_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.parquet");
+        std::fs::write(&file, vec![7u8; 100]).unwrap();
+        let url = url::Url::from_directory_path(dir.path()).unwrap();
+        let store = crate::storage::StoreRegistry::new()
+            .commit_store(&url)
+            .unwrap();
+        let location =
+            crate::storage::object_path(&url::Url::from_file_path(&file).unwrap()).unwrap();
+        assert_eq!(store.get_range(&location, 90..100).await.unwrap().len(), 10);
+        std::fs::write(&file, vec![7u8; 50]).unwrap();
+        let shown = file.display().to_string();
+        // Past its new end: object_store's "Requested range was invalid".
+        let past = store
+            .get_range(&location, 90..100)
+            .await
+            .unwrap_err()
+            .to_string();
+        // Across its new end: object_store's "Out of range of file ..., expected: .., actual: ..".
+        let across = store
+            .get_range(&location, 40..60)
+            .await
+            .unwrap_err()
+            .to_string();
+        let ranges = store
+            .get_ranges(&location, &[0..10, 40..60])
+            .await
+            .unwrap_err()
+            .to_string();
+        for message in [past, across, ranges] {
+            assert!(
+                message.contains(&format!("{shown} changed while it was read"))
+                    && message.contains("it now has 50 bytes")
+                    && !message.contains("Requested range")
+                    && !message.contains("expected:"),
+                "{message}"
+            );
+        }
     }
 }
