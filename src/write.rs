@@ -411,7 +411,10 @@ impl<'a> Writes<'a> {
             return Err(Error::Internal("an append that is not an INSERT".into()));
         };
         let (models, usage) = self.check_columns(&name, &table.schema(), insert).await?;
-        let write = delta.begin_append().await?;
+        let mut write = delta.begin_append().await?;
+        if !self.reads_table(&insert.source, &name).await {
+            write.reads_nothing_of_the_table();
+        }
         let stores = self.session.registry().stores();
         let (target, files) = self.session.placement().write_to(stores, &write.folder())?;
         let written = delta::write::written_schema(&name, &table.schema())?;
@@ -447,6 +450,34 @@ impl<'a> Writes<'a> {
             .commit(delta::write::Mode::Append, &schema, &lineage)
             .await?;
         self.session.results(batches)
+    }
+
+    /// Whether `source` (an INSERT's query) may read the warehouse table `name`: it names it,
+    /// or a view (whose query is not looked into). A relation that is no table (a table
+    /// function, a CTE's name) reads none.
+    async fn reads_table(
+        &self,
+        source: &Option<Box<datafusion::sql::sqlparser::ast::Query>>,
+        name: &str,
+    ) -> bool {
+        let mut relations = Vec::new();
+        let _ = datafusion::sql::sqlparser::ast::visit_relations(source, |relation| {
+            relations.push(relation.to_string());
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        for relation in relations {
+            let Ok(provider) = self.session.ctx().table_provider(relation.as_str()).await else {
+                continue;
+            };
+            let reads = match provider.downcast_ref::<DeltaTableProvider>() {
+                Some(delta) => delta.name() == name,
+                None => provider.table_type() == datafusion::datasource::TableType::View,
+            };
+            if reads {
+                return true;
+            }
+        }
+        false
     }
 
     /// Refuses an INSERT whose query's columns do not fit the table's (those it names, or all);

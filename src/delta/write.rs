@@ -11,7 +11,9 @@
 //!   the version after that one, so that a replace never lands on a change it did not see.
 //! - Rows appended (`INSERT INTO`) are a commit that adds files: appends that race each other
 //!   all commit (delta-rs checks that none of the versions between changed the columns or the
-//!   protocol).
+//!   protocol). An append that lost to an OPTIMIZE, or to a replace that kept the columns, is made
+//!   again on the newer version where Delta's conflict rules allow it
+//!   ([`TableWrite::newer_to_append_on`]).
 //!
 //! Each commit carries its lineage in Delta's commit info (`batchinfer.statement`,
 //! `batchinfer.models`: each model's name, source and sha256), where `DESCRIBE HISTORY` and other
@@ -39,6 +41,10 @@ pub const FIXED_SIZE_KEY: &str = "batchinfer.fixedSize";
 
 /// The table settings (Delta's `configuration`) of a table batchinfer creates: none.
 const NO_SETTINGS: [(&str, &str); 0] = [];
+
+/// How often an append that lost its version is made again on a newer one (each time after
+/// delta-rs's own retries).
+const MAX_APPEND_ROUNDS: usize = 8;
 
 /// What a statement does to a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +79,9 @@ pub struct TableWrite {
     read: Option<DeltaTable>,
     /// `data-<uuid>/` under the table's folder.
     folder: Url,
+    /// Whether the statement read nothing of the table (an append whose rows come from
+    /// elsewhere): a concurrent commit that removed rows does not change them.
+    blind: bool,
 }
 
 impl TableWrite {
@@ -103,7 +112,13 @@ impl TableWrite {
             log_store,
             read,
             folder,
+            blind: false,
         })
+    }
+
+    /// Says that the statement reads nothing of the table ([`TableWrite::newer_to_append_on`]).
+    pub fn reads_nothing_of_the_table(&mut self) {
+        self.blind = true;
     }
 
     /// Where the statement writes its files (a folder location, ending in `/`).
@@ -134,33 +149,58 @@ impl TableWrite {
                 return Err(e);
             }
         };
-        let read_state = self.read.as_ref().and_then(|t| t.snapshot().ok());
-        let commit = CommitBuilder::from(properties)
-            .with_actions(actions)
-            .build(
-                read_state.map(|s| s as _),
-                self.log_store.clone(),
-                operation,
-            )
-            .into_prepared_commit_future()
-            .await;
-        let written = match commit {
-            Ok(commit) => commit.await,
-            Err(e) => {
-                self.discard().await;
-                return Err(self.error(e));
+        // An append that lost its version to another commit is made again on the newest
+        // version where nothing it depends on changed ([`TableWrite::newer_to_append_on`]).
+        let mut newer: Option<DeltaTable> = None;
+        let mut rounds = 0;
+        let post = loop {
+            let on = newer.as_ref().or(self.read.as_ref());
+            let read_state = on.and_then(|t| t.snapshot().ok());
+            let commit = CommitBuilder::from(properties.clone())
+                .with_actions(actions.clone())
+                .build(
+                    read_state.map(|s| s as _),
+                    self.log_store.clone(),
+                    operation.clone(),
+                )
+                .into_prepared_commit_future()
+                .await;
+            let written = match commit {
+                Ok(commit) => commit.await,
+                Err(e) => {
+                    self.discard().await;
+                    return Err(self.error(e));
+                }
+            };
+            match written {
+                Ok(post) => break post,
+                Err(DeltaTableError::Transaction { source }) if lost_race(&source) => {
+                    if mode == Mode::Append && rounds < MAX_APPEND_ROUNDS {
+                        rounds += 1;
+                        let began = on.and_then(|t| t.version());
+                        match self.newer_to_append_on(began).await {
+                            Ok(Ok(table)) => {
+                                newer = Some(table);
+                                continue;
+                            }
+                            Ok(Err(why)) => {
+                                self.discard().await;
+                                return Err(self.conflict_because(why));
+                            }
+                            Err(e) => {
+                                self.discard().await;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    self.discard().await;
+                    return Err(match mode {
+                        Mode::Create => self.taken(),
+                        Mode::Replace | Mode::Append => self.conflict(),
+                    });
+                }
+                Err(e) => return Err(self.error(e)),
             }
-        };
-        let post = match written {
-            Ok(post) => post,
-            Err(DeltaTableError::Transaction { source }) if lost_race(&source) => {
-                self.discard().await;
-                return Err(match mode {
-                    Mode::Create => self.taken(),
-                    Mode::Replace | Mode::Append => self.conflict(),
-                });
-            }
-            Err(e) => return Err(self.error(e)),
         };
         let version = post.version;
         if let Err(e) = post.await {
@@ -171,6 +211,66 @@ impl TableWrite {
             );
         }
         Ok(version)
+    }
+
+    /// The table's newest version, where the append that began on `began` may be committed on
+    /// it as Delta's conflict rules allow: none of the commits since changed the columns or the
+    /// protocol, and none removed rows (`dataChange` removes: a replace, a delete) unless the
+    /// statement read nothing of the table (a blind append). OPTIMIZE's removes change no row.
+    /// Where it may not, why not: the statement's conflict.
+    async fn newer_to_append_on(
+        &self,
+        began: Option<Version>,
+    ) -> Result<std::result::Result<DeltaTable, &'static str>> {
+        let (Some(read), Some(began)) = (self.read.as_ref(), began) else {
+            return Ok(Err("it did not exist when this one began"));
+        };
+        let read = read.snapshot().map_err(|e| self.error(e))?;
+        let Some(newest) = load_newest(&self.name, &self.log_store).await? else {
+            return Ok(Err("it was dropped"));
+        };
+        let Some(now) = newest.version().filter(|now| *now > began) else {
+            return Ok(Err("it was dropped and made again"));
+        };
+        let columns = |metadata: &deltalake_core::kernel::Metadata| {
+            serde_json::to_value(metadata)
+                .ok()
+                .and_then(|m| m.get("schemaString")?.as_str().map(str::to_string))
+                .and_then(|text| serde_json::from_str::<StructType>(&text).ok())
+        };
+        let read_columns = columns(read.metadata());
+        for version in began + 1..=now {
+            let Some(entry) = self
+                .log_store
+                .read_commit_entry(version)
+                .await
+                .map_err(|e| self.error(e))?
+            else {
+                return Ok(Err("its log no longer holds the versions between"));
+            };
+            let winner = deltalake_core::logstore::get_actions(version, &entry)
+                .map_err(|e| self.error(e))?;
+            for action in winner {
+                let refused = match &action {
+                    Action::Metadata(metadata)
+                        if read_columns.is_none() || columns(metadata) != read_columns =>
+                    {
+                        Some("its columns were changed")
+                    }
+                    Action::Protocol(protocol) if protocol != read.protocol() => {
+                        Some("its protocol was changed")
+                    }
+                    Action::Remove(remove) if remove.data_change && !self.blind => {
+                        Some("rows this statement reads were removed or replaced")
+                    }
+                    _ => None,
+                };
+                if let Some(why) = refused {
+                    return Ok(Err(why));
+                }
+            }
+        }
+        Ok(Ok(newest))
     }
 
     /// What a commit records beside its actions: its lineage, and how often it is retried on a
@@ -311,6 +411,22 @@ impl TableWrite {
             format!(
                 "table '{name}' was changed by another statement after this one read it{read}: \
                  a conflict; nothing of this statement was committed (run it again)"
+            ),
+        )
+    }
+
+    /// [`TableWrite::conflict`], saying what the other statement did.
+    fn conflict_because(&self, why: &str) -> Error {
+        let name = &self.name;
+        let read = self
+            .read_version()
+            .map(|v| format!(" (version {v})"))
+            .unwrap_or_default();
+        Error::table(
+            name,
+            format!(
+                "table '{name}' was changed by another statement after this one read it{read}: \
+                 {why}; a conflict, nothing of this statement was committed (run it again)"
             ),
         )
     }
