@@ -162,6 +162,18 @@ fn a_refresh_scores_new_files_rescores_changed_ones_and_forgets_removed_ones() {
     let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
     assert!(shown.contains(&format!("scores,{input_text}")), "{shown}");
     assert!(shown.contains(",4,300,current,"), "{shown}");
+    // A file landed, one changed, one removed since: the view says it is behind its source.
+    write_features(&input.join("f005.parquet"), 500, 510, 0.0);
+    write_features(&input.join("f001.parquet"), 100, 150, 3.5);
+    std::fs::remove_file(input.join("f000.parquet")).unwrap();
+    let shown = assert_ok(&query(&wh, "SHOW MATERIALIZED VIEWS"));
+    assert!(
+        shown.contains(
+            ",4,300,\"behind its source (1 new, 1 changed, 1 removed input files): REFRESH to \
+             bring it up to date\","
+        ),
+        "{shown}"
+    );
     assert_failure(
         &query(&wh, "DROP TABLE scores"),
         &["DROP MATERIALIZED VIEW scores"],

@@ -29,6 +29,10 @@ impl Views<'_> {
                 )),
             }
         }
+        let mut states = Vec::with_capacity(views.len());
+        for view in &views {
+            states.push(Some(self.state_now(view).await));
+        }
         let column = |values: Vec<Option<String>>| Arc::new(StringArray::from(values)) as ArrayRef;
         let totals: Vec<(u64, u64)> = views.iter().map(Manifest::totals).collect();
         let batch = RecordBatch::try_new(
@@ -57,12 +61,7 @@ impl Views<'_> {
                 Arc::new(UInt64Array::from(
                     totals.iter().map(|t| t.1).collect::<Vec<_>>(),
                 )),
-                column(
-                    views
-                        .iter()
-                        .map(|v| Some(view_state(v, self.session.registry())))
-                        .collect(),
-                ),
+                column(states),
                 column(
                     views
                         .iter()
@@ -88,6 +87,28 @@ impl Views<'_> {
             ],
         )?;
         self.session.result(batch)
+    }
+}
+
+impl Views<'_> {
+    /// [`view_state`], and for a view it calls current, whether its source has changed since
+    /// its last refresh (its files listed now).
+    async fn state_now(&self, view: &Manifest) -> String {
+        let state = view_state(view, self.session.registry());
+        if state != "current" {
+            return state;
+        }
+        match self.behind(&view.name, view).await {
+            Ok((0, 0, 0)) => state,
+            Ok((new, changed, removed)) => format!(
+                "behind its source ({new} new, {changed} changed, {removed} removed input files): \
+                 REFRESH to bring it up to date"
+            ),
+            Err(e) => format!(
+                "current as of its last refresh (its source cannot be listed now: {})",
+                display_error(&e)
+            ),
+        }
     }
 }
 

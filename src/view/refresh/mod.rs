@@ -382,6 +382,23 @@ impl Views<'_> {
         })
     }
 
+    /// What a refresh of view `name` would find now against its current generation: its input
+    /// files new, changed and gone, each counted ((0, 0, 0): it is up to date).
+    pub(crate) async fn behind(
+        &self,
+        name: &str,
+        manifest: &Manifest,
+    ) -> Result<(usize, usize, usize)> {
+        let Some(current) = &manifest.current else {
+            return Ok((0, 0, 0));
+        };
+        crate::view::check::without_credentials(name, &manifest.source)?;
+        let planned = self.plan_view(name, manifest).await?;
+        let listed = self.list_inputs(&planned.source).await?;
+        let changes = plan(current, &listed, self.commit_size(), &BTreeSet::new());
+        Ok((changes.new, changes.changed, changes.removed))
+    }
+
     /// How much a refresh scores between commits (`batchinfer.files_per_commit`).
     fn commit_size(&self) -> CommitSize {
         let options = self.session.batchinfer_options();
