@@ -1298,3 +1298,51 @@ fn a_forged_or_altered_cache_entry_is_ignored_and_the_request_sent() {
     assert!(!copy.status.success());
     assert_eq!(std::fs::read_to_string(&secret_file).unwrap(), secret);
 }
+
+#[test]
+fn generate_rejects_keep_the_prompt_as_the_key_back_to_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let url = llama().url();
+    assert_ok(&query(
+        wh,
+        &(create("terse", &url, ", 'max_tokens' '2'")
+            + &create("terse_2", &url, ", 'max_tokens' '2'")),
+    ));
+    let rows = "(VALUES (1, 'a red kite'), (2, 'a blue boat'), (3, 'a green hill')) AS t(id, body)";
+    let sql = format!(
+        "SET batchinfer.on_error = 'reject'; \
+         CREATE TABLE notes AS SELECT id, generate('terse', 'Describe in a sentence: ' || body) \
+         AS note FROM {rows}; \
+         CREATE TABLE others AS SELECT id, generate('terse_2', 'Other: ' || body) AS note \
+         FROM {rows};"
+    );
+    assert_ok(&query(wh, &sql));
+    let joined = assert_ok(&query(
+        wh,
+        &format!(
+            "SELECT t.id, r.model, r.error LIKE '%max_tokens%' AS cut, length(r.reply) > 0 AS kept \
+             FROM batchinfer_rejects('terse') AS r JOIN (SELECT id, 'Describe in a sentence: ' \
+             || body AS prompt FROM {rows}) AS t ON r.prompt = t.prompt ORDER BY t.id"
+        ),
+    ));
+    assert_eq!(
+        joined.lines().collect::<Vec<_>>(),
+        [
+            "id,model,cut,kept",
+            "1,terse,true,true",
+            "2,terse,true,true",
+            "3,terse,true,true"
+        ],
+        "{joined}"
+    );
+    // A retry reads the prompts back by name.
+    let retried = assert_ok(&query(
+        wh,
+        "SET batchinfer.on_error = 'null'; SELECT count(*) AS n, count(DISTINCT prompt) AS d \
+         FROM batchinfer_rejects('terse_2')",
+    ));
+    assert!(retried.contains("\n3,3"), "{retried}");
+    let wrong = query(wh, "SELECT * FROM batchinfer_rejects(1)");
+    assert_failure(&wrong, &["batchinfer_rejects('model')"]);
+}

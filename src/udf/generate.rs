@@ -209,8 +209,10 @@ impl AsyncScalarUDFImpl for GenerateUdf {
             .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
+                // The prompt is the row's request, whatever expression made it: named `prompt`,
+                // it is the key that joins a reject back to its row.
                 let fields = [
-                    args.arg_fields[1].clone(),
+                    Arc::new(Field::new("prompt", DataType::Utf8, true)),
                     Arc::new(Field::new("reply", DataType::Utf8, true)),
                 ];
                 let columns: [ArrayRef; 2] = [prompts.clone(), Arc::new(StringArray::from(raw))];
