@@ -1346,3 +1346,114 @@ fn generate_rejects_keep_the_prompt_as_the_key_back_to_their_rows() {
     let wrong = query(wh, "SELECT * FROM batchinfer_rejects(1)");
     assert_failure(&wrong, &["batchinfer_rejects('model')"]);
 }
+
+/// Two processes asking the same 16 prompts at once (every request held a second by the proxy):
+/// each prompt is sent once, by whichever process claimed it in the cache first; the other waits
+/// for its answer.
+#[test]
+fn two_processes_asking_the_same_at_once_pay_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&["--delay", "1", "--delay-first", "1000"]);
+    assert_ok(&query(
+        wh,
+        &create(
+            "m",
+            &front.url(),
+            ", 'max_tokens' '8', 'max_concurrency' '8'",
+        ),
+    ));
+    let select = format!(
+        "SET batchinfer.on_error = 'null'; SELECT id, generate('m', 'Say ' || CAST(id AS \
+         VARCHAR)) AS g FROM {} ORDER BY id",
+        numbers(16)
+    );
+    let start = || {
+        bin()
+            .arg("--warehouse")
+            .arg(wh)
+            .args(["query", "-e", &select])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert_eq!(assert_ok(&a), assert_ok(&b));
+    assert_eq!(front.count("received"), 16, "{}", front.counts());
+    // No claim is left behind.
+    let left: Vec<_> = common::files_under(&wh.join("llm-cache"))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "claim"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Two sessions of one process asking the same prompts at once share the requests in flight,
+/// with the cache only read (so no claim is made in it).
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sessions_asking_the_same_at_once_share_the_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let front = proxy(&["--delay", "1", "--delay-first", "1000"]);
+    let root = batchinfer::Engine::open(batchinfer::EngineConfig {
+        warehouse: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let define = create(
+        "m",
+        &front.url(),
+        ", 'max_tokens' '8', 'max_concurrency' '8'",
+    );
+    root.sql(&define).await.unwrap().collect().await.unwrap();
+    let run = |engine: batchinfer::Engine| async move {
+        for set in [
+            "SET batchinfer.cache = 'read'",
+            "SET batchinfer.on_error = 'null'",
+        ] {
+            engine.sql(set).await.unwrap().collect().await.unwrap();
+        }
+        let sql = format!(
+            "SELECT id, generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {} ORDER BY id",
+            numbers(16)
+        );
+        let batches = engine.sql(&sql).await.unwrap().collect().await.unwrap();
+        datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string()
+    };
+    let (a, b) = tokio::join!(run(root.session().unwrap()), run(root.session().unwrap()));
+    assert_eq!(a, b);
+    assert_eq!(front.count("received"), 16, "{}", front.counts());
+}
+
+/// A budget reached while other requests are in flight says how many were cancelled, which a
+/// provider may still bill.
+#[test]
+fn a_budget_stop_says_how_many_requests_were_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first three requests are held five seconds; the fourth is answered at once.
+    let front = proxy(&["--delay", "5", "--delay-first", "3"]);
+    let define = create(
+        "m",
+        &front.url(),
+        ", 'max_tokens' '8', 'max_concurrency' '4'",
+    );
+    let sql = format!(
+        "SET batchinfer.max_llm_tokens = '1'; SET batchinfer.cache = 'off'; \
+         SET batchinfer.on_error = 'null'; \
+         SELECT generate('m', 'Say ' || CAST(id AS VARCHAR)) AS g FROM {}",
+        numbers(4)
+    );
+    failing(
+        dir.path(),
+        &define,
+        &sql,
+        &[
+            "batchinfer.max_llm_tokens = '1'",
+            "3 requests in flight were cancelled, which the endpoint may still bill",
+        ],
+    );
+}

@@ -16,6 +16,7 @@
 //! a warning, and its request is sent.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -40,6 +41,101 @@ pub async fn flush() {
 
 /// The warehouse's folder of answers.
 pub const FOLDER: &str = "llm-cache";
+
+/// How long a claim holds unless renewed ([`Cache::claim`]).
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// What [`Cache::claim`] came to.
+pub enum Claim {
+    /// The request is this process's to send; the guard holds the claim.
+    Mine(ClaimGuard),
+    /// Another process answered it meanwhile: its reply.
+    Answered(String),
+    /// Claims cannot be made in this store: sent without one.
+    Unclaimed,
+}
+
+/// A claim this process holds, renewed while it lives; removed when released or dropped (the
+/// request failed, or its statement stopped).
+pub struct ClaimGuard {
+    cache: Cache,
+    path: Path,
+    owner: String,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ClaimGuard {
+    fn new(cache: Cache, path: Path, owner: String) -> ClaimGuard {
+        let renewal = {
+            let (cache, path, owner) = (cache.clone(), path.clone(), owner.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(LEASE / 3).await;
+                    let _ = cache.store.put(&path, claim_body(&owner).into()).await;
+                }
+            })
+        };
+        ClaimGuard {
+            cache,
+            path,
+            owner,
+            renewal: Some(renewal),
+        }
+    }
+
+    /// Removes the claim, if it is still this process's.
+    async fn release(mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        remove_claim(&self.cache, &self.path, &self.owner).await;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(renewal) = self.renewal.take() else {
+            return;
+        };
+        renewal.abort();
+        let (cache, path, owner) = (self.cache.clone(), self.path.clone(), self.owner.clone());
+        // Waited for by [`flush`] with the writes, so that a process ending now leaves none.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let removal = runtime.spawn(async move { remove_claim(&cache, &path, &owner).await });
+            PENDING
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(removal);
+        }
+    }
+}
+
+/// Removes the claim at `path` where `owner` still holds it (another process may have taken it
+/// over after its lease).
+async fn remove_claim(cache: &Cache, path: &Path, owner: &str) {
+    let Ok(Some(bytes)) = cache.read_claim(path).await else {
+        return;
+    };
+    let held = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .is_some_and(|claim| claim.get("owner").and_then(Value::as_str) == Some(owner));
+    if held {
+        let _ = cache.store.delete(path).await;
+    }
+}
+
+/// A claim's contents: who holds it, and until when unless renewed.
+fn claim_body(owner: &str) -> Vec<u8> {
+    json!({"owner": owner, "until_ms": now_ms() + LEASE.as_millis() as u64})
+        .to_string()
+        .into_bytes()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// The warehouse's secret that signs the cache's entries, beside [`FOLDER`].
 pub const SECRET: &str = "llm-cache.key";
@@ -374,6 +470,124 @@ impl Cache {
                     self.prefix
                 )
             })
+    }
+
+    /// Claims the request `key` for this process, so that other processes asking the same at
+    /// once wait for its answer instead of paying for it again: a `KEY.claim` beside the entry,
+    /// made only where none is, kept alive while the request runs (renewed every
+    /// [`LEASE`] / 3), and removed when the answer is kept or the request ends without one. A
+    /// claim of another process is waited on until its answer is kept, it is removed (the
+    /// request is then sent here), or its lease runs out (its process died: taken over).
+    pub async fn claim(&self, key: &str) -> Claim {
+        let path = self.claim_path(key);
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let made = self
+                .store
+                .put_opts(
+                    &path,
+                    claim_body(&owner).into(),
+                    object_store::PutMode::Create.into(),
+                )
+                .await;
+            match made {
+                Ok(_) => {
+                    let guard = ClaimGuard::new(self.clone(), path, owner);
+                    // Answered between the lookup and the claim: nothing to send.
+                    return match self.get(key).await {
+                        Some(reply) => {
+                            guard.release().await;
+                            Claim::Answered(reply)
+                        }
+                        None => Claim::Mine(guard),
+                    };
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => {}
+                // A store that cannot make an object only where none is: no claims.
+                Err(_) => return Claim::Unclaimed,
+            }
+            if let Some(reply) = self.get(key).await {
+                return Claim::Answered(reply);
+            }
+            match self.claim_until(&path).await {
+                // Gone meanwhile: claimed anew at once.
+                None => continue,
+                Some(until) if until < now_ms() => {
+                    // Its process stopped renewing it: taken over.
+                    let _ = self.store.delete(&path).await;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    fn claim_path(&self, key: &str) -> Path {
+        self.prefix
+            .clone()
+            .join(key.get(..2).unwrap_or("00"))
+            .join(format!("{key}.claim").as_str())
+    }
+
+    /// Until when the claim at `path` holds (ms since the epoch), if there is one; one that
+    /// cannot be read holds for a lease from now (a claim being written).
+    async fn claim_until(&self, path: &Path) -> Option<u64> {
+        let bytes = match self.read_claim(path).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(()) => return Some(now_ms() + LEASE.as_millis() as u64),
+        };
+        let until = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|claim| claim.get("until_ms")?.as_u64());
+        Some(until.unwrap_or(now_ms() + LEASE.as_millis() as u64))
+    }
+
+    /// The claim at `path`, if there is one: on a local disk read as a regular file only (a
+    /// FIFO is an error, never a wait).
+    async fn read_claim(&self, path: &Path) -> Result<Option<Vec<u8>>, ()> {
+        let Some(root) = &self.local else {
+            return match self.store.get(path).await {
+                Ok(got) if got.meta.size <= 4096 => {
+                    got.bytes().await.map(|b| Some(b.to_vec())).map_err(drop)
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                _ => Err(()),
+            };
+        };
+        let relative = path.prefix_match(&self.prefix).ok_or(())?;
+        let file: std::path::PathBuf = std::iter::once(root.clone())
+            .chain(relative.map(|p| std::path::PathBuf::from(p.as_ref())))
+            .collect();
+        if std::fs::symlink_metadata(&file).is_err() {
+            return Ok(None);
+        }
+        tokio::task::spawn_blocking(move || crate::storage::read_capped(&file, 4096))
+            .await
+            .map_err(drop)?
+            .map(Some)
+            .map_err(drop)
+    }
+
+    /// [`Cache::put_soon`] for the answer of a request this process claimed: the claim is
+    /// removed once the answer is kept.
+    pub fn put_soon_answering(&self, key: &str, reply: String, claim: ClaimGuard) {
+        let (cache, key) = (self.clone(), key.to_string());
+        let write = tokio::spawn(async move {
+            if let Err(warning) = cache.put(&key, &reply).await
+                && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                crate::say!("warning: {warning}");
+            }
+            claim.release().await;
+        });
+        PENDING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(write);
     }
 
     /// Keeps `reply` for `key` on a task of its own, so that a statement that stops meanwhile

@@ -273,6 +273,15 @@ pub struct EndpointModel {
     memo: Mutex<Memo<Arc<OnceCell<Outcome>>>>,
     /// Embeddings of the statements at hand by text, asked for or answered.
     vectors: Mutex<Memo<Shared>>,
+    /// Requests in flight by cache key, shared by the statements of the process that read the
+    /// cache ([`EndpointModel::fetch`]).
+    in_flight: Mutex<HashMap<String, Arc<OnceCell<String>>>>,
+}
+
+/// Why a request brought no answer to share: the row's error, or the statement's stop.
+enum Unshared {
+    Row(String),
+    Stop(LlmError),
 }
 
 /// An embedding as a statement's batches share it: `None` while it is asked for.
@@ -350,6 +359,7 @@ impl EndpointModel {
             counters: Counters::default(),
             memo: Mutex::new(Memo::default()),
             vectors: Mutex::new(Memo::default()),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -491,20 +501,78 @@ impl EndpointModel {
             Ok(reply) => ((prompt_chars / 4 + 1) as u64, reply.completion_tokens),
             Err(_) => ((prompt_chars / 4 + 1) as u64, raw.len() as u64 / 4),
         };
-        let raw = match self
-            .request(call, "chat/completions", body, reserve, &count)
-            .await?
-        {
-            Ok(raw) => raw,
-            Err(why) => return Ok(Err(why)),
+        // Whether this call paid for the answer (else another statement's request, or another
+        // process's, brought it: counted as an answer from the cache).
+        let paid = std::sync::atomic::AtomicBool::new(false);
+        // Whether this call asked (else it waited for another statement's asking).
+        let asked = std::sync::atomic::AtomicBool::new(false);
+        let ask = || async {
+            asked.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Another process asking the same now: its answer is waited for.
+            let claim = match cache.filter(|_| call.cache == Mode::On) {
+                Some(cache) => match cache.claim(key).await {
+                    cache::Claim::Answered(raw) => return Ok(raw),
+                    cache::Claim::Mine(claim) => Some(claim),
+                    cache::Claim::Unclaimed => None,
+                },
+                None => None,
+            };
+            paid.store(true, std::sync::atomic::Ordering::Relaxed);
+            let raw = match self
+                .request(call, "chat/completions", body, reserve, &count)
+                .await
+            {
+                Ok(Ok(raw)) => raw,
+                Ok(Err(why)) => return Err(Unshared::Row(why)),
+                Err(e) => return Err(Unshared::Stop(e)),
+            };
+            if let Some(cache) = cache.filter(|_| call.cache == Mode::On) {
+                match claim {
+                    Some(claim) => cache.put_soon_answering(key, raw.clone(), claim),
+                    None => cache.put_soon(key, raw.clone()),
+                }
+            }
+            Ok(raw)
         };
-        if let Some(cache) = cache.filter(|_| call.cache == Mode::On) {
-            cache.put_soon(key, raw.clone());
+        // The statements of this process that read the cache share a request in flight: one
+        // that asks what another is asking waits for its answer.
+        let answered = match cache {
+            Some(_) => {
+                let cell = self.in_flight(key);
+                let answered = cell.get_or_try_init(ask).await.cloned();
+                if asked.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+                    if in_flight.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                        in_flight.remove(key);
+                    }
+                }
+                answered
+            }
+            None => ask().await,
+        };
+        let raw = match answered {
+            Ok(raw) => raw,
+            Err(Unshared::Row(why)) => return Ok(Err(why)),
+            Err(Unshared::Stop(e)) => return Err(e),
+        };
+        if paid.load(std::sync::atomic::Ordering::Relaxed) {
+            // Past its budget, the statement stops now: this answer is kept in the cache, and
+            // the requests in flight are cancelled.
+            spend::check(call.ledger, call.options)?;
+        } else {
+            self.count(call, &Usage::cache_hit());
         }
-        // Past its budget, the statement stops now: this answer is kept in the cache, and the
-        // requests in flight are cancelled.
-        spend::check(call.ledger, call.options)?;
         Ok(Reply::parse(raw).map(|reply| Arc::new(reply.scrubbed(api_key.as_deref()))))
+    }
+
+    /// The request `key` as the statements of this process share it while it is in flight.
+    fn in_flight(&self, key: &str) -> Arc<OnceCell<String>> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        // Requests whose statement stopped before an answer, and that nobody waits for.
+        if in_flight.len() > 10_000 {
+            in_flight.retain(|_, cell| Arc::strong_count(cell) > 1);
+        }
+        in_flight.entry(key.to_string()).or_default().clone()
     }
 
     /// The vectors of `texts` from an embedding endpoint (`/embeddings`), each of the
@@ -658,6 +726,7 @@ impl EndpointModel {
             );
             let timeout = Duration::from_secs_f64(self.endpoint.timeout);
             let sent = self.send(path, body, api_key.as_deref());
+            let in_flight = spend::sending(call.ledger);
             let verdict = match tokio::time::timeout(timeout, sent).await {
                 Ok(verdict) => verdict,
                 Err(_) => Verdict::Retry {
@@ -666,6 +735,7 @@ impl EndpointModel {
                     slow_down: false,
                 },
             };
+            drop(in_flight);
             match verdict {
                 Verdict::Body(raw) => {
                     let (prompt, completion) = count(&raw);

@@ -52,6 +52,30 @@ pub fn usage(ledger: &Ledger, part: Option<&str>) -> BTreeMap<String, Usage> {
     by_model
 }
 
+/// The requests of a statement sent to an endpoint and not answered yet.
+#[derive(Debug, Default)]
+struct InFlight(std::sync::atomic::AtomicU64);
+
+/// A request of a statement in flight, from its sending until it is dropped (answered, failed
+/// or cancelled).
+pub struct Sending(std::sync::Arc<InFlight>);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Counts a request of the statement whose ledger is `ledger` as in flight while the guard
+/// lives.
+pub fn sending(ledger: &Ledger) -> Sending {
+    let in_flight = ledger.get::<InFlight>();
+    in_flight
+        .0
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Sending(in_flight)
+}
+
 /// `Err` once the statement has reached one of its budgets: what it spent, and which budget.
 pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(), LlmError> {
     let Some(options) = options else {
@@ -67,10 +91,23 @@ pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(),
         (_, Some(max)) if s.cost >= max => format!("batchinfer.max_cost = '{max}'"),
         _ => return Ok(()),
     };
+    let in_flight = ledger
+        .get::<InFlight>()
+        .0
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let cancelled = match in_flight {
+        0 => "no request was in flight".to_string(),
+        1 => "1 request in flight was cancelled, which the endpoint may still bill (its reply is \
+              not counted here)"
+            .to_string(),
+        n => format!(
+            "{n} requests in flight were cancelled, which the endpoint may still bill (their \
+             replies are not counted here)"
+        ),
+    };
     Err(LlmError::Budget(format!(
         "the statement reached {reached} and stopped: it spent {tokens} tokens ({} prompt, {} \
-         completion) and {} in {} requests; requests in flight were cancelled and nothing was \
-         committed",
+         completion) and {} in {} requests; {cancelled}; nothing was committed",
         s.prompt_tokens,
         s.completion_tokens,
         money(s.cost),
