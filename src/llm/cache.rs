@@ -120,7 +120,7 @@ async fn remove_claim(cache: &Cache, path: &Path, owner: &str) {
         .ok()
         .is_some_and(|claim| claim.get("owner").and_then(Value::as_str) == Some(owner));
     if held {
-        let _ = cache.store.delete(path).await;
+        cache.delete_claim(path).await;
     }
 }
 
@@ -515,7 +515,7 @@ impl Cache {
                 None => continue,
                 Some(until) if until < now_ms() => {
                     // Its process stopped renewing it: taken over.
-                    let _ = self.store.delete(&path).await;
+                    self.delete_claim(&path).await;
                     continue;
                 }
                 Some(_) => {}
@@ -544,6 +544,25 @@ impl Cache {
             .ok()
             .and_then(|claim| claim.get("until_ms")?.as_u64());
         Some(until.unwrap_or(now_ms() + LEASE.as_millis() as u64))
+    }
+
+    /// Deletes the claim at `path`; on a local disk never through a link.
+    async fn delete_claim(&self, path: &Path) {
+        let Some(root) = &self.local else {
+            let _ = self.store.delete(path).await;
+            return;
+        };
+        let Some(relative) = path.prefix_match(&self.prefix) else {
+            return;
+        };
+        let file: std::path::PathBuf = std::iter::once(root.clone())
+            .chain(relative.map(|p| std::path::PathBuf::from(p.as_ref())))
+            .collect();
+        let root = root.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::storage::beneath::remove_file_beneath(&root, &file)
+        })
+        .await;
     }
 
     /// The claim at `path`, if there is one: on a local disk read as a regular file only (a
