@@ -110,6 +110,12 @@ pub fn check_write_target(
 ) -> Result<()> {
     let url = crate::storage::location_url(target)?;
     if let Some(folder) = warehouse.and_then(|w| w.own_folder_holding(&url)) {
+        if folder == crate::llm::cache::SECRET {
+            return Err(Error::Statement(format!(
+                "writing '{target}' is refused: it is the warehouse's secret that signs the LLM \
+                 cache ({folder}), which no statement writes"
+            )));
+        }
         return Err(Error::Statement(format!(
             "writing '{target}' is refused: it is in the warehouse's {folder}/ folder, whose \
              files only the warehouse's own statements write (CREATE TABLE, INSERT INTO a table, \

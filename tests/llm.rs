@@ -1296,7 +1296,32 @@ fn a_forged_or_altered_cache_entry_is_ignored_and_the_request_sent() {
         ),
     );
     assert!(!copy.status.success());
+    assert!(stderr(&copy).contains("secret"), "{}", stderr(&copy));
     assert_eq!(std::fs::read_to_string(&secret_file).unwrap(), secret);
+    // Nor does any statement read it: by name, through a link, or in a listing of the
+    // warehouse's folder.
+    let link = dir.path().join("innocent.txt");
+    std::os::unix::fs::symlink(&secret_file, &link).unwrap();
+    for sql in [
+        format!("SELECT content FROM read_text('{}')", secret_file.display()),
+        format!("SELECT content FROM read_text('{}')", link.display()),
+        format!("SELECT content FROM read_blob('{}/*.key')", wh.display()),
+        format!("SELECT content FROM read_text('{}/')", wh.display()),
+    ] {
+        let out = query(wh, &sql);
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(secret.trim())
+                && !stderr(&out).contains(secret.trim()),
+            "{sql}"
+        );
+    }
+    assert_failure(
+        &query(
+            wh,
+            &format!("SELECT content FROM read_text('{}')", secret_file.display()),
+        ),
+        &["the warehouse's secret"],
+    );
 }
 
 #[test]
@@ -1453,7 +1478,56 @@ fn a_budget_stop_says_how_many_requests_were_in_flight() {
         &sql,
         &[
             "batchinfer.max_llm_tokens = '1'",
-            "3 requests in flight were cancelled, which the endpoint may still bill",
+            "3 of them were in flight and were cancelled, which the endpoint may still bill",
         ],
     );
+}
+
+/// Claims that are no claims (garbage, a far-future lease, a FIFO, a folder), left in the cache
+/// by hand or by a crash, delay a request by one lease at most: none makes it wait forever.
+#[test]
+fn claims_that_are_no_claims_are_taken_over_after_a_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&[]);
+    assert_ok(&query(wh, &create("m", &front.url(), ", 'max_tokens' '8'")));
+    let select = |n: usize| {
+        format!(
+            "SET batchinfer.on_error = 'null'; SELECT id, generate('m', 'Say ' || CAST(id AS \
+             VARCHAR)) AS g FROM {} ORDER BY id",
+            numbers(n)
+        )
+    };
+    // The keys of four prompts, from their entries; then the entries gone.
+    assert_ok(&query(wh, &select(4)));
+    let entries = common::files_under(&wh.join("llm-cache"));
+    assert_eq!(entries.len(), 4);
+    for (entry, plant) in entries.iter().zip(["garbage", "future", "fifo", "folder"]) {
+        std::fs::remove_file(entry).unwrap();
+        let claim = entry.with_extension("claim");
+        match plant {
+            "garbage" => std::fs::write(&claim, "garbage!!").unwrap(),
+            "future" => {
+                std::fs::write(&claim, r#"{"owner":"x","until_ms":99999999999999}"#).unwrap()
+            }
+            "fifo" => assert!(
+                Command::new("mkfifo")
+                    .arg(&claim)
+                    .status()
+                    .unwrap()
+                    .success()
+            ),
+            _ => std::fs::create_dir(&claim).unwrap(),
+        }
+    }
+    let started = Instant::now();
+    let out = query(wh, &select(4));
+    assert_ok(&out);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(50), "{took:?}");
+    assert!(took >= Duration::from_secs(29), "{took:?}");
+    assert_eq!(front.count("received"), 8, "{}", front.counts());
+    let said = stderr(&out);
+    assert!(said.contains("not renewed for 30 s: taken over"), "{said}");
+    assert!(said.contains("cannot be removed"), "{said}");
 }

@@ -660,3 +660,43 @@ fn an_insert_commits_beside_optimize_and_a_replace_that_keeps_the_columns() {
         ["10", "101"]
     );
 }
+
+/// A table dropped and made again while an INSERT into it runs starts its versions anew: the
+/// INSERT fails with a conflict and the new table is left readable, without its rows.
+#[test]
+fn an_insert_never_lands_in_a_table_dropped_and_made_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    for columns in ["7 AS other_id, 'zz' AS other_text", "8 AS i, 'same' AS s"] {
+        assert_ok(&query(
+            wh,
+            "DROP TABLE IF EXISTS t; CREATE TABLE t AS SELECT 1 AS i, 'a' AS s",
+        ));
+        let mut insert = bin()
+            .arg("--warehouse")
+            .arg(wh)
+            .args([
+                "query",
+                "-e",
+                "INSERT INTO t SELECT value AS i, repeat('x', 20) AS s FROM \
+                 generate_series(1, 10000000)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_ok(&query(
+            wh,
+            &format!("DROP TABLE t; CREATE TABLE t AS SELECT {columns}"),
+        ));
+        assert!(
+            insert.try_wait().unwrap().is_none(),
+            "the INSERT ended first"
+        );
+        let out = insert.wait_with_output().unwrap();
+        // Other columns or the same: another table all the same.
+        assert_failure(&out, &["'t'", "dropped and made again", "conflict"]);
+        assert_eq!(one_row(&query(wh, "SELECT count(*) AS n FROM t")), ["1"]);
+    }
+}

@@ -149,6 +149,14 @@ impl TableWrite {
                 return Err(e);
             }
         };
+        // A table dropped and made again meanwhile starts its versions anew: the version after
+        // the one this statement read may be free in another table's log.
+        if mode != Mode::Create
+            && let Err(e) = self.still_the_table_read().await
+        {
+            self.discard().await;
+            return Err(e);
+        }
         // An append that lost its version to another commit is made again on the newest
         // version where nothing it depends on changed ([`TableWrite::newer_to_append_on`]).
         let mut newer: Option<DeltaTable> = None;
@@ -203,6 +211,14 @@ impl TableWrite {
             }
         };
         let version = post.version;
+        // Made again between the check above and the commit: the append's files are taken
+        // out of that table again, and the statement fails.
+        if mode == Mode::Append
+            && let Err(e) = self.still_the_table_read().await
+        {
+            self.take_back(&actions).await;
+            return Err(e);
+        }
         if let Err(e) = post.await {
             crate::say!(
                 "table '{}': version {version} is committed; what follows a commit failed: {}",
@@ -273,6 +289,76 @@ impl TableWrite {
         Ok(Ok(newest))
     }
 
+    /// Fails with a conflict where the table is no longer the one the statement read: dropped,
+    /// or dropped and made again (another table id).
+    async fn still_the_table_read(&self) -> Result<()> {
+        let Some(read) = self.read.as_ref() else {
+            return Ok(());
+        };
+        let read_id = read.snapshot().ok().and_then(|s| table_id(s.metadata()));
+        match load_newest(&self.name, &self.log_store).await? {
+            None => Err(self.conflict_because("it was dropped")),
+            Some(now) => {
+                let now_id = now.snapshot().ok().and_then(|s| table_id(s.metadata()));
+                if now_id != read_id {
+                    return Err(self.conflict_because("it was dropped and made again"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Commits the removal of the files an append added (among `actions`) from the table as it
+    /// is now: what an append committed onto a table made again meanwhile is taken back.
+    async fn take_back(&self, actions: &[Action]) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let removes: Vec<Action> = actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::Add(add) => Some(Action::Remove(deltalake_core::kernel::Remove {
+                    path: add.path.clone(),
+                    data_change: true,
+                    deletion_timestamp: Some(now),
+                    extended_file_metadata: Some(false),
+                    partition_values: Some(add.partition_values.clone()),
+                    size: Some(add.size),
+                    tags: None,
+                    deletion_vector: None,
+                    base_row_id: None,
+                    default_row_commit_version: None,
+                })),
+                _ => None,
+            })
+            .collect();
+        let taken = async {
+            let newest = load_newest(&self.name, &self.log_store)
+                .await?
+                .ok_or_else(|| self.conflict_because("it was dropped"))?;
+            let state = newest.snapshot().map_err(|e| self.error(e))?;
+            CommitBuilder::default()
+                .with_actions(removes)
+                .with_max_retries(15)
+                .build(
+                    Some(state as _),
+                    self.log_store.clone(),
+                    DeltaOperation::Delete { predicate: None },
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            Ok::<_, Error>(())
+        };
+        if let Err(e) = taken.await {
+            crate::say!(
+                "warning: table '{}' was made again while an INSERT committed into it; its rows \
+                 could not be taken out of the new table: {}",
+                self.name,
+                crate::message::display_error(&e)
+            );
+        }
+    }
+
     /// What a commit records beside its actions: its lineage, and how often it is retried on a
     /// version another statement took.
     fn properties(&self, lineage: &Lineage, retries: usize) -> CommitProperties {
@@ -327,8 +413,14 @@ impl TableWrite {
             (Mode::Create, Some(_)) => return Err(self.taken()),
             (Mode::Create | Mode::Replace, read) => {
                 let columns = delta_schema(name, schema)?;
-                let metadata = new_metadata(&columns, Vec::<String>::new(), NO_SETTINGS)
+                let mut metadata = new_metadata(&columns, Vec::<String>::new(), NO_SETTINGS)
                     .map_err(|e| Error::table(name, format!("Delta table '{name}': {e}")))?;
+                // A replace is the same table (its log goes on): it keeps the table's id, which
+                // a table dropped and made again does not have.
+                if let Some(id) = read.and_then(|r| table_id(r.metadata())) {
+                    metadata = deltalake_core::kernel::MetadataExt::with_table_id(metadata, id)
+                        .map_err(|e| Error::table(name, format!("Delta table '{name}': {e}")))?;
+                }
                 let protocol = protocol(read.map(|r| r.protocol()), holds_time_ntz(schema))?;
                 actions.extend(protocol.map(Action::Protocol));
                 actions.push(Action::Metadata(metadata.clone()));
@@ -438,6 +530,15 @@ impl TableWrite {
             format!("Delta table '{name}': {}", super::readable(&e.to_string())),
         )
     }
+}
+
+/// The table id a Delta table's `metaData` carries.
+fn table_id(metadata: &deltalake_core::kernel::Metadata) -> Option<String> {
+    serde_json::to_value(metadata)
+        .ok()?
+        .get("id")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// Whether a commit failed because another commit took its version.

@@ -162,6 +162,8 @@ pub struct Cache {
     secret: Arc<tokio::sync::OnceCell<Option<Secret>>>,
     /// Whether an entry not signed with the secret was said.
     unsigned_said: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether a claim of another process taken over was said.
+    claim_said: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// 32 random bytes.
@@ -290,6 +292,7 @@ impl Cache {
             secret_path: Path::from_iter(parts),
             secret: Arc::default(),
             unsigned_said: Arc::default(),
+            claim_said: Arc::default(),
         }
     }
 
@@ -474,14 +477,17 @@ impl Cache {
 
     /// Claims the request `key` for this process, so that other processes asking the same at
     /// once wait for its answer instead of paying for it again: a `KEY.claim` beside the entry,
-    /// made only where none is, kept alive while the request runs (renewed every
-    /// [`LEASE`] / 3), and removed when the answer is kept or the request ends without one. A
-    /// claim of another process is waited on until its answer is kept, it is removed (the
-    /// request is then sent here), or its lease runs out (its process died: taken over).
+    /// made only where none is, renewed every [`LEASE`] / 3 while the request runs, and removed
+    /// when the answer is kept or the request ends without one. A claim of another process is
+    /// waited on until its answer is kept or it is removed (the request is then sent here); one
+    /// that does not change for a [`LEASE`] by this process's clock (its process died, or it is
+    /// no claim: garbage, a FIFO, a folder) is taken over, whatever time it says.
     pub async fn claim(&self, key: &str) -> Claim {
         let path = self.claim_path(key);
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut pause = Duration::from_millis(50);
+        // The other claim as last read, and since when it has read so.
+        let mut seen: Option<(Option<Vec<u8>>, std::time::Instant)> = None;
         loop {
             let made = self
                 .store
@@ -510,18 +516,41 @@ impl Cache {
             if let Some(reply) = self.get(key).await {
                 return Claim::Answered(reply);
             }
-            match self.claim_until(&path).await {
+            let now = match self.read_claim(&path).await {
                 // Gone meanwhile: claimed anew at once.
-                None => continue,
-                Some(until) if until < now_ms() => {
-                    // Its process stopped renewing it: taken over.
-                    self.delete_claim(&path).await;
-                    continue;
+                Ok(None) => continue,
+                Ok(Some(bytes)) => Some(bytes),
+                Err(()) => None,
+            };
+            match &seen {
+                Some((before, since)) if *before == now => {
+                    if since.elapsed() >= LEASE {
+                        self.say_claim(&path, "it was not renewed for 30 s: taken over");
+                        self.delete_claim(&path).await;
+                        if !matches!(self.read_claim(&path).await, Ok(None)) {
+                            crate::say!(
+                                "warning: a claim in the LLM cache ({path}) cannot be removed \
+                                 (remove it): the request is sent without one"
+                            );
+                            return Claim::Unclaimed;
+                        }
+                        continue;
+                    }
                 }
-                Some(_) => {}
+                _ => seen = Some((now, std::time::Instant::now())),
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Says, once for this cache, what became of a claim of another process.
+    fn say_claim(&self, path: &Path, what: &str) {
+        if !self
+            .claim_said
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            crate::say!("warning: a claim in the LLM cache ({path}): {what}");
         }
     }
 
@@ -530,20 +559,6 @@ impl Cache {
             .clone()
             .join(key.get(..2).unwrap_or("00"))
             .join(format!("{key}.claim").as_str())
-    }
-
-    /// Until when the claim at `path` holds (ms since the epoch), if there is one; one that
-    /// cannot be read holds for a lease from now (a claim being written).
-    async fn claim_until(&self, path: &Path) -> Option<u64> {
-        let bytes = match self.read_claim(path).await {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return None,
-            Err(()) => return Some(now_ms() + LEASE.as_millis() as u64),
-        };
-        let until = serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .and_then(|claim| claim.get("until_ms")?.as_u64());
-        Some(until.unwrap_or(now_ms() + LEASE.as_millis() as u64))
     }
 
     /// Deletes the claim at `path`; on a local disk never through a link.

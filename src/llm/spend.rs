@@ -96,18 +96,18 @@ pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(),
         .0
         .load(std::sync::atomic::Ordering::Relaxed);
     let cancelled = match in_flight {
-        0 => "no request was in flight".to_string(),
-        1 => "1 request in flight was cancelled, which the endpoint may still bill (its reply is \
-              not counted here)"
+        0 => "none was in flight".to_string(),
+        1 => "1 of them was in flight and was cancelled, which the endpoint may still bill (its \
+              reply never came, so its tokens are not counted here)"
             .to_string(),
         n => format!(
-            "{n} requests in flight were cancelled, which the endpoint may still bill (their \
-             replies are not counted here)"
+            "{n} of them were in flight and were cancelled, which the endpoint may still bill \
+             (their replies never came, so their tokens are not counted here)"
         ),
     };
     Err(LlmError::Budget(format!(
         "the statement reached {reached} and stopped: it spent {tokens} tokens ({} prompt, {} \
-         completion) and {} in {} requests; {cancelled}; nothing was committed",
+         completion) and {} in {} requests sent; {cancelled}; nothing was committed",
         s.prompt_tokens,
         s.completion_tokens,
         money(s.cost),

@@ -148,12 +148,48 @@ impl Limited {
     /// Refuses `op` on `location` where the session may not (its warehouse's files are the
     /// catalog's, allowed).
     fn allowed(&self, access: &Access, location: &Path, op: Op) -> object_store::Result<()> {
+        if self.is_secret(location) {
+            return Err(refused(format!(
+                "'{}' is the warehouse's secret that signs the LLM cache: no statement reads or \
+                 writes it",
+                self.url_of(location)
+                    .map_or_else(|_| location.to_string(), |u| u.to_string())
+            )));
+        }
         if !access.confined() {
             return Ok(());
         }
         access
             .check(&self.url_of(location)?, op, true)
             .map_err(|e| refused(e.0))
+    }
+
+    /// Whether `location` is the warehouse's secret ([`crate::llm::cache::SECRET`]), which no
+    /// statement of any session reads: whoever holds it can sign cache entries. Named as it is,
+    /// or through links (a local file is judged where it really is).
+    fn is_secret(&self, location: &Path) -> bool {
+        let secret = crate::llm::cache::SECRET;
+        let Some(root) = self.limits.warehouse.get() else {
+            return false;
+        };
+        let Ok(own) = root.join(secret) else {
+            return false;
+        };
+        let Ok(url) = self.url_of(location) else {
+            return false;
+        };
+        if url == own {
+            return true;
+        }
+        // Through a link (to it, or to a folder on the way): only local files can be links.
+        match (url.to_file_path(), own.to_file_path()) {
+            (Ok(file), Ok(own)) => {
+                let maybe = file.file_name().is_some_and(|name| name == secret)
+                    || std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_symlink());
+                maybe && super::access::resolved(&file) == super::access::resolved(&own)
+            }
+            _ => false,
+        }
     }
 
     /// [`Limited::allowed`] with the session's confinement as it is now.
@@ -170,14 +206,25 @@ impl Limited {
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         let access = self.limits.access();
         if !access.confined() {
-            return listing;
+            // The warehouse's secret is left out of every listing.
+            let me = self.clone();
+            return listing
+                .filter(move |entry| {
+                    let hidden = entry.as_ref().is_ok_and(|e| me.is_secret(&e.location));
+                    futures::future::ready(!hidden)
+                })
+                .boxed();
         }
         let root = Path::default();
         if let Err(e) = self.allowed(&access, prefix.unwrap_or(&root), Op::Read) {
             return futures::stream::once(async move { Err(e) }).boxed();
         }
-        let me = self.clone();
+        let (me, hide) = (self.clone(), self.clone());
         listing
+            .filter(move |entry| {
+                let hidden = entry.as_ref().is_ok_and(|e| hide.is_secret(&e.location));
+                futures::future::ready(!hidden)
+            })
             .map(move |entry| {
                 let entry = entry?;
                 me.allowed(&access, &entry.location, Op::Read)?;
