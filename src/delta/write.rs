@@ -249,9 +249,7 @@ impl TableWrite {
             return Ok(Err("it was dropped and made again"));
         };
         let columns = |metadata: &deltalake_core::kernel::Metadata| {
-            serde_json::to_value(metadata)
-                .ok()
-                .and_then(|m| m.get("schemaString")?.as_str().map(str::to_string))
+            metadata_text(metadata, "schemaString")
                 .and_then(|text| serde_json::from_str::<StructType>(&text).ok())
         };
         let read_columns = columns(read.metadata());
@@ -493,22 +491,16 @@ impl TableWrite {
 
     /// The error of a statement that lost to another that changed the table after it read it.
     pub fn conflict(&self) -> Error {
-        let name = &self.name;
-        let read = self
-            .read_version()
-            .map(|v| format!(" (version {v})"))
-            .unwrap_or_default();
-        Error::table(
-            name,
-            format!(
-                "table '{name}' was changed by another statement after this one read it{read}: \
-                 a conflict; nothing of this statement was committed (run it again)"
-            ),
-        )
+        self.conflict_message("a conflict;")
     }
 
     /// [`TableWrite::conflict`], saying what the other statement did.
     fn conflict_because(&self, why: &str) -> Error {
+        self.conflict_message(&format!("{why}; a conflict,"))
+    }
+
+    /// A conflict's error, `what` said between what happened and what was committed.
+    fn conflict_message(&self, what: &str) -> Error {
         let name = &self.name;
         let read = self
             .read_version()
@@ -518,7 +510,7 @@ impl TableWrite {
             name,
             format!(
                 "table '{name}' was changed by another statement after this one read it{read}: \
-                 {why}; a conflict, nothing of this statement was committed (run it again)"
+                 {what} nothing of this statement was committed (run it again)"
             ),
         )
     }
@@ -534,9 +526,15 @@ impl TableWrite {
 
 /// The table id a Delta table's `metaData` carries.
 fn table_id(metadata: &deltalake_core::kernel::Metadata) -> Option<String> {
+    metadata_text(metadata, "id")
+}
+
+/// The text field `key` of a `metaData` action, as the log writes it (the kernel keeps its
+/// accessors to itself).
+fn metadata_text(metadata: &deltalake_core::kernel::Metadata, key: &str) -> Option<String> {
     serde_json::to_value(metadata)
         .ok()?
-        .get("id")?
+        .get(key)?
         .as_str()
         .map(str::to_string)
 }

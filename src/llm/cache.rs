@@ -31,6 +31,11 @@ static PENDING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
 /// Whether a failed write was said.
 static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Keeps `task` for [`flush`] to wait for.
+fn pending(task: tokio::task::JoinHandle<()>) {
+    PENDING.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+}
+
 /// Waits for the writes [`Cache::put_soon`] started.
 pub async fn flush() {
     let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
@@ -101,11 +106,7 @@ impl Drop for ClaimGuard {
         let (cache, path, owner) = (self.cache.clone(), self.path.clone(), self.owner.clone());
         // Waited for by [`flush`] with the writes, so that a process ending now leaves none.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let removal = runtime.spawn(async move { remove_claim(&cache, &path, &owner).await });
-            PENDING
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(removal);
+            pending(runtime.spawn(async move { remove_claim(&cache, &path, &owner).await }));
         }
     }
 }
@@ -561,18 +562,26 @@ impl Cache {
             .join(format!("{key}.claim").as_str())
     }
 
+    /// Where the object `path` of a local cache is on the disk.
+    fn local_file(&self, path: &Path) -> Option<std::path::PathBuf> {
+        let root = self.local.as_ref()?;
+        let relative = path.prefix_match(&self.prefix)?;
+        Some(
+            std::iter::once(root.clone())
+                .chain(relative.map(|p| std::path::PathBuf::from(p.as_ref())))
+                .collect(),
+        )
+    }
+
     /// Deletes the claim at `path`; on a local disk never through a link.
     async fn delete_claim(&self, path: &Path) {
         let Some(root) = &self.local else {
             let _ = self.store.delete(path).await;
             return;
         };
-        let Some(relative) = path.prefix_match(&self.prefix) else {
+        let Some(file) = self.local_file(path) else {
             return;
         };
-        let file: std::path::PathBuf = std::iter::once(root.clone())
-            .chain(relative.map(|p| std::path::PathBuf::from(p.as_ref())))
-            .collect();
         let root = root.clone();
         let _ = tokio::task::spawn_blocking(move || {
             crate::storage::beneath::remove_file_beneath(&root, &file)
@@ -583,7 +592,7 @@ impl Cache {
     /// The claim at `path`, if there is one: on a local disk read as a regular file only (a
     /// FIFO is an error, never a wait).
     async fn read_claim(&self, path: &Path) -> Result<Option<Vec<u8>>, ()> {
-        let Some(root) = &self.local else {
+        if self.local.is_none() {
             return match self.store.get(path).await {
                 Ok(got) if got.meta.size <= 4096 => {
                     got.bytes().await.map(|b| Some(b.to_vec())).map_err(drop)
@@ -592,10 +601,7 @@ impl Cache {
                 _ => Err(()),
             };
         };
-        let relative = path.prefix_match(&self.prefix).ok_or(())?;
-        let file: std::path::PathBuf = std::iter::once(root.clone())
-            .chain(relative.map(|p| std::path::PathBuf::from(p.as_ref())))
-            .collect();
+        let file = self.local_file(path).ok_or(())?;
         if std::fs::symlink_metadata(&file).is_err() {
             return Ok(None);
         }
@@ -606,40 +612,22 @@ impl Cache {
             .map_err(drop)
     }
 
-    /// [`Cache::put_soon`] for the answer of a request this process claimed: the claim is
-    /// removed once the answer is kept.
-    pub fn put_soon_answering(&self, key: &str, reply: String, claim: ClaimGuard) {
-        let (cache, key) = (self.clone(), key.to_string());
-        let write = tokio::spawn(async move {
-            if let Err(warning) = cache.put(&key, &reply).await
-                && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                crate::say!("warning: {warning}");
-            }
-            claim.release().await;
-        });
-        PENDING
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(write);
-    }
-
     /// Keeps `reply` for `key` on a task of its own, so that a statement that stops meanwhile
     /// (its budget, another row's error) still keeps what it paid for; [`flush`] waits for such
-    /// writes. A failure to keep one is said once.
-    pub fn put_soon(&self, key: &str, reply: String) {
+    /// writes. The `claim` this process held for the request, if any, is removed once the answer
+    /// is kept. A failure to keep one is said once.
+    pub fn put_soon(&self, key: &str, reply: String, claim: Option<ClaimGuard>) {
         let (cache, key) = (self.clone(), key.to_string());
-        let write = tokio::spawn(async move {
+        pending(tokio::spawn(async move {
             if let Err(warning) = cache.put(&key, &reply).await
                 && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
             {
                 crate::say!("warning: {warning}");
             }
-        });
-        PENDING
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(write);
+            if let Some(claim) = claim {
+                claim.release().await;
+            }
+        }));
     }
 
     /// The entries and their bytes.

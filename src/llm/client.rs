@@ -527,10 +527,7 @@ impl EndpointModel {
                 Err(e) => return Err(Unshared::Stop(e)),
             };
             if let Some(cache) = cache.filter(|_| call.cache == Mode::On) {
-                match claim {
-                    Some(claim) => cache.put_soon_answering(key, raw.clone(), claim),
-                    None => cache.put_soon(key, raw.clone()),
-                }
+                cache.put_soon(key, raw.clone(), claim);
             }
             Ok(raw)
         };
@@ -655,7 +652,7 @@ impl EndpointModel {
                     if let Ok(vector) = vector
                         && let Ok(json) = serde_json::to_string(vector)
                     {
-                        cache.put_soon(&key_of(text), json);
+                        cache.put_soon(&key_of(text), json, None);
                     }
                 }
             }
