@@ -1368,6 +1368,14 @@ fn generate_rejects_keep_the_prompt_as_the_key_back_to_their_rows() {
          FROM batchinfer_rejects('terse_2')",
     ));
     assert!(retried.contains("\n3,3"), "{retried}");
+    // A name is matched against the files' names, never made a path: hostile ones find nothing.
+    for hostile in ["../terse", "terse/..", "%", "*", "", "TERSE", "ters"] {
+        let none = assert_ok(&query(
+            wh,
+            &format!("SELECT count(*) AS n FROM batchinfer_rejects('{hostile}')"),
+        ));
+        assert_eq!(none.lines().nth(1), Some("0"), "{hostile}: {none}");
+    }
     let wrong = query(wh, "SELECT * FROM batchinfer_rejects(1)");
     assert_failure(&wrong, &["batchinfer_rejects('model')"]);
 }
