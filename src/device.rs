@@ -30,6 +30,7 @@ impl Device {
     /// reports a GPU and the CUDA libraries are found, else the CPU, decided once per process
     /// (at start-up for `--device`) and said.
     pub fn resolve(self) -> Target {
+        // Per process: the machine's GPUs are the same for every session.
         static AUTO: OnceLock<Target> = OnceLock::new();
         match self {
             Device::Cpu => Target::Cpu,

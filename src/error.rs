@@ -134,9 +134,14 @@ pub enum Error {
     #[error("{0}")]
     Library(String),
 
-    /// An endpoint model's ([`crate::llm`]).
-    #[error(transparent)]
-    Llm(#[from] crate::llm::LlmError),
+    /// A feature's own error, which says itself what went wrong (an endpoint model's: each
+    /// feature converts its errors into this or the variants above); `kind` is what callers
+    /// branch on. The root error names no feature.
+    #[error("{error}")]
+    Feature {
+        kind: Kind,
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// A GPU (CUDA) that was asked for cannot be used.
     #[error("{0}")]
@@ -294,8 +299,8 @@ impl Error {
             | Error::ModelFile(_)
             | Error::Onnx(_)
             | Error::Runtime(_)
-            | Error::Llm(_)
             | Error::Gpu(_) => Kind::Model,
+            Error::Feature { kind, .. } => *kind,
             Error::Binding { .. }
             | Error::Tensor(_)
             | Error::TooLarge { .. }
@@ -345,25 +350,36 @@ fn external_kind(inner: &(dyn std::error::Error + Send + Sync + 'static)) -> Kin
     }
 }
 
-/// What a panic said: its message, with where it happened when the panic hook recorded it.
+/// What a panic said: its message, with where it happened when the panic hook recorded it on
+/// this thread (a statement's panic is caught on the thread it happened on; one caught
+/// elsewhere, a spawned task's, is told by its message alone).
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     let said = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string());
-    match LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        Some(recorded) => recorded,
-        None => said,
+    match LAST_PANIC.with(|last| last.take()) {
+        Some(recorded)
+            if recorded.contains(&said)
+                || payload.downcast_ref::<String>().is_none()
+                    && payload.downcast_ref::<&str>().is_none() =>
+        {
+            recorded
+        }
+        _ => said,
     }
 }
 
-/// The message and place of the last panic, as the hook [`record_panics`] saw it.
-static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+thread_local! {
+    /// The message and place of the last panic on this thread, as the hook [`record_panics`]
+    /// saw it: each statement's own, whatever panics on other threads.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
 
 /// Panics are recorded, not printed: the statement they end reports them as one error.
 pub fn record_panics() {
     std::panic::set_hook(Box::new(|info| {
-        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.to_string());
+        let _ = LAST_PANIC.try_with(|last| *last.borrow_mut() = Some(info.to_string()));
     }));
 }

@@ -61,7 +61,8 @@
 //!   (fixed at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
 //!   cluster client sends), set through the session for each statement; no `SET` changes it;
-//!   its ledger (the spend, token budget and error tally it owns, kept as long as it runs).
+//!   its ledger (the spend, token budget, error tally, rows given NULL and writes a
+//!   cancellation came too late for: what it owns, kept as long as it runs).
 //! - [`model`]: the registry (name -> model; what each name of a version picks:
 //!   `registry/picks.rs`), a model's versions and aliases and the names that reach them
 //!   (`versions.rs`: `churn`, `churn@2`, `churn@champion`, parsed, never made into paths), model
@@ -145,7 +146,8 @@
 //!   (`view_manifest.rs`), and the files a view may read (its own, of their recorded sizes:
 //!   `view_files.rs`, which also makes a view's table).
 //! - [`error`]: the crate's error type, its kinds (what a caller branches on), and panics
-//!   reported as errors; [`message`]: an error as a person reads it, what the engine says as it
+//!   reported as errors; it imports no feature (a feature's own error converts itself into it,
+//!   as `Error::Feature` with its kind); [`message`]: an error as a person reads it, what the engine says as it
 //!   works (`say!`: stderr, or where Python sends it), and warnings said once.
 //! - [`llm`]: endpoint models (LLMs behind an OpenAI-compatible API) and what `generate` needs
 //!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and

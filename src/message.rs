@@ -52,6 +52,7 @@ fn display_datafusion_error(err: &DataFusionError) -> String {
 /// Where what the engine says as it works goes (a model created, a view refreshed, a warning):
 /// standard error, unless [`say_to`] named a function (Python's `sys.stderr`, which a notebook
 /// shows).
+/// Per process: the process's standard error (or Python's `sys.stderr`) is one.
 static SAY_TO: std::sync::RwLock<Option<Sayer>> = std::sync::RwLock::new(None);
 
 /// A function that takes each line the engine says.
@@ -108,4 +109,17 @@ pub fn with_causes(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// 10000 as "10,000".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

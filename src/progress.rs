@@ -18,6 +18,7 @@ use datafusion::physical_plan::{ExecutionPlan, collect};
 
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::message::thousands;
 use crate::statements::Statement;
 
 /// What a statement returned, and the model work it took.
@@ -94,57 +95,16 @@ impl RunReport {
     }
 }
 
-/// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
-/// tokens, $0.001200".
-pub fn llm_described(usage: &crate::llm::Usage) -> String {
-    let sent = usage.requests - usage.retries.min(usage.requests);
-    let mut line = format!(
-        "{} request{}",
-        thousands(sent),
-        if sent == 1 { "" } else { "s" }
-    );
-    if usage.retries > 0 {
-        line.push_str(&format!(" ({} retried)", thousands(usage.retries)));
-    }
-    if usage.cache_hits > 0 {
-        line.push_str(&format!(
-            ", {} answer{} from the cache",
-            thousands(usage.cache_hits),
-            if usage.cache_hits == 1 { "" } else { "s" }
-        ));
-    }
-    line.push_str(&format!(
-        ", {} prompt + {} completion tokens, {}",
-        thousands(usage.prompt_tokens),
-        thousands(usage.completion_tokens),
-        crate::llm::spend::money(usage.cost)
-    ));
-    line
-}
-
-/// What endpoint models did in `wall`: [`llm_described`], with tokens/s.
+/// What endpoint models did in `wall`: [`crate::llm::Usage::described`], with tokens/s.
 fn llm_usage(usage: &crate::llm::Usage, wall: Duration) -> String {
     let tokens = usage.prompt_tokens.saturating_add(usage.completion_tokens);
     let per_second = tokens as f64 / wall.as_secs_f64().max(1e-9);
-    format!("{}, {per_second:.0} tokens/s", llm_described(usage))
+    format!("{}, {per_second:.0} tokens/s", usage.described())
 }
 
 /// "1 row", "10,000 rows".
 fn rows(n: u64) -> String {
     format!("{} row{}", thousands(n), if n == 1 { "" } else { "s" })
-}
-
-/// 10000 as "10,000".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Where a statement's progress line goes.

@@ -35,8 +35,22 @@ struct Tally {
     first: Vec<String>,
 }
 
-/// Counts a batch's rows for the statement at hand, and stops it once its failed rows are past
-/// `batchinfer.max_errors`: the error gives the count and the first messages.
+/// The rows each model of one statement gave NULL (its failures under `on_error = 'null'` or
+/// `'reject'`), by model name (kept in the statement's own ledger: another statement's rows,
+/// of this session or another, are never counted here).
+#[derive(Debug, Default)]
+struct Nulled(parking_lot::Mutex<std::collections::BTreeMap<String, u64>>);
+
+/// The rows each model gave NULL for `statement` since the last call, by model; resets them.
+pub fn take_nulled(statement: &StatementContext) -> Vec<(String, u64)> {
+    std::mem::take(&mut *statement.ledger.get::<Nulled>().0.lock())
+        .into_iter()
+        .collect()
+}
+
+/// Counts a batch's rows for the statement at hand (its rows given NULL, by model), and stops
+/// it once its failed rows are past `batchinfer.max_errors`: the error gives the count and the
+/// first messages.
 pub fn count(
     options: &BatchInferOptions,
     statement: &StatementContext,
@@ -44,6 +58,15 @@ pub fn count(
     scored: usize,
     failed: &[(usize, String)],
 ) -> Result<()> {
+    if !failed.is_empty() {
+        *statement
+            .ledger
+            .get::<Nulled>()
+            .0
+            .lock()
+            .entry(model.to_string())
+            .or_default() += failed.len() as u64;
+    }
     let Some(budget) = options.max_errors else {
         return Ok(());
     };
@@ -94,6 +117,7 @@ pub fn meta_schema() -> SchemaRef {
     Arc::new(Schema::new(meta_fields()))
 }
 
+/// Per process: a counter for unique names.
 static FILES: AtomicU64 = AtomicU64::new(0);
 
 /// Writes the rows of `columns` (the model's arguments, described by `fields`) that `model`
@@ -253,6 +277,7 @@ pub fn statement_folder(statement: &StatementContext) -> Result<url::Url> {
 
 /// A new statement id: when it began (UTC, sortable), this process and a counter.
 pub fn statement_id() -> String {
+    // Per process: a counter for unique names.
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
         "{}-{}-{}",

@@ -16,6 +16,7 @@ use crate::message::display_error;
 use crate::output::{OutputFormat, print_batches};
 use crate::progress::run_with_progress;
 use crate::signals::{Running, heed};
+use crate::statement_context::StatementContext;
 use crate::statements::{Statement, complete_prefix};
 use crate::view::schedule::Schedule;
 
@@ -51,11 +52,11 @@ impl Runner<'_> {
                 Ok(report) => report,
                 // A model stopped between micro-batches: the statement ends as cancelled.
                 Err(e) => match stop.requested() {
-                    Some(signal) => return cancelled(signal).await,
+                    Some(signal) => return cancelled(signal, Some(self.engine)).await,
                     None => return Err(e),
                 },
             },
-            signal = stop_signal() => return cancelled(signal).await,
+            signal = stop_signal() => return cancelled(signal, Some(self.engine)).await,
         };
         let mut stdout = std::io::stdout().lock();
         print_batches(&mut stdout, self.format, &report.schema, &report.batches)?;
@@ -150,10 +151,16 @@ pub async fn report_failed_rows(engine: &Engine) {
     }
 }
 
-/// The warnings [`report_failed_rows`] prints, one a model.
+/// The warnings [`report_failed_rows`] prints, one a model, for the statement that just ran.
 pub async fn failed_rows(engine: &Engine) -> Vec<String> {
+    failed_rows_of(engine, &engine.statement()).await
+}
+
+/// [`failed_rows`] of `statement` (a query's, whose rows were read after it was planned: its
+/// session may have begun another since).
+pub async fn failed_rows_of(engine: &Engine, statement: &StatementContext) -> Vec<String> {
     let mut warnings = Vec::new();
-    let (rejected, folder) = engine.statement_rejects().await.unwrap_or_else(|e| {
+    let (rejected, folder) = engine.rejects_of(statement).await.unwrap_or_else(|e| {
         warnings.push(format!(
             "the statement's rejects cannot be counted: {}",
             display_error(&e)
@@ -165,7 +172,7 @@ pub async fn failed_rows(engine: &Engine) -> Vec<String> {
             "model '{model}' failed on {rows} row(s), which got NULL; they are kept in {folder}"
         ));
     }
-    for (model, rows) in engine.registry().take_failed_rows() {
+    for (model, rows) in crate::rejects::take_nulled(statement) {
         if !rejected.iter().any(|(m, _)| *m == model) {
             warnings.push(format!(
                 "model '{model}' failed on {rows} row(s), which got NULL \
@@ -177,11 +184,13 @@ pub async fn failed_rows(engine: &Engine) -> Vec<String> {
 }
 
 /// Answers a stop signal: waits until what the statement wrote is discarded, and says so (or
-/// what a commit already under way kept).
-pub async fn cancelled(signal: &'static str) -> Result<()> {
+/// what a commit already under way kept of `engine`'s statement, where one was running).
+pub async fn cancelled(signal: &'static str, engine: Option<&Engine>) -> Result<()> {
     heed();
     crate::storage::discards_done().await;
-    let kept = crate::storage::take_kept_despite_cancel();
+    let kept = engine.map_or_else(Vec::new, |engine| {
+        crate::storage::take_kept_despite_cancel(&engine.statement())
+    });
     if !kept.is_empty() {
         // Too late to stop a commit under way: said as it is.
         return Err(Error::Statement(format!(

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 
 /// How many stop signals a running statement has answered (by stopping).
+/// Per process: signals are delivered to the process.
 static HEEDED: AtomicU64 = AtomicU64::new(0);
 
 /// How many statements are running (in [`Runner::run`]).
+/// Per process: signals are delivered to the process.
 static RUNNING: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a statement in [`RUNNING`] while it lives.

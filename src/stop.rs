@@ -19,9 +19,11 @@ use ort::session::RunOptions;
 use crate::error::Error;
 
 /// The run options of the model calls in flight, by call number.
+/// Per process: a signal stops every model call in flight in the process.
 static IN_FLIGHT: Mutex<Vec<(u64, Arc<RunOptions>)>> = Mutex::new(Vec::new());
 
 /// Numbers the calls in flight.
+/// Per process: a counter for unique names.
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// A model call in flight: a stop signal terminates it through its run options.
@@ -57,9 +59,11 @@ fn lock() -> std::sync::MutexGuard<'static, Vec<(u64, Arc<RunOptions>)>> {
 }
 
 /// Stop signals received so far.
+/// Per process: signals are delivered to the process.
 static SIGNALS: AtomicU64 = AtomicU64::new(0);
 
 /// The last of them: 1, SIGINT; 2, SIGTERM.
+/// Per process: signals are delivered to the process.
 static LAST: AtomicU8 = AtomicU8::new(1);
 
 /// Records that `signal` asks the running statement to stop.

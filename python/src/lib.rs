@@ -121,7 +121,7 @@ impl Connection {
             })),
         };
         let config = options.config().map_err(raise)?;
-        let engine = run::run(py, async move || Engine::open(config).await)?;
+        let engine = run::run(py, None, async move || Engine::open(config).await)?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 engine,
@@ -149,7 +149,7 @@ impl Connection {
             run::collect(py, inner, run::Work::Statement(statement), &mut warnings)?;
         }
         let result = if last.is_query() {
-            let df = run::run(py, async || engine.run(last).await)?;
+            let df = run::run(py, Some(engine), async || engine.run(last).await)?;
             Relation::planned(inner.clone(), df)
         } else {
             let report = run::collect(py, inner, run::Work::Statement(last), &mut warnings)?;

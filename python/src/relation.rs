@@ -125,7 +125,9 @@ impl Relation {
                 // Refused once the connection is closed, as collect is.
                 drop(self.inner.lock(py)?);
                 let df = starting_now(df.as_ref().clone());
-                let stream = run::run(py, async move || Ok(df.execute_stream().await?))?;
+                let stream = run::run(py, Some(&self.inner.engine), async move || {
+                    Ok(df.execute_stream().await?)
+                })?;
                 *state = State::Streamed;
                 Box::new(Streaming {
                     schema: stream.schema(),

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use batchinfer::Error as EngineError;
+use batchinfer::engine::Engine;
 use batchinfer::progress::{RunReport, run_reported};
 use batchinfer::statements::Statement;
 use datafusion::dataframe::DataFrame;
@@ -99,8 +100,9 @@ enum Outcome<T> {
     Stopped(batchinfer::Result<()>),
 }
 
-/// Runs `work` to its end (see the module's text).
-pub fn run<T, F>(py: Python<'_>, work: F) -> PyResult<T>
+/// Runs `work` to its end (see the module's text); a statement of `engine`'s, where it is one
+/// (what a cancellation kept is its own).
+pub fn run<T, F>(py: Python<'_>, engine: Option<&Engine>, work: F) -> PyResult<T>
 where
     T: Send,
     F: AsyncFnOnce() -> batchinfer::Result<T> + Send,
@@ -121,7 +123,7 @@ where
                             Err(EngineError::Internal(batchinfer::error::panic_message(&panic)))
                         })),
                         Ok(signal) = cancelled => {
-                            Outcome::Stopped(batchinfer::runner::cancelled(signal).await)
+                            Outcome::Stopped(batchinfer::runner::cancelled(signal, engine).await)
                         }
                     }
                 });
@@ -203,7 +205,7 @@ pub fn collect(
 ) -> PyResult<RunReport> {
     let engine = &inner.engine;
     let progress = inner.progress.clone();
-    let (report, failed) = run(py, async move || {
+    let (report, failed) = run(py, Some(engine), async move || {
         let report = match work {
             Work::Statement(statement) => {
                 let written = statement.writes();

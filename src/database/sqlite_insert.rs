@@ -31,6 +31,8 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
+use crate::statement_context::StatementContext;
+
 /// How long a statement waits for another writer's lock on the file before it fails.
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -103,6 +105,8 @@ struct Writer {
     thread: Option<tokio::task::JoinHandle<Result<u64>>>,
     /// The table, for the word a cancellation that came too late to stop the commit leaves.
     target: SqliteTarget,
+    /// The ledger of the statement it writes for, where that word is left.
+    ledger: crate::statement_context::Ledger,
 }
 
 impl Writer {
@@ -125,10 +129,12 @@ impl Drop for Writer {
         self.rows = None;
         if let Some(thread) = self.thread.take() {
             let table = format!("SQLite table '{}'", self.target.name);
+            let ledger = self.ledger.clone();
             crate::storage::discard_in_background(async move {
                 // The word to commit was sent before the cancellation: the rows may be in.
                 if let Ok(Ok(rows)) = thread.await {
-                    crate::storage::kept_despite_cancel(format!("{rows} row(s) into {table}"));
+                    let what = format!("{rows} row(s) into {table}");
+                    crate::storage::kept_despite_cancel(&ledger, what);
                 }
             });
         }
@@ -148,8 +154,11 @@ impl DataSink for SqliteSink {
     async fn write_all(
         &self,
         mut data: SendableRecordBatchStream,
-        _context: &Arc<TaskContext>,
+        context: &Arc<TaskContext>,
     ) -> Result<u64> {
+        let ledger = StatementContext::of(Some(context.session_config().options()))
+            .map(|statement| statement.ledger.clone())
+            .unwrap_or_default();
         let (sender, receiver) = tokio::sync::mpsc::channel(2);
         let (target, overwrite) = (self.target.clone(), self.overwrite);
         let thread = tokio::task::spawn_blocking(move || insert_rows(&target, overwrite, receiver));
@@ -157,6 +166,7 @@ impl DataSink for SqliteSink {
             rows: Some(sender),
             thread: Some(thread),
             target: self.target.clone(),
+            ledger,
         };
         while let Some(batch) = data.next().await {
             let batch = match batch {

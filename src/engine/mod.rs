@@ -36,6 +36,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::model::ModelRegistry;
 use crate::session::Session;
+use crate::statement_context::StatementContext;
 use crate::statements::Statement;
 use crate::storage::StoreRegistry;
 use crate::udf::predict_table::tables_named;
@@ -334,10 +335,19 @@ impl Engine {
         self.catalog.list_tables().await
     }
 
-    /// The rows the statement that just ran rejected, per model, and the folder they are in
-    /// (nothing unless `on_error = 'reject'`): counted from the files, wherever they were written.
-    pub async fn statement_rejects(&self) -> Result<(Vec<(String, u64)>, String)> {
-        self.session.statement_rejects().await
+    /// The statement at hand (the one that just ran, once it ran): what it counts is its own,
+    /// whatever other statements or sessions run beside it.
+    pub fn statement(&self) -> StatementContext {
+        self.session.statement()
+    }
+
+    /// The rows `statement` rejected, per model, and the folder they are in (nothing unless
+    /// `on_error = 'reject'`): counted from the files, wherever they were written.
+    pub async fn rejects_of(
+        &self,
+        statement: &StatementContext,
+    ) -> Result<(Vec<(String, u64)>, String)> {
+        crate::rejects::rejected(self.registry().stores(), statement).await
     }
 
     /// The materialized views, over this engine's session, warehouse and catalog.

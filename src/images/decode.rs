@@ -23,6 +23,7 @@ const MAX_ALLOC: u64 = 1 << 30;
 const DECODING_AT_ONCE: u64 = 2 << 30;
 
 /// The bytes images being decoded take now.
+/// Per process: the machine's memory is shared by every statement.
 static DECODING: (std::sync::Mutex<u64>, std::sync::Condvar) =
     (std::sync::Mutex::new(0), std::sync::Condvar::new());
 

@@ -25,10 +25,12 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// Writes [`Cache::put_soon`] started and nobody has waited for yet.
+/// Per process: a process waits for all of them before it exits.
 static PENDING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Whether a failed write was said.
+/// Per process: said once per process.
 static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Keeps `task` for [`flush`] to wait for.
@@ -139,7 +141,7 @@ fn now_ms() -> u64 {
 }
 
 /// The warehouse's secret that signs the cache's entries, beside [`FOLDER`].
-pub const SECRET: &str = "llm-cache.key";
+pub const SECRET: &str = crate::storage::WAREHOUSE_SECRET;
 
 /// The largest entry read: a reply past this is not cached.
 const MAX_ENTRY: usize = 16 << 20;

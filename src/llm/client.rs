@@ -263,8 +263,6 @@ pub struct EndpointModel {
     pub endpoint: Endpoint,
     /// The definition's sha256 ([`Endpoint::sha256`]).
     pub sha256: String,
-    /// Rows given NULL because their request or reply failed (`batchinfer.on_error`).
-    pub failed_rows: AtomicU64,
     http: reqwest::Client,
     permits: Semaphore,
     pace: Pace,
@@ -350,7 +348,6 @@ impl EndpointModel {
         Ok(EndpointModel {
             name: name.to_string(),
             sha256: endpoint.sha256(),
-            failed_rows: AtomicU64::new(0),
             permits: Semaphore::new(endpoint.max_concurrency),
             pace: Pace::new(endpoint.requests_per_minute, endpoint.tokens_per_minute),
             endpoint,

@@ -31,6 +31,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::error::Error;
+
 pub use client::{EndpointModel, Usage};
 
 /// The feature's errors.
@@ -49,6 +51,16 @@ pub enum LlmError {
     /// A statement past `batchinfer.max_llm_tokens` or `batchinfer.max_cost`.
     #[error("{0}")]
     Budget(String),
+}
+
+impl From<LlmError> for Error {
+    /// An endpoint model's error is a model's ([`crate::error::Kind::Model`]).
+    fn from(error: LlmError) -> Self {
+        Error::Feature {
+            kind: crate::error::Kind::Model,
+            error: Box::new(error),
+        }
+    }
 }
 
 /// What an endpoint model answers: chat completions (`generate`) or embeddings.

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::{LlmError, Usage};
 use crate::config::BatchInferOptions;
+use crate::message::thousands;
 use crate::statement_context::Ledger;
 
 /// One statement's spending: what each model did for each part of it (a view refresh's unit;
@@ -118,4 +119,35 @@ pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(),
 /// `0.0123` as "$0.012300": prices per million tokens make small sums.
 pub fn money(cost: f64) -> String {
     format!("${cost:.6}")
+}
+
+impl Usage {
+    /// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
+    /// tokens, $0.001200".
+    pub fn described(&self) -> String {
+        let usage = self;
+        let sent = usage.requests - usage.retries.min(usage.requests);
+        let mut line = format!(
+            "{} request{}",
+            thousands(sent),
+            if sent == 1 { "" } else { "s" }
+        );
+        if usage.retries > 0 {
+            line.push_str(&format!(" ({} retried)", thousands(usage.retries)));
+        }
+        if usage.cache_hits > 0 {
+            line.push_str(&format!(
+                ", {} answer{} from the cache",
+                thousands(usage.cache_hits),
+                if usage.cache_hits == 1 { "" } else { "s" }
+            ));
+        }
+        line.push_str(&format!(
+            ", {} prompt + {} completion tokens, {}",
+            thousands(usage.prompt_tokens),
+            thousands(usage.completion_tokens),
+            money(usage.cost)
+        ));
+        line
+    }
 }

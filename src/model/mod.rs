@@ -62,8 +62,6 @@ pub struct Model {
     /// sha256 of the model file, recorded with the results it produces.
     pub sha256: String,
     pub size_bytes: usize,
-    /// Rows given NULL because the model failed on them (`batchinfer.on_error = 'null'`).
-    pub failed_rows: AtomicU64,
     /// Calls into ONNX Runtime, rows scored, and nanoseconds spent inside ONNX Runtime.
     pub stats: ModelStats,
     /// Tokenizer and pooling, for a model folder with `tokenizer.json` (`embed` needs one).
@@ -297,7 +295,6 @@ impl Model {
             signature,
             sha256,
             size_bytes,
-            failed_rows: AtomicU64::new(0),
             stats: ModelStats::default(),
             text: None,
             image: None,

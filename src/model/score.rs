@@ -2,7 +2,6 @@
 //! cap, or the batch dimension a model fixes), results joined and put back in row order.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, StructArray, UInt32Array, new_empty_array, new_null_array,
@@ -165,9 +164,6 @@ fn score_dense(
     if scored.failed.is_empty() {
         return Ok((result, Vec::new()));
     }
-    model
-        .failed_rows
-        .fetch_add(scored.failed.len() as u64, Ordering::Relaxed);
     let rows = u32::try_from(rows).map_err(|_| too_many_rows(rows))?;
     let mut positions: Vec<Option<u32>> = (0..rows).map(Some).collect();
     for (row, _) in &scored.failed {

@@ -43,10 +43,12 @@ const CUDA_PROVIDERS: &[&str] = &[
 
 /// The process's one environment, once loaded. A failed CUDA load stores nothing, so that a later
 /// call for the CPU can still succeed.
+/// Per process: ONNX Runtime has one environment per process.
 static LOADED: Mutex<Option<(&'static Environment, Build)>> = Mutex::new(None);
 
 /// Why the CPU build could not be loaded, kept so that later models fail at once with the same
 /// message instead of fetching again.
+/// Per process: the library every session would load is the same.
 static CPU_FAILURE: Mutex<Option<String>> = Mutex::new(None);
 
 /// The CPU build, or the reason it is not there (remembered).
@@ -191,6 +193,7 @@ fn le_u64(bytes: &[u8], at: usize) -> u64 {
 /// The CPU library found in the cache and checked against its pinned sha256 ahead of loading it
 /// (by [`check_cpu_library`]), with the file's identity then: loading it hashes it again only if
 /// the file changed since.
+/// Per process: the library every session would load is the same.
 static CPU_CHECKED: Mutex<Option<(PathBuf, FileIdentity)>> = Mutex::new(None);
 
 /// What changes whenever a file is written, truncated or replaced.

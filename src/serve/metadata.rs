@@ -20,6 +20,7 @@ const TABLE_TYPES: [&str; 3] = ["TABLE", "VIEW", "LOCAL TEMPORARY"];
 
 /// What the server is, as `GetSqlInfo` answers.
 pub fn sql_info() -> &'static SqlInfoData {
+    // Per process: a constant.
     static INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
         let mut info = SqlInfoDataBuilder::new();
         info.append(SqlInfo::FlightSqlServerName, "batchinfer");

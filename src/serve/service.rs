@@ -46,6 +46,7 @@ use super::sessions::{Access, ClientSession, Pending, Prepared, Sessions};
 use crate::engine::Engine;
 use crate::error::{Error, Kind, Result};
 use crate::message::display_error;
+use crate::statement_context::StatementContext;
 use crate::statements::Statement;
 
 /// The most rows of parameters bound at once, and their bytes.
@@ -146,6 +147,7 @@ impl FlightSql {
         // gives its place back at once, even while its thread is still busy planning.
         let _slot = self.slot().await?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
+        let client = session.clone();
         let session = session.clone();
         let work = async move {
             let engine = session.engine().await?;
@@ -158,7 +160,11 @@ impl FlightSql {
                 let writes = statement.writes().is_some();
                 let df = engine.run(statement).await?;
                 if query && i == last {
-                    result = Some(Pending::Query { df, deadline });
+                    result = Some(Pending::Query {
+                        df,
+                        deadline,
+                        statement: Box::new(engine.statement()),
+                    });
                     break;
                 }
                 let schema = df.schema().inner().clone();
@@ -198,7 +204,7 @@ impl FlightSql {
             }
             result.ok_or_else(|| Error::Internal("a script ran no statement".to_string()))
         };
-        within(deadline, self.timeout, work).await
+        within(deadline, self.timeout, work, &client).await
     }
 
     /// Parses `sql` in `session`'s dialect.
@@ -334,6 +340,7 @@ async fn within<T: Send + 'static>(
     deadline: Option<Instant>,
     timeout: Option<Duration>,
     work: impl Future<Output = Result<T>> + Send + 'static,
+    session: &ClientSession,
 ) -> Result<T, Status> {
     let task = Aborted(statements_runtime().spawn(work));
     let done = match deadline {
@@ -341,7 +348,11 @@ async fn within<T: Send + 'static>(
             Ok(done) => done,
             Err(_) => {
                 crate::storage::discards_done().await;
-                return Err(timed_out(timeout));
+                let statement = match session.engine().await {
+                    Ok(engine) => engine.statement(),
+                    Err(_) => StatementContext::default(),
+                };
+                return Err(timed_out(timeout, &statement));
             }
         },
         None => task.await,
@@ -358,6 +369,7 @@ async fn within<T: Send + 'static>(
 /// The runtime statements run on, apart from the one that answers calls: a statement that
 /// keeps a thread busy (planning does, without a pause) leaves the server answering, timing
 /// out and cancelling. Its threads: one a statement, and the cores besides.
+/// Per process: one server runs in a process.
 static STATEMENTS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
 
 /// Makes the statements' runtime for `max_statements` at once.
@@ -427,11 +439,11 @@ impl tonic::service::Interceptor for Gate {
 }
 
 /// The error of a statement that ran past `--statement-timeout`.
-fn timed_out(timeout: Option<Duration>) -> Status {
+fn timed_out(timeout: Option<Duration>, statement: &StatementContext) -> Status {
     let limit = timeout.map_or_else(String::new, |t| {
         format!(" ({})", humantime::format_duration(t))
     });
-    let kept = crate::storage::take_kept_despite_cancel();
+    let kept = crate::storage::take_kept_despite_cancel(statement);
     let what = if kept.is_empty() {
         "nothing it wrote was kept".to_string()
     } else {
@@ -597,12 +609,13 @@ fn produced(
     deadline: Option<Instant>,
     timeout: Option<Duration>,
     slot: OwnedSemaphorePermit,
-    session: Arc<ClientSession>,
+    (session, statement): (Arc<ClientSession>, StatementContext),
 ) -> impl Stream<Item = std::result::Result<RecordBatch, FlightError>> + Send + 'static {
     let (sender, receiver) = tokio::sync::mpsc::channel(2);
     // The slot is given back by whichever ends first: the work, or the stream the client reads.
     let slot = Released(Arc::new(parking_lot::Mutex::new(Some(slot))));
     let kept = Released(slot.0.clone());
+    let told = statement.clone();
     let work = async move {
         let produce = async {
             let mut rows = match df.execute_stream().await {
@@ -619,6 +632,12 @@ fn produced(
                     return;
                 }
             }
+            // Read to the end: the rows its models failed on, as the command line tells them.
+            if let Ok(engine) = session.engine().await {
+                for warning in crate::runner::failed_rows_of(engine, &statement).await {
+                    crate::say!("warning: session {}: {warning}", session.number);
+                }
+            }
         };
         let finished = match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline.into(), produce)
@@ -633,23 +652,27 @@ fn produced(
         drop(session);
         if !finished {
             crate::storage::discards_done().await;
-            let _ = sender.send(Err(timed_out(timeout))).await;
+            let _ = sender.send(Err(timed_out(timeout, &statement))).await;
         }
     };
     let task = Aborted(statements_runtime().spawn(work));
     // The deadline is kept here too: a statement busy on its thread (planning) cannot see it.
     let state = (receiver, Some((task, kept)));
-    futures::stream::unfold(state, move |(mut receiver, held)| async move {
-        let held = held?;
-        let item = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), receiver.recv()).await
-            {
-                Ok(item) => item?,
-                Err(_) => return Some((Err(timed_out(timeout)), (receiver, None))),
-            },
-            None => receiver.recv().await?,
-        };
-        Some((item, (receiver, Some(held))))
+    futures::stream::unfold(state, move |(mut receiver, held)| {
+        let told = told.clone();
+        async move {
+            let held = held?;
+            let item = match deadline {
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline.into(), receiver.recv()).await {
+                        Ok(item) => item?,
+                        Err(_) => return Some((Err(timed_out(timeout, &told)), (receiver, None))),
+                    }
+                }
+                None => receiver.recv().await?,
+            };
+            Some((item, (receiver, Some(held))))
+        }
     })
     .map_err(|e| FlightError::Tonic(Box::new(e)))
 }
@@ -799,10 +822,15 @@ impl FlightSqlService for FlightSql {
                 }));
                 Ok(self.stream(&access, schema, rows))
             }
-            Pending::Query { df, deadline } => {
+            Pending::Query {
+                df,
+                deadline,
+                statement,
+            } => {
                 let slot = self.slot().await?;
                 let schema = df.schema().inner().clone();
-                let rows = produced(df, deadline, self.timeout, slot, access.session.clone());
+                let session = access.session.clone();
+                let rows = produced(df, deadline, self.timeout, slot, (session, *statement));
                 Ok(self.stream(&access, schema, rows))
             }
         }

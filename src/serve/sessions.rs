@@ -67,6 +67,8 @@ pub enum Pending {
         df: DataFrame,
         /// When it must have ended (`--statement-timeout`).
         deadline: Option<Instant>,
+        /// The statement it is: what its models fail on is told when its rows are all read.
+        statement: Box<crate::statement_context::StatementContext>,
     },
     /// What a statement that already ran returned.
     Done {

@@ -43,10 +43,7 @@ impl Session {
             };
             if !used.is_empty() {
                 kinds.push("batchinfer_model".to_string());
-                lines.push(format!(
-                    "model '{name}': {}",
-                    crate::progress::llm_described(&used)
-                ));
+                lines.push(format!("model '{name}': {}", used.described()));
             }
         }
         let (rejected, folder) = self.statement_rejects().await?;

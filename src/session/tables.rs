@@ -43,6 +43,7 @@ pub struct Registered<'a> {
 impl<'a> Registered<'a> {
     /// `table`, registered under a name no statement names.
     pub fn hidden(ctx: &'a SessionContext, table: Arc<dyn TableProvider>) -> Result<Self> {
+        // Per process: a counter for unique names.
         static N: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "__batchinfer_staged_{}_{}",

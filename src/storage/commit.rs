@@ -28,6 +28,7 @@ use object_store::path::Path;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
 
 use super::fill::{Fill, Tail, fill_local_file};
+use crate::statement_context::{Ledger, StatementContext};
 
 /// How a store makes a write's files visible at commit.
 #[derive(Debug)]
@@ -142,6 +143,7 @@ pub struct PendingWrite {
     finished: bool,
 }
 
+/// Per process: a counter for unique names.
 static HIDDEN: AtomicU64 = AtomicU64::new(0);
 
 /// The hidden sibling a local file is written to before its commit: a name no listing of
@@ -424,6 +426,7 @@ async fn abort_all(uploads: Vec<Box<dyn MultipartUpload>>) {
 }
 
 /// Discards of writes dropped without commit, running in the background.
+/// Per process: a process about to exit waits for every one of them.
 static DISCARDS: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new());
 
 /// Waits for the writes dropped so far (cancelled statements) to be discarded: a process about to
@@ -435,26 +438,21 @@ pub async fn discards_done() {
     }
 }
 
-/// Writes that committed although their statement was cancelled (the cancellation came after
-/// the word to commit): what the cancellation then says was kept.
-static KEPT_DESPITE_CANCEL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The writes of one statement that committed although it was cancelled (the cancellation came
+/// after the word to commit): what its cancellation then says was kept. Kept in the statement's
+/// own ledger: another statement's, of this session or another, is never said.
+#[derive(Default)]
+struct KeptDespiteCancel(parking_lot::Mutex<Vec<String>>);
 
-/// Records that `what` was committed by a statement being cancelled.
-pub fn kept_despite_cancel(what: String) {
-    KEPT_DESPITE_CANCEL
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(what);
+/// Records that `what` was committed by the statement whose ledger is `ledger`, being
+/// cancelled.
+pub fn kept_despite_cancel(ledger: &Ledger, what: String) {
+    ledger.get::<KeptDespiteCancel>().0.lock().push(what);
 }
 
-/// What cancelled statements committed all the same, since this was last asked (after
-/// [`discards_done`]).
-pub fn take_kept_despite_cancel() -> Vec<String> {
-    std::mem::take(
-        &mut *KEPT_DESPITE_CANCEL
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()),
-    )
+/// What `statement`, cancelled, committed all the same (after [`discards_done`]).
+pub fn take_kept_despite_cancel(statement: &StatementContext) -> Vec<String> {
+    std::mem::take(&mut *statement.ledger.get::<KeptDespiteCancel>().0.lock())
 }
 
 /// Runs `discard` (undoing a write dropped without commit) in the background, for

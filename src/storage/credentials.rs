@@ -76,6 +76,7 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 /// (`AWS_CONFIG_FILE`, else `~/.aws/config`), as the AWS SDK reads it; read once per process.
 pub fn profile_region() -> Option<String> {
     use aws_config::meta::region::ProvideRegion;
+    // Per process: the AWS profile file is read once.
     static REGION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     REGION
         .get_or_init(|| {

@@ -230,6 +230,7 @@ impl Tail {
 /// when it is closed.
 fn unnamed_file() -> std::io::Result<std::fs::File> {
     use std::sync::atomic::{AtomicU64, Ordering};
+    // Per process: a counter for unique names.
     static N: AtomicU64 = AtomicU64::new(0);
     let path = std::env::temp_dir().join(format!(
         ".batchinfer-tail-{}-{}",

@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicU64;
 
 /// Numbers the staging folders of this process (a table's, and a local folder's).
+/// Per process: a counter for unique names.
 pub(super) static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// Removes the hidden files of writes whose process is gone (an INSERT killed mid-way: SIGKILL

@@ -58,7 +58,7 @@ pub use location::{
     local_path, location_url, object_path, parse_location,
 };
 pub use manifest::Manifests;
-pub use session_stores::{SessionLimits, SessionStores};
+pub use session_stores::{SessionLimits, SessionStores, WAREHOUSE_SECRET};
 pub use staging::StagedOutput;
 pub use table::{MAX_NAME_BYTES, TABLE_CLAIM, Tables, check_name, named_folders};
 

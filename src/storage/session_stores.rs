@@ -24,6 +24,10 @@ use url::Url;
 use super::access::{Access, Op, Refused};
 use crate::config::BatchInferOptions;
 
+/// The warehouse's one file no statement of any session reads, through any store: the key the
+/// LLM cache signs its entries with ([`crate::llm::cache`]).
+pub const WAREHOUSE_SECRET: &str = "llm-cache.key";
+
 use super::StoreRegistry;
 use super::footer::{DEFAULT_MAX_FOOTER_BYTES, is_parquet_tail, metadata_len};
 
@@ -164,11 +168,11 @@ impl Limited {
             .map_err(|e| refused(e.0))
     }
 
-    /// Whether `location` is the warehouse's secret ([`crate::llm::cache::SECRET`]), which no
+    /// Whether `location` is the warehouse's secret ([`WAREHOUSE_SECRET`]), which no
     /// statement of any session reads: whoever holds it can sign cache entries. Named as it is,
     /// or through links (a local file is judged where it really is).
     fn is_secret(&self, location: &Path) -> bool {
-        let secret = crate::llm::cache::SECRET;
+        let secret = WAREHOUSE_SECRET;
         let Some(root) = self.limits.warehouse.get() else {
             return false;
         };

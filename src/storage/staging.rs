@@ -18,6 +18,7 @@ use object_store::local::LocalFileSystem;
 use super::{StoreRegistry, delete_prefix, location_url, object_path};
 use crate::error::{Error, Result};
 
+/// Per process: a counter for unique names.
 static STAGING: AtomicU64 = AtomicU64::new(0);
 
 /// A write to `target` (a folder ending in `/`, or one file) carried out into a staging folder.

@@ -6,6 +6,7 @@ use ort::value::TensorElementType as E;
 
 /// Each ONNX element type: its lower-case ONNX name, and the Arrow type batchinfer converts it
 /// to and from (None: not converted).
+/// Per process: a constant.
 static ELEMENTS: [(E, &str, Option<DataType>); 16] = [
     (E::Float32, "float", Some(DataType::Float32)),
     (E::Float64, "double", Some(DataType::Float64)),

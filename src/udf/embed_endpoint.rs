@@ -75,9 +75,6 @@ pub(super) fn invoke(
         .into());
     }
     let (values, failed) = spread(texts, rows, dim, vectors, failed);
-    model
-        .failed_rows
-        .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Some(session) = session {
         if session.on_error == OnError::Reject {
             let rejecting = Rejecting {

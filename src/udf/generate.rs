@@ -204,9 +204,6 @@ impl AsyncScalarUDFImpl for GenerateUdf {
             })
             .into());
         }
-        model
-            .failed_rows
-            .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(session) = session {
             if session.on_error == OnError::Reject {
                 // The prompt is the row's request, whatever expression made it: named `prompt`,

@@ -265,6 +265,7 @@ pub fn id_time(id: &str) -> Option<u64> {
 /// An id unique to this process and moment: generations and units are named with one.
 pub fn new_id(kind: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
+    // Per process: a counter for unique names.
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
         "{kind}{:x}-{}-{}",

@@ -71,6 +71,61 @@ def test_each_session_keeps_its_own_settings(serve):
                 ca.execute("SET batchinfer.device = 'cpu'")
 
 
+def test_two_sessions_at_once_each_count_only_their_own_failed_rows_and_budget(serve):
+    """Two sessions with different error settings run at once: one lets 11 failed rows of 1000
+    through as NULL, the other stops at 5 with 7 failing. Each is told exactly its own."""
+    server = serve()
+    lenient = (
+        "SELECT count(*) AS n, count(p) AS scored FROM (SELECT predict('lookup', CASE WHEN "
+        "value % 97 = 0 THEN 100 ELSE value % 10 END) AS p FROM range(1000))"
+    )
+    strict = lenient.replace("97", "143")
+    errors: list[str] = []
+    stopped: list[str] = []
+
+    def run(settings: list[str], sql: str, check) -> None:
+        try:
+            with server.connect() as con, con.cursor() as cur:
+                for setting in settings:
+                    cur.execute(setting)
+                for _ in range(5):
+                    check(cur, sql)
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            errors.append(repr(e))
+
+    def passes(cur, sql):
+        cur.execute(sql)
+        assert cur.fetchall() == [(1000, 989)]
+
+    def stops(cur, sql):
+        with pytest.raises(adbc_driver_manager.Error) as e:
+            cur.execute(sql)
+            cur.fetchall()
+        stopped.append(str(e.value))
+
+    threads = [
+        threading.Thread(target=run, args=(["SET batchinfer.on_error = 'null'"], lenient, passes)),
+        threading.Thread(
+            target=run,
+            args=(
+                ["SET batchinfer.on_error = 'null'", "SET batchinfer.max_errors = '5'"],
+                strict,
+                stops,
+            ),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(stopped) == 5 and all("batchinfer.max_errors = '5'" in e for e in stopped), stopped
+    log = server.log.read_text()
+    said = re.findall(r"warning: session \d+: (model .* failed on .*)", log)
+    assert said == ["model 'lookup' failed on 11 row(s), which got NULL "
+                    "(batchinfer.on_error = 'null')"] * 5, log
+
+
 def test_prepared_statements_with_parameters(serve, tmp_path):
     server = serve()
     with server.connect() as con, con.cursor() as cur:

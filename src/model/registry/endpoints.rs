@@ -80,6 +80,7 @@ impl ModelRegistry {
         model: &crate::statement_context::SharedModel,
         executors: usize,
     ) -> Result<Arc<EndpointModel>> {
+        // Per process: an endpoint's concurrency and pace are shared by every session that names it.
         static BY_CONTENT: Mutex<BTreeMap<String, Arc<EndpointModel>>> =
             Mutex::new(BTreeMap::new());
         let text = model.endpoint.as_deref().unwrap_or_default();
@@ -202,17 +203,6 @@ impl ModelRegistry {
         self.endpoints()
             .iter()
             .map(|(name, model)| (name.clone(), model.usage()))
-            .collect()
-    }
-
-    /// Rows of endpoint models given NULL since the last call, per model; resets the counts.
-    pub(super) fn take_failed_endpoint_rows(&self) -> Vec<(String, u64)> {
-        self.endpoints()
-            .iter()
-            .filter_map(|(name, model)| {
-                let n = model.failed_rows.swap(0, Ordering::Relaxed);
-                (n > 0).then(|| (name.clone(), n))
-            })
             .collect()
     }
 }

@@ -40,23 +40,6 @@ impl ModelRegistry {
     pub fn loads(&self) -> u64 {
         self.loads.load(Ordering::Relaxed)
     }
-
-    /// Rows given NULL on model failure since the last call, per model; resets the counts.
-    pub fn take_failed_rows(&self) -> Vec<(String, u64)> {
-        let endpoints = self.take_failed_endpoint_rows();
-        self.read()
-            .iter()
-            .filter_map(|(name, entry)| {
-                let n: u64 = entry
-                    .models()
-                    .iter()
-                    .map(|m| m.failed_rows.swap(0, Ordering::Relaxed))
-                    .sum();
-                (n > 0).then(|| (name.clone(), n))
-            })
-            .chain(endpoints)
-            .collect()
-    }
 }
 
 /// What the loaded models have done, summed: see [`ModelRegistry::totals`].
