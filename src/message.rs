@@ -53,19 +53,19 @@ fn display_datafusion_error(err: &DataFusionError) -> String {
 /// standard error, unless [`say_to`] named a function (Python's `sys.stderr`, which a notebook
 /// shows).
 /// Per process: the process's standard error (or Python's `sys.stderr`) is one.
-static SAY_TO: std::sync::RwLock<Option<Sayer>> = std::sync::RwLock::new(None);
+static SAY_TO: parking_lot::RwLock<Option<Sayer>> = parking_lot::RwLock::new(None);
 
 /// A function that takes each line the engine says.
 pub type Sayer = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Sends what the engine says to `sayer`, for the rest of the process.
 pub fn say_to(sayer: Sayer) {
-    *SAY_TO.write().unwrap_or_else(|p| p.into_inner()) = Some(sayer);
+    *SAY_TO.write() = Some(sayer);
 }
 
 /// Says `line` where [`say_to`] sent the engine's lines (standard error by default).
 pub fn say(line: &str) {
-    let sayer = SAY_TO.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let sayer = SAY_TO.read().clone();
     match sayer {
         Some(sayer) => sayer(line),
         None => eprintln!("{line}"),
@@ -83,12 +83,12 @@ macro_rules! say {
 /// Warnings said once each on standard error (a table that cannot be read is named at the
 /// first statement that meets it, not at every one).
 #[derive(Debug, Default)]
-pub struct Warnings(std::sync::Mutex<std::collections::BTreeSet<String>>);
+pub struct Warnings(parking_lot::Mutex<std::collections::BTreeSet<String>>);
 
 impl Warnings {
     /// Says `warning` on standard error, unless it was said before.
     pub fn say_once(&self, warning: String) {
-        let mut said = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut said = self.0.lock();
         if said.insert(warning.clone()) {
             crate::say!("warning: {warning}");
         }

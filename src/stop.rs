@@ -11,8 +11,9 @@
 //! work left running by a statement that was cancelled keeps seeing its stop, and the next
 //! statement's token starts after it.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use ort::session::RunOptions;
 
@@ -53,9 +54,9 @@ impl Drop for InFlight {
     }
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Vec<(u64, Arc<RunOptions>)>> {
+fn lock() -> parking_lot::MutexGuard<'static, Vec<(u64, Arc<RunOptions>)>> {
     // The list is whole after any panic: keep using it.
-    IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner())
+    IN_FLIGHT.lock()
 }
 
 /// Stop signals received so far.

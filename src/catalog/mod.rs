@@ -3,9 +3,10 @@
 //! views through [`WarehouseSchema`]). It keeps what this process has seen of them, so that each
 //! statement registers only the models that changed, and says each warning once.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use datafusion::execution::context::SessionContext;
 
@@ -104,7 +105,7 @@ impl Catalog {
 
 /// What `map` holds now.
 fn copied<K: Clone, V: Clone>(map: &Mutex<BTreeMap<K, V>>) -> BTreeMap<K, V> {
-    map.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    map.lock().clone()
 }
 
 /// The session's default schema made the warehouse's, where there is one; on a cluster, of

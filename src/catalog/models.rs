@@ -537,10 +537,7 @@ impl Catalog {
                 continue;
             };
             let version = self.registry.stores().file_version(source.url()).await?;
-            let mut seen = self
-                .folder_versions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.folder_versions.lock();
             match seen.insert(name.clone(), version.clone()) {
                 Some(before) if before != version => self.registry.register(name, source),
                 _ => {}
@@ -615,8 +612,8 @@ impl Catalog {
         )
     }
 
-    fn seen_models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Definition>> {
-        self.models.lock().unwrap_or_else(|p| p.into_inner())
+    fn seen_models(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Definition>> {
+        self.models.lock()
     }
 }
 

@@ -3,8 +3,9 @@
 //! which DataFusion refuses), and an INSERT whose input fails reports that failure, not what
 //! the provider makes of it ("Query is not read-only" when SQLite rolls back).
 
+use parking_lot::Mutex;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -160,9 +161,7 @@ impl TableProvider for DatabaseTable {
         let failure: Arc<Mutex<Option<DataFusionError>>> = Arc::new(Mutex::new(None));
         let kept = failure.clone();
         let keep: OnError = Arc::new(move |e| {
-            kept.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
+            kept.lock().get_or_insert(e);
             DataFusionError::Execution("the rows to insert failed".into())
         });
         let input = Arc::new(Around::new("InsertInput", input, Some(keep)));
@@ -172,13 +171,8 @@ impl TableProvider for DatabaseTable {
             }
             None => self.inner.insert_into(state, input, insert_op).await?,
         };
-        let report: OnError = Arc::new(move |e| {
-            failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .unwrap_or_else(|| with_causes(e))
-        });
+        let report: OnError =
+            Arc::new(move |e| failure.lock().take().unwrap_or_else(|| with_causes(e)));
         Ok(Arc::new(Around::new(
             "DatabaseInsert",
             insert,

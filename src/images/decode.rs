@@ -24,8 +24,8 @@ const DECODING_AT_ONCE: u64 = 2 << 30;
 
 /// The bytes images being decoded take now.
 /// Per process: the machine's memory is shared by every statement.
-static DECODING: (std::sync::Mutex<u64>, std::sync::Condvar) =
-    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+static DECODING: (parking_lot::Mutex<u64>, parking_lot::Condvar) =
+    (parking_lot::Mutex::new(0), parking_lot::Condvar::new());
 
 /// Room for an image of `bytes` decoded, held until dropped.
 struct Room(u64);
@@ -33,9 +33,9 @@ struct Room(u64);
 impl Room {
     fn take(bytes: u64) -> Room {
         let (used, freed) = &DECODING;
-        let mut now = used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now = used.lock();
         while *now > 0 && now.saturating_add(bytes) > DECODING_AT_ONCE {
-            now = freed.wait(now).unwrap_or_else(|p| p.into_inner());
+            freed.wait(&mut now);
         }
         *now = now.saturating_add(bytes);
         Room(bytes)
@@ -45,7 +45,7 @@ impl Room {
 impl Drop for Room {
     fn drop(&mut self) {
         let (used, freed) = &DECODING;
-        let mut now = used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now = used.lock();
         *now = now.saturating_sub(self.0);
         freed.notify_all();
     }

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 
 /// Writes [`Cache::put_soon`] started and nobody has waited for yet.
 /// Per process: a process waits for all of them before it exits.
-static PENDING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
-    std::sync::Mutex::new(Vec::new());
+static PENDING: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    parking_lot::Mutex::new(Vec::new());
 
 /// Whether a failed write was said.
 /// Per process: said once per process.
@@ -35,12 +35,12 @@ static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 
 /// Keeps `task` for [`flush`] to wait for.
 fn pending(task: tokio::task::JoinHandle<()>) {
-    PENDING.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+    PENDING.lock().push(task);
 }
 
 /// Waits for the writes [`Cache::put_soon`] started.
 pub async fn flush() {
-    let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
+    let pending = std::mem::take(&mut *PENDING.lock());
     for write in pending {
         let _ = write.await;
     }

@@ -3,10 +3,11 @@
 //! process), its pace, retries, the cache, identical requests of a statement sent once, and the
 //! counts of what it did.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -448,12 +449,12 @@ impl EndpointModel {
         Ok(outcome.clone())
     }
 
-    fn vector_memo(&self) -> std::sync::MutexGuard<'_, Memo<Shared>> {
-        self.vectors.lock().unwrap_or_else(|p| p.into_inner())
+    fn vector_memo(&self) -> parking_lot::MutexGuard<'_, Memo<Shared>> {
+        self.vectors.lock()
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Memo<Arc<OnceCell<Outcome>>>> {
-        self.memo.lock().unwrap_or_else(|p| p.into_inner())
+    fn memo(&self) -> parking_lot::MutexGuard<'_, Memo<Arc<OnceCell<Outcome>>>> {
+        self.memo.lock()
     }
 
     fn remember(&self, memo_key: String, size: usize) {
@@ -535,7 +536,7 @@ impl EndpointModel {
                 let cell = self.in_flight(key);
                 let answered = cell.get_or_try_init(ask).await.cloned();
                 if asked.load(std::sync::atomic::Ordering::Relaxed) {
-                    let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut in_flight = self.in_flight.lock();
                     if in_flight.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
                         in_flight.remove(key);
                     }
@@ -561,7 +562,7 @@ impl EndpointModel {
 
     /// The request `key` as the statements of this process share it while it is in flight.
     fn in_flight(&self, key: &str) -> Arc<OnceCell<String>> {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut in_flight = self.in_flight.lock();
         // Requests whose statement stopped before an answer, and that nobody waits for.
         if in_flight.len() > 10_000 {
             in_flight.retain(|_, cell| Arc::strong_count(cell) > 1);

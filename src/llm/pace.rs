@@ -3,7 +3,7 @@
 //! model that a 429, a `Retry-After` or a server's `x-ratelimit-*` headers ask for. Shared by
 //! every request of the model in the process.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -74,8 +74,8 @@ impl Pace {
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Waits until one request reserving `tokens` may go, and takes them.

@@ -9,7 +9,7 @@
 //! other workers' model calls run, so preparation overlaps with inference.
 
 use crate::error::Error;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ort::value::{TensorElementType, TensorRef};
@@ -177,7 +177,7 @@ pub fn embed_texts(
                 dim,
             };
             let vectors = run_call(model, config, &call, &encodings, rows, &options.stop)?;
-            let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+            let mut out = out.lock();
             for (row, vector) in rows.iter().zip(vectors.chunks_exact(dim)) {
                 out[row * dim..(row + 1) * dim].copy_from_slice(vector);
             }
@@ -200,7 +200,7 @@ pub fn embed_texts(
                 .collect::<crate::error::Result<Vec<()>>>()
         })?;
     }
-    Ok(out.into_inner().unwrap_or_else(|p| p.into_inner()))
+    Ok(out.into_inner())
 }
 
 /// Most bytes of text tokenized at once: a stop signal is looked for between two such parts,

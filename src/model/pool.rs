@@ -11,10 +11,10 @@
 //! Runtime, whose C API documents `Run` as safe to call concurrently; [`SessionPool::run`]
 //! calls it through that C API with the session shared.
 
+use parking_lot::{Condvar, Mutex};
 use std::ffi::CString;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ort::AsPointer;
@@ -205,11 +205,7 @@ impl SessionPool {
             if running.calls < self.options.max_sessions {
                 break;
             }
-            running = self
-                .finished
-                .wait_timeout(running, STOP_POLL)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
+            self.finished.wait_for(&mut running, STOP_POLL);
         }
         running.calls += 1;
         running.since.get_or_insert_with(Instant::now);
@@ -234,11 +230,9 @@ impl SessionPool {
         self.occupied.load(Ordering::Relaxed) + now
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Running> {
         // A count is never left half-updated: a panic elsewhere leaves it usable.
-        self.running
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.running.lock()
     }
 }
 

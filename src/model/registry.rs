@@ -1,10 +1,11 @@
 //! The registry: model names (and, for a cluster's clients, model definitions) to loaded models,
 //! each loaded once per device and shared by every partition of every query.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 
 use super::{Model, ModelSource, SessionOptions, SharedModels, shared};
 use crate::config::EngineConfig;
@@ -67,12 +68,7 @@ impl ModelEntry {
     }
 
     fn models(&self) -> Vec<Arc<Model>> {
-        self.loaded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(_, m)| m.clone())
-            .collect()
+        self.loaded.lock().iter().map(|(_, m)| m.clone()).collect()
     }
 }
 
@@ -225,7 +221,7 @@ impl ModelRegistry {
 
     /// The entry of a client's definition, kept by content for every query that names it.
     fn shared_entry(&self, model: &shared::SharedModel) -> Result<Arc<ModelEntry>> {
-        let mut by_content = self.by_content.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_content = self.by_content.lock();
         if let Some(entry) = by_content.get(&model.key()) {
             return Ok(entry.clone());
         }
@@ -396,13 +392,13 @@ impl ModelRegistry {
 
     /// Where models run unless a query says otherwise.
     pub fn device(&self) -> Target {
-        *self.device.read().unwrap_or_else(|p| p.into_inner())
+        *self.device.read()
     }
 
     /// Makes `device` where models run from now on (`SET batchinfer.device`); models loaded for
     /// another device stay loaded there.
     pub fn set_device(&self, device: Target) {
-        *self.device.write().unwrap_or_else(|p| p.into_inner()) = device;
+        *self.device.write() = device;
     }
 
     /// The model `name` with its sessions on `device` (None: where models run now), loading it
@@ -420,10 +416,7 @@ impl ModelRegistry {
     /// entry with a sha256 is checked to load bytes of that hash.
     fn load(&self, name: &str, entry: &ModelEntry, device: Option<Target>) -> Result<Arc<Model>> {
         let device = device.unwrap_or_else(|| self.device());
-        let mut loaded = entry
-            .loaded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut loaded = entry.loaded.lock();
         if let Some((_, model)) = loaded.iter().find(|(on, _)| *on == device) {
             return Ok(model.clone());
         }
@@ -486,15 +479,11 @@ impl ModelRegistry {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
-        self.entries
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
-        self.entries
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn write(&self) -> parking_lot::RwLockWriteGuard<'_, BTreeMap<String, Arc<ModelEntry>>> {
+        self.entries.write()
     }
 }

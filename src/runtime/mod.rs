@@ -12,8 +12,9 @@
 //! (`ORT_DISABLE_TELEMETRY=1`): it would otherwise keep a device id under `~/.cache/Microsoft`
 //! and send events to Microsoft.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ort::environment::Environment;
 
@@ -53,7 +54,7 @@ static CPU_FAILURE: Mutex<Option<String>> = Mutex::new(None);
 
 /// The CPU build, or the reason it is not there (remembered).
 pub(crate) fn load_cpu() -> Result<&'static Environment> {
-    let mut failure = CPU_FAILURE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut failure = CPU_FAILURE.lock();
     if let Some(message) = failure.as_ref() {
         return Err(Error::Runtime(message.clone()));
     }
@@ -68,8 +69,8 @@ pub(crate) fn load_cpu() -> Result<&'static Environment> {
 }
 
 /// The build this process loaded, if any (held while a build is chosen and loaded).
-pub(crate) fn loaded() -> std::sync::MutexGuard<'static, Option<(&'static Environment, Build)>> {
-    LOADED.lock().unwrap_or_else(|p| p.into_inner())
+pub(crate) fn loaded() -> parking_lot::MutexGuard<'static, Option<(&'static Environment, Build)>> {
+    LOADED.lock()
 }
 
 /// The CUDA build (the CUDA libraries it links against already loaded: see
@@ -233,7 +234,7 @@ pub(crate) fn check_cpu_library() {
     };
     let dir = dir.join(cpu_folder());
     let library = dir.join(wheel.library);
-    let checked = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner());
+    let checked = CPU_CHECKED.lock();
     if checked
         .as_ref()
         .is_some_and(|check| still_checked(check, &library))
@@ -246,7 +247,7 @@ pub(crate) fn check_cpu_library() {
         && let Some(identity) =
             before.filter(|before| FileIdentity::of(&path).as_ref() == Some(before))
     {
-        *CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, identity));
+        *CPU_CHECKED.lock() = Some((path, identity));
     }
 }
 
@@ -257,7 +258,7 @@ fn still_checked((at, identity): &(PathBuf, FileIdentity), path: &Path) -> bool 
 
 /// Whether `path` was checked ahead and has not changed since; the check is used up either way.
 fn take_check(path: &Path) -> bool {
-    let taken = CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let taken = CPU_CHECKED.lock().take();
     taken.is_some_and(|check| still_checked(&check, path))
 }
 
@@ -265,7 +266,7 @@ fn take_check(path: &Path) -> bool {
 /// one session's load, right after it was made, and no later one: a file's identity does not
 /// change with every write (a page written again through a shared mapping keeps its times).
 pub(crate) fn forget_cpu_check() {
-    *CPU_CHECKED.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *CPU_CHECKED.lock() = None;
 }
 
 /// The cache folder of the CPU build.

@@ -20,8 +20,9 @@
 //! window left is the commit itself, one request or rename per file after all the data is written.
 //! The store's methods and the uploads it hands out are in `deferred.rs`.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -81,30 +82,22 @@ pub(super) struct WriteState {
 
 impl WriteState {
     pub(super) fn take(&self) -> Held {
-        std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *self.held.lock())
     }
 
     pub(super) fn hold(&self, upload: Box<dyn MultipartUpload>, tail: Option<Tail>) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .uploads
-            .push((upload, tail));
+        self.held.lock().uploads.push((upload, tail));
     }
 
     /// The placeholder of the write's fill, if it has one: an upload holds back its end from
     /// it.
     pub(super) fn tail(&self) -> Option<Tail> {
-        let fill = self.fill.lock().unwrap_or_else(|p| p.into_inner());
+        let fill = self.fill.lock();
         fill.as_ref().map(|f| Tail::new(f.placeholder()))
     }
 
     pub(super) fn stage(&self, hidden: Path, target: Path) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .staged
-            .push((hidden, target));
+        self.held.lock().staged.push((hidden, target));
     }
 
     pub(super) fn opened(&self) {
@@ -198,11 +191,7 @@ impl CommitStore {
 
     /// Whether a write on this store has begun and not ended.
     pub fn has_pending_writes(&self) -> bool {
-        !self
-            .writes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        !self.writes.lock().is_empty()
     }
 
     /// The store underneath, whose writes are immediate.
@@ -229,10 +218,7 @@ impl CommitStore {
             made_folder,
             fill: Mutex::new(None),
         });
-        self.writes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(state.clone());
+        self.writes.lock().push(state.clone());
         PendingWrite {
             store: self.clone(),
             state,
@@ -245,7 +231,6 @@ impl CommitStore {
     pub(super) fn deferring(&self, location: &Path) -> Option<Arc<WriteState>> {
         self.writes
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|w| location.prefix_matches(&w.prefix))
             .max_by_key(|w| w.prefix.as_ref().len())
@@ -253,10 +238,7 @@ impl CommitStore {
     }
 
     fn end(&self, state: &Arc<WriteState>) {
-        self.writes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|w| !Arc::ptr_eq(w, state));
+        self.writes.lock().retain(|w| !Arc::ptr_eq(w, state));
     }
 
     /// Discards what a write held: uploads aborted (those its cancelled writers let go of
@@ -279,7 +261,7 @@ impl PendingWrite {
     /// Fills the write's files at commit: each holds `fill`'s placeholder, overwritten then
     /// ([`super::fill`]). Set before anything is written.
     pub fn fill_at_commit(&self, fill: Fill) {
-        *self.state.fill.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(fill));
+        *self.state.fill.lock() = Some(Arc::new(fill));
     }
 
     /// Makes every file of the write visible; how many there are. Should a completion or a
@@ -294,12 +276,7 @@ impl PendingWrite {
         } = self.state.take();
         // None once the statement succeeded; any there would be parts of nothing.
         abort_all(abandoned).await;
-        let fill = self
-            .state
-            .fill
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let fill = self.state.fill.lock().clone();
         let filled = fill.as_ref().and_then(|f| f.padded());
         let count = uploads.len() + staged.len();
         // Every held end is sent before any upload is completed: one that fails leaves none.
@@ -432,7 +409,7 @@ static DISCARDS: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new()
 /// Waits for the writes dropped so far (cancelled statements) to be discarded: a process about to
 /// exit after a cancellation calls this, so that it leaves no upload open and no hidden file.
 pub async fn discards_done() {
-    let pending = std::mem::take(&mut *DISCARDS.lock().unwrap_or_else(|p| p.into_inner()));
+    let pending = std::mem::take(&mut *DISCARDS.lock());
     for discard in pending {
         let _ = discard.await;
     }
@@ -460,7 +437,7 @@ pub fn take_kept_despite_cancel(statement: &StatementContext) -> Vec<String> {
 pub fn discard_in_background(discard: impl std::future::Future<Output = ()> + Send + 'static) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         let discard = handle.spawn(discard);
-        let mut discards = DISCARDS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut discards = DISCARDS.lock();
         discards.retain(|d| !d.is_finished());
         discards.push(discard);
     }

@@ -53,12 +53,7 @@ impl Drop for DeferredUpload {
     /// Dropped neither completed nor aborted (its writer was cancelled): the write aborts it.
     fn drop(&mut self) {
         if let Some(upload) = self.upload.take() {
-            self.state
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .abandoned
-                .push(upload);
+            self.state.held.lock().abandoned.push(upload);
             self.state.closed();
         }
     }

@@ -36,8 +36,9 @@ pub mod staging;
 mod table;
 pub mod unreadable;
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::common::DataFusionError;
@@ -262,7 +263,7 @@ impl StoreRegistry {
                 }
             })
             };
-        if let Some(store) = connected(&self.buckets.read().unwrap_or_else(|p| p.into_inner())) {
+        if let Some(store) = connected(&self.buckets.read()) {
             return store;
         }
         let (cloud, client) = client(url, options)?;
@@ -270,7 +271,7 @@ impl StoreRegistry {
             Cloud::S3 | Cloud::Gcs | Cloud::Azure => CommitKind::HoldUploads,
             Cloud::Http => CommitKind::ReadOnly(cloud.name()),
         };
-        let mut buckets = self.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.write();
         // Connected meanwhile by another statement: that store, as above.
         if let Some(store) = connected(&buckets) {
             return store;
@@ -287,11 +288,7 @@ impl StoreRegistry {
         match parse_location(location)? {
             Location::Url(url) if url.scheme() != "file" => {
                 let key = store_key(&url);
-                let known = self
-                    .buckets
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains_key(&key);
+                let known = self.buckets.read().contains_key(&key);
                 self.connect(&url, options)?;
                 Ok((!known).then_some(key))
             }
@@ -303,7 +300,7 @@ impl StoreRegistry {
     /// unless a write on it is in progress: the statement that connected it failed (wrong keys,
     /// say), and the next may connect it with other settings.
     pub fn forget(&self, key: &str) {
-        let mut buckets = self.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.write();
         if buckets
             .get(key)
             .is_some_and(|(_, store)| !store.has_pending_writes())
@@ -330,12 +327,7 @@ impl StoreRegistry {
         if url.scheme() == "file" {
             return Ok(self.local.clone());
         }
-        if let Some((_, store)) = self
-            .buckets
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&store_key(url))
-        {
+        if let Some((_, store)) = self.buckets.read().get(&store_key(url)) {
             return Ok(store.clone());
         }
         // First use, with the environment's settings (a statement's OPTIONS connect before).
@@ -348,7 +340,6 @@ impl StoreRegistry {
         let options = self
             .buckets
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .get(&store_key(url))
             .map(|(options, _)| options.clone())
             .unwrap_or_default();

@@ -6,8 +6,9 @@
 //! SELECT id, label, probabilities FROM predict_table('churn', 'data/sample/customers.parquet');
 //! ```
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{ScalarValue, TableReference, plan_datafusion_err, plan_err};
@@ -35,18 +36,11 @@ pub struct ResolvedTables(Mutex<HashMap<String, Arc<dyn TableProvider>>>);
 impl ResolvedTables {
     /// Keeps `provider` as what `table` names, until it is resolved again.
     pub fn insert(&self, table: &str, provider: Arc<dyn TableProvider>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(table.to_string(), provider);
+        self.0.lock().insert(table.to_string(), provider);
     }
 
     fn get(&self, table: &str) -> Option<Arc<dyn TableProvider>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(table)
-            .cloned()
+        self.0.lock().get(table).cloned()
     }
 }
 

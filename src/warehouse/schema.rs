@@ -9,8 +9,9 @@
 //! ([`WarehouseSchema::list`]: `SHOW TABLES`, `information_schema`, the DDL that asks whether a
 //! name is taken).
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider, TableProvider};
@@ -309,12 +310,12 @@ impl WarehouseSchema {
         opened
     }
 
-    fn opened(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Opened>> {
-        self.opened.lock().unwrap_or_else(|p| p.into_inner())
+    fn opened(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Opened>> {
+        self.opened.lock()
     }
 
-    fn listed(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.listed.lock().unwrap_or_else(|p| p.into_inner())
+    fn listed(&self) -> parking_lot::MutexGuard<'_, BTreeSet<String>> {
+        self.listed.lock()
     }
 }
 

@@ -10,14 +10,14 @@ pub(super) type Endpoints = Arc<RwLock<BTreeMap<String, Arc<EndpointModel>>>>;
 impl ModelRegistry {
     pub(super) fn endpoints(
         &self,
-    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
-        self.endpoints.read().unwrap_or_else(|p| p.into_inner())
+    ) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
+        self.endpoints.read()
     }
 
     fn endpoints_mut(
         &self,
-    ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
-        self.endpoints.write().unwrap_or_else(|p| p.into_inner())
+    ) -> parking_lot::RwLockWriteGuard<'_, BTreeMap<String, Arc<EndpointModel>>> {
+        self.endpoints.write()
     }
 
     /// Registers (or replaces) the endpoint model `name`; a model file of that name is no
@@ -88,7 +88,7 @@ impl ModelRegistry {
             "{name}\n{text}\n{}\n{executors}",
             model.cache.as_deref().unwrap_or_default()
         );
-        let mut by_content = BY_CONTENT.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_content = BY_CONTENT.lock();
         if let Some(found) = by_content.get(&key) {
             return Ok(found.clone());
         }

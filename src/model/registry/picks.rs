@@ -28,12 +28,12 @@ pub struct Picked {
 }
 
 impl ModelRegistry {
-    fn picks(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Picked>> {
-        self.picks.read().unwrap_or_else(|p| p.into_inner())
+    fn picks(&self) -> parking_lot::RwLockReadGuard<'_, BTreeMap<String, Picked>> {
+        self.picks.read()
     }
 
-    fn picks_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Picked>> {
-        self.picks.write().unwrap_or_else(|p| p.into_inner())
+    fn picks_mut(&self) -> parking_lot::RwLockWriteGuard<'_, BTreeMap<String, Picked>> {
+        self.picks.write()
     }
 
     /// Registers `key`, one name of a model's version, as the file `source` whose files have

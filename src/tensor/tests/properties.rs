@@ -125,9 +125,9 @@ fn dense_column(values: &[Option<f64>], as_int: bool, offset: usize, narrow: boo
 /// accepted what does not fit) fails the test.
 #[test]
 fn scalar_columns_convert_exactly_or_fail() {
+    use parking_lot::Mutex;
     use proptest::test_runner::{Config, TestRunner};
     use std::collections::HashMap;
-    use std::sync::Mutex;
     super::environment();
     let outcomes: Mutex<HashMap<String, (usize, usize)>> = Mutex::new(HashMap::new());
     let strategy = (
@@ -150,7 +150,7 @@ fn scalar_columns_convert_exactly_or_fail() {
                 std::slice::from_ref(&dense),
                 rows,
             );
-            let mut counts = outcomes.lock().unwrap();
+            let mut counts = outcomes.lock();
             let entry = counts.entry(format!("{element:?}")).or_default();
             match result {
                 Ok(tensor) => {
@@ -176,7 +176,7 @@ fn scalar_columns_convert_exactly_or_fail() {
             Ok(())
         })
         .unwrap();
-    let counts = outcomes.into_inner().unwrap();
+    let counts = outcomes.into_inner();
     for element in ["Float32", "Float64", "Int32", "Int64", "Uint8"] {
         let (converted, refused) = counts.get(element).copied().unwrap_or_default();
         assert!(
