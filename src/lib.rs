@@ -105,8 +105,9 @@
 //!   `FlightSqlService`, over tonic) whose clients each get an engine session of their own
 //!   ([`Engine::session`]: their `SET` options, over the models, warehouse and memory pool of the
 //!   one engine); how clients are let in (`auth.rs`; failed attempts slowed: `throttle.rs`),
-//!   their sessions (`sessions.rs`), the
-//!   protocol (`service.rs`), bound parameters (`params.rs`) and the catalog browser's calls
+//!   their sessions (`sessions.rs`), the protocol's calls (`service.rs`), a client's statements
+//!   run (`statement.rs`) on a runtime of their own until their deadline (`running.rs`), what is
+//!   sent back (`replies.rs`), bound parameters (`params.rs`) and the catalog browser's calls
 //!   (`metadata.rs`).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.

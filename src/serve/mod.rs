@@ -12,8 +12,11 @@ mod auth;
 mod connections;
 mod metadata;
 mod params;
+mod replies;
+mod running;
 mod service;
 mod sessions;
+mod statement;
 mod throttle;
 
 use std::net::SocketAddr;
@@ -148,7 +151,7 @@ pub async fn serve(engine: Engine, options: ServeOptions) -> Result<()> {
             ))
         })?;
     }
-    service::start_statements_runtime(options.max_statements)
+    running::start_statements_runtime(options.max_statements)
         .map_err(|e| Error::io("starting the statements' threads", e))?;
     let service = service::FlightSql::new(Arc::new(engine), &options);
     let gate = service.gate();

@@ -7,11 +7,8 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
@@ -23,45 +20,36 @@ use arrow_flight::sql::{
     SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
-    IpcMessage, SchemaAsIpc, Ticket,
+    Action, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
 };
-use datafusion::arrow::array::{RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
-use datafusion::dataframe::DataFrame;
-use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::sql::parser::Statement as DFStatement;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::Stream;
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServeOptions;
 use super::auth::Credentials;
 use super::metadata;
 use super::params;
+use super::replies::{reply, status};
+use super::running::produced;
 use super::sessions::{Access, ClientSession, Pending, Prepared, Sessions};
+use super::statement::{bind_none, update_count};
 use crate::engine::Engine;
-use crate::error::{Error, Kind, Result};
-use crate::message::display_error;
-use crate::statement_context::StatementContext;
-use crate::statements::Statement;
-
-/// The most rows of parameters bound at once, and their bytes.
-const MAX_PARAMETER_ROWS: usize = 100_000;
-const MAX_PARAMETER_BYTES: usize = 64 << 20;
+use crate::error::Result;
 
 /// How often sessions idle too long are ended.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// The server's service (see the module's text).
 pub struct FlightSql {
-    sessions: Arc<Sessions>,
-    credentials: Credentials,
-    slots: Arc<Semaphore>,
-    timeout: Option<Duration>,
+    pub(super) sessions: Arc<Sessions>,
+    pub(super) credentials: Credentials,
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) timeout: Option<Duration>,
 }
 
 impl FlightSql {
@@ -96,7 +84,7 @@ impl FlightSql {
 
     /// Lets `request` in (see [`Sessions::access`]).
     #[allow(clippy::result_large_err)]
-    fn access<T>(&self, request: &Request<T>, keep: bool) -> Result<Access, Status> {
+    pub(super) fn access<T>(&self, request: &Request<T>, keep: bool) -> Result<Access, Status> {
         let header = request
             .metadata()
             .get("authorization")
@@ -126,296 +114,12 @@ impl FlightSql {
     }
 
     /// A turn to run a statement: waits while `--max-statements` run.
-    async fn slot(&self) -> Result<OwnedSemaphorePermit, Status> {
+    pub(super) async fn slot(&self) -> Result<OwnedSemaphorePermit, Status> {
         self.slots
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| Status::unavailable("the server is stopping"))
-    }
-
-    /// Runs `statements` in `session`, in order (see the module's text), once a slot is free.
-    async fn run(
-        &self,
-        session: &Arc<ClientSession>,
-        statements: Vec<Statement>,
-    ) -> Result<Pending, Status> {
-        if statements.is_empty() {
-            return Err(Status::invalid_argument("no SQL statement was given"));
-        }
-        // Held here, not by the work: a statement past its deadline (or whose client left)
-        // gives its place back at once, even while its thread is still busy planning.
-        let _slot = self.slot().await?;
-        let deadline = self.timeout.map(|t| Instant::now() + t);
-        let client = session.clone();
-        let session = session.clone();
-        let work = async move {
-            let engine = session.engine().await?;
-            let _turn = session.turn.lock().await;
-            let last = statements.len() - 1;
-            let mut result = None;
-            for (i, statement) in statements.into_iter().enumerate() {
-                refuse_server_settings(&statement)?;
-                let query = statement.is_query();
-                let writes = statement.writes().is_some();
-                let df = engine.run(statement).await?;
-                if query && i == last {
-                    result = Some(Pending::Query {
-                        df,
-                        deadline,
-                        statement: Box::new(engine.statement()),
-                    });
-                    break;
-                }
-                let schema = df.schema().inner().clone();
-                if query {
-                    // A query before the script's last statement: its rows are read to the end
-                    // and dropped as they come, never kept.
-                    let mut rows = df.execute_stream().await?;
-                    while let Some(batch) = rows.next().await {
-                        batch?;
-                    }
-                    result = Some(Pending::Done {
-                        schema,
-                        batches: Vec::new(),
-                        held: None,
-                    });
-                    continue;
-                }
-                let batches = df.collect().await?;
-                // What the server keeps until it is read counts against `--memory-limit`.
-                let size = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-                let held = MemoryConsumer::new(format!("session {}'s result", session.number))
-                    .register(&engine.context().runtime_env().memory_pool);
-                held.try_grow(size)?;
-                for warning in crate::runner::failed_rows(engine).await {
-                    crate::say!("warning: session {}: {warning}", session.number);
-                }
-                result = Some(if writes && schema.fields().is_empty() {
-                    // A write returns as many rows (of no columns) as it wrote.
-                    count_result(batches.iter().map(|b| b.num_rows() as u64).sum())
-                } else {
-                    Pending::Done {
-                        schema,
-                        batches,
-                        held: Some(held),
-                    }
-                });
-            }
-            result.ok_or_else(|| Error::Internal("a script ran no statement".to_string()))
-        };
-        within(deadline, self.timeout, work, &client).await
-    }
-
-    /// Parses `sql` in `session`'s dialect.
-    async fn parse(&self, session: &ClientSession, sql: &str) -> Result<Vec<Statement>, Status> {
-        let engine = session.engine().await.map_err(status)?;
-        engine.statements(sql).map_err(status)
-    }
-
-    /// The `FlightInfo` of `pending`, kept in `session` for a `DoGet`.
-    #[allow(clippy::result_large_err)]
-    fn result_info(
-        &self,
-        session: &ClientSession,
-        pending: Pending,
-        descriptor: FlightDescriptor,
-    ) -> Result<FlightInfo, Status> {
-        let schema = pending.schema();
-        let handle = session.keep_result(pending);
-        let ticket = TicketStatementQuery {
-            statement_handle: handle.to_be_bytes().to_vec().into(),
-        };
-        info(&schema, ticket.as_any().encode_to_vec(), descriptor)
-    }
-
-    /// Streams `batches` (of `schema`) as `DoGet` answers, with `access`'s token where new.
-    fn stream(
-        &self,
-        access: &Access,
-        schema: SchemaRef,
-        batches: impl Stream<Item = std::result::Result<RecordBatch, FlightError>> + Send + 'static,
-    ) -> Response<<Self as FlightService>::DoGetStream> {
-        let encoded = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(batches)
-            .map_err(Status::from);
-        reply(Box::pin(encoded) as _, access)
-    }
-
-    /// A metadata command's `FlightInfo`: its ticket is the command.
-    #[allow(clippy::result_large_err)]
-    fn metadata_info(
-        &self,
-        request: Request<FlightDescriptor>,
-        schema: &Schema,
-        command: Any,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let access = self.access(&request, true)?;
-        let info = info(schema, command.encode_to_vec(), request.into_inner())?;
-        Ok(reply(info, &access))
-    }
-
-    /// A metadata command's rows, streamed.
-    #[allow(clippy::result_large_err)]
-    fn metadata_rows(
-        &self,
-        access: &Access,
-        batch: Result<RecordBatch>,
-    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let batch = batch.map_err(status)?;
-        let schema = batch.schema();
-        Ok(self.stream(access, schema, futures::stream::iter([Ok(batch)])))
-    }
-
-    /// The parameters a `DoPut` sends.
-    async fn parameters(
-        &self,
-        request: Request<PeekableFlightDataStream>,
-    ) -> Result<Vec<RecordBatch>, Status> {
-        let mut stream = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-            request.into_inner().map_err(FlightError::from),
-        );
-        let (mut batches, mut rows, mut bytes) = (Vec::new(), 0, 0);
-        while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| {
-                Status::invalid_argument(format!("the parameters cannot be read: {e}"))
-            })?;
-            rows += batch.num_rows();
-            bytes += batch.get_array_memory_size();
-            if rows > MAX_PARAMETER_ROWS || bytes > MAX_PARAMETER_BYTES {
-                return Err(Status::invalid_argument(format!(
-                    "more parameters than are bound at once ({MAX_PARAMETER_ROWS} rows, \
-                     {MAX_PARAMETER_BYTES} bytes): bind fewer, or load them as a table"
-                )));
-            }
-            batches.push(batch);
-        }
-        Ok(batches)
-    }
-
-    /// Runs prepared statement `prepared` once per row of `parameters` (once where none is
-    /// bound): the rows its runs wrote, all told.
-    async fn update_prepared(
-        &self,
-        session: &Arc<ClientSession>,
-        prepared: &Prepared,
-        parameters: &[RecordBatch],
-    ) -> Result<i64, Status> {
-        let rows: Vec<(&RecordBatch, usize)> = parameters
-            .iter()
-            .flat_map(|b| (0..b.num_rows()).map(move |r| (b, r)))
-            .collect();
-        if rows.is_empty() {
-            let statement = bind_none(&prepared.statement)?;
-            return update_count(self.run(session, vec![statement]).await?);
-        }
-        let mut written = 0;
-        for (done, (batch, row)) in rows.into_iter().enumerate() {
-            let statement = params::bind(&prepared.statement, batch, row).map_err(status)?;
-            let ran = self.run(session, vec![statement]).await;
-            match ran.and_then(update_count) {
-                Ok(n) => written += n,
-                Err(e) => {
-                    return Err(Status::new(
-                        e.code(),
-                        format!(
-                            "row {} of the parameters: {} (each row runs as a statement of its \
-                             own: the {done} before it are done)",
-                            done + 1,
-                            e.message()
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(written)
-    }
-}
-
-/// Runs `work` on the statements' runtime ([`statements_runtime`]) until `deadline`, its panics
-/// made errors; past the deadline, or when the call is dropped (the client cancelled or left),
-/// it is dropped, and what it wrote discarded.
-async fn within<T: Send + 'static>(
-    deadline: Option<Instant>,
-    timeout: Option<Duration>,
-    work: impl Future<Output = Result<T>> + Send + 'static,
-    session: &ClientSession,
-) -> Result<T, Status> {
-    let task = Aborted(statements_runtime().spawn(work));
-    let done = match deadline {
-        Some(deadline) => match tokio::time::timeout_at(deadline.into(), task).await {
-            Ok(done) => done,
-            Err(_) => {
-                crate::storage::discards_done().await;
-                let statement = match session.engine().await {
-                    Ok(engine) => engine.statement(),
-                    Err(_) => StatementContext::default(),
-                };
-                return Err(timed_out(timeout, &statement));
-            }
-        },
-        None => task.await,
-    };
-    match done {
-        Ok(result) => result.map_err(status),
-        Err(joined) if joined.is_panic() => Err(status(Error::Internal(
-            crate::error::panic_message(&joined.into_panic()),
-        ))),
-        Err(_) => Err(Status::cancelled("the statement was cancelled")),
-    }
-}
-
-/// The runtime statements run on, apart from the one that answers calls: a statement that
-/// keeps a thread busy (planning does, without a pause) leaves the server answering, timing
-/// out and cancelling. Its threads: one a statement, and the cores besides.
-/// Per process: one server runs in a process.
-static STATEMENTS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-
-/// Makes the statements' runtime for `max_statements` at once.
-pub fn start_statements_runtime(max_statements: usize) -> std::io::Result<()> {
-    if STATEMENTS.get().is_some() {
-        return Ok(());
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(max_statements + cores)
-        .thread_name("batchinfer-statement")
-        .enable_all()
-        .build()?;
-    let _ = STATEMENTS.set(runtime);
-    Ok(())
-}
-
-fn statements_runtime() -> &'static tokio::runtime::Runtime {
-    STATEMENTS
-        .get()
-        .expect("the statements' runtime is started with the server")
-}
-
-/// A statement's slot, shared: given back when the first holder is dropped.
-struct Released(Arc<parking_lot::Mutex<Option<OwnedSemaphorePermit>>>);
-
-impl Drop for Released {
-    fn drop(&mut self) {
-        self.0.lock().take();
-    }
-}
-
-/// A task on the statements' runtime, aborted when its caller drops it.
-struct Aborted<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Future for Aborted<T> {
-    type Output = std::result::Result<T, tokio::task::JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for Aborted<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -438,243 +142,12 @@ impl tonic::service::Interceptor for Gate {
     }
 }
 
-/// The error of a statement that ran past `--statement-timeout`.
-fn timed_out(timeout: Option<Duration>, statement: &StatementContext) -> Status {
-    let limit = timeout.map_or_else(String::new, |t| {
-        format!(" ({})", humantime::format_duration(t))
-    });
-    let kept = crate::storage::take_kept_despite_cancel(statement);
-    let what = if kept.is_empty() {
-        "nothing it wrote was kept".to_string()
-    } else {
-        format!("it was committing, and kept {}", kept.join(", "))
-    };
-    Status::deadline_exceeded(format!(
-        "the statement ran past --statement-timeout{limit}: it was cancelled, and {what}"
-    ))
-}
-
-/// A write's result: its row count, as the column `count`.
-fn count_result(rows: u64) -> Pending {
-    let schema = Arc::new(Schema::new(vec![Field::new(
-        "count",
-        DataType::UInt64,
-        false,
-    )]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![Arc::new(UInt64Array::from(vec![rows]))],
-    )
-    .expect("one column of its type");
-    Pending::Done {
-        schema,
-        batches: vec![batch],
-        held: None,
-    }
-}
-
-/// What an update returns: the rows a write wrote, 0 for other statements.
-#[allow(clippy::result_large_err)]
-fn update_count(pending: Pending) -> Result<i64, Status> {
-    match pending {
-        Pending::Query { .. } => Err(Status::invalid_argument(
-            "a query was sent as an update, which returns no rows: execute it as a query",
-        )),
-        Pending::Done {
-            schema, batches, ..
-        } => {
-            let is_count = schema.fields().len() == 1 && schema.field(0).name() == "count";
-            let count = batches.first().filter(|_| is_count).and_then(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<UInt64Array>()
-                    .map(|a| a.value(0))
-            });
-            Ok(count.map_or(0, |c| i64::try_from(c).unwrap_or(i64::MAX)))
-        }
-    }
-}
-
-/// A prepared statement run with no parameters: refused where it has placeholders.
-#[allow(clippy::result_large_err)]
-fn bind_none(statement: &Statement) -> Result<Statement, Status> {
-    match params::count(statement) {
-        0 => Ok(statement.clone()),
-        n => Err(Status::invalid_argument(format!(
-            "the statement has {n} placeholder(s), and no parameters were bound"
-        ))),
-    }
-}
-
-/// Refuses the `SET`s that are the server's, for every session: where models run
-/// (`batchinfer.device`), and DataFusion's runtime (`datafusion.runtime.*`: the memory limit
-/// and spill folder all sessions share).
-fn refuse_server_settings(statement: &Statement) -> Result<()> {
-    let Statement::Sql(sql) = statement else {
-        return Ok(());
-    };
-    let DFStatement::Statement(s) = sql.as_ref() else {
-        return Ok(());
-    };
-    if !matches!(
-        s.as_ref(),
-        datafusion::sql::sqlparser::ast::Statement::Set(_)
-    ) {
-        return Ok(());
-    }
-    let text = s.to_string().to_ascii_lowercase();
-    if text.contains("batchinfer.device") {
-        return Err(Error::setting(
-            "batchinfer.device",
-            "where models run is the server's, for every session: start `batchinfer serve` \
-             with --device to change it",
-        ));
-    }
-    if text.contains("datafusion.runtime.") {
-        return Err(Error::setting(
-            "datafusion.runtime.*",
-            "the runtime (memory limit, spill folder) is the server's, shared by every \
-             session: start `batchinfer serve` with --memory-limit to change it",
-        ));
-    }
-    Ok(())
-}
-
-/// A `FlightInfo` of `schema` whose one endpoint's ticket is `ticket`.
-#[allow(clippy::result_large_err)]
-fn info(
-    schema: &Schema,
-    ticket: Vec<u8>,
-    descriptor: FlightDescriptor,
-) -> Result<FlightInfo, Status> {
-    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
-    // Dictionaries are sent as their values (the encoder's default): so says the schema.
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| match f.data_type() {
-            DataType::Dictionary(_, values) => f.as_ref().clone().with_data_type(*values.clone()),
-            _ => f.as_ref().clone(),
-        })
-        .collect();
-    let schema = Schema::new_with_metadata(fields, schema.metadata().clone());
-    Ok(FlightInfo::new()
-        .try_with_schema(&schema)
-        .map_err(|e| Status::internal(format!("the result's columns cannot be sent: {e}")))?
-        .with_endpoint(endpoint)
-        .with_descriptor(descriptor)
-        .with_total_records(-1)
-        .with_total_bytes(-1))
-}
-
-/// `body` as a reply, with the session token the call was given where it is new.
-fn reply<T>(body: T, access: &Access) -> Response<T> {
-    let mut response = Response::new(body);
-    if let Some(token) = &access.issued
-        && let Ok(value) = MetadataValue::try_from(format!("Bearer {token}"))
-    {
-        response.metadata_mut().insert("authorization", value);
-    }
-    response
-}
-
-/// An engine error as a gRPC status: its message as the command line says it, its code by its
-/// kind ([`Kind`]).
-fn status(error: Error) -> Status {
-    let message = display_error(&error);
-    if matches!(error, Error::Internal(_)) {
-        return Status::internal(message);
-    }
-    match error.kind() {
-        Kind::Model => Status::failed_precondition(message),
-        Kind::Input | Kind::Other => Status::invalid_argument(message),
-        Kind::Storage => Status::unavailable(message),
-        Kind::Cancelled => Status::cancelled(message),
-    }
-}
-
 /// A handle sent to the client, read back.
 #[allow(clippy::result_large_err)]
 fn handle_of(bytes: &[u8], what: &str) -> Result<u64, Status> {
     <[u8; 8]>::try_from(bytes)
         .map(u64::from_be_bytes)
         .map_err(|_| Status::invalid_argument(format!("not a {what} handle of this server")))
-}
-
-/// A query's rows as they are produced, on the statements' runtime, until its deadline; the
-/// slot it runs in and its session held meanwhile. Dropped (the client cancelled or left), it
-/// stops; past the deadline it stops and frees its slot, whether or not the client reads.
-fn produced(
-    df: DataFrame,
-    deadline: Option<Instant>,
-    timeout: Option<Duration>,
-    slot: OwnedSemaphorePermit,
-    (session, statement): (Arc<ClientSession>, StatementContext),
-) -> impl Stream<Item = std::result::Result<RecordBatch, FlightError>> + Send + 'static {
-    let (sender, receiver) = tokio::sync::mpsc::channel(2);
-    // The slot is given back by whichever ends first: the work, or the stream the client reads.
-    let slot = Released(Arc::new(parking_lot::Mutex::new(Some(slot))));
-    let kept = Released(slot.0.clone());
-    let told = statement.clone();
-    let work = async move {
-        let produce = async {
-            let mut rows = match df.execute_stream().await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    let _ = sender.send(Err(status(Error::from(e)))).await;
-                    return;
-                }
-            };
-            while let Some(batch) = rows.next().await {
-                let failed = batch.is_err();
-                let batch = batch.map_err(|e| status(Error::from(e)));
-                if sender.send(batch).await.is_err() || failed {
-                    return;
-                }
-            }
-            // Read to the end: the rows its models failed on, as the command line tells them.
-            if let Ok(engine) = session.engine().await {
-                for warning in crate::runner::failed_rows_of(engine, &statement).await {
-                    crate::say!("warning: session {}: {warning}", session.number);
-                }
-            }
-        };
-        let finished = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline.into(), produce)
-                .await
-                .is_ok(),
-            None => {
-                produce.await;
-                true
-            }
-        };
-        drop(slot);
-        drop(session);
-        if !finished {
-            crate::storage::discards_done().await;
-            let _ = sender.send(Err(timed_out(timeout, &statement))).await;
-        }
-    };
-    let task = Aborted(statements_runtime().spawn(work));
-    // The deadline is kept here too: a statement busy on its thread (planning) cannot see it.
-    let state = (receiver, Some((task, kept)));
-    futures::stream::unfold(state, move |(mut receiver, held)| {
-        let told = told.clone();
-        async move {
-            let held = held?;
-            let item = match deadline {
-                Some(deadline) => {
-                    match tokio::time::timeout_at(deadline.into(), receiver.recv()).await {
-                        Ok(item) => item?,
-                        Err(_) => return Some((Err(timed_out(timeout, &told)), (receiver, None))),
-                    }
-                }
-                None => receiver.recv().await?,
-            };
-            Some((item, (receiver, Some(held))))
-        }
-    })
-    .map_err(|e| FlightError::Tonic(Box::new(e)))
 }
 
 #[tonic::async_trait]
