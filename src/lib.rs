@@ -157,9 +157,10 @@
 //!   (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`); the registry keeps them beside the model files, and a cluster client's
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
 //!   is `udf/embed_endpoint.rs`.
-//! - [`blob`]: files as rows, `read_blob` and `read_text` (their names, sizes and times listed,
-//!   their bytes read only when a query uses them; a materialized view's files one unit at a
-//!   time; the table and exec as a cluster sends them).
+//! - [`blob`]: files as rows, `read_blob` and `read_text`: the function and its table (`mod.rs`:
+//!   names, sizes and times listed, a materialized view's files one unit at a time), their bytes
+//!   read only when a query uses them (`files.rs`) by the exec (`exec.rs`), and the table and
+//!   exec as a cluster sends them (`wire.rs`).
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares
 //!   (`mod.rs`), one image decoded, oriented, resized as Pillow does, cropped and normalized
 //!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs
