@@ -151,8 +151,10 @@
 //!   as `Error::Feature` with its kind); [`message`]: an error as a person reads it, what the engine says as it
 //!   works (`say!`: stderr, or where Python sends it), and warnings said once.
 //! - [`llm`]: endpoint models (LLMs behind an OpenAI-compatible API) and what `generate` needs
-//!   of them: the definition and the feature's errors (`mod.rs`), requests at once, retries and
-//!   identical requests sent once (`client.rs`), pacing (`pace.rs`), typed output (`output.rs`),
+//!   of them: the definition and the feature's errors (`mod.rs`), one model at run time with its
+//!   requests at once and identical requests sent once (`client/mod.rs`), a request sent until
+//!   answered with retries (`client/http.rs`), a reply read (`client/reply.rs`), texts made
+//!   vectors (`client/embeddings.rs`), pacing (`pace.rs`), typed output (`output.rs`),
 //!   the warehouse's cache of answers (`cache.rs`), a statement's spending against its budget
 //!   (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`); the registry keeps them beside the model files, and a cluster client's
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint

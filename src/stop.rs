@@ -11,11 +11,11 @@
 //! work left running by a statement that was cancelled keeps seeing its stop, and the next
 //! statement's token starts after it.
 
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use ort::session::RunOptions;
+use parking_lot::Mutex;
 
 use crate::error::Error;
 

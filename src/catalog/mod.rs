@@ -3,12 +3,12 @@
 //! views through [`WarehouseSchema`]). It keeps what this process has seen of them, so that each
 //! statement registers only the models that changed, and says each warning once.
 
-use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::execution::context::SessionContext;
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::message::Warnings;

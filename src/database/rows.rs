@@ -3,7 +3,6 @@
 //! which DataFusion refuses), and an INSERT whose input fails reports that failure, not what
 //! the provider makes of it ("Query is not read-only" when SQLite rolls back).
 
-use parking_lot::Mutex;
 use std::fmt;
 use std::sync::Arc;
 
@@ -21,6 +20,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
+use parking_lot::Mutex;
 
 use super::Database;
 

@@ -3,9 +3,9 @@
 //! model that a 429, a `Retry-After` or a server's `x-ratelimit-*` headers ask for. Shared by
 //! every request of the model in the process.
 
-use parking_lot::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// One bucket: `level` units now, refilled at `rate` per second up to `capacity`.

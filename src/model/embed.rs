@@ -9,10 +9,10 @@
 //! other workers' model calls run, so preparation overlaps with inference.
 
 use crate::error::Error;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ort::value::{TensorElementType, TensorRef};
+use parking_lot::Mutex;
 use tokenizers::Encoding;
 
 use super::Model;

@@ -11,7 +11,6 @@
 //! Runtime, whose C API documents `Run` as safe to call concurrently; [`SessionPool::run`]
 //! calls it through that C API with the session shared.
 
-use parking_lot::{Condvar, Mutex};
 use std::ffi::CString;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +20,7 @@ use ort::AsPointer;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::DynValue;
+use parking_lot::{Condvar, Mutex};
 
 use crate::config::GraphOptimization;
 use crate::device::Target;

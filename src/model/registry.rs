@@ -1,11 +1,12 @@
 //! The registry: model names (and, for a cluster's clients, model definitions) to loaded models,
 //! each loaded once per device and shared by every partition of every query.
 
-use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
 
 use super::{Model, ModelSource, SessionOptions, SharedModels, shared};
 use crate::config::EngineConfig;

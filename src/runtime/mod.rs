@@ -12,11 +12,11 @@
 //! (`ORT_DISABLE_TELEMETRY=1`): it would otherwise keep a device id under `~/.cache/Microsoft`
 //! and send events to Microsoft.
 
-use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ort::environment::Environment;
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 

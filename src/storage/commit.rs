@@ -20,13 +20,13 @@
 //! window left is the commit itself, one request or rename per file after all the data is written.
 //! The store's methods and the uploads it hands out are in `deferred.rs`.
 
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
+use parking_lot::Mutex;
 
 use super::fill::{Fill, Tail, fill_local_file};
 use crate::statement_context::{Ledger, StatementContext};

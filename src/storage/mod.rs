@@ -36,7 +36,6 @@ pub mod staging;
 mod table;
 pub mod unreadable;
 
-use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +44,7 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use object_store::ObjectStore;
 use object_store::path::Path;
+use parking_lot::RwLock;
 use url::Url;
 
 pub use commit::{

@@ -6,7 +6,6 @@
 //! SELECT id, label, probabilities FROM predict_table('churn', 'data/sample/customers.parquet');
 //! ```
 
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -17,6 +16,7 @@ use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder, col, lit};
+use parking_lot::Mutex;
 
 use crate::model::ModelRegistry;
 

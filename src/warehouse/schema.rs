@@ -9,7 +9,6 @@
 //! ([`WarehouseSchema::list`]: `SHOW TABLES`, `information_schema`, the DDL that asks whether a
 //! name is taken).
 
-use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
@@ -20,6 +19,7 @@ use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingT
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionState;
 use datafusion::prelude::ParquetReadOptions;
+use parking_lot::Mutex;
 use parking_lot::RwLock;
 
 use super::view_manifest::Manifest;

@@ -1,0 +1,495 @@
+//! One endpoint model at run time: its HTTP client (rustls, the system's roots), the requests
+//! at once (`max_concurrency`, one semaphore shared by every partition and statement of the
+//! process), its pace, retries, the cache, identical requests of a statement sent once, and the
+//! counts of what it did.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::{OnceCell, Semaphore};
+
+use super::cache::{self, Cache, Mode};
+use super::output::excerpt;
+use super::pace::{Pace, header_duration};
+use super::{Endpoint, LlmError, spend};
+use crate::config::BatchInferOptions;
+
+mod embeddings;
+mod http;
+mod reply;
+
+use reply::{MAX_TOKENS_A_REPLY, read_capped};
+pub use reply::{Outcome, Reply, scrub};
+
+/// What the endpoint models of a process have done; see [`EndpointModel::usage`].
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// Requests sent (each try counts).
+    pub requests: u64,
+    /// Of those, the tries again after a failure.
+    pub retries: u64,
+    /// Answers the cache gave, sending nothing.
+    pub cache_hits: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// In dollars (or the unit the prices are in).
+    pub cost: f64,
+}
+
+impl Usage {
+    /// The work done since `before`.
+    pub fn since(&self, before: &Usage) -> Usage {
+        Usage {
+            requests: self.requests.saturating_sub(before.requests),
+            retries: self.retries.saturating_sub(before.retries),
+            cache_hits: self.cache_hits.saturating_sub(before.cache_hits),
+            prompt_tokens: self.prompt_tokens.saturating_sub(before.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_sub(before.completion_tokens),
+            cost: (self.cost - before.cost).max(0.0),
+        }
+    }
+
+    pub fn add(&mut self, other: &Usage) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.retries = self.retries.saturating_add(other.retries);
+        self.cache_hits = self.cache_hits.saturating_add(other.cache_hits);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.cost += other.cost;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0 && self.cache_hits == 0
+    }
+
+    fn cache_hit() -> Usage {
+        Usage {
+            cache_hits: 1,
+            ..Usage::default()
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    cache_hits: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    /// Billionths of the price unit.
+    cost_nanos: AtomicU64,
+}
+
+/// What the statements at hand asked for, by statement and request (or text), so that a
+/// statement asks for each once: `V` shares the answer while it is awaited and after; answered
+/// ones are forgotten oldest first past [`MEMO_BYTES`] (the cache keeps them).
+#[derive(Debug)]
+struct Memo<V> {
+    cells: HashMap<String, V>,
+    answered: VecDeque<(String, usize)>,
+    bytes: usize,
+}
+
+impl<V> Default for Memo<V> {
+    fn default() -> Self {
+        Memo {
+            cells: HashMap::new(),
+            answered: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<V> Memo<V> {
+    /// `memo_key` answered with `size` bytes; the oldest answers let go past [`MEMO_BYTES`].
+    fn remember(&mut self, memo_key: String, size: usize) {
+        self.answered.push_back((memo_key, size));
+        self.bytes += size;
+        while self.bytes > MEMO_BYTES {
+            let Some((old, size)) = self.answered.pop_front() else {
+                break;
+            };
+            self.bytes -= size;
+            self.cells.remove(&old);
+        }
+    }
+}
+
+const MEMO_BYTES: usize = 64 << 20;
+
+/// The most texts one embeddings request carries.
+const EMBED_BATCH: usize = 64;
+
+/// The longest wait before a try again, whatever a server's Retry-After says.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The largest reply body read: a server sending more is the row's error.
+const MAX_REPLY: usize = 32 << 20;
+
+/// What a statement's call asks of the model: the statement (for its budget and its requests
+/// sent once), its options, and the cache's use.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub statement: &'a str,
+    /// What the statement counts ([`spend`]).
+    pub ledger: &'a crate::statement_context::Ledger,
+    /// The part of the statement it belongs to (a view refresh's unit; "" for the rest), whose
+    /// usage is counted apart.
+    pub part: &'a str,
+    pub options: Option<&'a BatchInferOptions>,
+    pub cache: Mode,
+}
+
+impl<'a> Call<'a> {
+    /// The call of `statement`'s query under its `options` (`batchinfer.cache` among them).
+    pub fn of(
+        statement: &'a crate::statement_context::StatementContext,
+        options: Option<&'a BatchInferOptions>,
+    ) -> Call<'a> {
+        Call {
+            statement: &statement.id,
+            ledger: &statement.ledger,
+            part: &statement.part,
+            options,
+            cache: options.map(|o| o.cache).unwrap_or_default(),
+        }
+    }
+}
+
+/// What a try of a request came to.
+enum Verdict {
+    /// A success's body.
+    Body(String),
+    /// Worth trying again (after at least the duration, when the server said one).
+    Retry {
+        why: String,
+        after: Option<Duration>,
+        slow_down: bool,
+    },
+    /// The row's error.
+    Final(String),
+}
+
+/// An endpoint model, shared by every statement of the process.
+#[derive(Debug)]
+pub struct EndpointModel {
+    pub name: String,
+    pub endpoint: Endpoint,
+    /// The definition's sha256 ([`Endpoint::sha256`]).
+    pub sha256: String,
+    http: reqwest::Client,
+    permits: Semaphore,
+    pace: Pace,
+    cache: Option<Cache>,
+    counters: Counters,
+    memo: Mutex<Memo<Arc<OnceCell<Outcome>>>>,
+    /// Embeddings of the statements at hand by text, asked for or answered.
+    vectors: Mutex<Memo<Shared>>,
+    /// Requests in flight by cache key, shared by the statements of the process that read the
+    /// cache ([`EndpointModel::fetch`]).
+    in_flight: Mutex<HashMap<String, Arc<OnceCell<String>>>>,
+}
+
+/// Why a request brought no answer to share: the row's error, or the statement's stop.
+enum Unshared {
+    Row(String),
+    Stop(LlmError),
+}
+
+/// An embedding as a statement's batches share it: `None` while it is asked for.
+type Shared = tokio::sync::watch::Sender<Option<Result<Vec<f32>, String>>>;
+
+/// The texts one `embed` call asks for on its statement's behalf: answered as its requests
+/// return; those left unanswered when it ends (stopped, failed) are answered with an error and
+/// let go, so that no other batch waits for them.
+struct Claims<'a> {
+    model: &'a EndpointModel,
+    /// (text, memo key)
+    keys: Vec<(String, String)>,
+}
+
+impl Claims<'_> {
+    fn answer(
+        &self,
+        batch: &[&str],
+        vectors: &Result<Vec<Result<Vec<f32>, String>>, String>,
+        dim: usize,
+    ) {
+        let mut memo = self.model.vector_memo();
+        for (i, text) in batch.iter().enumerate() {
+            let Some((_, memo_key)) = self.keys.iter().find(|(t, _)| t == text) else {
+                continue;
+            };
+            let answer = match vectors {
+                Ok(vectors) => vectors[i].clone(),
+                Err(why) => Err(why.clone()),
+            };
+            if let Some(sender) = memo.cells.get(memo_key) {
+                sender.send_replace(Some(answer));
+            }
+            memo.remember(memo_key.clone(), dim * 4 + 64);
+        }
+    }
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        let mut memo = self.model.vector_memo();
+        for (_, memo_key) in &self.keys {
+            let unanswered = memo
+                .cells
+                .get(memo_key)
+                .is_some_and(|sender| sender.borrow().is_none());
+            if unanswered && let Some(sender) = memo.cells.remove(memo_key) {
+                sender.send_replace(Some(Err(
+                    "the request for this text was not completed".into()
+                )));
+            }
+        }
+    }
+}
+
+impl EndpointModel {
+    /// The model `name` of `endpoint`, keeping answers in `cache` (a warehouse's).
+    pub fn new(name: &str, endpoint: Endpoint, cache: Option<Cache>) -> Result<Self, LlmError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| LlmError::Definition {
+                model: name.to_string(),
+                problem: format!("no HTTP client: {e}"),
+            })?;
+        Ok(EndpointModel {
+            name: name.to_string(),
+            sha256: endpoint.sha256(),
+            permits: Semaphore::new(endpoint.max_concurrency),
+            pace: Pace::new(endpoint.requests_per_minute, endpoint.tokens_per_minute),
+            endpoint,
+            http,
+            cache,
+            counters: Counters::default(),
+            memo: Mutex::new(Memo::default()),
+            vectors: Mutex::new(Memo::default()),
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Where its answers are kept (a URL), if they are.
+    pub fn cache_location(&self) -> Option<String> {
+        self.cache.as_ref().map(|c| c.location().to_string())
+    }
+
+    /// What this model has done since it was defined in this process.
+    pub fn usage(&self) -> Usage {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Usage {
+            requests: get(&c.requests),
+            retries: get(&c.retries),
+            cache_hits: get(&c.cache_hits),
+            prompt_tokens: get(&c.prompt_tokens),
+            completion_tokens: get(&c.completion_tokens),
+            cost: get(&c.cost_nanos) as f64 / 1e9,
+        }
+    }
+
+    /// Counts `done` as this model's, and the statement's of `call` ([`spend`]).
+    fn count(&self, call: &Call<'_>, done: &Usage) {
+        let c = &self.counters;
+        c.requests.fetch_add(done.requests, Ordering::Relaxed);
+        c.retries.fetch_add(done.retries, Ordering::Relaxed);
+        c.cache_hits.fetch_add(done.cache_hits, Ordering::Relaxed);
+        c.prompt_tokens
+            .fetch_add(done.prompt_tokens, Ordering::Relaxed);
+        c.completion_tokens
+            .fetch_add(done.completion_tokens, Ordering::Relaxed);
+        c.cost_nanos
+            .fetch_add((done.cost * 1e9).round() as u64, Ordering::Relaxed);
+        spend::count(call.ledger, call.part, &self.name, done);
+    }
+
+    /// The body of the chat request for `prompt`, with the JSON schema of a typed output.
+    pub fn chat_request(&self, prompt: &str, schema: Option<&Value>) -> Value {
+        let e = &self.endpoint;
+        let mut messages = Vec::new();
+        if let Some(system) = &e.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let mut body = json!({
+            "model": e.model,
+            "messages": messages,
+            "max_tokens": e.max_tokens,
+        });
+        if let Some(t) = e.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(seed) = e.seed {
+            body["seed"] = json!(seed);
+        }
+        if let Some(schema) = schema {
+            body["response_format"] = json!({
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema, "strict": true},
+            });
+        }
+        body
+    }
+
+    /// The answer to `body` for the statement of `call`: from the statement's earlier identical
+    /// request, from the cache, or sent. `Err`: the statement stops (its budget, no key).
+    pub async fn ask(&self, call: &Call<'_>, body: &Value) -> Result<Outcome, LlmError> {
+        let key = cache::key(&self.endpoint.endpoint, body);
+        let memo_key = format!("{}/{key}", call.statement);
+        let cell = {
+            let mut memo = self.memo();
+            // Requests that were never answered (their statement stopped) and that nobody
+            // waits for are let go, so that a long-lived process does not keep them.
+            if memo.cells.len() > 2 * memo.answered.len() + 10_000 {
+                memo.cells
+                    .retain(|_, cell| cell.initialized() || Arc::strong_count(cell) > 1);
+            }
+            memo.cells.entry(memo_key.clone()).or_default().clone()
+        };
+        let outcome = cell
+            .get_or_try_init(|| async {
+                let outcome = self.fetch(call, &key, body).await?;
+                let size = outcome.as_ref().map_or(64, |r| r.raw.len() + 64);
+                self.remember(memo_key, size);
+                Ok::<_, LlmError>(outcome)
+            })
+            .await?;
+        Ok(outcome.clone())
+    }
+
+    fn vector_memo(&self) -> parking_lot::MutexGuard<'_, Memo<Shared>> {
+        self.vectors.lock()
+    }
+
+    fn memo(&self) -> parking_lot::MutexGuard<'_, Memo<Arc<OnceCell<Outcome>>>> {
+        self.memo.lock()
+    }
+
+    fn remember(&self, memo_key: String, size: usize) {
+        self.memo().remember(memo_key, size);
+    }
+
+    /// The key from the environment variable the definition names, read now.
+    fn api_key(&self) -> Result<Option<String>, LlmError> {
+        let Some(var) = &self.endpoint.api_key_env else {
+            return Ok(None);
+        };
+        match std::env::var(var) {
+            Ok(key) if !key.trim().is_empty() => Ok(Some(key.trim().to_string())),
+            _ => Err(LlmError::Request {
+                model: self.name.clone(),
+                problem: format!(
+                    "the environment variable {var} that 'api_key_env' names is not set in this \
+                     process: set it to the endpoint's key (on a cluster, in each executor's \
+                     environment)"
+                ),
+            }),
+        }
+    }
+
+    async fn fetch(&self, call: &Call<'_>, key: &str, body: &Value) -> Result<Outcome, LlmError> {
+        let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
+        let api_key = self.api_key().ok().flatten();
+        if let Some(cache) = cache
+            && let Some(raw) = cache.get(key).await
+            && let Ok(reply) = Reply::parse(raw)
+        {
+            self.count(call, &Usage::cache_hit());
+            return Ok(Ok(Arc::new(reply.scrubbed(api_key.as_deref()))));
+        }
+        let prompt_chars: usize = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
+        let reserve = (prompt_chars / 4 + self.endpoint.max_tokens as usize) as f64;
+        // A server that says nothing of its tokens is charged an estimate, so budgets hold.
+        let count = |raw: &str| match Reply::parse(raw.to_string()) {
+            Ok(reply) if !reply.estimated => (reply.prompt_tokens, reply.completion_tokens),
+            Ok(reply) => ((prompt_chars / 4 + 1) as u64, reply.completion_tokens),
+            Err(_) => ((prompt_chars / 4 + 1) as u64, raw.len() as u64 / 4),
+        };
+        // Whether this call paid for the answer (else another statement's request, or another
+        // process's, brought it: counted as an answer from the cache).
+        let paid = std::sync::atomic::AtomicBool::new(false);
+        // Whether this call asked (else it waited for another statement's asking).
+        let asked = std::sync::atomic::AtomicBool::new(false);
+        let ask = || async {
+            asked.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Another process asking the same now: its answer is waited for.
+            let claim = match cache.filter(|_| call.cache == Mode::On) {
+                Some(cache) => match cache.claim(key).await {
+                    cache::Claim::Answered(raw) => return Ok(raw),
+                    cache::Claim::Mine(claim) => Some(claim),
+                    cache::Claim::Unclaimed => None,
+                },
+                None => None,
+            };
+            paid.store(true, std::sync::atomic::Ordering::Relaxed);
+            let raw = match self
+                .request(call, "chat/completions", body, reserve, &count)
+                .await
+            {
+                Ok(Ok(raw)) => raw,
+                Ok(Err(why)) => return Err(Unshared::Row(why)),
+                Err(e) => return Err(Unshared::Stop(e)),
+            };
+            if let Some(cache) = cache.filter(|_| call.cache == Mode::On) {
+                cache.put_soon(key, raw.clone(), claim);
+            }
+            Ok(raw)
+        };
+        // The statements of this process that read the cache share a request in flight: one
+        // that asks what another is asking waits for its answer.
+        let answered = match cache {
+            Some(_) => {
+                let cell = self.in_flight(key);
+                let answered = cell.get_or_try_init(ask).await.cloned();
+                if asked.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut in_flight = self.in_flight.lock();
+                    if in_flight.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                        in_flight.remove(key);
+                    }
+                }
+                answered
+            }
+            None => ask().await,
+        };
+        let raw = match answered {
+            Ok(raw) => raw,
+            Err(Unshared::Row(why)) => return Ok(Err(why)),
+            Err(Unshared::Stop(e)) => return Err(e),
+        };
+        if paid.load(std::sync::atomic::Ordering::Relaxed) {
+            // Past its budget, the statement stops now: this answer is kept in the cache, and
+            // the requests in flight are cancelled.
+            spend::check(call.ledger, call.options)?;
+        } else {
+            self.count(call, &Usage::cache_hit());
+        }
+        Ok(Reply::parse(raw).map(|reply| Arc::new(reply.scrubbed(api_key.as_deref()))))
+    }
+
+    /// The request `key` as the statements of this process share it while it is in flight.
+    fn in_flight(&self, key: &str) -> Arc<OnceCell<String>> {
+        let mut in_flight = self.in_flight.lock();
+        // Requests whose statement stopped before an answer, and that nobody waits for.
+        if in_flight.len() > 10_000 {
+            in_flight.retain(|_, cell| Arc::strong_count(cell) > 1);
+        }
+        in_flight.entry(key.to_string()).or_default().clone()
+    }
+}
