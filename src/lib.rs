@@ -49,8 +49,11 @@
 //! - [`delta`]: Delta Lake tables, through delta-rs over batchinfer's stores: read (`CREATE
 //!   EXTERNAL TABLE ... STORED AS DELTATABLE`, the warehouse's tables) at the newest version when
 //!   a query is planned or at one pinned (`OPTIONS`, `VERSION AS OF`), `DESCRIBE HISTORY`
-//!   (`mod.rs`); a statement's files made one commit of a table, with its lineage, and the
-//!   columns Delta keeps (`write.rs`); `VACUUM` and `OPTIMIZE` (`maintenance.rs`).
+//!   (`mod.rs`; the version pinned: `at.rs`; the log: `log.rs`; a version's files checked:
+//!   `checked.rs`; `history.rs`); a statement's files made one commit of a table, with its
+//!   lineage (`write/mod.rs`), appends raced by another writer (`write/races.rs`), conflicts
+//!   (`write/conflicts.rs`) and the columns Delta keeps (`write/columns.rs`); `VACUUM` and
+//!   `OPTIMIZE` (`maintenance.rs`).
 //! - [`confine`]: a statement checked against what its session may reach before it runs (a
 //!   read-only session, the folders and locations it may read and write: `SET
 //!   batchinfer.read_only`, `allowed_directories`, `allowed_urls`, or `serve --read-only
