@@ -158,7 +158,7 @@
 //!   requests at once and identical requests sent once (`client/mod.rs`), a request sent until
 //!   answered with retries (`client/http.rs`), a reply read (`client/reply.rs`), texts made
 //!   vectors (`client/embeddings.rs`), pacing (`pace.rs`), typed output (`output.rs`),
-//!   the warehouse's cache of answers (`cache.rs`), a statement's spending against its budget
+//!   the warehouse's cache of answers (`cache/mod.rs`; its signing secret: `cache/secret.rs`; requests in flight claimed across processes: `cache/claims.rs`), a statement's spending against its budget
 //!   (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`); the registry keeps them beside the model files, and a cluster client's
 //!   definitions by content (`model/registry/endpoints.rs`); `embed` of an embedding endpoint
 //!   is `udf/embed_endpoint.rs`.
