@@ -114,7 +114,8 @@
 //!   (`metadata.rs`).
 //! - [`commands`]: the backslash commands and the settings they change, for the shell and for
 //!   statements piped to it; [`help`]: what `\?` and `\h` say.
-//! - [`statements`]: DataFusion's parser wrapped to read batchinfer's model statements too, and
+//! - [`statements`]: DataFusion's parser wrapped to read batchinfer's own statements too (the
+//!   model statements: `models.rs`), and
 //!   what is refused before it is tried (`limits.rs`: expressions too deep, and the most values
 //!   per row a list may claim), so that no input can crash batchinfer or exhaust its memory; which names hold
 //!   secrets, and a statement's text with them blanked (`secrets.rs`); `VERSION AS OF` and
