@@ -26,7 +26,8 @@
 //!   per model (`explain.rs`).
 //! - [`catalog`]: the models and tables a session knows: the model statements (CREATE, ALTER
 //!   with versions and aliases, DROP, SHOW) and the models brought up to the warehouse's
-//!   definitions, every name of a version registered pinned to its sha256 (`models.rs`); what a table name names, CREATE
+//!   definitions, every name of a version registered pinned to its sha256 (`models.rs`,
+//!   `definitions.rs`); what a table name names, CREATE
 //!   EXTERNAL TABLE by the session's table factories, DROP TABLE, an INSERT's table
 //!   (`tables.rs`); statements run with a missing table explained (a view without a complete
 //!   refresh, a path the store says why it cannot open: `names.rs`).

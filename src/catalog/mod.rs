@@ -17,6 +17,7 @@ use crate::session::Session;
 use crate::warehouse::schema::WarehouseSchema;
 use crate::warehouse::{Definition, Warehouse};
 
+mod definitions;
 mod models;
 mod names;
 mod tables;
