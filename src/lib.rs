@@ -31,7 +31,7 @@
 //!   EXTERNAL TABLE by the session's table factories, DROP TABLE, an INSERT's table
 //!   (`tables.rs`); statements run with a missing table explained (a view without a complete
 //!   refresh, a path the store says why it cannot open: `names.rs`).
-//! - [`write`]: the writes that appear whole or not at all (COPY, INSERT, CREATE TABLE ... AS),
+//! - [`write`]: the writes that appear whole or not at all (COPY, INSERT: `insert.rs`, CREATE TABLE ... AS),
 //!   in this process or on a cluster; a warehouse table's written as one Delta commit
 //!   ([`delta::write`]).
 //! - [`lineage`]: the models a write names in its files, what its endpoint models did for
