@@ -156,7 +156,7 @@
 //!   as `Error::Feature` with its kind); [`message`]: an error as a person reads it, what the engine says as it
 //!   works (`say!`: stderr, or where Python sends it), and warnings said once.
 //! - [`llm`]: endpoint models (LLMs behind an OpenAI-compatible API) and what `generate` needs
-//!   of them: the definition and the feature's errors (`mod.rs`), one model at run time with its
+//!   of them: the feature's errors (`mod.rs`), the definition (`definition.rs`), one model at run time with its
 //!   requests at once and identical requests sent once (`client/mod.rs`), a request sent until
 //!   answered with retries (`client/http.rs`), a reply read (`client/reply.rs`), texts made
 //!   vectors (`client/embeddings.rs`), pacing (`pace.rs`), typed output (`output.rs`),
