@@ -7,6 +7,7 @@
 
 pub mod column;
 pub mod decode;
+mod resample;
 
 use serde_json::Value;
 
