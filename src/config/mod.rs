@@ -473,55 +473,6 @@ impl BatchInferOptions {
     }
 }
 
-/// `SET batchinfer.on_error = 'fail' | 'null' | 'reject'`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnError {
-    /// A model call that fails fails the statement (the default).
-    #[default]
-    Fail,
-    /// The rows the model fails on are isolated (by bisecting the call) and get NULL; the
-    /// statement goes on and the count of such rows is reported when it ends.
-    Null,
-    /// As `Null`, and each such row is kept in the rejects (`batchinfer.rejects`): its inputs,
-    /// the model and the model's message.
-    Reject,
-}
-
-impl std::fmt::Display for OnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OnError::Fail => "fail",
-            OnError::Null => "null",
-            OnError::Reject => "reject",
-        })
-    }
-}
-
-impl ConfigField for OnError {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-        *self = match value.trim().to_ascii_lowercase().as_str() {
-            "fail" => OnError::Fail,
-            "null" => OnError::Null,
-            "reject" => OnError::Reject,
-            other => {
-                return Err(DataFusionError::Configuration(format!(
-                    "batchinfer.on_error must be 'fail', 'null' or 'reject', not '{other}'"
-                )));
-            }
-        };
-        Ok(())
-    }
-
-    fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
-        *self = OnError::Fail;
-        Ok(())
-    }
-}
-
 impl ConfigExtension for BatchInferOptions {
     const PREFIX: &'static str = "batchinfer";
 }
