@@ -127,7 +127,7 @@
 //!   points (`location.rs`), which store a URL is in and the clients of Google Cloud Storage,
 //!   Azure and HTTP(S) servers (`cloud.rs`), S3 clients (`s3.rs`) and credentials from the AWS
 //!   SDK's chain (`credentials.rs`), the commit of writes per store kind (`commit.rs`,
-//!   `deferred.rs`, `staging.rs`) and a value filled into a write's files at its commit
+//!   `deferred.rs`, `deferred_upload.rs`, `staging.rs`) and a value filled into a write's files at its commit
 //!   (`fill.rs`), the tables of a warehouse: their names, folders, removal and
 //!   the older layout's files (`table.rs`; what killed writes left in a local folder, removed in
 //!   `folder.rs`), whole
@@ -169,8 +169,8 @@
 //!   read only when a query uses them (`files.rs`) by the exec (`exec.rs`), and the table and
 //!   exec as a cluster sends them (`wire.rs`).
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares
-//!   (`mod.rs`), one image decoded, oriented, resized as Pillow does, cropped and normalized
-//!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs
+//!   (`mod.rs`), one image decoded, oriented, resized as Pillow does (`resample.rs`), cropped and
+//!   normalized (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs
 //!   them ahead of the model; [`file_bytes`]: a file's first and last bytes as a model's input
 //!   (a content-type model's, as magika's), declared in `batchinfer.json`.
 //! - [`rejects`]: the rows a model fails on, kept (`on_error = 'reject'`), counted and bounded

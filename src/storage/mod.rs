@@ -23,6 +23,7 @@ mod cloud;
 pub mod commit;
 mod credentials;
 mod deferred;
+mod deferred_upload;
 mod files;
 pub mod fill;
 mod folder;
