@@ -360,13 +360,7 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".to_string());
     match LAST_PANIC.with(|last| last.take()) {
-        Some(recorded)
-            if recorded.contains(&said)
-                || payload.downcast_ref::<String>().is_none()
-                    && payload.downcast_ref::<&str>().is_none() =>
-        {
-            recorded
-        }
+        Some(recorded) if recorded.contains(&said) => recorded,
         _ => said,
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use batchinfer::Error as EngineError;
 use batchinfer::engine::Engine;
 use batchinfer::progress::{RunReport, run_reported};
+use batchinfer::statement_context::StatementContext;
 use batchinfer::statements::Statement;
 use datafusion::dataframe::DataFrame;
 use futures::FutureExt;
@@ -206,14 +207,24 @@ pub fn collect(
     let engine = &inner.engine;
     let progress = inner.progress.clone();
     let (report, failed) = run(py, Some(engine), async move || {
-        let report = match work {
+        let (report, statement) = match work {
             Work::Statement(statement) => {
                 let written = statement.writes();
-                run_reported(engine, written, progress, engine.run(statement)).await?
+                let report = run_reported(engine, written, progress, engine.run(statement)).await?;
+                (report, engine.statement())
             }
-            Work::Planned(df) => run_reported(engine, None, progress, async { Ok(df) }).await?,
+            Work::Planned(df) => {
+                // The statement it was planned in: the connection may have run others since.
+                let task = df.task_ctx();
+                let statement = StatementContext::of(Some(task.session_config().options()))
+                    .cloned()
+                    .unwrap_or_default();
+                let report = run_reported(engine, None, progress, async { Ok(df) }).await?;
+                (report, statement)
+            }
         };
-        Ok((report, batchinfer::runner::failed_rows(engine).await))
+        let failed = batchinfer::runner::failed_rows_of(engine, &statement).await;
+        Ok((report, failed))
     })?;
     warnings.extend(failed);
     Ok(report)

@@ -204,6 +204,15 @@ def test_the_warehouse_views_and_rejects(tmp_path, capsys):
         rejects = con.sql("SELECT count(*) AS n FROM batchinfer_rejects()").to_arrow()
         assert rejects["n"].to_pylist() == [11]
 
+        # A query read after the connection ran another statement is told its own failed rows.
+        later = con.sql(
+            "SELECT count(p) AS scored FROM (SELECT predict('lookup', "
+            "CASE WHEN value % 143 = 0 THEN 100 ELSE value % 10 END) AS p FROM range(1000))"
+        )
+        assert con.sql("SELECT 1 AS one").to_arrow()["one"].to_pylist() == [1]
+        with pytest.warns(RuntimeWarning, match=r"model 'lookup' failed on 7 row\(s\)"):
+            assert later.to_arrow().to_pylist() == [{"scored": 993}]
+
 
 def test_progress_is_shown_when_asked(capsys):
     with batchinfer.connect(models=MODELS, progress=True, partitions=1) as con:

@@ -1,6 +1,6 @@
 //! The values of settings: where models run ([`Device`], [`Target`]), a cluster's scheduler
-//! ([`Remote`]), what a NULL is to a model ([`Nulls`]), how many rows may fail ([`ErrorBudget`])
-//! and sizes ([`parse_size`]). Plain values, parsed and printed here; what acts on them is in the
+//! ([`Remote`]), what a NULL is to a model ([`Nulls`]), what a failed row gets ([`OnError`]), how
+//! many rows may fail ([`ErrorBudget`]) and sizes ([`parse_size`]). Plain values, parsed and printed here; what acts on them is in the
 //! modules that use them.
 
 use std::fmt;

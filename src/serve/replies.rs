@@ -1,5 +1,6 @@
 //! What the server sends back: a statement's `FlightInfo` (its result kept for the `DoGet` that
-//! reads it), rows as `DoGet` streams, and the session token where it is new.
+//! reads it), a catalog browser's call's `FlightInfo` and rows, rows as `DoGet` streams, the
+//! session token where it is new, and an error as a gRPC status.
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;

@@ -16,6 +16,7 @@ use tonic::Status;
 
 use super::replies::status;
 use super::sessions::ClientSession;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::statement_context::StatementContext;
 
@@ -34,10 +35,9 @@ pub(super) async fn within<T: Send + 'static>(
             Ok(done) => done,
             Err(_) => {
                 crate::storage::discards_done().await;
-                let statement = match session.engine().await {
-                    Ok(engine) => engine.statement(),
-                    Err(_) => StatementContext::default(),
-                };
+                let statement = session
+                    .started_engine()
+                    .map_or_else(StatementContext::default, Engine::statement);
                 return Err(timed_out(timeout, &statement));
             }
         },
@@ -137,43 +137,47 @@ pub(super) fn produced(
     let kept = Released(slot.0.clone());
     let told = statement.clone();
     let work = async move {
+        // Whether the query's rows were read to the end.
         let produce = async {
             let mut rows = match df.execute_stream().await {
                 Ok(rows) => rows,
                 Err(e) => {
                     let _ = sender.send(Err(status(Error::from(e)))).await;
-                    return;
+                    return false;
                 }
             };
             while let Some(batch) = rows.next().await {
                 let failed = batch.is_err();
                 let batch = batch.map_err(|e| status(Error::from(e)));
                 if sender.send(batch).await.is_err() || failed {
-                    return;
+                    return false;
                 }
             }
-            // Read to the end: the rows its models failed on, as the command line tells them.
-            if let Ok(engine) = session.engine().await {
-                for warning in crate::runner::failed_rows_of(engine, &statement).await {
-                    crate::say!("warning: session {}: {warning}", session.number);
-                }
-            }
+            true
         };
-        let finished = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline.into(), produce)
-                .await
-                .is_ok(),
-            None => {
-                produce.await;
-                true
-            }
+        let ended = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), produce).await,
+            None => Ok(produce.await),
         };
         drop(slot);
-        drop(session);
-        if !finished {
-            crate::storage::discards_done().await;
-            let _ = sender.send(Err(timed_out(timeout, &statement))).await;
+        match ended {
+            Ok(true) => {
+                // Read to the end: the client sees the end at once; then the rows its models
+                // failed on are said, as the command line says them (outside the deadline).
+                drop(sender);
+                if let Some(engine) = session.started_engine() {
+                    for warning in crate::runner::failed_rows_of(engine, &statement).await {
+                        crate::say!("warning: session {}: {warning}", session.number);
+                    }
+                }
+            }
+            Ok(false) => {}
+            Err(_) => {
+                crate::storage::discards_done().await;
+                let _ = sender.send(Err(timed_out(timeout, &statement))).await;
+            }
         }
+        drop(session);
     };
     let task = Aborted(statements_runtime().spawn(work));
     // The deadline is kept here too: a statement busy on its thread (planning) cannot see it.

@@ -295,6 +295,11 @@ impl Sessions {
 }
 
 impl ClientSession {
+    /// The session's engine, where its first statement made it (never made here).
+    pub fn started_engine(&self) -> Option<&Engine> {
+        self.engine.get()
+    }
+
     /// The session's engine, made on its first statement.
     pub async fn engine(&self) -> crate::Result<&Engine> {
         self.engine

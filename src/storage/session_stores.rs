@@ -21,15 +21,14 @@ use object_store::{
 use parking_lot::RwLock;
 use url::Url;
 
+use super::StoreRegistry;
 use super::access::{Access, Op, Refused};
+use super::footer::{DEFAULT_MAX_FOOTER_BYTES, is_parquet_tail, metadata_len};
 use crate::config::BatchInferOptions;
 
 /// The warehouse's one file no statement of any session reads, through any store: the key the
 /// LLM cache signs its entries with ([`crate::llm::cache`]).
 pub const WAREHOUSE_SECRET: &str = "llm-cache.key";
-
-use super::StoreRegistry;
-use super::footer::{DEFAULT_MAX_FOOTER_BYTES, is_parquet_tail, metadata_len};
 
 /// The limits one session reads and writes under, set from its options as each of its
 /// statements starts: its footer cap and its confinement ([`Access`]).

@@ -120,8 +120,14 @@ def test_two_sessions_at_once_each_count_only_their_own_failed_rows_and_budget(s
         t.join(120)
     assert not errors, errors
     assert len(stopped) == 5 and all("batchinfer.max_errors = '5'" in e for e in stopped), stopped
-    log = server.log.read_text()
-    said = re.findall(r"warning: session \d+: (model .* failed on .*)", log)
+    # Said once each query's rows are all read (after its client saw the end).
+    deadline = time.monotonic() + 10
+    while True:
+        log = server.log.read_text()
+        said = re.findall(r"warning: session \d+: (model .* failed on .*)", log)
+        if len(said) >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert said == ["model 'lookup' failed on 11 row(s), which got NULL "
                     "(batchinfer.on_error = 'null')"] * 5, log
 
