@@ -125,28 +125,27 @@ impl Usage {
     /// "20 requests (2 retried), 5 answers from the cache, 1,234 prompt + 567 completion
     /// tokens, $0.001200".
     pub fn described(&self) -> String {
-        let usage = self;
-        let sent = usage.requests - usage.retries.min(usage.requests);
+        let sent = self.requests - self.retries.min(self.requests);
         let mut line = format!(
             "{} request{}",
             thousands(sent),
             if sent == 1 { "" } else { "s" }
         );
-        if usage.retries > 0 {
-            line.push_str(&format!(" ({} retried)", thousands(usage.retries)));
+        if self.retries > 0 {
+            line.push_str(&format!(" ({} retried)", thousands(self.retries)));
         }
-        if usage.cache_hits > 0 {
+        if self.cache_hits > 0 {
             line.push_str(&format!(
                 ", {} answer{} from the cache",
-                thousands(usage.cache_hits),
-                if usage.cache_hits == 1 { "" } else { "s" }
+                thousands(self.cache_hits),
+                if self.cache_hits == 1 { "" } else { "s" }
             ));
         }
         line.push_str(&format!(
             ", {} prompt + {} completion tokens, {}",
-            thousands(usage.prompt_tokens),
-            thousands(usage.completion_tokens),
-            money(usage.cost)
+            thousands(self.prompt_tokens),
+            thousands(self.completion_tokens),
+            money(self.cost)
         ));
         line
     }
