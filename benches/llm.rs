@@ -11,6 +11,8 @@
 
 mod common;
 
+#[path = "../tests/fixtures/mod.rs"]
+mod fixtures;
 #[path = "../tests/llm_server/mod.rs"]
 mod llm_server;
 

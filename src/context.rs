@@ -53,11 +53,8 @@ pub fn build_context(
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(session_config)
-        .with_runtime_env(runtime)
-        .with_analyzer_rule(Arc::new(TableSchemaLimits))
-        .with_analyzer_rule(Arc::new(FileNamesBeside))
-        .with_optimizer_rule(Arc::new(ModelCallsOnce))
-        .with_optimizer_rule(Arc::new(FileEndsOnly));
+        .with_runtime_env(runtime);
+    let state = with_rules(state);
     let ctx = SessionContext::new_with_state(place(state)?).enable_url_table();
     // `OPTIONS ('aws.region' ...)` on CREATE EXTERNAL TABLE and COPY, as in datafusion-cli, and
     // `'gcp.*'`, `'azure.*'` alike.
@@ -204,17 +201,26 @@ pub fn cluster_state(
     scalar.extend(scalar_functions(registry));
     // The footer cap and confinement of the client's session, as its options say.
     let limits = SessionLimits::of(config.options().extensions.get::<BatchInferOptions>());
-    Ok(SessionStateBuilder::new()
+    let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
         .with_runtime_env(runtime_env(stores, None, Arc::new(limits))?)
         .with_scalar_functions(scalar)
         .with_aggregate_functions(ballista_aggregate_functions())
-        .with_window_functions(ballista_window_functions())
+        .with_window_functions(ballista_window_functions());
+    Ok(with_rules(state).build())
+}
+
+/// batchinfer's logical rules, as every state that plans a statement has them (an engine's, and
+/// a cluster scheduler's for each client session): the checks of what a query may read, and the
+/// rewrites that call a model once per row and read only the ends of files asked for. The
+/// physical rules are the placement's ([`crate::cluster::Placement::finish`]).
+pub fn with_rules(state: SessionStateBuilder) -> SessionStateBuilder {
+    state
+        .with_analyzer_rule(Arc::new(TableSchemaLimits))
         .with_analyzer_rule(Arc::new(FileNamesBeside))
         .with_optimizer_rule(Arc::new(ModelCallsOnce))
         .with_optimizer_rule(Arc::new(FileEndsOnly))
-        .build())
 }
 
 /// batchinfer's scalar functions over `registry`: every process of a cluster registers these.

@@ -37,6 +37,33 @@ pub struct BytesSpec {
 /// The most values a row may have (head + tail).
 const MAX_VALUES: usize = 1 << 20;
 
+/// The keys of batchinfer.json's "bytes".
+const KEYS: &[&str] = &["head", "tail", "strip_whitespace", "pad", "block"];
+
+/// A "bytes" declaration that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadBytesSpec {
+    #[error("an object is expected, as {{\"head\": 1024, \"tail\": 1024}}")]
+    NotAnObject,
+    #[error("\"{0}\" is not one of its keys ({keys})", keys = KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("\"{key}\" must be a whole number of bytes, 0 to {MAX_VALUES}, not {got}")]
+    Count { key: &'static str, got: String },
+    #[error("\"{key}\" must be {expected}, not {got}")]
+    Expected {
+        key: &'static str,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("\"head\" or \"tail\" must be more than 0 bytes")]
+    Nothing,
+    #[error("\"head\" and \"tail\" together must be at most {MAX_VALUES}")]
+    TooMany,
+    #[error("\"block\" ({0}) must be at least \"head\" and \"tail\"")]
+    BlockTooSmall(usize),
+}
+
 impl BytesSpec {
     /// `batchinfer.json`'s `"bytes"` among `files` (name, bytes); None where it has none.
     pub fn from_files(files: &[(&str, Vec<u8>)]) -> Result<Option<BytesSpec>> {
@@ -53,52 +80,43 @@ impl BytesSpec {
         }
     }
 
-    fn from_json(spec: &Value) -> std::result::Result<BytesSpec, String> {
-        let object = spec
-            .as_object()
-            .ok_or("an object is expected, as {\"head\": 1024, \"tail\": 1024}")?;
-        const KEYS: &[&str] = &["head", "tail", "strip_whitespace", "pad", "block"];
+    fn from_json(spec: &Value) -> std::result::Result<BytesSpec, BadBytesSpec> {
+        let object = spec.as_object().ok_or(BadBytesSpec::NotAnObject)?;
         if let Some(key) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
-            return Err(format!(
-                "\"{key}\" is not one of its keys ({})",
-                KEYS.join(", ")
-            ));
+            return Err(BadBytesSpec::UnknownKey(key.clone()));
         }
-        let count = |key: &str, default: usize| -> std::result::Result<usize, String> {
-            match object.get(key) {
-                None => Ok(default),
-                Some(v) => v
-                    .as_u64()
-                    .filter(|n| *n as usize <= MAX_VALUES)
-                    .map(|n| n as usize)
-                    .ok_or(format!(
-                        "\"{key}\" must be a whole number of bytes, 0 to {MAX_VALUES}, not {v}"
-                    )),
-            }
+        let count = |key: &'static str, default: usize| match object.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .filter(|n| *n as usize <= MAX_VALUES)
+                .map(|n| n as usize)
+                .ok_or_else(|| BadBytesSpec::Count {
+                    key,
+                    got: v.to_string(),
+                }),
         };
         let head = count("head", 0)?;
         let tail = count("tail", 0)?;
         if head + tail == 0 {
-            return Err("\"head\" or \"tail\" must be more than 0 bytes".into());
+            return Err(BadBytesSpec::Nothing);
         }
         if head + tail > MAX_VALUES {
-            return Err(format!(
-                "\"head\" and \"tail\" together must be at most {MAX_VALUES}"
-            ));
+            return Err(BadBytesSpec::TooMany);
         }
         let block = count("block", head.max(tail).max(4096))?;
         if block < head.max(tail) {
-            return Err(format!(
-                "\"block\" ({block}) must be at least \"head\" and \"tail\""
-            ));
+            return Err(BadBytesSpec::BlockTooSmall(block));
         }
         let strip_whitespace = match object.get("strip_whitespace") {
             None => false,
             Some(Value::Bool(b)) => *b,
             Some(v) => {
-                return Err(format!(
-                    "\"strip_whitespace\" must be true or false, not {v}"
-                ));
+                return Err(BadBytesSpec::Expected {
+                    key: "strip_whitespace",
+                    expected: "true or false",
+                    got: v.to_string(),
+                });
             }
         };
         let pad = match object.get("pad") {
@@ -106,7 +124,11 @@ impl BytesSpec {
             Some(v) => v
                 .as_i64()
                 .and_then(|n| i32::try_from(n).ok())
-                .ok_or(format!("\"pad\" must be a whole number, not {v}"))?,
+                .ok_or_else(|| BadBytesSpec::Expected {
+                    key: "pad",
+                    expected: "a whole number",
+                    got: v.to_string(),
+                })?,
         };
         Ok(BytesSpec {
             head,
@@ -304,7 +326,7 @@ mod tests {
     fn declarations_are_checked() {
         let bad = |json: &str| {
             let v: Value = serde_json::from_str(json).unwrap();
-            BytesSpec::from_json(&v).unwrap_err()
+            BytesSpec::from_json(&v).unwrap_err().to_string()
         };
         assert!(bad(r#"{"head": 0}"#).contains("more than 0"));
         assert!(bad(r#"{"head": 8, "mid": 3}"#).contains("\"mid\""));

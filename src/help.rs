@@ -139,22 +139,22 @@ REFRESH MATERIALIZED VIEW name: scores the view's new input files (all of them w
     },
     Topic {
         names: &["set", "settings"],
-        text: "\
-SET batchinfer.NAME = 'value': batch_size, on_error ('fail', 'null', 'reject'), nulls ('null',
-  'nan'), max_errors, rejects, token_budget, device, files_per_commit, max_footer_bytes,
-  max_llm_tokens, max_cost, cache.
-  SHOW ALL lists them with what each does.",
+        // Followed by each setting (`topic`), from their declarations.
+        text: "SET batchinfer.NAME = 'value': a setting of this session (SHOW ALL lists them).",
     },
 ];
 
 /// `\h NAME`'s text for one of batchinfer's functions or statements; None for another name.
-pub fn topic(name: &str) -> Option<&'static str> {
+pub fn topic(name: &str) -> Option<String> {
     let name = name.trim().trim_end_matches(';').to_ascii_lowercase();
     let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
+    if name == "set" || name == "settings" {
+        return Some(crate::config::settings_help());
+    }
     TOPICS
         .iter()
         .find(|t| t.names.contains(&name.as_str()))
-        .map(|t| t.text)
+        .map(|t| t.text.to_string())
 }
 
 /// `\h`: batchinfer's functions and statements, one line each.

@@ -46,7 +46,8 @@
 //!
 //! ## Each module
 //! - [`engine`]: [`Engine`], the library entry point. It parses statements and routes each to the
-//!   feature that runs it ([`catalog`], [`view`], [`write`]), each given narrow handles over one
+//!   feature that runs it ([`catalog`], [`view`], [`write`]; a statement DataFusion parsed is
+//!   routed once, by what it does, in `route.rs`), each given narrow handles over one
 //!   [`session::Session`]; it holds the session, the configuration, the warehouse and the catalog,
 //!   nothing more; [`Engine::session`] opens another over the same models, warehouse and memory
 //!   pool, with settings of its own (a server's clients). `options.rs`: the engine's options as a
@@ -63,8 +64,10 @@
 //!   (`stores.rs`), what writes register and report (`tables.rs`), EXPLAIN ANALYZE's rows per model
 //!   (`explain.rs`).
 //! - [`catalog`]: the models and tables a session knows: the model statements (CREATE, ALTER with
-//!   versions and aliases, DROP, SHOW) and the models brought up to the warehouse's definitions,
-//!   every name of a version registered pinned to its sha256 (`models.rs`, `definitions.rs`); what
+//!   versions and aliases, DROP, SHOW: `models.rs`; endpoint models: `endpoint_models.rs`; DROP
+//!   MODEL: `drop_model.rs`; SHOW and CLEAR LLM CACHE: `llm_cache.rs`) and the models brought up
+//!   to the warehouse's definitions, every name of a version registered pinned to its sha256
+//!   (`definitions.rs`); what
 //!   a table name names, CREATE EXTERNAL TABLE by the session's table factories, DROP TABLE, an
 //!   INSERT's table (`tables.rs`); statements run with a missing table explained (a view without a
 //!   complete refresh, a path the store says why it cannot open: `names.rs`).
@@ -77,7 +80,8 @@
 //!   (`client.rs`), the scheduler and executor processes (`scheduler.rs`, `executor.rs`), what each
 //!   holds of stores and models (`node.rs`), and Ballista's codecs with batchinfer's own plan nodes
 //!   added (`codec.rs`).
-//! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime, functions).
+//! - [`context`]: builds the DataFusion sessions of every role (configuration, runtime, functions,
+//!   and batchinfer's plan rules, added in one place: `with_rules`).
 //! - [`scan`]: the streaming reader for local Parquet: the exec (`exec.rs`), the files (`file.rs`),
 //!   the dealing of row groups (`units.rs`), the list columns read from their leaf (`list.rs`) and
 //!   the check of their levels (`levels.rs`).
@@ -99,7 +103,9 @@
 //!   warehouse's folders; every path read or written through a session's stores is checked again
 //!   there (`storage/access.rs`, `storage/session_stores.rs`).
 //! - [`config`]: plain settings, a leaf that imports nothing of batchinfer: [`EngineConfig`] (fixed
-//!   at start), the `SET batchinfer.*` options, and the values they take (`values.rs`).
+//!   at start), the `SET batchinfer.*` settings, each declared once with its type, default, text
+//!   and how a session may change it (`settings.rs`: SET, SHOW, `\h set` and docs/settings.md
+//!   are made from it), and the values they take (`values.rs`).
 //! - [`statement_context`]: the statement at hand (its id, text, rejects folder, the models a
 //!   cluster client sends), set through the session for each statement; no `SET` changes it; its
 //!   ledger (the spend, token budget, error tally, rows given NULL and writes a cancellation came

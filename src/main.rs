@@ -439,7 +439,7 @@ fn secret_variable(name: &str) -> Result<Option<String>> {
 /// A parser of a count from 1 to `max`.
 fn count(max: usize) -> impl Fn(&str) -> Result<usize> + Clone {
     move |text| match text.parse::<usize>() {
-        Ok(n) => check_count(n, max).map_err(Error::Usage),
+        Ok(n) => check_count(n, max).map_err(|e| Error::Usage(e.to_string())),
         Err(e) => Err(Error::Usage(e.to_string())),
     }
 }

@@ -5,6 +5,7 @@
 
 mod common;
 mod emulators;
+mod fixtures;
 use common::random_rows;
 
 use std::path::Path;

@@ -850,13 +850,7 @@ fn executors_share_an_endpoint_models_limits() {
 /// The photos and image model of scripts/image_models.sh, as a folder of models (`nsfw`, its
 /// classes named `sfw` and `nsfw`) and the photos' folder.
 fn image_assets(models: &Path) -> std::path::PathBuf {
-    let out = Command::new("scripts/image_models.sh").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let assets = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let assets = fixtures::image_assets();
     let nsfw = models.join("nsfw");
     std::fs::create_dir_all(&nsfw).unwrap();
     std::fs::copy(assets.join("nsfw/model.onnx"), nsfw.join("model.onnx")).unwrap();

@@ -58,15 +58,7 @@ fn working_folder(root: &Path) {
         std::os::unix::fs::symlink(fixtures::fetch_model(name), models.join(name)).unwrap();
     }
     // docs/files.md's photos and image model (scripts/image_models.sh).
-    let out = std::process::Command::new("scripts/image_models.sh")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let images = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let images = fixtures::image_assets();
     std::os::unix::fs::symlink(images.join("photos"), root.join("photos")).unwrap();
     std::os::unix::fs::symlink(images.join("nsfw"), models.join("nsfw")).unwrap();
     std::os::unix::fs::symlink(images.join("magika"), models.join("magika")).unwrap();

@@ -202,14 +202,7 @@ fn a_text_model_folder_in_s3_embeds_like_the_local_folder() {
     let model = models_dir().join("minilm");
     let dir = tempfile::tempdir().unwrap();
     let server = s3_server::S3Server::start(&dir.path().join("s3"));
-    for file in [
-        "model.onnx",
-        "tokenizer.json",
-        "config.json",
-        "modules.json",
-        "sentence_bert_config.json",
-        "1_Pooling/config.json",
-    ] {
+    for file in fixtures::MINILM_FILES {
         server.put_file("models", &format!("minilm/{file}"), &model.join(file));
     }
     let out = common::output_within(
@@ -250,14 +243,7 @@ async fn pooling_normalization_and_truncation_match_the_python_stack() {
     for (variant, overrides) in variants.as_object().unwrap() {
         let folder = folders.path().join(variant);
         std::fs::create_dir_all(folder.join("1_Pooling")).unwrap();
-        for file in [
-            "model.onnx",
-            "tokenizer.json",
-            "config.json",
-            "modules.json",
-            "sentence_bert_config.json",
-            "1_Pooling/config.json",
-        ] {
+        for file in fixtures::MINILM_FILES {
             std::os::unix::fs::symlink(minilm.join(file), folder.join(file)).unwrap();
         }
         if !overrides.as_object().unwrap().is_empty() {

@@ -7,6 +7,7 @@
 //! scripts/image_models.sh.
 
 mod common;
+mod fixtures;
 #[path = "s3_server/mod.rs"]
 mod s3_server;
 
@@ -22,23 +23,11 @@ use prost::Message;
 
 /// The folder scripts/image_models.sh fills: nsfw/, photos/, python/.
 fn assets() -> PathBuf {
-    let out = Command::new("scripts/image_models.sh").output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    fixtures::image_assets()
 }
 
 fn query(warehouse: &Path, sql: &str) -> std::process::Output {
-    output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(warehouse)
-            .args(["query", "-e", sql]),
-        DEADLINE,
-    )
+    common::query_with(warehouse, &[], sql)
 }
 
 /// The reference's Python (Pillow, numpy, onnxruntime, pyarrow) running `script` with `args`.

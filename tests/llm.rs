@@ -6,6 +6,7 @@
 //! fault-injecting proxy in front of it (scripts/llm_server.py proxy), a real HTTP server too.
 
 mod common;
+mod fixtures;
 mod llm_server;
 #[path = "s3_server/mod.rs"]
 mod s3_server;
@@ -26,13 +27,7 @@ fn create(name: &str, url: &str, options: &str) -> String {
 }
 
 fn query(warehouse: &Path, sql: &str) -> std::process::Output {
-    output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(warehouse)
-            .args(["--timing", "query", "-e", sql]),
-        DEADLINE,
-    )
+    common::query_with(warehouse, &["--timing"], sql)
 }
 
 /// `sql` run after `define` (a CREATE MODEL, run first on its own, which says what it
@@ -130,10 +125,7 @@ print("ok")
 /// What the Python `check` (run with pyarrow, scripts/python_readers.sh's environment) printed
 /// given `args`; the test fails with its error if it fails.
 fn python_check(check: &str, args: &[&str]) -> String {
-    let out = Command::new("scripts/python_readers.sh").output().unwrap();
-    assert!(out.status.success());
-    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    let out = Command::new(python)
+    let out = Command::new(fixtures::python_readers())
         .args(["-c", check])
         .args(args)
         .output()

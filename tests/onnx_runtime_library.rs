@@ -329,14 +329,7 @@ fn what_is_loaded_is_what_was_checked_for_the_text_model_too() {
     let folder = cache.path().join("models/all-MiniLM-L6-v2");
     let real = fixtures::models_with_minilm().join("minilm");
     std::fs::create_dir_all(folder.join("1_Pooling")).unwrap();
-    for file in [
-        "model.onnx",
-        "tokenizer.json",
-        "config.json",
-        "modules.json",
-        "sentence_bert_config.json",
-        "1_Pooling/config.json",
-    ] {
+    for file in fixtures::MINILM_FILES {
         std::fs::copy(real.join(file), folder.join(file)).unwrap();
     }
     let run = || {

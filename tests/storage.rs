@@ -8,6 +8,7 @@
 
 mod common;
 mod emulators;
+mod fixtures;
 mod s3_server;
 
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@
 //! CREATE OR REPLACE.
 
 mod common;
+mod fixtures;
 mod s3_server;
 
 use std::path::{Path, PathBuf};
@@ -17,13 +18,7 @@ use common::{assert_failure, assert_ok, bin, query, stderr};
 
 /// The python of the environment that holds `deltalake` and Polars.
 fn python_readers() -> PathBuf {
-    let out = Command::new("scripts/python_readers.sh").output().unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/python_readers.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    fixtures::python_readers()
 }
 
 /// Runs `script` in the readers' python with the arguments `args`; its standard output. The

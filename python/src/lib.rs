@@ -246,13 +246,21 @@ fn check_table_name(name: &str) -> PyResult<()> {
 
 /// Parsing without clap's derive: a value of a `clap::ValueEnum`, case-insensitive.
 mod clap_free {
-    pub fn value_enum<T: clap::ValueEnum>(text: &str) -> Result<T, String> {
-        T::from_str(text, true).map_err(|_| {
-            let names: Vec<String> = T::value_variants()
+    /// A text that is none of an enum's values, and its values.
+    #[derive(Debug, thiserror::Error)]
+    #[error("'{text}' is not one of {}", .values.join(", "))]
+    pub struct NotOneOf {
+        text: String,
+        values: Vec<String>,
+    }
+
+    pub fn value_enum<T: clap::ValueEnum>(text: &str) -> Result<T, NotOneOf> {
+        T::from_str(text, true).map_err(|_| NotOneOf {
+            text: text.to_string(),
+            values: T::value_variants()
                 .iter()
                 .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
-                .collect();
-            format!("'{text}' is not one of {}", names.join(", "))
+                .collect(),
         })
     }
 }

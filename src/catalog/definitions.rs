@@ -62,6 +62,7 @@ impl Catalog {
             };
             if let Some(endpoint) = &version.endpoint {
                 let model = Endpoint::from_json(endpoint)
+                    .map_err(|e| e.to_string())
                     .and_then(|e| self.endpoint_model(&key, e).map_err(|e| e.to_string()));
                 match model {
                     Ok(model) => {

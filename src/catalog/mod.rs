@@ -18,6 +18,9 @@ use crate::warehouse::schema::WarehouseSchema;
 use crate::warehouse::{Definition, Warehouse};
 
 mod definitions;
+mod drop_model;
+mod endpoint_models;
+mod llm_cache;
 mod models;
 mod names;
 mod tables;

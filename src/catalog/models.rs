@@ -1,6 +1,8 @@
 //! The catalog's model statements (`CREATE/ALTER/DROP/DESCRIBE MODEL`, `SHOW MODELS`, `SHOW
-//! MODEL VERSIONS`), kept in the warehouse with each model's versions and aliases (the models
-//! brought up to those definitions: `definitions.rs`).
+//! MODEL VERSIONS`, the LLM cache's), each handed to what runs it: the versions of a model from
+//! files here, kept in the warehouse with its aliases; an endpoint model's definition in
+//! `endpoint_models.rs`, DROP MODEL in `drop_model.rs`, the LLM cache in `llm_cache.rs` (the
+//! models brought up to the definitions: `definitions.rs`).
 
 use std::sync::Arc;
 
@@ -8,7 +10,6 @@ use datafusion::dataframe::DataFrame;
 
 use super::Catalog;
 use crate::error::{Error, Result};
-use crate::llm::Endpoint;
 use crate::model::listing::{
     describe_batch, describe_endpoint_batch, models_batch, versions_batch,
 };
@@ -92,105 +93,16 @@ impl Catalog {
                 or_replace,
                 options,
             } => {
-                self.check_definable(&name, or_replace)?;
-                let endpoint = Endpoint::from_options(&name, &options)?;
-                let mut version = Version::new(
-                    Some(endpoint.sha256()),
-                    endpoint.endpoint.clone(),
-                    endpoint.endpoint.clone(),
-                );
-                version.endpoint = Some(endpoint.to_json());
-                let model = Arc::new(self.endpoint_model(&name, endpoint)?);
-                let number = match &self.warehouse {
-                    Some(_) => {
-                        let adding = if or_replace {
-                            Adding::Replace
-                        } else {
-                            Adding::Create
-                        };
-                        let definition = self.keep_version(&name, version, adding).await?;
-                        self.register_definition(&name, &definition, None);
-                        Some(newest(&definition))
-                    }
-                    None => {
-                        self.registry.register_endpoint(&name, model.clone());
-                        None
-                    }
-                };
-                crate::say!(
-                    "model '{name}' {} as {} at {} (definition sha256 {}){}",
-                    if or_replace { "defined" } else { "created" },
-                    model.endpoint.model,
-                    model.endpoint.endpoint,
-                    model.sha256,
-                    number.map_or_else(String::new, |n| format!(", version {n}"))
-                );
+                self.create_endpoint(&name, or_replace, &options).await?;
                 session.empty()
             }
             ModelStatement::Drop { name, if_exists } => {
-                check_name("model", &name)?;
-                self.check_not_a_folder_model(&name)?;
-                let known = self.registry.unregister_model(&name);
-                // A definition that cannot be read (left out with a warning) is dropped too.
-                let unusable = match (&self.warehouse, known) {
-                    (Some(warehouse), false) => {
-                        warehouse.definitions().await?.unusable.contains_key(&name)
-                    }
-                    _ => false,
-                };
-                if !known && !unusable && !if_exists {
-                    return Err(Error::UnknownModel {
-                        name,
-                        available: format!("the models are: {}", self.registry.names().join(", ")),
-                    });
-                }
-                if let Some(warehouse) = &self.warehouse
-                    && (known || unusable)
-                {
-                    warehouse.remove_model(&name).await?;
-                    self.seen_models().remove(&name);
-                }
-                if known || unusable {
-                    crate::say!("model '{name}' dropped");
-                }
+                self.drop_model(name, if_exists).await?;
                 session.empty()
             }
             ModelStatement::Show => session.result(models_batch(&self.registry)?),
-            ModelStatement::ShowCache | ModelStatement::ClearCache => {
-                let Some(warehouse) = &self.warehouse else {
-                    return Err(Error::Usage(
-                        "the LLM cache is kept in the warehouse: give --warehouse DIR".into(),
-                    ));
-                };
-                let (store, prefix, url) = warehouse.area(crate::llm::cache::FOLDER)?;
-                let cache = crate::llm::cache::Cache::new(store, prefix, url.to_string());
-                let (entries, bytes) = match statement {
-                    ModelStatement::ClearCache => (cache.clear().await?, 0),
-                    _ => cache.size().await?,
-                };
-                let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
-                    datafusion::arrow::datatypes::Field::new(
-                        "answers",
-                        datafusion::arrow::datatypes::DataType::UInt64,
-                        false,
-                    ),
-                    datafusion::arrow::datatypes::Field::new(
-                        "bytes",
-                        datafusion::arrow::datatypes::DataType::UInt64,
-                        false,
-                    ),
-                ]));
-                let columns: Vec<datafusion::arrow::array::ArrayRef> = vec![
-                    Arc::new(datafusion::arrow::array::UInt64Array::from(vec![entries])),
-                    Arc::new(datafusion::arrow::array::UInt64Array::from(vec![bytes])),
-                ];
-                if matches!(statement, ModelStatement::ClearCache) {
-                    crate::say!("{entries} kept answers removed from the LLM cache");
-                }
-                session.result(datafusion::arrow::array::RecordBatch::try_new(
-                    schema, columns,
-                )?)
-            }
+            ModelStatement::ShowCache => session.result(self.llm_cache(false).await?),
+            ModelStatement::ClearCache => session.result(self.llm_cache(true).await?),
             ModelStatement::Describe { name } => {
                 if let Some(model) = self.registry.endpoint_model(&name) {
                     return session.result(describe_endpoint_batch(&model)?);
@@ -312,7 +224,7 @@ impl Catalog {
 
     /// Adds `version` to model `name` in the warehouse (refused where `adding` says the model
     /// must not exist, or must); its definition as kept.
-    async fn keep_version(
+    pub(super) async fn keep_version(
         &self,
         name: &str,
         version: Version,
@@ -405,7 +317,7 @@ impl Catalog {
 
 /// How a statement adds a version.
 #[derive(Debug, Clone, Copy)]
-enum Adding {
+pub(super) enum Adding {
     /// CREATE MODEL: the model's first.
     Create,
     /// CREATE OR REPLACE MODEL: the first, or the newest.
@@ -415,7 +327,7 @@ enum Adding {
 }
 
 /// The number of the newest version of `definition`.
-fn newest(definition: &Definition) -> u32 {
+pub(super) fn newest(definition: &Definition) -> u32 {
     definition.versions.versions.last().map_or(1, |v| v.version)
 }
 

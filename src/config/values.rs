@@ -22,6 +22,8 @@ pub enum ValueError {
          scored ('0.5%')"
     )]
     ErrorBudget(String),
+    #[error("batchinfer.cache must be 'on', 'read' or 'off', not '{0}'")]
+    Cache(String),
     #[error("'{0}' is not a size: use a number with K, M, G or T")]
     NotASize(String),
     #[error("'{0}' is not a positive size")]
@@ -376,16 +378,14 @@ impl std::fmt::Display for CacheMode {
 }
 
 impl std::str::FromStr for CacheMode {
-    type Err = String;
+    type Err = ValueError;
 
-    fn from_str(value: &str) -> Result<Self, String> {
+    fn from_str(value: &str) -> Result<Self, ValueError> {
         match value.trim().to_ascii_lowercase().as_str() {
             "on" | "true" => Ok(CacheMode::On),
             "read" => Ok(CacheMode::Read),
             "off" | "false" => Ok(CacheMode::Off),
-            other => Err(format!(
-                "batchinfer.cache must be 'on', 'read' or 'off', not '{other}'"
-            )),
+            other => Err(ValueError::Cache(other.to_string())),
         }
     }
 }

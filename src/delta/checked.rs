@@ -62,14 +62,13 @@ pub(super) async fn checked_scan(
             named.push(path.to_string());
         }
     }
-    if let Some(version) = pinned {
-        all_there(&log_store, &named).await.map_err(|missing| {
-            refuse(format!(
-                "version {version} can no longer be read: its file {missing:?} is gone \
-                     (VACUUM deletes the files of versions older than its retention); read a \
-                     newer version"
-            ))
-        })?;
+    if let Some(version) = pinned
+        && let Some(missing) = first_missing(&log_store, &named).await
+    {
+        return Err(refuse(format!(
+            "version {version} can no longer be read: its file {missing:?} is gone (VACUUM \
+                 deletes the files of versions older than its retention); read a newer version"
+        )));
     }
     Ok(TableProviderBuilder::default()
         .with_log_store(log_store)
@@ -78,13 +77,10 @@ pub(super) async fn checked_scan(
         .await?)
 }
 
-/// Whether every file of `paths` (a version's, as its log names them) is still there: the
-/// first missing one otherwise. An old version's counts come from its log alone, so a version
-/// VACUUM emptied would answer `count(*)` without a file read.
-pub(super) async fn all_there(
-    log_store: &LogStoreRef,
-    paths: &[String],
-) -> std::result::Result<(), String> {
+/// The first file of `paths` (a version's, as its log names them) found missing, None where
+/// all are there. An old version's counts come from its log alone, so a version VACUUM emptied
+/// would answer `count(*)` without a file read.
+pub(super) async fn first_missing(log_store: &LogStoreRef, paths: &[String]) -> Option<String> {
     use futures::StreamExt;
     let store = log_store.object_store(None);
     let mut heads = futures::stream::iter(paths.iter().cloned())
@@ -100,10 +96,10 @@ pub(super) async fn all_there(
         .buffer_unordered(16);
     while let Some((path, found)) = heads.next().await {
         if let Err(object_store::Error::NotFound { .. }) = found {
-            return Err(path);
+            return Some(path);
         }
     }
-    Ok(())
+    None
 }
 
 /// Whether a data file's path (as the log names it, URL-decoded) is a file of the table's own

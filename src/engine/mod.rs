@@ -18,6 +18,7 @@
 //! ```
 
 mod options;
+mod route;
 
 use std::sync::Arc;
 
@@ -27,9 +28,10 @@ use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::context::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{ObjectType, Statement as SQLStatement};
+use datafusion::sql::sqlparser::ast::Statement as SQLStatement;
 use datafusion::sql::sqlparser::dialect::Dialect;
 
+use self::route::SqlRoute;
 use crate::catalog::Catalog;
 use crate::cluster::Placement;
 use crate::config::EngineConfig;
@@ -268,45 +270,22 @@ impl Engine {
                 self.session.predict_tables().insert(&table, provider);
             }
         }
-        let writes = |statement: &DFStatement| match statement {
-            DFStatement::CopyTo(_) => true,
-            DFStatement::Statement(s) => matches!(s.as_ref(), SQLStatement::Insert(_)),
-            _ => false,
-        };
-        match &statement {
-            DFStatement::Explain(e) if e.options.analyze && writes(&e.statement) => {
-                return self.writes().write_committed(statement).await;
+        match SqlRoute::of(statement, self.warehouse.as_ref()) {
+            SqlRoute::Write(statement) => self.writes().write_committed(statement).await,
+            SqlRoute::CreateTableAs(warehouse, create) => {
+                self.writes().create_table_as(warehouse, &create).await
             }
-            statement_ if writes(statement_) => {
-                return self.writes().write_committed(statement).await;
+            SqlRoute::DropTables(warehouse, names, statement) => {
+                (self.catalog)
+                    .drop_tables(&self.session, warehouse, names, statement)
+                    .await
             }
-            _ => {}
-        }
-        if let (Some(warehouse), DFStatement::Statement(s)) = (&self.warehouse, &statement) {
-            match s.as_ref() {
-                SQLStatement::CreateTable(ct) if ct.query.is_some() => {
-                    return self.writes().create_table_as(warehouse, ct).await;
-                }
-                SQLStatement::Drop {
-                    object_type: ObjectType::Table,
-                    names,
-                    ..
-                } => {
-                    let names = names.clone();
-                    return (self.catalog)
-                        .drop_tables(&self.session, warehouse, names, statement)
-                        .await;
-                }
-                _ => {}
+            SqlRoute::ExplainAnalyze(statement) => {
+                let df = self.execute(statement).await?;
+                self.session.explain_analyzed(df).await
             }
+            SqlRoute::Plan(statement) => self.execute(statement).await,
         }
-        if let DFStatement::Explain(explain) = &statement
-            && explain.options.analyze
-        {
-            let df = self.execute(statement).await?;
-            return self.session.explain_analyzed(df).await;
-        }
-        self.execute(statement).await
     }
 
     /// Plans (and for DDL, runs) one parsed DataFusion statement.

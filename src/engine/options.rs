@@ -69,11 +69,18 @@ impl EngineOptions {
     }
 }
 
+/// A count that is not from 1 to its most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be from 1 to {most}")]
+pub struct OutOfRange {
+    pub most: usize,
+}
+
 /// `n` when it is a count from 1 to `max`, else what was expected.
-pub fn check_count(n: usize, max: usize) -> std::result::Result<usize, String> {
+pub fn check_count(n: usize, max: usize) -> std::result::Result<usize, OutOfRange> {
     if (1..=max).contains(&n) {
         Ok(n)
     } else {
-        Err(format!("must be from 1 to {max}"))
+        Err(OutOfRange { most: max })
     }
 }

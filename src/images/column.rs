@@ -9,7 +9,7 @@ use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field};
 
 use super::ImageSpec;
-use super::decode::prepare;
+use super::decode::{Unreadable, prepare};
 use crate::error::{Error, Result};
 
 /// The type of the prepared images of `spec`: a fixed-size list of floats, one image a row.
@@ -38,7 +38,7 @@ pub fn prepare_column(
     let per_image = spec.values_per_image();
     let bytes_of = bytes_reader(column)?;
     let mut values = vec![0f32; rows * per_image];
-    let mut outcome: Vec<Option<Result<(), String>>> = vec![None; rows];
+    let mut outcome: Vec<Option<Result<(), Unreadable>>> = vec![None; rows];
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(rows.max(1));
@@ -61,7 +61,7 @@ pub fn prepare_column(
                     let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         prepare(bytes, spec, out)
                     }))
-                    .unwrap_or_else(|_| Err("the image decoder failed on it (a panic)".into()));
+                    .unwrap_or_else(|_| Err(Unreadable::Panicked));
                     *result = Some(done);
                 }
             });
@@ -74,7 +74,7 @@ pub fn prepare_column(
         .map(|(row, o)| match o {
             Some(Ok(())) => true,
             Some(Err(why)) => {
-                failed.push((row, why));
+                failed.push((row, why.to_string()));
                 false
             }
             None => false,

@@ -4,6 +4,7 @@
 //! and normalized into the declared layout. Every failure is a message for the image's row.
 
 use std::io::Cursor;
+use std::sync::Arc;
 
 use ::image::{DynamicImage, ImageDecoder, ImageReader, Limits, RgbImage};
 
@@ -56,54 +57,100 @@ impl Drop for Room {
 /// its shorter side would otherwise grow without bound.
 const MAX_RESIZED_PIXELS: u64 = 1 << 26;
 
+/// Why an image could not be read, or prepared for a model.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unreadable {
+    #[error("an empty file is not an image")]
+    EmptyFile,
+    #[error("not an image batchinfer reads (JPEG, PNG, WebP, GIF, BMP, TIFF); it begins {0}")]
+    NotAnImage(String),
+    #[error("a truncated JPEG: no end marker follows its last scan (a file cut short?)")]
+    TruncatedJpeg,
+    #[error("an image of {width}x{height} pixels has nothing to see")]
+    NoPixels { width: u32, height: u32 },
+    #[error(
+        "an image of {width}x{height} pixels ({pixels}) is more than {MAX_PIXELS} pixels (a \
+         decompression bomb?)"
+    )]
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        pixels: u64,
+    },
+    #[error(
+        "an image of {width}x{height} pixels ({color}) takes {bytes} bytes decoded, more than \
+         {MAX_ALLOC}"
+    )]
+    TooLargeDecoded {
+        width: u32,
+        height: u32,
+        color: String,
+        bytes: u64,
+    },
+    #[error(
+        "an image of {width}x{height} pixels would be resized to {w}x{h}, more than \
+         {MAX_RESIZED_PIXELS} pixels"
+    )]
+    ResizedTooLarge {
+        width: u32,
+        height: u32,
+        w: u64,
+        h: u64,
+    },
+    #[error("no size is declared")]
+    NoSize,
+    /// What the image crate's decoder says.
+    #[error("{0}")]
+    Decoder(Arc<::image::ImageError>),
+    #[error("the image decoder failed on it (a panic)")]
+    Panicked,
+}
+
+fn decoder_error(e: ::image::ImageError) -> Unreadable {
+    Unreadable::Decoder(Arc::new(e))
+}
+
 /// Decodes `bytes` into an RGB image, upright.
-pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
+pub fn decode(bytes: &[u8]) -> Result<RgbImage, Unreadable> {
     if bytes.is_empty() {
-        return Err("an empty file is not an image".into());
+        return Err(Unreadable::EmptyFile);
     }
     let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Unreadable::Decoder(Arc::new(e.into())))?;
     match reader.format() {
-        None => {
-            return Err(format!(
-                "not an image batchinfer reads (JPEG, PNG, WebP, GIF, BMP, TIFF); it begins {}",
-                begins(bytes)
-            ));
-        }
+        None => return Err(Unreadable::NotAnImage(begins(bytes))),
         // The JPEG decoder makes the most of a cut file (grey where bytes are missing), as
         // Pillow does not by default: a file cut short (no end marker after its first scan) is
         // refused here.
         Some(::image::ImageFormat::Jpeg) if !jpeg_is_whole(bytes) => {
-            return Err(
-                "a truncated JPEG: no end marker follows its last scan (a file cut short?)".into(),
-            );
+            return Err(Unreadable::TruncatedJpeg);
         }
         Some(_) => {}
     }
     // The size is checked here first, so that a bomb is refused in these words.
     reader.limits(Limits::no_limits());
-    let mut decoder = reader.into_decoder().map_err(|e| e.to_string())?;
+    let mut decoder = reader.into_decoder().map_err(decoder_error)?;
     let (width, height) = decoder.dimensions();
     if width == 0 || height == 0 {
-        return Err(format!(
-            "an image of {width}x{height} pixels has nothing to see"
-        ));
+        return Err(Unreadable::NoPixels { width, height });
     }
     let pixels = u64::from(width) * u64::from(height);
     if pixels > MAX_PIXELS {
-        return Err(format!(
-            "an image of {width}x{height} pixels ({pixels}) is more than {MAX_PIXELS} pixels \
-             (a decompression bomb?)"
-        ));
+        return Err(Unreadable::TooManyPixels {
+            width,
+            height,
+            pixels,
+        });
     }
     if decoder.total_bytes() > MAX_ALLOC {
-        return Err(format!(
-            "an image of {width}x{height} pixels ({:?}) takes {} bytes decoded, more than \
-             {MAX_ALLOC}",
-            decoder.color_type(),
-            decoder.total_bytes()
-        ));
+        return Err(Unreadable::TooLargeDecoded {
+            width,
+            height,
+            color: format!("{:?}", decoder.color_type()),
+            bytes: decoder.total_bytes(),
+        });
     }
     // As decoded, and again as RGB.
     let bytes = decoder
@@ -111,10 +158,10 @@ pub fn decode(bytes: &[u8]) -> Result<RgbImage, String> {
         .saturating_add(pixels.saturating_mul(3));
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_ALLOC);
-    decoder.set_limits(limits).map_err(|e| e.to_string())?;
+    decoder.set_limits(limits).map_err(decoder_error)?;
     let _room = Room::take(bytes);
     let orientation = decoder.orientation().ok();
-    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(decoder_error)?;
     if let Some(orientation) = orientation {
         image.apply_orientation(orientation);
     }
@@ -183,17 +230,17 @@ fn begins(bytes: &[u8]) -> String {
 }
 
 /// Writes the values of `bytes` prepared as `spec` says into `out` (3 x height x width).
-pub fn prepare(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<(), String> {
+pub fn prepare(bytes: &[u8], spec: &ImageSpec, out: &mut [f32]) -> Result<(), Unreadable> {
     let image = decode(bytes)?;
     let image = resize(image, spec)?;
-    let (width, height) = spec.output_size().ok_or("no size is declared")?;
+    let (width, height) = spec.output_size().ok_or(Unreadable::NoSize)?;
     normalize(&image, width, height, spec, out);
     Ok(())
 }
 
 /// The size `resize` makes of an image of `width` x `height` (Hugging Face's arithmetic for
 /// the shorter side: the longer one in proportion, cut to a whole pixel).
-fn resized_size(resize: Resize, width: u32, height: u32) -> Result<(u32, u32), String> {
+fn resized_size(resize: Resize, width: u32, height: u32) -> Result<(u32, u32), Unreadable> {
     let (w, h) = match resize {
         Resize::Exact(w, h) => (u64::from(w), u64::from(h)),
         Resize::ShortestEdge(s) => {
@@ -206,15 +253,17 @@ fn resized_size(resize: Resize, width: u32, height: u32) -> Result<(u32, u32), S
         }
     };
     if w.saturating_mul(h) > MAX_RESIZED_PIXELS {
-        return Err(format!(
-            "an image of {width}x{height} pixels would be resized to {w}x{h}, more than \
-             {MAX_RESIZED_PIXELS} pixels"
-        ));
+        return Err(Unreadable::ResizedTooLarge {
+            width,
+            height,
+            w,
+            h,
+        });
     }
     Ok((w as u32, h as u32))
 }
 
-fn resize(image: RgbImage, spec: &ImageSpec) -> Result<RgbImage, String> {
+fn resize(image: RgbImage, spec: &ImageSpec) -> Result<RgbImage, Unreadable> {
     let Some(resize) = spec.resize else {
         return Ok(image);
     };
@@ -348,7 +397,7 @@ mod tests {
         ];
         for (what, bytes) in cases {
             let e = prepare(&bytes, &s, &mut out).expect_err(what);
-            assert!(!e.is_empty(), "{what}");
+            assert!(!e.to_string().is_empty(), "{what}");
         }
         prepare(&good, &s, &mut out).unwrap();
     }
@@ -363,7 +412,7 @@ mod tests {
         // The IHDR's CRC no longer matches; PNG decoders check it, so fix it.
         let crc = crc32(&bytes[12..29]);
         bytes[29..33].copy_from_slice(&crc.to_be_bytes());
-        let e = decode(&bytes).unwrap_err();
+        let e = decode(&bytes).unwrap_err().to_string();
         assert!(
             e.contains("50000x50000") && e.contains("decompression bomb"),
             "{e}"
@@ -387,17 +436,14 @@ mod tests {
 
     #[test]
     fn the_shorter_side_is_resized_as_hugging_face_does() {
-        assert_eq!(
-            resized_size(Resize::ShortestEdge(224), 640, 480),
-            Ok((298, 224))
-        );
-        assert_eq!(
-            resized_size(Resize::ShortestEdge(224), 480, 640),
-            Ok((224, 298))
-        );
-        assert_eq!(resized_size(Resize::Exact(5, 7), 1, 1), Ok((5, 7)));
+        let size = |resize, w, h| resized_size(resize, w, h).ok();
+        assert_eq!(size(Resize::ShortestEdge(224), 640, 480), Some((298, 224)));
+        assert_eq!(size(Resize::ShortestEdge(224), 480, 640), Some((224, 298)));
+        assert_eq!(size(Resize::Exact(5, 7), 1, 1), Some((5, 7)));
         // A long, thin image is refused, never resized to gigabytes (nor wrapped to 0).
-        let e = resized_size(Resize::ShortestEdge(16384), 1, 262_144).unwrap_err();
+        let e = resized_size(Resize::ShortestEdge(16384), 1, 262_144)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("16384x4294967296"), "{e}");
         assert!(resized_size(Resize::ShortestEdge(224), 1, 100_000).is_err());
     }

@@ -110,24 +110,24 @@ impl ImageSpec {
     /// `{"resize": [256, 256] | {"shortest_edge": 256}, "filter": "bilinear", "crop": [224,
     /// 224], "channels": "RGB" | "BGR", "layout": "NCHW" | "NHWC", "mean": [...], "std":
     /// [...], "scale": 0.00392}`; sizes are [width, height].
-    fn from_batchinfer(image: &Value) -> std::result::Result<ImageSpec, String> {
-        let object = image
-            .as_object()
-            .ok_or("an object is expected, as {\"resize\": [224, 224]}")?;
-        const KEYS: &[&str] = &[
-            "resize", "filter", "crop", "channels", "layout", "mean", "std", "scale",
-        ];
-        if let Some(key) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
-            return Err(format!(
-                "\"{key}\" is not a setting; the settings are {}",
-                KEYS.join(", ")
-            ));
+    fn from_batchinfer(image: &Value) -> std::result::Result<ImageSpec, BadSpec> {
+        let object = image.as_object().ok_or(BadSpec::NotAnObject)?;
+        if let Some(key) = object
+            .keys()
+            .find(|k| !BATCHINFER_KEYS.contains(&k.as_str()))
+        {
+            return Err(BadSpec::UnknownKey(key.clone()));
         }
         let resize = match image.get("resize") {
             None | Some(Value::Null) => None,
-            Some(Value::Object(o)) => Some(Resize::ShortestEdge(side(
-                o.get("shortest_edge")
-                    .ok_or("\"resize\" as an object takes \"shortest_edge\"")?,
+            Some(object @ Value::Object(o)) => Some(Resize::ShortestEdge(side(
+                o.get("shortest_edge").ok_or_else(|| {
+                    expected(
+                        "resize",
+                        "[width, height] or {\"shortest_edge\": N}",
+                        object,
+                    )
+                })?,
                 "resize.shortest_edge",
             )?)),
             Some(v) => {
@@ -137,20 +137,20 @@ impl ImageSpec {
         };
         let filter = match image.get("filter") {
             None => Filter::Bilinear,
-            Some(v) => Filter::parse(v.as_str().ok_or("\"filter\" is a name")?)?,
+            Some(v) => Filter::parse(v.as_str().ok_or_else(|| expected("filter", "a name", v))?)?,
         };
         let crop = image.get("crop").map(|v| pair(v, "crop")).transpose()?;
         let channels = match image.get("channels") {
             None => Channels::Rgb,
             Some(Value::String(c)) if c.eq_ignore_ascii_case("rgb") => Channels::Rgb,
             Some(Value::String(c)) if c.eq_ignore_ascii_case("bgr") => Channels::Bgr,
-            Some(c) => return Err(format!("\"channels\" is \"RGB\" or \"BGR\", not {c}")),
+            Some(c) => return Err(expected("channels", "\"RGB\" or \"BGR\"", c)),
         };
         let layout = match image.get("layout") {
             None => Layout::Nchw,
             Some(Value::String(l)) if l.eq_ignore_ascii_case("nchw") => Layout::Nchw,
             Some(Value::String(l)) if l.eq_ignore_ascii_case("nhwc") => Layout::Nhwc,
-            Some(l) => return Err(format!("\"layout\" is \"NCHW\" or \"NHWC\", not {l}")),
+            Some(l) => return Err(expected("layout", "\"NCHW\" or \"NHWC\"", l)),
         };
         let spec = ImageSpec {
             resize,
@@ -169,12 +169,12 @@ impl ImageSpec {
     /// Hugging Face's image processor settings (`do_resize`, `size`, `resample`,
     /// `do_center_crop`, `crop_size`, `do_rescale`, `rescale_factor`, `do_normalize`,
     /// `image_mean`, `image_std`): RGB, NCHW.
-    fn from_hugging_face(config: &Value) -> std::result::Result<ImageSpec, String> {
-        let on = |key: &str, default: bool| -> std::result::Result<bool, String> {
+    fn from_hugging_face(config: &Value) -> std::result::Result<ImageSpec, BadSpec> {
+        let on = |key: &'static str, default: bool| -> std::result::Result<bool, BadSpec> {
             match config.get(key) {
                 None | Some(Value::Null) => Ok(default),
                 Some(Value::Bool(b)) => Ok(*b),
-                Some(v) => Err(format!("\"{key}\" is true or false, not {v}")),
+                Some(v) => Err(expected(key, "true or false", v)),
             }
         };
         let resize = match (on("do_resize", true)?, config.get("size")) {
@@ -183,14 +183,14 @@ impl ImageSpec {
         };
         let filter = match config.get("resample") {
             None => Filter::Bilinear,
-            Some(v) => Filter::from_pillow(v.as_u64().ok_or("\"resample\" is Pillow's number")?)?,
+            Some(v) => Filter::from_pillow(v.as_u64().ok_or_else(|| pillow_filter(v))?)?,
         };
         let crop = match (on("do_center_crop", false)?, config.get("crop_size")) {
             (true, Some(size)) => match hugging_face_size(size, "crop_size", false)? {
                 Resize::Exact(w, h) => Some((w, h)),
                 Resize::ShortestEdge(s) => Some((s, s)),
             },
-            (true, None) => return Err("\"do_center_crop\" without \"crop_size\"".into()),
+            (true, None) => return Err(BadSpec::CropWithoutSize),
             (false, _) => None,
         };
         let scale = match on("do_rescale", true)? {
@@ -219,31 +219,22 @@ impl ImageSpec {
     }
 
     /// Refuses a preprocessing that would not give every image one size, or a std of 0.
-    fn check(self) -> std::result::Result<ImageSpec, String> {
+    fn check(self) -> std::result::Result<ImageSpec, BadSpec> {
         if self.output_size().is_none() {
-            return Err(
-                "images would keep sizes of their own: give \"resize\" a [width, height] or a \
-                 \"crop\""
-                    .into(),
-            );
+            return Err(BadSpec::NoOneSize);
         }
         if self.std.contains(&0.0) {
-            return Err("a \"std\" of 0 divides by zero".into());
+            return Err(BadSpec::ZeroStd);
         }
         if let Some((w, h)) = self.output_size()
             && u64::from(w) * u64::from(h) > MAX_PREPARED_PIXELS
         {
-            return Err(format!(
-                "images of {w}x{h} pixels are more than a model takes here ({MAX_PREPARED_PIXELS} \
-                 pixels)"
-            ));
+            return Err(BadSpec::PreparedTooLarge(w, h));
         }
         if let Some(Resize::Exact(w, h)) = self.resize
             && u64::from(w) * u64::from(h) > MAX_PREPARED_PIXELS * 4
         {
-            return Err(format!(
-                "a resize to {w}x{h} pixels is more than batchinfer makes"
-            ));
+            return Err(BadSpec::ResizeTooLarge(w, h));
         }
         Ok(self)
     }
@@ -297,7 +288,7 @@ impl ImageSpec {
 }
 
 impl Filter {
-    fn parse(name: &str) -> std::result::Result<Filter, String> {
+    fn parse(name: &str) -> std::result::Result<Filter, BadSpec> {
         Ok(match name.to_ascii_lowercase().as_str() {
             "nearest" => Filter::Nearest,
             "bilinear" => Filter::Bilinear,
@@ -306,16 +297,17 @@ impl Filter {
             "box" => Filter::Box,
             "hamming" => Filter::Hamming,
             _ => {
-                return Err(format!(
-                    "\"filter\" is one of nearest, bilinear, bicubic, lanczos, box, hamming, not \
-                     \"{name}\""
+                return Err(expected(
+                    "filter",
+                    "one of nearest, bilinear, bicubic, lanczos, box, hamming",
+                    &Value::from(name),
                 ));
             }
         })
     }
 
     /// Pillow's numbers for its filters (`Image.Resampling`).
-    fn from_pillow(n: u64) -> std::result::Result<Filter, String> {
+    fn from_pillow(n: u64) -> std::result::Result<Filter, BadSpec> {
         Ok(match n {
             0 => Filter::Nearest,
             1 => Filter::Lanczos,
@@ -324,31 +316,76 @@ impl Filter {
             4 => Filter::Box,
             5 => Filter::Hamming,
             _ => {
-                return Err(format!(
-                    "\"resample\" {n} is not one of Pillow's filters (0 to 5)"
-                ));
+                return Err(pillow_filter(&Value::from(n)));
             }
         })
     }
 }
 
-/// A side of at most 16,384 pixels.
-fn side(v: &Value, what: &str) -> std::result::Result<u32, String> {
-    v.as_u64()
-        .filter(|n| (1..=16_384).contains(n))
-        .map(|n| n as u32)
-        .ok_or_else(|| format!("\"{what}\" is a number of pixels from 1 to 16384, not {v}"))
+/// The keys of batchinfer.json's "image".
+const BATCHINFER_KEYS: &[&str] = &[
+    "resize", "filter", "crop", "channels", "layout", "mean", "std", "scale",
+];
+
+/// An image preprocessing declaration that cannot be used, and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadSpec {
+    #[error("\"{key}\" is {expected}, not {got}")]
+    Expected {
+        key: &'static str,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("an object is expected, as {{\"resize\": [224, 224]}}")]
+    NotAnObject,
+    #[error("\"{0}\" is not a setting; the settings are {keys}", keys = BATCHINFER_KEYS.join(", "))]
+    UnknownKey(String),
+    #[error("\"do_center_crop\" without \"crop_size\"")]
+    CropWithoutSize,
+    #[error(
+        "images would keep sizes of their own: give \"resize\" a [width, height] or a \"crop\""
+    )]
+    NoOneSize,
+    #[error("a \"std\" of 0 divides by zero")]
+    ZeroStd,
+    #[error(
+        "images of {0}x{1} pixels are more than a model takes here ({MAX_PREPARED_PIXELS} pixels)"
+    )]
+    PreparedTooLarge(u32, u32),
+    #[error("a resize to {0}x{1} pixels is more than batchinfer makes")]
+    ResizeTooLarge(u32, u32),
 }
 
-/// `[width, height]`.
-fn pair(v: &Value, what: &str) -> std::result::Result<(u32, u32), String> {
-    match v.as_array().map(Vec::as_slice) {
-        Some([w, h]) => Ok((side(w, what)?, side(h, what)?)),
-        _ => Err(format!("\"{what}\" is [width, height], not {v}")),
+fn expected(key: &'static str, expected: &'static str, got: &Value) -> BadSpec {
+    BadSpec::Expected {
+        key,
+        expected,
+        got: got.to_string(),
     }
 }
 
-fn number(v: Option<&Value>, what: &str) -> std::result::Result<Option<f32>, String> {
+fn pillow_filter(got: &Value) -> BadSpec {
+    expected("resample", "one of Pillow's filters (0 to 5)", got)
+}
+
+/// A side of at most 16,384 pixels.
+fn side(v: &Value, what: &'static str) -> std::result::Result<u32, BadSpec> {
+    v.as_u64()
+        .filter(|n| (1..=16_384).contains(n))
+        .map(|n| n as u32)
+        .ok_or_else(|| expected(what, "a number of pixels from 1 to 16384", v))
+}
+
+/// `[width, height]`.
+fn pair(v: &Value, what: &'static str) -> std::result::Result<(u32, u32), BadSpec> {
+    match v.as_array().map(Vec::as_slice) {
+        Some([w, h]) => Ok((side(w, what)?, side(h, what)?)),
+        _ => Err(expected(what, "[width, height]", v)),
+    }
+}
+
+fn number(v: Option<&Value>, what: &'static str) -> std::result::Result<Option<f32>, BadSpec> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -356,12 +393,12 @@ fn number(v: Option<&Value>, what: &str) -> std::result::Result<Option<f32>, Str
             .map(|x| x as f32)
             .filter(|x| x.is_finite() && x.abs() < 1e12)
             .map(Some)
-            .ok_or_else(|| format!("\"{what}\" is a number (of at most 1e12), not {v}")),
+            .ok_or_else(|| expected(what, "a number (of at most 1e12)", v)),
     }
 }
 
 /// Three numbers, one per channel (one number: the same for each).
-fn triple(v: Option<&Value>, what: &str) -> std::result::Result<Option<[f32; 3]>, String> {
+fn triple(v: Option<&Value>, what: &'static str) -> std::result::Result<Option<[f32; 3]>, BadSpec> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(values)) if values.len() == 3 => {
@@ -372,15 +409,17 @@ fn triple(v: Option<&Value>, what: &str) -> std::result::Result<Option<[f32; 3]>
             Ok(Some(out))
         }
         Some(v) if v.is_number() => Ok(number(Some(v), what)?.map(|x| [x; 3])),
-        Some(v) => Err(format!(
-            "\"{what}\" is three numbers, one per channel, not {v}"
-        )),
+        Some(v) => Err(expected(what, "three numbers, one per channel", v)),
     }
 }
 
 /// Hugging Face's `size` (or `crop_size`): `{"height", "width"}`, `{"shortest_edge"}` or one
 /// number (a square, or with `shortest` the shorter side as older processors meant it).
-fn hugging_face_size(v: &Value, what: &str, shortest: bool) -> std::result::Result<Resize, String> {
+fn hugging_face_size(
+    v: &Value,
+    what: &'static str,
+    shortest: bool,
+) -> std::result::Result<Resize, BadSpec> {
     if let Some(n) = v.as_u64() {
         let s = side(&Value::from(n), what)?;
         return Ok(match shortest {
@@ -392,8 +431,10 @@ fn hugging_face_size(v: &Value, what: &str, shortest: bool) -> std::result::Resu
     match (get("height"), get("width"), get("shortest_edge")) {
         (Some(h), Some(w), _) => Ok(Resize::Exact(side(w, what)?, side(h, what)?)),
         (_, _, Some(s)) => Ok(Resize::ShortestEdge(side(s, what)?)),
-        _ => Err(format!(
-            "\"{what}\" is {{\"height\", \"width\"}} or {{\"shortest_edge\"}}, not {v}"
+        _ => Err(expected(
+            what,
+            "{\"height\", \"width\"} or {\"shortest_edge\"}",
+            v,
         )),
     }
 }

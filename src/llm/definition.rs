@@ -173,7 +173,7 @@ impl Endpoint {
         };
         let api_key_env = match text("api_key_env") {
             None => None,
-            Some(var) => Some(check_key_variable(&var).map_err(problem)?),
+            Some(var) => Some(check_key_variable(&var).map_err(|e| problem(e.to_string()))?),
         };
         let temperature = number("temperature")?;
         if temperature.is_some_and(|t| t > 2.0) {
@@ -264,9 +264,9 @@ impl Endpoint {
 
     /// The definition a warehouse's `"endpoint"` holds, its values checked as CREATE MODEL
     /// checks them (a file edited by hand is not trusted).
-    pub fn from_json(value: &serde_json::Value) -> Result<Self, String> {
-        let endpoint: Endpoint = serde_json::from_value(value.clone())
-            .map_err(|e| format!("is not an endpoint model: {e}"))?;
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, KeptDefinition> {
+        let endpoint: Endpoint =
+            serde_json::from_value(value.clone()).map_err(KeptDefinition::NotAnEndpoint)?;
         let rate = |r: Option<f64>| r.is_none_or(|r| r.is_finite() && r >= MIN_RATE);
         let price = |p: f64| p.is_finite() && (0.0..=MAX_PRICE).contains(&p);
         let fine = (1..=4096).contains(&endpoint.max_concurrency)
@@ -295,7 +295,7 @@ impl Endpoint {
         if fine {
             Ok(endpoint)
         } else {
-            Err("holds a value CREATE MODEL would refuse: define the model again".to_string())
+            Err(KeptDefinition::Refused)
         }
     }
 
@@ -368,36 +368,57 @@ const MIN_RATE: f64 = 0.01;
 /// The most a price per million tokens may be.
 const MAX_PRICE: f64 = 1_000_000.0;
 
+/// A definition kept in the warehouse that is not used, and why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeptDefinition {
+    #[error("is not an endpoint model: {0}")]
+    NotAnEndpoint(serde_json::Error),
+    #[error("holds a value CREATE MODEL would refuse: define the model again")]
+    Refused,
+}
+
+/// An `api_key_env` that may not name an endpoint's key, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotAKeyVariable {
+    #[error(
+        "'api_key_env' must be the NAME of an environment variable (letters, digits and _), not \
+         a key"
+    )]
+    NotAName,
+    #[error(
+        "'api_key_env' names {0}, which does not say it holds a key: name a variable such as \
+         OPENAI_API_KEY or HF_TOKEN"
+    )]
+    NotSaid(String),
+    #[error(
+        "'api_key_env' names {0}, a credential of a store or database, which is never sent to \
+         an endpoint"
+    )]
+    Credential(String),
+}
+
 /// Prefixes of the variables that hold the credentials of batchinfer's stores and databases:
 /// never sent to an endpoint.
 const NOT_A_KEY_VARIABLE: &[&str] = &["AWS_", "AZURE_", "GOOGLE_", "GCP_", "GCS_", "PG"];
 
 /// `var` if it may name an endpoint's key: a variable name (letters, digits, _) that says it
 /// holds a key or token, and not one of the stores' credentials.
-fn check_key_variable(var: &str) -> Result<String, String> {
+fn check_key_variable(var: &str) -> Result<String, NotAKeyVariable> {
     let name = var.trim();
     let a_name = !name.is_empty()
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !name.starts_with(|c: char| c.is_ascii_digit());
     if !a_name {
-        return Err(
-            "'api_key_env' must be the NAME of an environment variable (letters, digits and _), \
-             not a key"
-                .into(),
-        );
+        return Err(NotAKeyVariable::NotAName);
     }
     let upper = name.to_ascii_uppercase();
     if !upper.contains("KEY") && !upper.contains("TOKEN") {
-        return Err(format!(
-            "'api_key_env' names {name}, which does not say it holds a key: name a variable such \
-             as OPENAI_API_KEY or HF_TOKEN"
-        ));
+        return Err(NotAKeyVariable::NotSaid(name.to_string()));
     }
     if NOT_A_KEY_VARIABLE.iter().any(|p| upper.starts_with(p)) {
-        return Err(format!(
-            "'api_key_env' names {name}, a credential of a store or database, which is never sent \
-             to an endpoint"
-        ));
+        return Err(NotAKeyVariable::Credential(name.to_string()));
     }
     Ok(name.to_string())
 }

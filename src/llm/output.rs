@@ -13,7 +13,7 @@ use datafusion::common::ScalarValue;
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::sql::sqlparser::ast::{ArrayElemTypeDef, DataType as SqlType};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
 use serde_json::{Value, json};
 
@@ -50,43 +50,64 @@ fn too_deep(text: &str) -> bool {
 }
 
 /// The columns `text` lists (`'name VARCHAR, age INT'`), as the fields of a struct.
-pub fn parse(text: &str) -> Result<Fields, String> {
-    if too_deep(text) {
-        return Err(format!(
-            "the output schema's types nest deeper than {MAX_DEPTH} lists and structs"
-        ));
-    }
-    let usage = format!(
+/// An output schema that cannot be one, and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadSchema {
+    #[error("the output schema's types nest deeper than {MAX_DEPTH} lists and structs")]
+    TooDeep,
+    #[error(
         "the output schema must list columns as 'name TYPE, ...' with the types {TYPES}, as in \
-         'name VARCHAR, age INT, tags VARCHAR[]'"
-    );
+         'name VARCHAR, age INT, tags VARCHAR[]': {0}"
+    )]
+    Syntax(String),
+    #[error("column '{column}': {why}")]
+    Column { column: String, why: Box<BadSchema> },
+    #[error("the output schema names the column '{0}' twice")]
+    ColumnTwice(String),
+    #[error("a STRUCT's fields need names: STRUCT<name T, ...>")]
+    UnnamedField,
+    #[error("the STRUCT names the field '{0}' twice")]
+    FieldTwice(String),
+    #[error("a STRUCT needs at least one field")]
+    NoFields,
+    #[error("the type {0} is not taken; the types are {TYPES}")]
+    Type(String),
+}
+
+/// The columns `text` lists (`'name VARCHAR, age INT'`), as the fields of a struct.
+pub fn parse(text: &str) -> Result<Fields, BadSchema> {
+    if too_deep(text) {
+        return Err(BadSchema::TooDeep);
+    }
+    let syntax = |e: ParserError| BadSchema::Syntax(e.to_string());
     let mut parser = Parser::new(&GenericDialect {})
         .try_with_sql(text)
-        .map_err(|e| format!("{usage}: {e}"))?;
+        .map_err(syntax)?;
     let mut fields: Vec<Field> = Vec::new();
     loop {
-        let name = parser
-            .parse_identifier()
-            .map_err(|e| format!("{usage}: {e}"))?
-            .value;
+        let name = parser.parse_identifier().map_err(syntax)?.value;
         let sql_type = parser
             .parse_data_type()
-            .map_err(|e| format!("{usage}: column '{name}': {e}"))?;
-        let data_type = arrow_type(&sql_type).map_err(|e| format!("column '{name}': {e}"))?;
+            .map_err(|e| BadSchema::Syntax(format!("column '{name}': {e}")))?;
+        let data_type = arrow_type(&sql_type).map_err(|why| BadSchema::Column {
+            column: name.clone(),
+            why: Box::new(why),
+        })?;
         if fields.iter().any(|f| f.name() == &name) {
-            return Err(format!("the output schema names the column '{name}' twice"));
+            return Err(BadSchema::ColumnTwice(name));
         }
         fields.push(Field::new(name, data_type, true));
         match parser.next_token().token {
             Token::Comma => continue,
             Token::EOF => break,
-            other => return Err(format!("{usage}: unexpected '{other}'")),
+            other => return Err(BadSchema::Syntax(format!("unexpected '{other}'"))),
         }
     }
     Ok(Fields::from(fields))
 }
 
-fn arrow_type(sql: &SqlType) -> Result<DataType, String> {
+fn arrow_type(sql: &SqlType) -> Result<DataType, BadSchema> {
     use SqlType as S;
     Ok(match sql {
         S::Varchar(_)
@@ -116,10 +137,10 @@ fn arrow_type(sql: &SqlType) -> Result<DataType, String> {
             let mut out: Vec<Field> = Vec::new();
             for field in fields {
                 let Some(name) = &field.field_name else {
-                    return Err("a STRUCT's fields need names: STRUCT<name T, ...>".into());
+                    return Err(BadSchema::UnnamedField);
                 };
                 if out.iter().any(|f| f.name() == &name.value) {
-                    return Err(format!("the STRUCT names the field '{}' twice", name.value));
+                    return Err(BadSchema::FieldTwice(name.value.clone()));
                 }
                 out.push(Field::new(
                     &name.value,
@@ -128,15 +149,11 @@ fn arrow_type(sql: &SqlType) -> Result<DataType, String> {
                 ));
             }
             if out.is_empty() {
-                return Err("a STRUCT needs at least one field".into());
+                return Err(BadSchema::NoFields);
             }
             DataType::Struct(Fields::from(out))
         }
-        other => {
-            return Err(format!(
-                "the type {other} is not taken; the types are {TYPES}"
-            ));
-        }
+        other => return Err(BadSchema::Type(other.to_string())),
     })
 }
 
@@ -204,18 +221,18 @@ pub fn decode(
             continue;
         };
         let value = serde_json::from_str::<Value>(text)
-            .map_err(|e| format!("the reply is not JSON ({e}): {}", excerpt(text)))
+            .map_err(|e| Mismatch::NotJson {
+                error: e.to_string(),
+                reply: excerpt(text),
+            })
             .and_then(|json| match json {
                 Value::Object(_) => scalar(&json, &struct_type, ""),
-                other => Err(format!(
-                    "the reply is not a JSON object of the output columns: {}",
-                    excerpt(&other.to_string())
-                )),
+                other => Err(Mismatch::NotAnObject(excerpt(&other.to_string()))),
             });
         match value {
             Ok(value) => values.push(value),
             Err(why) => {
-                failed.push((row, why));
+                failed.push((row, why.to_string()));
                 values.push(null.clone());
             }
         }
@@ -238,22 +255,61 @@ pub fn excerpt(text: &str) -> String {
     out
 }
 
-/// `value` as a scalar of `data_type`, or what does not fit, naming its place (`tags[2]`,
-/// `address.city`).
-fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, String> {
-    let place = if at.is_empty() {
+/// A reply that does not fit the output columns, and where (`tags[2]`, `address.city`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Mismatch {
+    #[error("the reply is not JSON ({error}): {reply}")]
+    NotJson { error: String, reply: String },
+    #[error("the reply is not a JSON object of the output columns: {0}")]
+    NotAnObject(String),
+    #[error("{}expected {expected}, got {got}", place(.at))]
+    Expected {
+        at: String,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("{}{n} is out of the range of {data_type}", place(.at))]
+    OutOfRange {
+        at: String,
+        n: i64,
+        data_type: String,
+    },
+    #[error(
+        "{}the field '{field}' is not an output column (the columns are {columns})",
+        place(.at)
+    )]
+    NotAColumn {
+        at: String,
+        field: String,
+        columns: String,
+    },
+    #[error("{}the type {data_type} is not an output type", place(.at))]
+    Type { at: String, data_type: String },
+    /// Arrow's refusal of a value made.
+    #[error("{0}")]
+    Arrow(String),
+}
+
+/// `'tags[2]': `, or nothing at the top.
+fn place(at: &str) -> String {
+    if at.is_empty() {
         String::new()
     } else {
         format!("'{at}': ")
-    };
-    let wrong = |expected: &str| {
-        format!(
-            "{place}expected {expected}, got {}",
-            excerpt(&value.to_string())
-        )
+    }
+}
+
+/// `value` as a scalar of `data_type`, or what does not fit, naming its place (`tags[2]`,
+/// `address.city`).
+fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, Mismatch> {
+    let wrong = |expected: &'static str| Mismatch::Expected {
+        at: at.to_string(),
+        expected,
+        got: excerpt(&value.to_string()),
     };
     if value.is_null() {
-        return ScalarValue::try_from(data_type).map_err(|e| e.to_string());
+        return ScalarValue::try_from(data_type).map_err(|e| Mismatch::Arrow(e.to_string()));
     }
     Ok(match data_type {
         DataType::Utf8 => ScalarValue::Utf8(Some(
@@ -272,7 +328,11 @@ fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, 
                         .map(|f| f as i64)
                 })
                 .ok_or_else(|| wrong("a whole number"))?;
-            let out_of_range = || format!("{place}{n} is out of the range of {data_type}");
+            let out_of_range = || Mismatch::OutOfRange {
+                at: at.to_string(),
+                n,
+                data_type: data_type.to_string(),
+            };
             match data_type {
                 DataType::Int8 => {
                     ScalarValue::Int8(Some(i8::try_from(n).map_err(|_| out_of_range())?))
@@ -311,14 +371,15 @@ fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, 
         DataType::Struct(fields) => {
             let object = value.as_object().ok_or_else(|| wrong("an object"))?;
             if let Some(extra) = object.keys().find(|k| fields.find(k).is_none()) {
-                return Err(format!(
-                    "{place}the field '{extra}' is not an output column (the columns are {})",
-                    fields
+                return Err(Mismatch::NotAColumn {
+                    at: at.to_string(),
+                    field: extra.clone(),
+                    columns: fields
                         .iter()
                         .map(|f| f.name().as_str())
                         .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                        .join(", "),
+                });
             }
             let mut builder = ScalarStructBuilder::new();
             for field in fields.iter() {
@@ -334,9 +395,16 @@ fn scalar(value: &Value, data_type: &DataType, at: &str) -> Result<ScalarValue, 
                 )?;
                 builder = builder.with_scalar(field.as_ref().clone(), value);
             }
-            builder.build().map_err(|e| e.to_string())?
+            builder
+                .build()
+                .map_err(|e| Mismatch::Arrow(e.to_string()))?
         }
-        other => return Err(format!("{place}the type {other} is not an output type")),
+        other => {
+            return Err(Mismatch::Type {
+                at: at.to_string(),
+                data_type: other.to_string(),
+            });
+        }
     })
 }
 
@@ -354,15 +422,31 @@ mod tests {
         assert!(
             parse("name VARCHAR, name INT")
                 .unwrap_err()
+                .to_string()
                 .contains("twice")
         );
-        assert!(parse("x INTERVAL").unwrap_err().contains("not taken"));
+        assert!(
+            parse("x INTERVAL")
+                .unwrap_err()
+                .to_string()
+                .contains("not taken")
+        );
         assert!(parse("").is_err());
         assert!(parse("a INT b INT").is_err());
         let deep = format!("a INT{}", "[]".repeat(5000));
-        assert!(parse(&deep).unwrap_err().contains("nest deeper"));
+        assert!(
+            parse(&deep)
+                .unwrap_err()
+                .to_string()
+                .contains("nest deeper")
+        );
         let deep = format!("a {}INT{}", "STRUCT<b ".repeat(40), ">".repeat(40));
-        assert!(parse(&deep).unwrap_err().contains("nest deeper"));
+        assert!(
+            parse(&deep)
+                .unwrap_err()
+                .to_string()
+                .contains("nest deeper")
+        );
         assert!(parse(&format!("a INT{}", "[]".repeat(8))).is_ok());
     }
 

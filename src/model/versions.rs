@@ -69,39 +69,61 @@ pub fn parse_pick(text: &str, after: &str) -> Result<Pick> {
     Ok(Pick::Alias(after.to_string()))
 }
 
+/// A version number, alias or list of versions that cannot be one, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unusable {
+    #[error("a version has at most {MAX_VERSION_DIGITS} digits, not {0}")]
+    TooManyDigits(usize),
+    #[error("a version is a number from 1, written without a leading zero")]
+    LeadingZero,
+    #[error("{0:?} is not a version number")]
+    NotAVersion(String),
+    #[error("the alias is empty")]
+    EmptyAlias,
+    #[error("an alias starts with a lower-case letter, not {0:?}")]
+    AliasStart(char),
+    #[error("an alias is at most {MAX_ALIAS_BYTES} bytes, this one {0}")]
+    AliasTooLong(usize),
+    #[error("an alias is lower-case letters, digits and '_', not {0:?}")]
+    AliasCharacter(char),
+    #[error("version {0} is not a version number")]
+    OutOfRange(u32),
+    #[error("version {0} is there twice")]
+    Twice(u32),
+    #[error("version {0}'s sha256 is not a sha256")]
+    NotASha256(u32),
+    #[error("alias {alias:?}: {why}")]
+    Alias { alias: String, why: Box<Unusable> },
+    #[error("alias {alias} names version {version}, which is not there")]
+    AliasOfNone { alias: String, version: u32 },
+}
+
 /// A version number as written: 1 to 999,999,999, without a leading zero.
-pub fn version_number(digits: &str) -> std::result::Result<u32, String> {
+pub fn version_number(digits: &str) -> std::result::Result<u32, Unusable> {
     if digits.len() > MAX_VERSION_DIGITS {
-        return Err(format!(
-            "a version has at most {MAX_VERSION_DIGITS} digits, not {}",
-            digits.len()
-        ));
+        return Err(Unusable::TooManyDigits(digits.len()));
     }
     if digits.starts_with('0') {
-        return Err("a version is a number from 1, written without a leading zero".into());
+        return Err(Unusable::LeadingZero);
     }
     digits
         .parse()
-        .map_err(|_| format!("{digits:?} is not a version number"))
+        .map_err(|_| Unusable::NotAVersion(digits.to_string()))
 }
 
 /// Refuses an alias that is not a lower-case letter followed by lower-case letters, digits and
 /// `_`, or is too long (SQL makes a word lower case unless it is quoted: `SET ALIAS Champion`
 /// sets `champion`, as `predict('m@champion', ...)` names it).
-pub fn check_alias(alias: &str) -> std::result::Result<(), String> {
+pub fn check_alias(alias: &str) -> std::result::Result<(), Unusable> {
     let mut chars = alias.chars();
     let why = match chars.next() {
-        None => Some("the alias is empty".to_string()),
-        Some(c) if !c.is_ascii_lowercase() => Some(format!(
-            "an alias starts with a lower-case letter, not {c:?}"
-        )),
-        _ if alias.len() > MAX_ALIAS_BYTES => Some(format!(
-            "an alias is at most {MAX_ALIAS_BYTES} bytes, this one {}",
-            alias.len()
-        )),
+        None => Some(Unusable::EmptyAlias),
+        Some(c) if !c.is_ascii_lowercase() => Some(Unusable::AliasStart(c)),
+        _ if alias.len() > MAX_ALIAS_BYTES => Some(Unusable::AliasTooLong(alias.len())),
         _ => chars
             .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
-            .map(|c| format!("an alias is lower-case letters, digits and '_', not {c:?}")),
+            .map(Unusable::AliasCharacter),
     };
     why.map_or(Ok(()), Err)
 }
@@ -109,7 +131,7 @@ pub fn check_alias(alias: &str) -> std::result::Result<(), String> {
 /// The largest version number ([`MAX_VERSION_DIGITS`] digits).
 pub const MAX_VERSION: u32 = 999_999_999;
 
-fn refused(text: &str, why: &str) -> Error {
+fn refused(text: &str, why: &Unusable) -> Error {
     Error::model(
         text,
         format!(
@@ -199,14 +221,14 @@ impl Versions {
     /// Refuses versions and aliases no statement could have made (a definition written by
     /// hand): a version numbered twice or out of range, an alias not a name or naming no
     /// version, a sha256 not one.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> std::result::Result<(), Unusable> {
         let mut seen = std::collections::BTreeSet::new();
         for v in &self.versions {
             if v.version == 0 || v.version > MAX_VERSION {
-                return Err(format!("version {} is not a version number", v.version));
+                return Err(Unusable::OutOfRange(v.version));
             }
             if !seen.insert(v.version) {
-                return Err(format!("version {} is there twice", v.version));
+                return Err(Unusable::Twice(v.version));
             }
             let hex = |s: &str| {
                 s.len() == 64
@@ -216,15 +238,19 @@ impl Versions {
             if v.sha256.as_deref().is_some_and(|s| !hex(s))
                 || v.beside_sha256.as_deref().is_some_and(|s| !hex(s))
             {
-                return Err(format!("version {}'s sha256 is not a sha256", v.version));
+                return Err(Unusable::NotASha256(v.version));
             }
         }
         for (alias, version) in &self.aliases {
-            check_alias(alias).map_err(|why| format!("alias {alias:?}: {why}"))?;
+            check_alias(alias).map_err(|why| Unusable::Alias {
+                alias: alias.clone(),
+                why: Box::new(why),
+            })?;
             if !seen.contains(version) {
-                return Err(format!(
-                    "alias {alias} names version {version}, which is not there"
-                ));
+                return Err(Unusable::AliasOfNone {
+                    alias: alias.clone(),
+                    version: *version,
+                });
             }
         }
         Ok(())
@@ -456,10 +482,16 @@ mod tests {
         // Written by hand: refused.
         let mut twice = v.clone();
         twice.versions.push(twice.versions[0].clone());
-        assert!(twice.check().unwrap_err().contains("twice"));
+        assert!(twice.check().unwrap_err().to_string().contains("twice"));
         let mut dangling = v.clone();
         dangling.aliases.insert("x".into(), 77);
-        assert!(dangling.check().unwrap_err().contains("not there"));
+        assert!(
+            dangling
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("not there")
+        );
         let mut hostile = v.clone();
         hostile.aliases.insert("../x".into(), 4);
         assert!(hostile.check().is_err());

@@ -3,7 +3,7 @@
 //! a table's types.
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::config::ConfigOptions;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
@@ -22,7 +22,10 @@ impl AnalyzerRule for TableSchemaLimits {
         plan: LogicalPlan,
         _config: &ConfigOptions,
     ) -> datafusion::error::Result<LogicalPlan> {
-        plan.apply(|node| {
+        // Subqueries too: a table read only inside `IN (...)`, `EXISTS (...)` or a scalar
+        // subquery is refused as one in FROM is (and as a cluster's scheduler, which sees them as
+        // joins, refuses it).
+        plan.apply_with_subqueries(|node| {
             if let LogicalPlan::TableScan(scan) = node {
                 for field in scan.source.schema().fields() {
                     if let Some(values) = oversized(field) {
@@ -72,6 +75,46 @@ fn oversized(field: &Field) -> Option<i64> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_table_read_only_in_a_subquery_is_checked_too() {
+        use datafusion::arrow::datatypes::Schema;
+        use datafusion::datasource::MemTable;
+        use datafusion::prelude::SessionContext;
+        let float = Arc::new(Field::new_list_field(DataType::Float32, true));
+        let wide = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("v", DataType::FixedSizeList(float, 1 << 23), true),
+        ]));
+        let small = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let ctx = SessionContext::new();
+        for (name, schema) in [("wide", wide), ("small", small)] {
+            let table = MemTable::try_new(schema, vec![vec![]]).unwrap();
+            ctx.register_table(name, Arc::new(table)).unwrap();
+        }
+        for sql in [
+            "SELECT id FROM wide",
+            "SELECT * FROM small WHERE id IN (SELECT id FROM wide)",
+            "SELECT * FROM small WHERE EXISTS (SELECT 1 FROM wide)",
+            "SELECT (SELECT max(id) FROM wide) FROM small",
+        ] {
+            let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+            let e = TableSchemaLimits
+                .analyze(plan, &ConfigOptions::default())
+                .expect_err(sql);
+            assert!(e.to_string().contains("column 'v'"), "{sql}: {e}");
+        }
+        let plan = ctx
+            .state()
+            .create_logical_plan("SELECT id FROM small")
+            .await
+            .unwrap();
+        assert!(
+            TableSchemaLimits
+                .analyze(plan, &ConfigOptions::default())
+                .is_ok()
+        );
+    }
 
     #[test]
     fn lists_are_counted_per_row_through_nesting() {

@@ -19,6 +19,7 @@ use super::replies::status;
 use super::running::within;
 use super::service::FlightSql;
 use super::sessions::{ClientSession, Pending, Prepared};
+use crate::config::{Change, SETTINGS};
 use crate::error::{Error, Result};
 use crate::statements::Statement;
 
@@ -227,9 +228,9 @@ pub(super) fn bind_none(statement: &Statement) -> Result<Statement, Status> {
     }
 }
 
-/// Refuses the `SET`s that are the server's, for every session: where models run
-/// (`batchinfer.device`), and DataFusion's runtime (`datafusion.runtime.*`: the memory limit
-/// and spill folder all sessions share).
+/// Refuses the `SET`s that are the server's, for every session: the settings declared so
+/// ([`Change::NotUnderServe`]: where models run), and DataFusion's runtime
+/// (`datafusion.runtime.*`: the memory limit and spill folder all sessions share).
 fn refuse_server_settings(statement: &Statement) -> Result<()> {
     let Statement::Sql(sql) = statement else {
         return Ok(());
@@ -244,12 +245,20 @@ fn refuse_server_settings(statement: &Statement) -> Result<()> {
         return Ok(());
     }
     let text = s.to_string().to_ascii_lowercase();
-    if text.contains("batchinfer.device") {
-        return Err(Error::setting(
-            "batchinfer.device",
-            "where models run is the server's, for every session: start `batchinfer serve` \
-             with --device to change it",
-        ));
+    for setting in SETTINGS
+        .iter()
+        .filter(|setting| setting.change == Change::NotUnderServe)
+    {
+        if text.contains(&setting.key()) {
+            return Err(Error::setting(
+                setting.key(),
+                format!(
+                    "this setting is the server's, for every session: start `batchinfer serve` \
+                     with --{} to change it",
+                    setting.name.replace('_', "-")
+                ),
+            ));
+        }
     }
     if text.contains("datafusion.runtime.") {
         return Err(Error::setting(

@@ -58,7 +58,7 @@ pub(super) fn invoke(
             Ok(vector) => vectors.extend(vector),
             Err(why) => {
                 vectors.extend(std::iter::repeat_n(0f32, dim));
-                failed.push((k, why));
+                failed.push((k, why.to_string()));
             }
         }
     }

@@ -30,7 +30,7 @@ use serde_json::Value;
 use super::string_literal;
 use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
-use crate::llm::client::{Call, Outcome};
+use crate::llm::client::{Call, Outcome, Unanswered};
 use crate::llm::{EndpointModel, Kind, LlmError, output};
 use crate::model::ModelRegistry;
 use crate::rejects::{self, Rejecting};
@@ -176,10 +176,10 @@ impl AsyncScalarUDFImpl for GenerateUdf {
                     raw[row] = Some(reply.content.as_deref().unwrap_or(reply.raw.as_str()));
                     match text_of(reply, model.endpoint.max_tokens) {
                         Ok(text) => answers[row] = Some(text),
-                        Err(why) => failed.push((row, why)),
+                        Err(why) => failed.push((row, why.to_string())),
                     }
                 }
-                Err(why) => failed.push((row, why.clone())),
+                Err(why) => failed.push((row, why.to_string())),
             }
         }
         let column: ArrayRef = match &fields {
@@ -235,20 +235,20 @@ impl AsyncScalarUDFImpl for GenerateUdf {
 }
 
 /// The text of a reply, or why it is the row's error: cut by `max_tokens`, refused, empty.
-fn text_of(reply: &crate::llm::client::Reply, max_tokens: u32) -> Result<&str, String> {
+fn text_of(reply: &crate::llm::client::Reply, max_tokens: u32) -> Result<&str, Unanswered> {
     if let Some(refusal) = &reply.refusal {
-        return Err(format!("the model refused: {}", output::excerpt(refusal)));
+        return Err(Unanswered::Refused(output::excerpt(refusal)));
     }
     if reply.finish_reason.as_deref() == Some("length") {
-        return Err(format!(
-            "the reply was cut at max_tokens ({max_tokens}) before it ended: {}",
-            output::excerpt(reply.content.as_deref().unwrap_or_default())
-        ));
+        return Err(Unanswered::Cut {
+            max_tokens,
+            text: output::excerpt(reply.content.as_deref().unwrap_or_default()),
+        });
     }
     reply
         .content
         .as_deref()
-        .ok_or_else(|| format!("the reply holds no text: {}", output::excerpt(&reply.raw)))
+        .ok_or_else(|| Unanswered::NoText(output::excerpt(&reply.raw)))
 }
 
 /// The outcome of every row's request (None under a NULL prompt), all sent at once (the model

@@ -395,7 +395,7 @@ impl Warehouse {
 
     /// A manifest's `source` where it is read from: one relative to the warehouse's root made
     /// whole (never outside it), any other as it is.
-    fn in_warehouse(&self, source: &str) -> std::result::Result<String, String> {
+    fn in_warehouse(&self, source: &str) -> std::result::Result<String, NotInWarehouse> {
         if source.contains("://") || source.starts_with('/') {
             return Ok(source.to_string());
         }
@@ -405,12 +405,15 @@ impl Warehouse {
                 .split('/')
                 .any(|p| p.is_empty() || p == "." || p == "..")
         {
-            return Err(format!("{source:?} is not a file of the warehouse"));
+            return Err(NotInWarehouse::Path(source.to_string()));
         }
         let url = self
             .root
             .join(source)
-            .map_err(|e| format!("{source:?}: {e}"))?;
+            .map_err(|error| NotInWarehouse::Url {
+                path: source.to_string(),
+                error,
+            })?;
         Ok(crate::model::ModelSource::from_url(url).to_string())
     }
 
@@ -464,4 +467,16 @@ impl Warehouse {
         }
         Ok(())
     }
+}
+
+/// A manifest's `source` that is no file of the warehouse.
+#[derive(Debug, thiserror::Error)]
+enum NotInWarehouse {
+    #[error("{0:?} is not a file of the warehouse")]
+    Path(String),
+    #[error("{path:?}: {error}")]
+    Url {
+        path: String,
+        error: url::ParseError,
+    },
 }

@@ -62,10 +62,10 @@ impl<'a> Writes<'a> {
                 self.run_then_commit(placed, explain.is_some()).await
             }
             Placed::Append(statement, table) => self.append(statement, table, explain).await,
-            Placed::NotAWrite(statement) if explain.is_some() => {
+            Placed::ItsOwn(statement) if explain.is_some() => {
                 self.explain_analyzed(rewrap(statement)).await
             }
-            Placed::NotAWrite(statement) => self.catalog.execute(self.session, statement).await,
+            Placed::ItsOwn(statement) => self.catalog.execute(self.session, statement).await,
         }
     }
 
@@ -89,24 +89,24 @@ impl<'a> Writes<'a> {
             statement => statement,
         };
         let DFStatement::Statement(s) = &mut statement else {
-            return Ok(Placed::NotAWrite(statement));
+            return Ok(Placed::ItsOwn(statement));
         };
         let SQLStatement::Insert(insert) = s.as_mut() else {
-            return Ok(Placed::NotAWrite(statement));
+            return Ok(Placed::ItsOwn(statement));
         };
         let Some(table) = self.catalog.insert_target(insert, self.session).await else {
-            return Ok(Placed::NotAWrite(statement));
+            return Ok(Placed::ItsOwn(statement));
         };
         if table.downcast_ref::<DeltaTableProvider>().is_some() {
             return Ok(Placed::Append(statement, table));
         }
         let Some(listing) = table.downcast_ref::<ListingTable>() else {
-            return Ok(Placed::NotAWrite(statement));
+            return Ok(Placed::ItsOwn(statement));
         };
         // The folder an INSERT writes into: its table's first.
         let folder = listing.table_paths()[0].as_str().to_string();
         let TableObject::TableName(name) = &insert.table else {
-            return Ok(Placed::NotAWrite(statement));
+            return Ok(Placed::ItsOwn(statement));
         };
         crate::confine::check_insert_target(
             &self.session.access(),
@@ -473,7 +473,9 @@ enum Placed<'a> {
     Write(PlacedWrite<'a>),
     /// An INSERT INTO a Delta table of the warehouse ([`Writes::append`]).
     Append(DFStatement, Arc<dyn TableProvider>),
-    NotAWrite(DFStatement),
+    /// An INSERT into a table that commits its own rows (in memory, PostgreSQL, SQLite), or one
+    /// DataFusion refuses (no such table): run as DataFusion runs it.
+    ItsOwn(DFStatement),
 }
 
 struct PlacedWrite<'a> {

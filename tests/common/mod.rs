@@ -102,14 +102,17 @@ pub fn parquet_footer_value(path: impl AsRef<Path>, key: &str) -> Option<String>
 
 /// Runs `query -e SQL` with `--warehouse WAREHOUSE` and the test models.
 pub fn query(warehouse: &Path, sql: &str) -> Output {
+    query_with(warehouse, &["--models", "data/models"], sql)
+}
+
+/// Runs `query -e SQL` with `--warehouse WAREHOUSE` and the options `options` (as `--timing`).
+pub fn query_with(warehouse: &Path, options: &[&str], sql: &str) -> Output {
     output_within(
-        bin().arg("--warehouse").arg(warehouse).args([
-            "--models",
-            "data/models",
-            "query",
-            "-e",
-            sql,
-        ]),
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(options)
+            .args(["query", "-e", sql]),
         DEADLINE,
     )
 }

@@ -9,27 +9,15 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 /// The folder the emulators are installed in (installed now if they are not).
-fn installed() -> &'static Path {
-    static FOLDER: OnceLock<PathBuf> = OnceLock::new();
-    FOLDER.get_or_init(|| {
-        let out = Command::new("scripts/emulators.sh")
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running scripts/emulators.sh");
-        assert!(
-            out.status.success(),
-            "scripts/emulators.sh could not install the storage emulators (it needs pip and \
-             npm with access to PyPI and npm)"
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
+/// (It needs pip and npm with access to PyPI and npm.)
+fn installed() -> PathBuf {
+    crate::fixtures::made_by("emulators.sh", &[])
 }
 
 /// A free loopback port (bound and let go: the server binds it a moment later).

@@ -11,18 +11,7 @@ use std::sync::OnceLock;
 
 /// The python of scripts/llm_server.sh's environment.
 pub fn python() -> PathBuf {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            let out = Command::new("scripts/llm_server.sh").output().unwrap();
-            assert!(
-                out.status.success(),
-                "scripts/llm_server.sh: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
-        .clone()
+    crate::fixtures::made_by("llm_server.sh", &[])
 }
 
 fn free_port() -> u16 {

@@ -28,6 +28,7 @@ mod claims;
 mod secret;
 
 pub use claims::{Claim, ClaimGuard, LEASE};
+pub use secret::Unusable;
 use secret::{Secret, same};
 
 /// Writes [`Cache::put_soon`] started and nobody has waited for yet.
@@ -204,7 +205,7 @@ impl Cache {
     }
 
     /// Keeps `reply` for `key` (a reply too large to keep is not kept).
-    pub async fn put(&self, key: &str, reply: &str) -> Result<(), String> {
+    pub async fn put(&self, key: &str, reply: &str) -> Result<(), Unusable> {
         if reply.len() > MAX_ENTRY - 1024 {
             return Ok(());
         }
@@ -222,11 +223,9 @@ impl Cache {
             .put(&self.path(key), bytes.into())
             .await
             .map(drop)
-            .map_err(|e| {
-                format!(
-                    "an answer could not be kept in the cache ({}): {e}",
-                    self.prefix
-                )
+            .map_err(|e| Unusable::NotKept {
+                place: self.prefix.to_string(),
+                error: e.into(),
             })
     }
 

@@ -14,6 +14,36 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Why the cache's secret cannot be used (the cache is not, then), or an answer not kept.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unusable {
+    #[error("{0} is not a regular file")]
+    NotAFile(String),
+    #[error(
+        "{0} is not this user's alone (it must be owned by the user that runs batchinfer, with \
+         mode 600: chmod 600 {0})"
+    )]
+    NotPrivate(String),
+    #[error("{0} is not a secret batchinfer made")]
+    NotASecret(String),
+    #[error("{0}: it does not hold 64 hexadecimal digits")]
+    NotHex(String),
+    #[error("{place} could not be made: {error}")]
+    NotMade { place: String, error: BoxError },
+    #[error("{place}: {error}")]
+    Unreadable { place: String, error: BoxError },
+    #[error("{0} could not be read")]
+    Vanished(String),
+    /// A read whose error names what was read.
+    #[error("{0}")]
+    Read(BoxError),
+    #[error("an answer could not be kept in the cache ({place}): {error}")]
+    NotKept { place: String, error: BoxError },
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 impl Secret {
     /// 32 bytes from the system's random source (two version-4 UUIDs' worth).
     pub(super) fn new() -> Secret {
@@ -23,12 +53,12 @@ impl Secret {
         Secret(bytes)
     }
 
-    pub(super) fn parse(text: &[u8]) -> Result<Secret, String> {
+    /// The secret `text` holds, None where it does not hold 64 hexadecimal digits.
+    pub(super) fn parse(text: &[u8]) -> Option<Secret> {
         let text = std::str::from_utf8(text).unwrap_or("").trim();
         let mut bytes = [0u8; 32];
-        hex::decode_to_slice(text, &mut bytes)
-            .map_err(|_| "it does not hold 64 hexadecimal digits".to_string())?;
-        Ok(Secret(bytes))
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Secret(bytes))
     }
 
     /// The signature of the entry keeping `reply` for `key`.
@@ -58,28 +88,31 @@ pub(super) fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// The secret in the local file `file`, made there if there is none: a regular file of its
 /// owner's alone (not a link), or the cache is not used.
-pub(super) fn local_secret(file: &std::path::Path) -> Result<Secret, String> {
+pub(super) fn local_secret(file: &std::path::Path) -> Result<Secret, Unusable> {
     use std::io::Write;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let shown = file.display();
+    let place = file.display().to_string();
+    let unreadable = |e: std::io::Error| Unusable::Unreadable {
+        place: place.clone(),
+        error: e.into(),
+    };
     for _ in 0..2 {
         match std::fs::symlink_metadata(file) {
             Ok(meta) => {
                 if !meta.file_type().is_file() {
-                    return Err(format!("{shown} is not a regular file"));
+                    return Err(Unusable::NotAFile(place));
                 }
                 if meta.mode() & 0o077 != 0 || meta.uid() != unsafe { libc::geteuid() } {
-                    return Err(format!(
-                        "{shown} is not this user's alone (it must be owned by the user that \
-                         runs batchinfer, with mode 600: chmod 600 {shown})"
-                    ));
+                    return Err(Unusable::NotPrivate(place));
                 }
-                let bytes = crate::storage::read_capped(file, 1024).map_err(|e| e.to_string())?;
-                return Secret::parse(&bytes).map_err(|e| format!("{shown}: {e}"));
+                // Its error names the file already.
+                let bytes = crate::storage::read_capped(file, 1024)
+                    .map_err(|e| Unusable::Read(Box::new(e)))?;
+                return Secret::parse(&bytes).ok_or(Unusable::NotHex(place));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let folder = file.parent().unwrap_or(std::path::Path::new("."));
-                std::fs::create_dir_all(folder).map_err(|e| format!("{shown}: {e}"))?;
+                std::fs::create_dir_all(folder).map_err(unreadable)?;
                 let draft = folder.join(format!(".{SECRET}.{}", uuid::Uuid::new_v4().simple()));
                 let made = (|| {
                     let mut out = std::fs::OpenOptions::new()
@@ -96,13 +129,18 @@ pub(super) fn local_secret(file: &std::path::Path) -> Result<Secret, String> {
                 match made {
                     Ok(()) => continue,
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(format!("{shown} could not be made: {e}")),
+                    Err(e) => {
+                        return Err(Unusable::NotMade {
+                            place,
+                            error: e.into(),
+                        });
+                    }
                 }
             }
-            Err(e) => return Err(format!("{shown}: {e}")),
+            Err(e) => return Err(unreadable(e)),
         }
     }
-    Err(format!("{shown} could not be read"))
+    Err(Unusable::Vanished(place))
 }
 
 impl Cache {
@@ -116,7 +154,12 @@ impl Cache {
                         let file = root.with_file_name(SECRET);
                         tokio::task::spawn_blocking(move || local_secret(&file))
                             .await
-                            .unwrap_or_else(|e| Err(e.to_string()))
+                            .unwrap_or_else(|e| {
+                                Err(Unusable::Unreadable {
+                                    place: SECRET.to_string(),
+                                    error: e.into(),
+                                })
+                            })
                     }
                     None => self.remote_secret().await,
                 };
@@ -133,8 +176,8 @@ impl Cache {
 
     /// The secret as an object of the warehouse's store, made there (only where none is yet)
     /// if there is none.
-    pub(super) async fn remote_secret(&self) -> Result<Secret, String> {
-        let shown = format!(
+    pub(super) async fn remote_secret(&self) -> Result<Secret, Unusable> {
+        let place = format!(
             "{}{SECRET}",
             self.location.trim_end_matches('/').trim_end_matches(FOLDER)
         );
@@ -142,10 +185,13 @@ impl Cache {
             match self.store.get(&self.secret_path).await {
                 Ok(got) => {
                     if got.meta.size > 1024 {
-                        return Err(format!("{shown} is not a secret batchinfer made"));
+                        return Err(Unusable::NotASecret(place));
                     }
-                    let bytes = got.bytes().await.map_err(|e| format!("{shown}: {e}"))?;
-                    return Secret::parse(&bytes).map_err(|e| format!("{shown}: {e}"));
+                    let bytes = got.bytes().await.map_err(|e| Unusable::Unreadable {
+                        place: place.clone(),
+                        error: e.into(),
+                    })?;
+                    return Secret::parse(&bytes).ok_or(Unusable::NotHex(place));
                 }
                 Err(object_store::Error::NotFound { .. }) => {
                     let text = hex::encode(Secret::new().0);
@@ -159,13 +205,23 @@ impl Cache {
                         .await;
                     match made {
                         Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => continue,
-                        Err(e) => return Err(format!("{shown} could not be made: {e}")),
+                        Err(e) => {
+                            return Err(Unusable::NotMade {
+                                place,
+                                error: e.into(),
+                            });
+                        }
                     }
                 }
-                Err(e) => return Err(format!("{shown}: {e}")),
+                Err(e) => {
+                    return Err(Unusable::Unreadable {
+                        place,
+                        error: e.into(),
+                    });
+                }
             }
         }
-        Err(format!("{shown} could not be read"))
+        Err(Unusable::Vanished(place))
     }
 }
 

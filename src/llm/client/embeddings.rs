@@ -11,14 +11,14 @@ impl EndpointModel {
         &self,
         call: &Call<'_>,
         texts: &[&str],
-    ) -> Result<Vec<Result<Vec<f32>, String>>, LlmError> {
+    ) -> Result<Vec<Result<Vec<f32>, Unanswered>>, LlmError> {
         let dim = self.endpoint.dimensions.unwrap_or(0);
         let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
         let key_of = |text: &str| {
             let request = json!({"model": self.endpoint.model, "input": text, "api": "embeddings"});
             cache::key(&self.endpoint.endpoint, &request)
         };
-        let mut found: HashMap<&str, Result<Vec<f32>, String>> = HashMap::new();
+        let mut found: HashMap<&str, Result<Vec<f32>, Unanswered>> = HashMap::new();
         let mut missing: Vec<&str> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for &text in texts {
@@ -106,20 +106,15 @@ impl EndpointModel {
         }
         for (text, mut answer) in waiting {
             let vector = match answer.wait_for(Option::is_some).await {
-                Ok(vector) => vector.clone().unwrap_or_else(|| Err("no answer".into())),
-                Err(_) => Err("the request for this text was not completed".into()),
+                Ok(vector) => vector.clone().unwrap_or(Err(Unanswered::NoAnswer)),
+                Err(_) => Err(Unanswered::NotCompleted),
             };
             found.insert(text, vector);
         }
         spend::check(call.ledger, call.options)?;
         Ok(texts
             .iter()
-            .map(|t| {
-                found
-                    .get(t)
-                    .cloned()
-                    .unwrap_or_else(|| Err("no answer".into()))
-            })
+            .map(|t| found.get(t).cloned().unwrap_or(Err(Unanswered::NoAnswer)))
             .collect())
     }
 }
@@ -130,15 +125,17 @@ fn vectors_of(
     raw: &str,
     count: usize,
     dim: usize,
-) -> Result<Vec<Result<Vec<f32>, String>>, String> {
-    let not = |why: &str| format!("the endpoint's reply is not {why}: {}", excerpt(raw));
+) -> Result<Vec<Result<Vec<f32>, Unanswered>>, Unanswered> {
+    let not = |what: &'static str| Unanswered::NotA {
+        what,
+        reply: excerpt(raw),
+    };
     let json: Value = serde_json::from_str(raw).map_err(|_| not("JSON"))?;
     let data = json
         .get("data")
         .and_then(Value::as_array)
         .ok_or_else(|| not("a list of embeddings"))?;
-    let mut out: Vec<Result<Vec<f32>, String>> =
-        vec![Err("the reply has no embedding for it".into()); count];
+    let mut out: Vec<Result<Vec<f32>, Unanswered>> = vec![Err(Unanswered::NoEmbedding); count];
     for (i, item) in data.iter().enumerate() {
         let index = match item.get("index") {
             None => i,
@@ -155,15 +152,14 @@ fn vectors_of(
             .and_then(Value::as_array)
             .and_then(|v| v.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
         *slot = match values {
-            Some(v) if v.iter().any(|x| !x.is_finite()) => Err(format!(
-                "the endpoint's vector holds a value a float32 cannot hold: {}",
-                excerpt(&item.to_string())
-            )),
+            Some(v) if v.iter().any(|x| !x.is_finite()) => {
+                Err(Unanswered::NotFloat32(excerpt(&item.to_string())))
+            }
             Some(v) if v.len() == dim => Ok(v),
-            Some(v) => Err(format!(
-                "the endpoint's vector has {} values, and the model's 'dimensions' is {dim}",
-                v.len()
-            )),
+            Some(v) => Err(Unanswered::Dimensions {
+                got: v.len(),
+                dimensions: dim,
+            }),
             None => Err(not("a list of numbers")),
         };
     }
@@ -190,7 +186,11 @@ mod tests {
         let huge = reply(r#"{"index": 0, "embedding": [1e39, 2]}"#);
         let vectors = vectors_of(&huge, 1, 2).unwrap();
         assert!(
-            vectors[0].as_ref().unwrap_err().contains("float32"),
+            vectors[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("float32"),
             "{vectors:?}"
         );
         let short = reply(r#"{"index": 0, "embedding": [1]}"#);
@@ -199,6 +199,7 @@ mod tests {
             vectors[0]
                 .as_ref()
                 .unwrap_err()
+                .to_string()
                 .contains("'dimensions' is 2")
         );
     }

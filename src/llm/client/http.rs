@@ -16,7 +16,7 @@ impl EndpointModel {
         body: &Value,
         reserve: f64,
         count: &(dyn Fn(&str) -> (u64, u64) + Sync),
-    ) -> Result<Result<String, String>, LlmError> {
+    ) -> Result<Result<String, Unanswered>, LlmError> {
         spend::check(call.ledger, call.options)?;
         let api_key = self.api_key()?;
         let _permit = self
@@ -68,7 +68,9 @@ impl EndpointModel {
                     self.count(call, &done);
                     return Ok(Ok(raw));
                 }
-                Verdict::Final(why) => return Ok(Err(scrub(why, api_key.as_deref()))),
+                Verdict::Final(why) => {
+                    return Ok(Err(Unanswered::Failed(scrub(why, api_key.as_deref()))));
+                }
                 Verdict::Retry {
                     why,
                     after,
@@ -76,14 +78,14 @@ impl EndpointModel {
                 } => {
                     if attempt >= self.endpoint.max_retries {
                         let tries = attempt + 1;
-                        return Ok(Err(scrub(
+                        return Ok(Err(Unanswered::Failed(scrub(
                             format!(
                                 "{why} (tried {tries} time{}; 'max_retries' is {})",
                                 if tries == 1 { "" } else { "s" },
                                 self.endpoint.max_retries
                             ),
                             api_key.as_deref(),
-                        )));
+                        ))));
                     }
                     attempt += 1;
                     self.count(

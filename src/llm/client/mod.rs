@@ -24,7 +24,7 @@ mod http;
 mod reply;
 
 use reply::{MAX_TOKENS_A_REPLY, read_capped};
-pub use reply::{Outcome, Reply, scrub};
+pub use reply::{Outcome, Reply, Unanswered, scrub};
 
 /// What the endpoint models of a process have done; see [`EndpointModel::usage`].
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -202,12 +202,12 @@ pub struct EndpointModel {
 
 /// Why a request brought no answer to share: the row's error, or the statement's stop.
 enum Unshared {
-    Row(String),
+    Row(Unanswered),
     Stop(LlmError),
 }
 
 /// An embedding as a statement's batches share it: `None` while it is asked for.
-type Shared = tokio::sync::watch::Sender<Option<Result<Vec<f32>, String>>>;
+type Shared = tokio::sync::watch::Sender<Option<Result<Vec<f32>, Unanswered>>>;
 
 /// The texts one `embed` call asks for on its statement's behalf: answered as its requests
 /// return; those left unanswered when it ends (stopped, failed) are answered with an error and
@@ -222,7 +222,7 @@ impl Claims<'_> {
     fn answer(
         &self,
         batch: &[&str],
-        vectors: &Result<Vec<Result<Vec<f32>, String>>, String>,
+        vectors: &Result<Vec<Result<Vec<f32>, Unanswered>>, Unanswered>,
         dim: usize,
     ) {
         let mut memo = self.model.vector_memo();
@@ -251,9 +251,7 @@ impl Drop for Claims<'_> {
                 .get(memo_key)
                 .is_some_and(|sender| sender.borrow().is_none());
             if unanswered && let Some(sender) = memo.cells.remove(memo_key) {
-                sender.send_replace(Some(Err(
-                    "the request for this text was not completed".into()
-                )));
+                sender.send_replace(Some(Err(Unanswered::NotCompleted)));
             }
         }
     }

@@ -26,17 +26,15 @@ pub(super) const MAX_TOKENS_A_REPLY: u64 = 1 << 40;
 
 impl Reply {
     /// The reply in `raw`, a chat completion's body.
-    pub fn parse(raw: String) -> Result<Reply, String> {
-        let json: Value = serde_json::from_str(&raw).map_err(|_| {
-            format!(
-                "the endpoint's reply is not a chat completion: {}",
-                excerpt(&raw)
-            )
+    pub fn parse(raw: String) -> Result<Reply, Unanswered> {
+        let json: Value = serde_json::from_str(&raw).map_err(|_| Unanswered::NotA {
+            what: "a chat completion",
+            reply: excerpt(&raw),
         })?;
         let choice = json
             .get("choices")
             .and_then(|c| c.get(0))
-            .ok_or_else(|| format!("the endpoint's reply holds no choice: {}", excerpt(&raw)))?;
+            .ok_or_else(|| Unanswered::NoChoice(excerpt(&raw)))?;
         let message = choice.get("message");
         let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
         // A server that says nothing of its tokens is charged an estimate (a token per four
@@ -85,7 +83,37 @@ impl Reply {
 }
 
 /// A row's answer: the reply, or why there is none (the row's error).
-pub type Outcome = Result<Arc<Reply>, String>;
+pub type Outcome = Result<Arc<Reply>, Unanswered>;
+
+/// Why a row has no answer from an endpoint: the row's error (the statement goes on).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unanswered {
+    /// The request failed, as the endpoint or the connection said (tried as often as the model
+    /// allows), its key blanked.
+    #[error("{0}")]
+    Failed(String),
+    #[error("the endpoint's reply is not {what}: {reply}")]
+    NotA { what: &'static str, reply: String },
+    #[error("the endpoint's reply holds no choice: {0}")]
+    NoChoice(String),
+    #[error("the model refused: {0}")]
+    Refused(String),
+    #[error("the reply was cut at max_tokens ({max_tokens}) before it ended: {text}")]
+    Cut { max_tokens: u32, text: String },
+    #[error("the reply holds no text: {0}")]
+    NoText(String),
+    #[error("the reply has no embedding for it")]
+    NoEmbedding,
+    #[error("the endpoint's vector holds a value a float32 cannot hold: {0}")]
+    NotFloat32(String),
+    #[error("the endpoint's vector has {got} values, and the model's 'dimensions' is {dimensions}")]
+    Dimensions { got: usize, dimensions: usize },
+    #[error("no answer")]
+    NoAnswer,
+    #[error("the request for this text was not completed")]
+    NotCompleted,
+}
 
 /// `text` without the key, should a server have echoed it: as it is, JSON-escaped (`\/`,
 /// `\uXXXX`, any of its characters), URL-encoded (`%XX`), or in base64 (standard or URL-safe,
