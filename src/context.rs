@@ -92,8 +92,15 @@ pub fn build_context(
             stores: registry.stores().clone(),
         }),
     );
-    for (name, text) in [("read_blob", false), ("read_text", true)] {
-        ctx.register_udtf(name, Arc::new(crate::blob::BlobFunction { text }));
+    for form in [
+        crate::blob::Form::Blob,
+        crate::blob::Form::Text,
+        crate::blob::Form::Document,
+    ] {
+        ctx.register_udtf(
+            form.function(),
+            Arc::new(crate::blob::BlobFunction { form }),
+        );
     }
     ctx.register_udtf(
         "predict_table",

@@ -28,8 +28,8 @@
 //!   (the statement at hand and the ledger of what it spends, fails on and keeps), [`catalog`]
 //!   (the models and tables a session knows), [`udf`] (the SQL functions), [`rules`] (the
 //!   planner's rules), [`cluster`] (one process or a Ballista cluster, [`Placement`]).
-//! - **Read**: [`scan`] (local Parquet, streamed), [`blob`] (files as rows), [`database`]
-//!   (PostgreSQL and SQLite), [`delta`] (Delta Lake tables), [`storage`] (every path and store,
+//! - **Read**: [`scan`] (local Parquet, streamed), [`blob`] (files as rows), [`documents`]
+//!   (PDF, DOCX, HTML and text as pages of text), [`database`] (PostgreSQL and SQLite), [`delta`] (Delta Lake tables), [`storage`] (every path and store,
 //!   and the commit of what is written), [`warehouse`] (the models, tables and views that
 //!   persist).
 //! - **Scored**: [`model`] (the registry, versions and aliases, loaded models, a batch scored),
@@ -206,10 +206,14 @@
 //!   budget (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`);
 //!   the registry keeps them beside the model files, and a cluster client's definitions by content
 //!   (`model/registry/endpoints.rs`); `embed` of an embedding endpoint is `udf/embed_endpoint.rs`.
-//! - [`blob`]: files as rows, `read_blob` and `read_text`: the function and its table (`mod.rs`:
-//!   names, sizes and times listed, a materialized view's files one unit at a time), their bytes
-//!   read only when a query uses them (`files.rs`) by the exec (`exec.rs`), and the table and exec
-//!   as a cluster sends them (`wire.rs`).
+//! - [`blob`]: files as rows, `read_blob`, `read_text` and `read_document`: the function and its
+//!   table (`mod.rs`: names, sizes and times listed, a materialized view's files one unit at a
+//!   time), their bytes read only when a query uses them (`files.rs`) by the exec (`exec.rs`), a
+//!   document's pages as rows (`document.rs`), and the table and exec as a cluster sends them
+//!   (`wire.rs`).
+//! - [`documents`]: a document's pages of text, by what its content is (`mod.rs`): a PDF's by
+//!   pdfium, fetched from PyPI as ONNX Runtime is and loaded once per core (`pdfium.rs`), a Word
+//!   document's body (`docx.rs`), a web page's text without its boilerplate (`html.rs`).
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares (`mod.rs`), one
 //!   image decoded, oriented, resized as Pillow does (`resample.rs`), cropped and normalized
 //!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs them
@@ -228,6 +232,7 @@ pub mod context;
 pub mod database;
 pub mod delta;
 pub mod device;
+pub mod documents;
 pub mod engine;
 pub mod error;
 pub mod file_bytes;

@@ -1,9 +1,10 @@
 //! Every ```sql example of the README and of docs/ runs as written, against the sample data
 //! (`data/`), the models of `data/models`, the MiniLM folders `scripts/fetch_minilm.sh`
-//! fetches and the photos and image model of `scripts/image_models.sh`, in a fresh working
-//! folder and warehouse per page, a page's examples one after the other. An example that names a server (S3, Azure, Google Cloud Storage, PostgreSQL) runs in
-//! the suite that starts that server (tests/s3.rs, tests/cloud_stores.rs, tests/databases.rs);
-//! here it is only counted.
+//! fetches, the photos and image model of `scripts/image_models.sh` and the manuals of
+//! `scripts/documents.sh`, in a fresh working folder and warehouse per page, a page's examples
+//! one after the other. An example that names a server (S3, Azure, Google Cloud Storage,
+//! PostgreSQL) runs in the suite that starts that server (tests/s3.rs, tests/cloud_stores.rs,
+//! tests/databases.rs); here it is only counted.
 
 mod common;
 mod fixtures;
@@ -62,6 +63,9 @@ fn working_folder(root: &Path) {
     std::os::unix::fs::symlink(images.join("photos"), root.join("photos")).unwrap();
     std::os::unix::fs::symlink(images.join("nsfw"), models.join("nsfw")).unwrap();
     std::os::unix::fs::symlink(images.join("magika"), models.join("magika")).unwrap();
+    // docs/documents.md's manuals (scripts/documents.sh).
+    let documents = fixtures::made_by("documents.sh", &[]);
+    std::os::unix::fs::symlink(documents.join("pdf"), root.join("manuals")).unwrap();
 }
 
 /// Writes a SQLite file with a table `events` (made by Python's sqlite3, a reference apart

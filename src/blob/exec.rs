@@ -38,7 +38,10 @@ impl BlobExec {
 
 impl DisplayAs for BlobExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let read = match (self.columns.contains(&1), self.files.ends) {
+        let read = match (
+            self.files.form.reads_content(&self.columns),
+            self.files.ends,
+        ) {
             (false, _) => "names and sizes only".to_string(),
             (true, None) => "with their content".to_string(),
             (true, Some(block)) => format!("the first and last {block} bytes of each"),
@@ -83,7 +86,7 @@ impl ExecutionPlan for BlobExec {
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         let files = self.files.clone();
         let range = files.of_partition(partition, self.partitions);
-        let batches = files.batches(range, self.columns.contains(&1));
+        let batches = files.batches(range, files.form.reads_content(&self.columns));
         let columns = Arc::new(self.columns.clone());
         let schema = self.schema.clone();
         let stream = futures::stream::iter(batches)

@@ -17,25 +17,28 @@ pub(super) struct Files {
     pub(super) metas: Vec<ObjectMeta>,
     /// Each file as a person names it: a local path, or the object's URL.
     pub(super) names: Vec<String>,
-    pub(super) text: bool,
+    pub(super) form: Form,
     pub(super) max_bytes: u64,
     pub(super) batch_rows: usize,
     /// Each file's first and last this many bytes alone ([`BlobTable::of_ends`]).
     pub(super) ends: Option<u64>,
+    /// Whether a document that cannot be read fails as its file's error (a materialized view's
+    /// refresh leaves such a file out, named) rather than being a row that says why.
+    pub(super) files_errors_fail: bool,
 }
 
 impl fmt::Debug for Files {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Files")
             .field("files", &self.metas.len())
-            .field("text", &self.text)
+            .field("form", &self.form)
             .finish()
     }
 }
 
 impl Files {
     pub(super) fn function(&self) -> &'static str {
-        if self.text { "read_text" } else { "read_blob" }
+        self.form.function()
     }
 
     /// The files of `partition` of `partitions`: a run of them in order of name.
@@ -176,6 +179,9 @@ impl Files {
         columns: Arc<Vec<usize>>,
         schema: SchemaRef,
     ) -> datafusion::error::Result<RecordBatch> {
+        if self.form == Form::Document {
+            return self.document_batch(range, &columns, schema).await;
+        }
         let contents: Vec<bytes::Bytes> = if columns.contains(&1) {
             futures::stream::iter(range.clone())
                 .map(|i| self.read(i))
@@ -192,7 +198,7 @@ impl Files {
                 0 => Arc::new(StringArray::from_iter_values(
                     self.names[range.clone()].iter(),
                 )),
-                1 if self.text => {
+                1 if self.form == Form::Text => {
                     let mut texts = Vec::with_capacity(contents.len());
                     for (bytes, i) in contents.iter().zip(range.clone()) {
                         let text = std::str::from_utf8(bytes).map_err(|e| {

@@ -1,5 +1,7 @@
 //! Files as rows: `read_blob('folder/ or glob')` and `read_text(...)`, with DuckDB's columns
-//! (`filename`, `content`, `size`, `last_modified`), over every store a path can name.
+//! (`filename`, `content`, `size`, `last_modified`), over every store a path can name; and
+//! `read_document(...)`, a row for each page of a PDF and for each other document, its text
+//! ([`crate::documents`]: `document.rs` makes the rows).
 //!
 //! The files are listed when the query runs, through the store registry as every path is, and
 //! dealt to the partitions in order of name. A file's bytes are read only when the query uses
@@ -41,6 +43,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use crate::config::BatchInferOptions;
 
+mod document;
 mod exec;
 mod files;
 pub mod wire;
@@ -54,15 +57,43 @@ const BATCH_BYTES: u64 = 16 << 20;
 /// Files a partition reads at once.
 const READS_AT_ONCE: usize = 8;
 
-/// `read_blob` (`text` false) or `read_text` (`text` true).
+/// What a file is read as: its bytes, its text, or a document's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Form {
+    /// `read_blob`: `content` BLOB.
+    Blob,
+    /// `read_text`: `content` VARCHAR, the file's UTF-8 text.
+    Text,
+    /// `read_document`: a row per page, its text.
+    Document,
+}
+
+impl Form {
+    /// The function that reads files in this form.
+    pub fn function(self) -> &'static str {
+        match self {
+            Form::Blob => "read_blob",
+            Form::Text => "read_text",
+            Form::Document => "read_document",
+        }
+    }
+
+    /// Whether a scan of `columns` (of its schema's) reads the files' bytes.
+    fn reads_content(self, columns: &[usize]) -> bool {
+        // A document's rows are its pages: its bytes are read whatever is used of them.
+        self == Form::Document || columns.contains(&1)
+    }
+}
+
+/// `read_blob`, `read_text` or `read_document`.
 #[derive(Debug)]
 pub struct BlobFunction {
-    pub text: bool,
+    pub form: Form,
 }
 
 impl BlobFunction {
     fn name(&self) -> &'static str {
-        if self.text { "read_text" } else { "read_blob" }
+        self.form.function()
     }
 }
 
@@ -102,8 +133,8 @@ impl TableFunctionImpl for BlobFunction {
         Ok(Arc::new(BlobTable {
             url,
             location,
-            text: self.text,
-            schema: schema(self.text),
+            form: self.form,
+            schema: schema(self.form),
             only: None,
             ends: None,
         }))
@@ -135,19 +166,16 @@ pub fn is_file_name(field: &Field) -> bool {
     field.metadata().contains_key(FILE_NAME) && *field.data_type() == DataType::Utf8
 }
 
-/// The columns of `read_blob` (content BLOB) or `read_text` (content VARCHAR).
-fn schema(text: bool) -> SchemaRef {
-    let content = if text {
-        DataType::Utf8
-    } else {
-        DataType::Binary
+/// The columns of `read_blob` (content BLOB), `read_text` (content VARCHAR) or
+/// `read_document` ([`document::schema`]).
+fn schema(form: Form) -> SchemaRef {
+    let content = match form {
+        Form::Blob => DataType::Binary,
+        Form::Text => DataType::Utf8,
+        Form::Document => return document::schema(),
     };
     Arc::new(Schema::new(vec![
-        Field::new("filename", DataType::Utf8, false).with_metadata(
-            [(FILE_NAME.to_string(), "true".to_string())]
-                .into_iter()
-                .collect(),
-        ),
+        file_name_field(),
         Field::new("content", content, false),
         Field::new("size", DataType::Int64, false),
         Field::new(
@@ -158,13 +186,22 @@ fn schema(text: bool) -> SchemaRef {
     ]))
 }
 
+/// `filename`, marked as the name of the file its row is read from.
+fn file_name_field() -> Field {
+    Field::new("filename", DataType::Utf8, false).with_metadata(
+        [(FILE_NAME.to_string(), "true".to_string())]
+            .into_iter()
+            .collect(),
+    )
+}
+
 /// The files a `read_blob` names.
 #[derive(Debug, Clone)]
 pub struct BlobTable {
     url: ListingTableUrl,
     /// The folder or glob as the query names it.
     location: String,
-    text: bool,
+    form: Form,
     schema: SchemaRef,
     /// Where the table is these files (by URL, and the version each must have) rather than
     /// those listed: a materialized view's unit of them.
@@ -190,7 +227,7 @@ impl BlobTable {
     pub fn shown(&self) -> String {
         format!(
             "{}('{}')",
-            if self.text { "read_text" } else { "read_blob" },
+            self.form.function(),
             self.location.replace('\'', "''")
         )
     }
@@ -224,7 +261,7 @@ impl BlobTable {
     /// file takes, as magika does, read without reading the rest. Not for `read_text`, whose
     /// content is checked to be UTF-8 whole.
     pub fn of_ends(&self, block: u64) -> Option<BlobTable> {
-        (!self.text && block > 0).then(|| BlobTable {
+        (self.form == Form::Blob && block > 0).then(|| BlobTable {
             ends: Some(block),
             ..self.clone()
         })
@@ -259,7 +296,7 @@ impl BlobTable {
         files: &[(String, String)],
     ) -> datafusion::error::Result<Vec<ObjectMeta>> {
         let local = self.is_local();
-        let function = if self.text { "read_text" } else { "read_blob" };
+        let function = self.form.function();
         futures::stream::iter(files.iter().cloned())
             .map(|(file, version)| async move {
                 let url = url::Url::parse(&file)
@@ -281,7 +318,7 @@ impl BlobTable {
     }
 
     fn function(&self) -> &'static str {
-        if self.text { "read_text" } else { "read_blob" }
+        self.form.function()
     }
 
     /// A local file whose name cannot be a path (`source` says why), where the glob would not
@@ -449,10 +486,11 @@ impl TableProvider for BlobTable {
                 store_url: self.url.object_store().as_str().to_string(),
                 metas: files,
                 names,
-                text: self.text,
+                form: self.form,
                 max_bytes: options.max_blob_bytes,
                 batch_rows: usize::from(state.config_options().execution.batch_size).max(1),
                 ends: self.ends,
+                files_errors_fail: self.only.is_some(),
             },
             columns,
             schema,

@@ -18,10 +18,11 @@ fn files(sizes: &[u64], batch_rows: usize) -> Files {
             })
             .collect(),
         names: (0..sizes.len()).map(|i| format!("f{i}")).collect(),
-        text: false,
+        form: Form::Blob,
         max_bytes: 1 << 30,
         batch_rows,
         ends: None,
+        files_errors_fail: false,
     }
 }
 

@@ -9,7 +9,7 @@ struct Table {
     url: String,
     glob: Option<String>,
     location: String,
-    text: bool,
+    form: Form,
     only: Option<Vec<(String, String)>>,
     #[serde(default)]
     ends: Option<u64>,
@@ -28,7 +28,9 @@ struct File {
 #[derive(Serialize, Deserialize)]
 struct Exec {
     store: String,
-    text: bool,
+    form: Form,
+    #[serde(default)]
+    files_errors_fail: bool,
     max_bytes: u64,
     batch_rows: usize,
     #[serde(default)]
@@ -53,7 +55,7 @@ pub fn encode_table(provider: &dyn TableProvider) -> Option<Vec<u8>> {
             .as_ref()
             .map(|g| g.as_str().to_string()),
         location: table.location.clone(),
-        text: table.text,
+        form: table.form,
         only: table.only.as_ref().map(|o| o.as_ref().clone()),
         ends: table.ends,
     })
@@ -70,10 +72,10 @@ pub fn decode_table(buf: &[u8]) -> datafusion::error::Result<Arc<dyn TableProvid
     Ok(Arc::new(BlobTable {
         url: listing,
         location: table.location,
-        text: table.text,
-        schema: schema(table.text),
+        form: table.form,
+        schema: schema(table.form),
         only: table.only.map(Arc::new),
-        ends: table.ends.filter(|_| !table.text),
+        ends: table.ends.filter(|_| table.form == Form::Blob),
     }))
 }
 
@@ -83,7 +85,8 @@ pub fn encode_exec(plan: &dyn ExecutionPlan) -> Option<Vec<u8>> {
     let files = &exec.files;
     serde_json::to_vec(&Exec {
         store: files.store_url.clone(),
-        text: files.text,
+        form: files.form,
+        files_errors_fail: files.files_errors_fail,
         max_bytes: files.max_bytes,
         batch_rows: files.batch_rows,
         ends: files.ends,
@@ -126,7 +129,7 @@ pub fn decode_exec(
         });
         names.push(file.name);
     }
-    let full = schema(exec.text);
+    let full = schema(exec.form);
     if exec.columns.iter().any(|c| *c >= full.fields().len()) || exec.partitions == 0 {
         return Err(malformed("its columns or partitions"));
     }
@@ -137,10 +140,11 @@ pub fn decode_exec(
             store_url: exec.store,
             metas,
             names,
-            text: exec.text,
+            form: exec.form,
             max_bytes: exec.max_bytes,
             batch_rows: exec.batch_rows.max(1),
-            ends: exec.ends.filter(|b| *b > 0 && !exec.text),
+            ends: exec.ends.filter(|b| *b > 0 && exec.form == Form::Blob),
+            files_errors_fail: exec.files_errors_fail,
         },
         exec.columns,
         projected,

@@ -179,16 +179,13 @@ pub(crate) fn wheel_for_this_machine(wheels: &'static [Wheel]) -> Option<&'stati
 pub(crate) fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path) -> Result<()> {
     let url = format!("{PYPI}/{}", wheel.url);
     crate::say!(
-        "batchinfer: fetching ONNX Runtime {ORT_VERSION} ({}) from PyPI (once; cached in {})",
+        "batchinfer: fetching {} ({}) from PyPI (once; cached in {})",
+        wheel.package,
         url.rsplit('/').next().unwrap_or(&url),
         dir.display()
     );
-    let bytes = download(&url).map_err(|e| {
-        Error::Runtime(format!(
-            "downloading {url} failed: {e}. {}",
-            how_to_provide()
-        ))
-    })?;
+    let bytes = download(&url)
+        .map_err(|e| Error::Runtime(format!("downloading {url} failed: {e}. {}", wheel.hint)))?;
     let digest = hex::encode(Sha256::digest(&bytes));
     if digest != wheel.sha256 {
         return Err(Error::Runtime(format!(
@@ -199,7 +196,7 @@ pub(crate) fn fetch_library(wheel: &Wheel, extra: &[&str], dir: &Path) -> Result
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
         .map_err(|e| Error::Runtime(format!("{url} is not a readable wheel: {e}")))?;
     for name in extra.iter().chain([&wheel.library]) {
-        let member = format!("onnxruntime/capi/{name}");
+        let member = format!("{}/{name}", wheel.folder);
         let mut library = Vec::new();
         archive
             .by_name(&member)

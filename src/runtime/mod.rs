@@ -23,8 +23,10 @@ use crate::error::{Error, Result};
 mod fetch;
 mod wheels;
 
+pub(crate) use fetch::cached_library;
 use fetch::*;
 pub use fetch::{cache_dir, cuda_library_path, library_path};
+pub(crate) use wheels::Wheel;
 use wheels::*;
 
 /// The ONNX Runtime release batchinfer is built against (`ort` 2.0.0-rc.15).

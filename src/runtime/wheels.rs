@@ -1,8 +1,15 @@
 //! The official ONNX Runtime wheels batchinfer fetches from PyPI: where each is and what it and
 //! its members must hash to.
 
-/// One official wheel of `onnxruntime==1.31.1`: where it is and what it must hash to.
+/// One wheel of PyPI a library is taken from (`onnxruntime==1.31.1`, `pypdfium2==5.15.2`):
+/// where it is and what it must hash to.
 pub(crate) struct Wheel {
+    /// What it holds, as its fetch is told.
+    pub(crate) package: &'static str,
+    /// The folder of the wheel its members are in.
+    pub(crate) folder: &'static str,
+    /// How to give batchinfer the library where it cannot be fetched.
+    pub(crate) hint: &'static str,
     pub(crate) os: &'static str,
     pub(crate) arch: &'static str,
     pub(crate) url: &'static str,
@@ -14,8 +21,15 @@ pub(crate) struct Wheel {
 
 pub(crate) const PYPI: &str = "https://files.pythonhosted.org/packages";
 
+const ORT_HINT: &str = "Set ORT_DYLIB_PATH to an ONNX Runtime 1.31.1 library, for example the \
+                        one that `pip install onnxruntime==1.31.1` puts in \
+                        site-packages/onnxruntime/capi/";
+
 pub(crate) const WHEELS: &[Wheel] = &[
     Wheel {
+        package: "ONNX Runtime 1.31.1",
+        folder: "onnxruntime/capi",
+        hint: ORT_HINT,
         os: "linux",
         arch: "x86_64",
         url: "eb/27/c6a823bac55b2977bea2027c3ec9393a2c1002cb9a09eb40354563e02730/onnxruntime-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",
@@ -27,6 +41,9 @@ pub(crate) const WHEELS: &[Wheel] = &[
         )],
     },
     Wheel {
+        package: "ONNX Runtime 1.31.1",
+        folder: "onnxruntime/capi",
+        hint: ORT_HINT,
         os: "linux",
         arch: "aarch64",
         url: "ba/e4/1ed1a7a5f4702d899091fa2b976d377995250c307326ec8dc9ae6378aa13/onnxruntime-1.31.1-cp312-cp312-manylinux_2_28_aarch64.whl",
@@ -38,6 +55,9 @@ pub(crate) const WHEELS: &[Wheel] = &[
         )],
     },
     Wheel {
+        package: "ONNX Runtime 1.31.1",
+        folder: "onnxruntime/capi",
+        hint: ORT_HINT,
         os: "macos",
         arch: "aarch64",
         url: "0e/f7/cecc0efeeea83bff2f7789ae1b80f27fa0f0210d6d9d66d1f0031a6b5e47/onnxruntime-1.31.1-cp312-cp312-macosx_14_0_arm64.whl",
@@ -53,6 +73,10 @@ pub(crate) const WHEELS: &[Wheel] = &[
 /// The CUDA 13 build, `onnxruntime-gpu==1.31.1`, and the provider libraries taken from it beside
 /// `libonnxruntime`: ONNX Runtime looks for its providers in its own folder.
 pub(crate) const CUDA_WHEELS: &[Wheel] = &[Wheel {
+    package: "ONNX Runtime 1.31.1 (CUDA)",
+    folder: "onnxruntime/capi",
+    hint: "Set ORT_DYLIB_PATH to the libonnxruntime of a CUDA build of ONNX Runtime 1.31.1, as \
+           `pip install onnxruntime-gpu==1.31.1` puts in site-packages/onnxruntime/capi/",
     os: "linux",
     arch: "x86_64",
     url: "22/97/9531b4d9e566cf2a0f04b4b5c26a3bc0ef2e2e0b6bc943a02c0eead98cf7/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl",

@@ -1,0 +1,217 @@
+//! Documents as rows: `read_document` over real PDF manuals of Debian packages against pdfium's
+//! own text (pypdfium2), over python-docx's own Word documents against python-docx, and over
+//! real web pages against lxml (tests/documents/reference.py); a scanned page, an encrypted PDF
+//! and a file that is no document each its own row; a view over a folder of documents that
+//! follows it file by file. What they read is fetched by scripts/documents.sh.
+
+mod common;
+mod fixtures;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{DEADLINE, assert_ok, bin, output_within};
+
+/// The folder scripts/documents.sh fills: pdf/, docx/, html/, made/, python/.
+fn corpus() -> PathBuf {
+    fixtures::made_by("documents.sh", &[])
+}
+
+fn query(warehouse: &Path, sql: &str) -> std::process::Output {
+    common::query_with(warehouse, &[], sql)
+}
+
+/// `read_document`'s rows of the files of `folders`, as newline-delimited JSON in `out`.
+fn rows_as_json(warehouse: &Path, folders: &[PathBuf], out: &Path) {
+    let select: Vec<String> = folders
+        .iter()
+        .map(|folder| {
+            format!(
+                "SELECT filename, page, pages, text, has_text, error FROM read_document('{}/')",
+                folder.display()
+            )
+        })
+        .collect();
+    assert_ok(&query(
+        warehouse,
+        &format!(
+            "COPY ({}) TO '{}' STORED AS JSON",
+            select.join(" UNION ALL "),
+            out.display()
+        ),
+    ));
+}
+
+#[test]
+fn pages_words_and_paragraphs_match_pdfium_python_docx_and_lxml() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let rows = dir.path().join("rows.json");
+    let folders = ["pdf", "docx", "html"].map(|kind| corpus.join(kind));
+    rows_as_json(&wh, &folders, &rows);
+    let out = Command::new(corpus.join("python/bin/python"))
+        .arg("tests/documents/reference.py")
+        .arg(&rows)
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (kind, least) in [("pdf", 1000), ("docx", 40), ("html", 100)] {
+        let of = &report[kind];
+        let compared = of["compared"].as_u64().unwrap();
+        let equal = of["equal"].as_u64().unwrap();
+        assert!(
+            of["missing"].as_array().unwrap().is_empty(),
+            "{kind}: files whose rows are not the reference's pages: {of}"
+        );
+        assert!(compared >= least, "{kind}: only {compared} compared: {of}");
+        // At least 95% equal after whitespace is normalized, and the rest within 2% (edit
+        // distance over the reference's length).
+        assert!(
+            equal * 100 >= compared * 95,
+            "{kind}: {equal} of {compared} equal: {of}"
+        );
+        assert!(of["worst"].as_f64().unwrap() <= 0.02, "{kind}: {of}");
+    }
+}
+
+#[test]
+fn a_scanned_page_an_encrypted_pdf_and_a_photo_are_rows_of_their_own() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("in");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (from, to) in [
+        ("made/scanned.pdf", "scanned.pdf"),
+        ("made/locked.pdf", "locked.pdf"),
+        ("pdf/pixel.pdf", "pixel.pdf"),
+        ("docx/test.docx", "test.docx"),
+    ] {
+        std::fs::copy(corpus.join(from), folder.join(to)).unwrap();
+    }
+    // A photo, a truncated PDF and an empty text file beside them.
+    let png: Vec<u8> = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    std::fs::write(folder.join("photo.png"), png).unwrap();
+    let bash = std::fs::read(corpus.join("pdf/bash.pdf")).unwrap();
+    std::fs::write(folder.join("cut.pdf"), &bash[..bash.len() / 3]).unwrap();
+    std::fs::write(folder.join("notes.md"), "# Notes\n\nA line.\n").unwrap();
+    let out = assert_ok(&query(
+        &dir.path().join("wh"),
+        &format!(
+            "SELECT regexp_replace(filename, '.*/', '') AS file, page, pages, has_text, \
+             length(text) AS chars, error IS NOT NULL AS failed, error FROM read_document('{}/') \
+             ORDER BY file, page",
+            folder.display()
+        ),
+    ));
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    let row = |file: &str| -> Vec<&str> {
+        rows.iter()
+            .filter(|r| r.starts_with(&format!("{file},")))
+            .copied()
+            .collect()
+    };
+    // The scanned page: no text layer, an empty text, no error.
+    assert_eq!(
+        row("scanned.pdf"),
+        ["scanned.pdf,1,1,false,0,false,"],
+        "{out}"
+    );
+    // The encrypted PDF: one row, its error.
+    let locked = row("locked.pdf");
+    assert_eq!(locked.len(), 1, "{out}");
+    assert!(
+        locked[0].starts_with("locked.pdf,,,,,true,")
+            && locked[0].contains("encrypted")
+            && locked[0].contains("locked.pdf"),
+        "{out}"
+    );
+    let photo = row("photo.png");
+    assert!(
+        photo.len() == 1 && photo[0].contains("not a document read_document reads"),
+        "{out}"
+    );
+    // A PDF cut to a third: pdfium reads what it can, or says why not; never the statement's.
+    assert!(!row("cut.pdf").is_empty(), "{out}");
+    assert_eq!(row("notes.md"), ["notes.md,1,1,true,17,false,"], "{out}");
+    assert_eq!(row("test.docx").len(), 1, "{out}");
+    assert!(row("pixel.pdf")[0].starts_with("pixel.pdf,1,1,"), "{out}");
+}
+
+fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
+    output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(["refresh", view]),
+        DEADLINE,
+    )
+}
+
+#[test]
+fn a_view_over_a_folder_of_documents_follows_it_file_by_file() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let folder = dir.path().join("docs");
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["CAD.pdf", "asyRefCard.pdf"] {
+        std::fs::copy(corpus.join("pdf").join(name), folder.join(name)).unwrap();
+    }
+    let select = format!(
+        "SELECT filename, page, length(text) AS chars FROM read_document('{}/')",
+        folder.display()
+    );
+    assert_ok(&query(
+        &wh,
+        &format!("CREATE MATERIALIZED VIEW pages AS {select}"),
+    ));
+    let same = || {
+        let view = assert_ok(&query(&wh, "SELECT * FROM pages ORDER BY filename, page"));
+        let now = assert_ok(&query(&wh, &format!("{select} ORDER BY filename, page")));
+        assert_eq!(view, now);
+        view.lines().count() - 1
+    };
+    let before = same();
+    assert!(before > 2, "a page a row");
+
+    // A new manual is read alone; an encrypted one is left out, named.
+    std::fs::copy(
+        corpus.join("pdf/xfig-howto.pdf"),
+        folder.join("xfig-howto.pdf"),
+    )
+    .unwrap();
+    std::fs::copy(corpus.join("made/locked.pdf"), folder.join("locked.pdf")).unwrap();
+    let out = refresh(&wh, "pages");
+    let said = format!(
+        "{}{}",
+        assert_ok(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("left out") && said.contains("locked.pdf") && said.contains("encrypted"),
+        "{said}"
+    );
+    let added = assert_ok(&query(
+        &wh,
+        "SELECT count(*) AS n FROM pages WHERE filename LIKE '%xfig-howto.pdf'",
+    ));
+    assert_ne!(added, "n\n0\n");
+
+    // A removed manual's pages go.
+    std::fs::remove_file(folder.join("CAD.pdf")).unwrap();
+    std::fs::remove_file(folder.join("locked.pdf")).unwrap();
+    assert_ok(&refresh(&wh, "pages"));
+    let gone = assert_ok(&query(
+        &wh,
+        "SELECT count(*) AS n FROM pages WHERE filename LIKE '%CAD.pdf'",
+    ));
+    assert_eq!(gone, "n\n0\n");
+    same();
+}
