@@ -11,7 +11,7 @@
 #   made/scanned.pdf a page that is an image alone (a photo saved as PDF by Pillow)
 #   made/locked.pdf  bash.pdf encrypted with a password (by pypdf)
 #   python/bin/python  Python with pypdfium2 (the same pdfium read_document loads),
-#                    python-docx and lxml: the tests' references
+#                    python-docx, lxml and tokenizers: the tests' references
 #
 # The folder appears by one rename, complete. Nothing is kept in git.
 set -euo pipefail
@@ -28,7 +28,8 @@ a/asymptote/asymptote-doc_2.85+ds-1_all.deb b2ae6e97c64ede66c1e41cc913f790b01188
 x/xfig/xfig-doc_3.2.8b-2_all.deb 36b17319b7c3fd7c670bd24dbce393e0776e1a4347a9467166194c8baec5644f"
 DOCX_SDIST=https://files.pythonhosted.org/packages/a9/f7/eddfe33871520adab45aaa1a71f0402a2252050c14c7e3009446c8f4701c/python_docx-1.2.0.tar.gz
 DOCX_SHA=7bc9d7b7d8a69c9c02ca09216118c86552704edc23bac179283f2e38f86220ce
-PYTHON_PACKAGES="pypdfium2==5.15.2 python-docx==1.2.0 lxml==6.0.2 pypdf==6.1.3 pillow==12.0.0"
+PYTHON_PACKAGES="pypdfium2==5.15.2 python-docx==1.2.0 lxml==6.0.2 pypdf==6.1.3 pillow==12.0.0
+    tokenizers==0.23.2"
 made_of="$DEBS $DOCX_SHA $PYTHON_PACKAGES html-2"
 
 if [ "$(cat "$dest/ready" 2>/dev/null)" != "$made_of" ]; then

@@ -28,8 +28,8 @@ use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SessionLimits, SessionStores, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{
-    CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction, PredictUdf,
-    RejectsFunction,
+    ChunkUdf, CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction,
+    PredictUdf, RejectsFunction,
 };
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -235,6 +235,7 @@ pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
     vec![
         Arc::new(ScalarUDF::from(PredictUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(EmbedUdf::new(registry.clone()))),
+        Arc::new(ScalarUDF::from(ChunkUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(CosineSimilarity::default())),
         Arc::new(
             datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(GenerateUdf::new(

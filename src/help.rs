@@ -40,6 +40,25 @@ embed('model', text): a text model's embedding of each row (a list of floats)
   SELECT id, embed('minilm', sentence) AS v FROM 'sentences.parquet';",
     },
     Topic {
+        names: &["chunk"],
+        text: "\
+chunk(text, 'model', max_tokens [, overlap]): the text cut into chunks that each fit the text
+  model (its tokenizer counts, its special tokens included), ending at paragraphs, then
+  sentences, then lines; a list of {text, char_start, char_end, tokens}, a row each with unnest.
+  SELECT page, c.text AS text, c.char_start AS char_start
+  FROM (SELECT page, unnest(chunk(text, 'minilm', 256, 32)) AS c FROM read_document('docs/'));",
+    },
+    Topic {
+        names: &["read_blob", "read_text", "read_document"],
+        text: "\
+read_blob('folder/ or glob'), read_text(...): a row per file (filename, content, size,
+  last_modified), local or in any store; content read only where it is used.
+read_document('folder/ or glob'): a row per PDF page, and per DOCX, HTML, Markdown or text file
+  (filename, page, pages, text, size, last_modified, has_text, error); a file that cannot be
+  read is a row whose error says why.
+  SELECT filename, page, text FROM read_document('s3://bucket/contracts/') WHERE error IS NULL;",
+    },
+    Topic {
         names: &["predict_table"],
         text: "\
 predict_table('model', 'table or path'): every column of the table plus one per model output,
@@ -182,6 +201,8 @@ mod tests {
             "predict",
             "PREDICT",
             "embed",
+            "chunk",
+            "read_document",
             "predict_table",
             "create model",
             "Describe  Model",

@@ -120,10 +120,10 @@
 //! - [`tensor`]: Arrow arrays to ONNX Runtime tensors and back; the one table of element types
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
-//! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `generate`, `cosine_similarity`,
-//!   `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on the
-//!   statement as written (`by_name.rs`), and the short default names of model columns
-//!   (`names.rs`).
+//! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `chunk` (text cut to fit a
+//!   model, at its tokenizer), `generate`, `cosine_similarity`, `predict_table`, `models()` and
+//!   `batchinfer_rejects()`; columns bound to inputs by name on the statement as written
+//!   (`by_name.rs`), and the short default names of model columns (`names.rs`).
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
 //!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
 //!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row

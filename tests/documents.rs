@@ -144,6 +144,76 @@ fn a_scanned_page_an_encrypted_pdf_and_a_photo_are_rows_of_their_own() {
     assert!(row("pixel.pdf")[0].starts_with("pixel.pdf,1,1,"), "{out}");
 }
 
+#[test]
+fn chunks_fit_the_model_by_its_own_tokenizer_and_end_at_sentences() {
+    let corpus = corpus();
+    let models = fixtures::models_with_minilm();
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let (pages, chunks) = (
+        dir.path().join("pages.json"),
+        dir.path().join("chunks.json"),
+    );
+    let pdf = corpus.join("pdf");
+    let models_flag = ["--models", models.to_str().unwrap()];
+    assert_ok(&common::query_with(
+        &wh,
+        &models_flag,
+        &format!(
+            "COPY (SELECT filename, page, text FROM read_document('{}/')) TO '{}' STORED AS JSON",
+            pdf.display(),
+            pages.display()
+        ),
+    ));
+    assert_ok(&common::query_with(
+        &wh,
+        &models_flag,
+        &format!(
+            "COPY (SELECT filename, page, c.text AS text, c.char_start AS char_start, \
+             c.char_end AS char_end, c.tokens AS tokens FROM (SELECT filename, page, \
+             unnest(chunk(text, 'minilm', 128, 16)) AS c FROM read_document('{}/'))) TO '{}' \
+             STORED AS JSON",
+            pdf.display(),
+            chunks.display()
+        ),
+    ));
+    let out = Command::new(corpus.join("python/bin/python"))
+        .arg("tests/documents/chunks.py")
+        .args([&pages, &chunks])
+        .arg(models.join("minilm/tokenizer.json"))
+        .arg("128")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let count = |key: &str| report[key].as_u64().unwrap_or(0);
+    assert!(
+        count("pages") >= 1000 && count("chunks") >= 2000,
+        "{report}"
+    );
+    for wrong in [
+        "offsets wrong",
+        "token counts differ",
+        "over max_tokens",
+        "characters in no chunk",
+    ] {
+        assert_eq!(count(wrong), 0, "{wrong}: {report}");
+    }
+    // Where a chunk ends: at a sentence's or paragraph's end far more often than a window cut
+    // blind, and within a word hardly ever.
+    let share = |of: &str, key: &str| report[of][key].as_f64().unwrap_or(0.0);
+    let sentences = |of: &str| share(of, "sentence") + share(of, "paragraph");
+    assert!(
+        sentences("ends") >= 0.5 && sentences("ends") >= 3.0 * sentences("baseline ends"),
+        "{report}"
+    );
+    assert!(share("ends", "within a word") <= 0.01, "{report}");
+}
+
 fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
     output_within(
         bin()

@@ -27,59 +27,122 @@ pub(super) fn schema() -> SchemaRef {
 /// What one file gave: its pages, or why it gave none.
 type Read = Result<Vec<crate::documents::Page>, String>;
 
+/// The most text a record batch of `read_document` holds, but for one larger document (which is
+/// at most [`crate::documents::MOST_TEXT`]): text unpacked from small files is no larger in
+/// memory than a batch of them.
+const BATCH_TEXT: usize = 64 << 20;
+
+/// The files of a batch read, and the pages of those parsed but not yet in a record batch.
+struct Parsing {
+    files: Arc<Files>,
+    contents: std::vec::IntoIter<Result<bytes::Bytes, String>>,
+    /// The file of the next content.
+    next: usize,
+    /// The first file of `reads`.
+    start: usize,
+    reads: Vec<Read>,
+    text: usize,
+}
+
 impl Files {
-    /// The record batch of the documents `range`: a row per page of each, of the columns
-    /// `columns` (of [`schema`]'s).
-    pub(super) async fn document_batch(
+    /// The record batches of the documents `range`: a row per page of each, of the columns
+    /// `columns` (of [`schema`]'s). The files are read a few at once (their bytes bounded as
+    /// [`Files::batches`] bounds them), then parsed one at a time off the async threads, a
+    /// record batch given whenever their text reaches [`BATCH_TEXT`].
+    pub(super) fn document_batches(
         self: Arc<Self>,
         range: Range<usize>,
-        columns: &[usize],
+        columns: Arc<Vec<usize>>,
         schema: SchemaRef,
-    ) -> datafusion::error::Result<RecordBatch> {
-        let files = &self;
-        let contents: Vec<Result<bytes::Bytes, String>> = futures::stream::iter(range.clone())
-            .map(|i| async move {
-                match files.read(i).await {
-                    Ok(bytes) => Ok(Ok(bytes)),
-                    // Too large, or changed while read: the file's own error.
-                    Err(DataFusionError::External(e))
-                        if crate::storage::unreadable::is_unreadable(e.as_ref()) =>
-                    {
-                        Ok(Err(e.to_string()))
+    ) -> futures::stream::BoxStream<'static, datafusion::error::Result<RecordBatch>> {
+        let files = self.clone();
+        let first = range.start;
+        let read = async move {
+            let files = &files;
+            let contents: Vec<Result<bytes::Bytes, String>> = futures::stream::iter(range.clone())
+                .map(|i| async move {
+                    match files.read(i).await {
+                        Ok(bytes) => Ok(Ok(bytes)),
+                        // Too large, or changed while read: the file's own error.
+                        Err(DataFusionError::External(e))
+                            if crate::storage::unreadable::is_unreadable(e.as_ref()) =>
+                        {
+                            Ok(Err(e.to_string()))
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                }
-            })
-            .buffered(READS_AT_ONCE)
-            .try_collect()
-            .await?;
-        let names: Vec<String> = self.names[range.clone()].to_vec();
-        // pdfium and the parsers are CPU work: off the threads that drive the streams.
-        let reads: Vec<Read> = tokio::task::spawn_blocking(move || {
-            contents
-                .into_iter()
-                .zip(&names)
-                .map(|(content, name)| match content {
-                    Err(why) => Ok(Err(why)),
-                    Ok(bytes) => crate::documents::pages(name, &bytes)
-                        .map(|pages| pages.map_err(|why| format!("read_document: {name}: {why}"))),
                 })
-                .collect::<crate::error::Result<Vec<Read>>>()
-        })
-        .await
-        .map_err(|e| DataFusionError::Execution(format!("read_document: {e}")))?
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        if self.files_errors_fail
-            && let Some(Err(why)) = reads.iter().find(|r| r.is_err())
-        {
-            return Err(unreadable(why.clone()));
-        }
-        self.document_rows(range, &reads, columns, schema)
+                .buffered(READS_AT_ONCE)
+                .try_collect()
+                .await?;
+            Ok::<_, DataFusionError>(contents)
+        };
+        futures::stream::once(read)
+            .map_ok(move |contents| {
+                let parsing = Parsing {
+                    files: self.clone(),
+                    contents: contents.into_iter(),
+                    next: first,
+                    start: first,
+                    reads: Vec::new(),
+                    text: 0,
+                };
+                let (columns, schema) = (columns.clone(), schema.clone());
+                futures::stream::try_unfold(parsing, move |parsing| {
+                    Self::parse_some(parsing, columns.clone(), schema.clone())
+                })
+            })
+            .try_flatten()
+            .boxed()
     }
 
+    /// The next record batch of `parsing`, and what is left of it; None where all are given.
+    async fn parse_some(
+        mut parsing: Parsing,
+        columns: Arc<Vec<usize>>,
+        schema: SchemaRef,
+    ) -> datafusion::error::Result<Option<(RecordBatch, Parsing)>> {
+        loop {
+            let Some(content) = parsing.contents.next() else {
+                if parsing.reads.is_empty() {
+                    return Ok(None);
+                }
+                break;
+            };
+            let name = parsing.files.names[parsing.next].clone();
+            parsing.next += 1;
+            // pdfium and the parsers are CPU work: off the threads that drive the streams.
+            let read: Read = tokio::task::spawn_blocking(move || match content {
+                Err(why) => Ok(Err(why)),
+                Ok(bytes) => crate::documents::pages(&name, &bytes)
+                    .map(|pages| pages.map_err(|why| format!("read_document: {name}: {why}"))),
+            })
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("read_document: {e}")))?
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            match &read {
+                Err(why) if parsing.files.files_errors_fail => return Err(unreadable(why.clone())),
+                Err(why) => parsing.text += why.len(),
+                Ok(pages) => parsing.text += pages.iter().map(|p| p.text.len()).sum::<usize>(),
+            }
+            parsing.reads.push(read);
+            if parsing.text >= BATCH_TEXT {
+                break;
+            }
+        }
+        let reads = std::mem::take(&mut parsing.reads);
+        let batch = parsing
+            .files
+            .document_rows(parsing.start, &reads, &columns, schema)?;
+        parsing.start = parsing.next;
+        parsing.text = 0;
+        Ok(Some((batch, parsing)))
+    }
+
+    /// The record batch of the files from `start` that gave `reads`.
     fn document_rows(
         &self,
-        range: Range<usize>,
+        start: usize,
         reads: &[Read],
         columns: &[usize],
         schema: SchemaRef,
@@ -89,12 +152,12 @@ impl Files {
         for (k, read) in reads.iter().enumerate() {
             match read {
                 Ok(pages) if !pages.is_empty() => {
-                    rows.extend((0..pages.len()).map(|p| (range.start + k, Some(p))))
+                    rows.extend((0..pages.len()).map(|p| (start + k, Some(p))))
                 }
-                _ => rows.push((range.start + k, None)),
+                _ => rows.push((start + k, None)),
             }
         }
-        let read_of = |i: usize| &reads[i - range.start];
+        let read_of = |i: usize| &reads[i - start];
         let page_of = |i: usize, p: Option<usize>| match (read_of(i), p) {
             (Ok(pages), Some(p)) => Some(&pages[p]),
             _ => None,

@@ -89,8 +89,20 @@ impl ExecutionPlan for BlobExec {
         let batches = files.batches(range, files.form.reads_content(&self.columns));
         let columns = Arc::new(self.columns.clone());
         let schema = self.schema.clone();
-        let stream = futures::stream::iter(batches)
-            .then(move |range| files.clone().batch(range, columns.clone(), schema.clone()));
+        let stream = if files.form == Form::Document {
+            futures::stream::iter(batches)
+                .map(move |range| {
+                    files
+                        .clone()
+                        .document_batches(range, columns.clone(), schema.clone())
+                })
+                .flatten()
+                .boxed()
+        } else {
+            futures::stream::iter(batches)
+                .then(move |range| files.clone().batch(range, columns.clone(), schema.clone()))
+                .boxed()
+        };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
             stream,

@@ -179,9 +179,6 @@ impl Files {
         columns: Arc<Vec<usize>>,
         schema: SchemaRef,
     ) -> datafusion::error::Result<RecordBatch> {
-        if self.form == Form::Document {
-            return self.document_batch(range, &columns, schema).await;
-        }
         let contents: Vec<bytes::Bytes> = if columns.contains(&1) {
             futures::stream::iter(range.clone())
                 .map(|i| self.read(i))

@@ -23,17 +23,17 @@ const SKIPPED: &[&[u8]] = &[
 ];
 
 /// The text of the DOCX `bytes`, whose body may unpack to `most` bytes.
-pub(super) fn text(bytes: &[u8], most: u64) -> Result<String, Unreadable> {
+pub(super) fn text(bytes: &[u8], most: usize) -> Result<String, Unreadable> {
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
         .map_err(|e| Unreadable::Damaged(zip_error(&e)))?;
     let mut part = archive.by_name(BODY).map_err(|_| Unreadable::NotDocx)?;
     // Read no more than the limit, whatever the archive claims (a ZIP bomb says little).
     let mut xml = Vec::new();
     (&mut part)
-        .take(most + 1)
+        .take(most as u64 + 1)
         .read_to_end(&mut xml)
         .map_err(|e| Unreadable::Damaged(format!("its {BODY} cannot be unpacked: {e}")))?;
-    if xml.len() as u64 > most {
+    if xml.len() > most {
         return Err(Unreadable::TooLarge { most });
     }
     body_text(&xml)

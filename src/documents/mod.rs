@@ -14,8 +14,9 @@ mod pdfium;
 /// The most pages a PDF may declare: a file that says it has more is refused, not read.
 pub const MOST_PAGES: usize = 100_000;
 
-/// The most a Word document's body may unpack to.
-const MOST_TEXT: u64 = 256 << 20;
+/// The most text a document may have (and a Word document's body unpack to), in bytes: a
+/// record batch holds one such document.
+pub const MOST_TEXT: usize = 256 << 20;
 
 /// One page of a document: the whole of a document that has no pages.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,8 +52,8 @@ pub enum Unreadable {
     NotDocx,
     #[error("its XML is malformed: {0}")]
     BadXml(String),
-    #[error("its text is more than {most} bytes unpacked (a ZIP bomb?)")]
-    TooLarge { most: u64 },
+    #[error("its text is more than {most} bytes, the most a document may have (unpacked)")]
+    TooLarge { most: usize },
     #[error(
         "not a document read_document reads (PDF, DOCX, HTML, Markdown or UTF-8 text): it begins \
          with bytes {0}; read it with read_blob"
@@ -102,8 +103,9 @@ pub fn pages(name: &str, bytes: &[u8]) -> crate::error::Result<Result<Vec<Page>,
     };
     Ok(match kind(name, bytes) {
         Err(e) => Err(e),
-        Ok(Kind::Pdf) => pdfium::pdfium()?.pages(bytes, MOST_PAGES),
+        Ok(Kind::Pdf) => pdfium::pdfium()?.pages(bytes, MOST_PAGES, MOST_TEXT),
         Ok(Kind::Docx) => docx::text(bytes, MOST_TEXT).map(whole),
+        Ok(_) if bytes.len() > MOST_TEXT => Err(Unreadable::TooLarge { most: MOST_TEXT }),
         Ok(Kind::Html) => Ok(whole(html::text(utf8(bytes)))),
         Ok(Kind::Text) => Ok(whole(
             utf8(bytes).trim_start_matches('\u{feff}').to_string(),

@@ -217,13 +217,18 @@ fn open(path: &Path) -> Result<Functions, String> {
 impl Pdfium {
     /// The text of each page of the PDF `bytes`, in pdfium's reading order, by the first copy
     /// of the library free (or, all busy, the next in turn).
-    pub(super) fn pages(&self, bytes: &[u8], most_pages: usize) -> Result<Vec<Page>, Unreadable> {
+    pub(super) fn pages(
+        &self,
+        bytes: &[u8],
+        most_pages: usize,
+        most_text: usize,
+    ) -> Result<Vec<Page>, Unreadable> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let n = self.copies.len();
         let functions = (0..n)
             .find_map(|k| self.copies[(start + k) % n].functions.try_lock())
             .unwrap_or_else(|| self.copies[start % n].functions.lock());
-        read_pdf(&functions, bytes, most_pages)
+        read_pdf(&functions, bytes, most_pages, most_text)
     }
 }
 
@@ -238,7 +243,12 @@ impl Drop for Closed<'_> {
     }
 }
 
-fn read_pdf(f: &Functions, bytes: &[u8], most_pages: usize) -> Result<Vec<Page>, Unreadable> {
+fn read_pdf(
+    f: &Functions,
+    bytes: &[u8],
+    most_pages: usize,
+    most_text: usize,
+) -> Result<Vec<Page>, Unreadable> {
     // SAFETY: `bytes` outlives the document, closed at the end of this function; no password.
     let document =
         unsafe { (f.load_document)(bytes.as_ptr().cast(), bytes.len(), std::ptr::null()) };
@@ -267,6 +277,8 @@ fn read_pdf(f: &Functions, bytes: &[u8], most_pages: usize) -> Result<Vec<Page>,
         });
     }
     let mut pages = Vec::with_capacity(count.min(4096));
+    // The text so far, in bytes: more than `most_text` and the document is refused.
+    let mut total = 0usize;
     for index in 0..count {
         // SAFETY: a document handle of this copy and a page index below its count.
         let page = unsafe { (f.load_page)(document.0, index as c_int) };
@@ -280,28 +292,38 @@ fn read_pdf(f: &Functions, bytes: &[u8], most_pages: usize) -> Result<Vec<Page>,
             return Err(Unreadable::Page { page: index + 1 });
         }
         let text = Closed(text, &f.close_text);
-        pages.push(page_text(f, text.0));
+        let page = page_text(f, text.0, most_text - total)
+            .ok_or(Unreadable::TooLarge { most: most_text })?;
+        total += page.text.len();
+        if total > most_text {
+            return Err(Unreadable::TooLarge { most: most_text });
+        }
+        pages.push(page);
     }
     Ok(pages)
 }
 
 /// The text of a page's text handle, as pypdfium2's `get_text_range()` reads it: the chars from
-/// the first to the last pdfium gives text for, as UTF-16 (an unpaired surrogate left out).
-fn page_text(f: &Functions, text: Handle) -> Page {
+/// the first to the last pdfium gives text for, as UTF-16 (an unpaired surrogate left out);
+/// None where it has more than `most` chars.
+fn page_text(f: &Functions, text: Handle, most: usize) -> Option<Page> {
     // SAFETY (the calls below): a text handle of this copy, and indices below its count.
     let chars = unsafe { (f.count_chars)(text) };
     if chars <= 0 {
-        return Page {
+        return Some(Page {
             text: String::new(),
             has_text: false,
-        };
+        });
+    }
+    if usize::try_from(chars).unwrap_or(usize::MAX) > most {
+        return None;
     }
     let index_of = |c: c_int| unsafe { (f.text_index)(text, c) };
     let Some(first) = (0..chars).find(|&c| index_of(c) != -1) else {
-        return Page {
+        return Some(Page {
             text: String::new(),
             has_text: true,
-        };
+        });
     };
     let last = (first..chars)
         .rev()
@@ -317,10 +339,10 @@ fn page_text(f: &Functions, text: Handle) -> Page {
     let written = unsafe { (f.get_text)(text, first, count, buffer.as_mut_ptr()) };
     let written = usize::try_from(written).unwrap_or(0).min(room);
     let units = &buffer[..written.saturating_sub(1)];
-    Page {
+    Some(Page {
         text: char::decode_utf16(units.iter().copied())
             .filter_map(Result::ok)
             .collect(),
         has_text: true,
-    }
+    })
 }

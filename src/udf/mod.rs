@@ -1,6 +1,7 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
 pub mod by_name;
+pub mod chunk;
 pub mod embed;
 mod embed_endpoint;
 pub mod generate;
@@ -11,6 +12,7 @@ pub mod predict_table;
 pub mod rejects;
 pub mod vector;
 
+pub use chunk::ChunkUdf;
 pub use embed::EmbedUdf;
 pub use generate::GenerateUdf;
 pub use models::ModelsFunction;
