@@ -212,8 +212,9 @@
 //!   document's pages as rows (`document.rs`), and the table and exec as a cluster sends them
 //!   (`wire.rs`).
 //! - [`documents`]: a document's pages of text, by what its content is (`mod.rs`): a PDF's by
-//!   pdfium, fetched from PyPI as ONNX Runtime is and loaded once per core (`pdfium.rs`), a Word
-//!   document's body (`docx.rs`), a web page's text without its boilerplate (`html.rs`).
+//!   pdfium, fetched from PyPI as ONNX Runtime is (`pdfium.rs`) and run in worker processes, one
+//!   per core, each under a memory limit (`worker.rs`: the command line and Python start them), a
+//!   Word document's body (`docx.rs`), a web page's text without its boilerplate (`html.rs`).
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares (`mod.rs`), one
 //!   image decoded, oriented, resized as Pillow does (`resample.rs`), cropped and normalized
 //!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs them

@@ -220,7 +220,16 @@ fn fixed_mmap_threshold() {
     }
 }
 
+/// The argument that makes this program a worker reading PDFs for another batchinfer.
+const PDF_WORKER: &str = "__pdf-worker";
+
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == PDF_WORKER) {
+        return batchinfer::documents::worker::serve();
+    }
+    if let Ok(me) = std::env::current_exe() {
+        batchinfer::documents::worker::started_by(vec![me.into(), PDF_WORKER.into()]);
+    }
     batchinfer::error::record_panics();
     fixed_mmap_threshold();
     if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {

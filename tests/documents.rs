@@ -214,6 +214,104 @@ fn chunks_fit_the_model_by_its_own_tokenizer_and_end_at_sentences() {
     assert!(share("ends", "within a word") <= 0.01, "{report}");
 }
 
+/// A PDF of the objects `bodies` (object k + 1 each), with its cross-reference table.
+fn pdf(bodies: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = b"%PDF-1.7\n".to_vec();
+    let mut offsets = Vec::new();
+    for (k, body) in bodies.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend(format!("{} 0 obj\n", k + 1).as_bytes());
+        out.extend(body);
+        out.extend(b"\nendobj\n");
+    }
+    let xref = out.len();
+    out.extend(format!("xref\n0 {}\n0000000000 65535 f \n", bodies.len() + 1).as_bytes());
+    for offset in offsets {
+        out.extend(format!("{offset:010} 00000 n \n").as_bytes());
+    }
+    out.extend(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            bodies.len() + 1
+        )
+        .as_bytes(),
+    );
+    out
+}
+
+fn stream(content: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "<< /Length {}{extra} >>\nstream\n{content}\nendstream",
+        content.len()
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_pdf_that_exhausts_pdfium_and_a_damaged_page_fail_alone() {
+    const HELLO: &str = "BT /F1 12 Tf 72 720 Td (Hello world) Tj ET";
+    const FONT: &str = "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>";
+    let page = |resources: &str| {
+        format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources {resources} /Contents 4 0 R >>")
+            .into_bytes()
+    };
+    let form = "/Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources 8 0 R";
+    // Two forms that draw each other four times each: pdfium allocates until it is stopped.
+    let forms = pdf(&[
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [5 0 R] /Count 1 >>".to_vec(),
+        FONT.as_bytes().to_vec(),
+        stream("/A Do", ""),
+        page("8 0 R"),
+        stream(
+            &format!("{HELLO} /B Do /B Do /B Do /B Do"),
+            &format!(" {form}"),
+        ),
+        stream(
+            &format!("{HELLO} /A Do /A Do /A Do /A Do"),
+            &format!(" {form}"),
+        ),
+        b"<< /Font << /F1 3 0 R >> /XObject << /A 6 0 R /B 7 0 R >> >>".to_vec(),
+    ]);
+    // Three pages, the second an object that is not there.
+    let fonts = "<< /Font << /F1 3 0 R >> >>";
+    let holed = pdf(&[
+        b"<< /Type /Catalog /Pages 2 0 R >>".to_vec(),
+        b"<< /Type /Pages /Kids [5 0 R 99 0 R 6 0 R] /Count 3 >>".to_vec(),
+        FONT.as_bytes().to_vec(),
+        stream(HELLO, ""),
+        page(fonts),
+        page(fonts),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("in");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("forms.pdf"), forms).unwrap();
+    std::fs::write(folder.join("holed.pdf"), holed).unwrap();
+    std::fs::write(folder.join("notes.txt"), "still read").unwrap();
+    let out = assert_ok(&query(
+        &dir.path().join("wh"),
+        &format!(
+            "SELECT regexp_replace(filename, '.*/', '') AS file, page, text, error \
+             FROM read_document('{}/') ORDER BY file, page",
+            folder.display()
+        ),
+    ));
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 5, "{out}");
+    assert!(
+        rows[0].starts_with("forms.pdf,,,") && rows[0].contains("pdfium failed on it"),
+        "{out}"
+    );
+    assert_eq!(rows[1], "holed.pdf,1,Hello world,", "{out}");
+    assert!(
+        rows[2].starts_with("holed.pdf,2,,") && rows[2].contains("page 2 of the PDF"),
+        "{out}"
+    );
+    assert_eq!(rows[3], "holed.pdf,3,Hello world,", "{out}");
+    assert_eq!(rows[4], "notes.txt,1,still read,", "{out}");
+}
+
 fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
     output_within(
         bin()

@@ -273,6 +273,18 @@ fn stop_all(py: Python<'_>) {
     run::wait_for_work(py, std::time::Duration::from_secs(10));
 }
 
+/// A worker reading PDFs for the engine of another Python process: serves until its input
+/// ends, then ends the process.
+#[pyfunction]
+fn _pdf_worker() {
+    let code = batchinfer::documents::worker::serve();
+    std::process::exit(if code == std::process::ExitCode::SUCCESS {
+        0
+    } else {
+        1
+    });
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     run::start_runtime()?;
@@ -291,6 +303,35 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         }
     }));
     m.add_function(wrap_pyfunction!(stop_all, m)?)?;
+    m.add_function(wrap_pyfunction!(_pdf_worker, m)?)?;
+    // PDFs are read by workers: this Python, started again to run `_pdf_worker` from the
+    // package this one was imported from.
+    let sys = m.py().import("sys")?;
+    let python: String = sys.getattr("executable")?.extract()?;
+    let package: Option<String> = sys
+        .getattr("modules")?
+        .get_item("batchinfer")
+        .and_then(|package| package.getattr("__file__"))
+        .and_then(|file| file.extract())
+        .ok();
+    if let Some(package) = package.filter(|_| !python.is_empty()) {
+        let folder = std::path::Path::new(&package)
+            .parent()
+            .and_then(|p| p.parent())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // A JSON string is a Python string literal.
+        let folder = serde_json::to_string(&folder).unwrap_or_default();
+        batchinfer::documents::worker::started_by(vec![
+            python.into(),
+            "-c".into(),
+            format!(
+                "import sys; sys.path.insert(0, {folder}); import batchinfer._native as n; \
+                 n._pdf_worker()"
+            )
+            .into(),
+        ]);
+    }
     m.add_class::<Connection>()?;
     m.add_class::<Relation>()?;
     errors::add(m)?;

@@ -367,3 +367,45 @@ def test_registered_names_are_names_never_paths(tmp_path):
         # Nothing was written for them, in the warehouse or beside it.
         assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
         assert not (tmp_path / "escape").exists()
+
+
+def minimal_pdf(pages: list[str]) -> bytes:
+    """A PDF of a page for each text, in Helvetica, with its cross-reference table."""
+    bodies = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>"
+        % (b" ".join(b"%d 0 R" % (4 + 2 * k) for k in range(len(pages))), len(pages)),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    for text in pages:
+        content = b"BT /F1 12 Tf 72 720 Td (%s) Tj ET" % text.encode()
+        page = len(bodies) + 1
+        bodies.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            b"/Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>" % (page + 1)
+        )
+        bodies.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content))
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for k, body in enumerate(bodies):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (k + 1, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(bodies) + 1, xref)
+    return bytes(out)
+
+
+def test_pdfs_are_read_by_workers_of_this_python(con, tmp_path):
+    (tmp_path / "a.pdf").write_bytes(minimal_pdf(["first page", "second page"]))
+    (tmp_path / "b.md").write_text("# notes\n")
+    table = con.sql(
+        f"SELECT regexp_replace(filename, '.*/', '') AS file, page, text, error "
+        f"FROM read_document('{tmp_path}/') ORDER BY file, page"
+    ).to_arrow()
+    assert table.to_pylist() == [
+        {"file": "a.pdf", "page": 1, "text": "first page", "error": None},
+        {"file": "a.pdf", "page": 2, "text": "second page", "error": None},
+        {"file": "b.md", "page": 1, "text": "# notes\n", "error": None},
+    ]

@@ -3,6 +3,8 @@
 
 use datafusion::arrow::array::{BooleanArray, Int32Array};
 
+use crate::documents::Page;
+
 use super::files::unreadable;
 use super::*;
 
@@ -25,7 +27,7 @@ pub(super) fn schema() -> SchemaRef {
 }
 
 /// What one file gave: its pages, or why it gave none.
-type Read = Result<Vec<crate::documents::Page>, String>;
+type Read = Result<Vec<Page>, String>;
 
 /// The most text a record batch of `read_document` holds, but for one larger document (which is
 /// at most [`crate::documents::MOST_TEXT`]): text unpacked from small files is no larger in
@@ -63,9 +65,11 @@ impl Files {
                 .map(|i| async move {
                     match files.read(i).await {
                         Ok(bytes) => Ok(Ok(bytes)),
-                        // Too large, or changed while read: the file's own error.
+                        // Too large, changed while read or removed since listed: the
+                        // file's own error (a view's refresh reads it again, changed).
                         Err(DataFusionError::External(e))
-                            if crate::storage::unreadable::is_unreadable(e.as_ref()) =>
+                            if crate::storage::unreadable::is_unreadable(e.as_ref())
+                                || (e.is::<super::files::Gone>() && !files.files_errors_fail) =>
                         {
                             Ok(Err(e.to_string()))
                         }
@@ -181,10 +185,11 @@ impl Files {
                         _ => None,
                     }
                 }))),
-                3 => Arc::new(StringArray::from_iter(
-                    rows.iter()
-                        .map(|(i, p)| page_of(*i, *p).map(|page| page.text.as_str())),
-                )),
+                3 => Arc::new(StringArray::from_iter(rows.iter().map(|(i, p)| {
+                    page_of(*i, *p)
+                        .filter(|page| page.error.is_none())
+                        .map(|page| page.text.as_str())
+                }))),
                 4 => Arc::new(Int64Array::from_iter_values(
                     rows.iter()
                         .map(|(i, _)| self.metas[*i].size.min(i64::MAX as u64) as i64),
@@ -197,12 +202,18 @@ impl Files {
                     rows.iter()
                         .map(|(i, p)| page_of(*i, *p).map(|page| page.has_text)),
                 )),
-                _ => Arc::new(StringArray::from_iter(rows.iter().map(
-                    |(i, _)| match read_of(*i) {
-                        Err(why) => Some(why.as_str()),
-                        Ok(_) => None,
-                    },
-                ))),
+                _ => Arc::new(StringArray::from_iter(rows.iter().map(|(i, p)| {
+                    match (read_of(*i), page_of(*i, *p)) {
+                        (Err(why), _) => Some(why.clone()),
+                        (
+                            Ok(_),
+                            Some(Page {
+                                error: Some(why), ..
+                            }),
+                        ) => Some(format!("read_document: {}: {why}", self.names[*i])),
+                        _ => None,
+                    }
+                }))),
             };
             arrays.push(array);
         }

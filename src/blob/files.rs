@@ -9,6 +9,18 @@ pub(super) fn unreadable(message: String) -> DataFusionError {
     DataFusionError::External(Box::new(crate::storage::unreadable::Unreadable(message)))
 }
 
+/// A file that was removed or changed after it was listed, while the statement read it.
+#[derive(Debug)]
+pub(super) struct Gone(pub(super) String);
+
+impl fmt::Display for Gone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Gone {}
+
 /// The files of one scan, and how they are read.
 pub(super) struct Files {
     pub(super) store: Arc<dyn ObjectStore>,
@@ -140,8 +152,19 @@ impl Files {
     pub(super) async fn read_listed(&self, i: usize) -> datafusion::error::Result<bytes::Bytes> {
         let meta = &self.metas[i];
         let name = &self.names[i];
-        let failed = |e: object_store::Error| {
-            DataFusionError::Execution(format!("{}: reading {name}: {e}", self.function()))
+        let failed = |e: object_store::Error| match e {
+            object_store::Error::NotFound { .. } => {
+                DataFusionError::External(Box::new(Gone(format!(
+                    "{}: {name} was removed after it was listed",
+                    self.function()
+                ))))
+            }
+            object_store::Error::Generic { source, .. }
+                if source.to_string().contains("changed while it was read") =>
+            {
+                DataFusionError::External(Box::new(Gone(format!("{}: {source}", self.function()))))
+            }
+            e => DataFusionError::Execution(format!("{}: reading {name}: {e}", self.function())),
         };
         if self.read_size(i) > self.max_bytes {
             return Err(self.too_large(i));

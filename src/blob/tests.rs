@@ -102,3 +102,47 @@ fn partitions_take_every_file_once() {
     }
     assert_eq!(all, (0..10).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn a_document_removed_after_listing_is_its_own_row() {
+    use datafusion::arrow::array::Array;
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let mut f = files(&[5, 5], 100);
+    store
+        .put(&"f0".into(), b"hello".to_vec().into())
+        .await
+        .unwrap();
+    // f1 is listed, and gone when it is read.
+    f.store = store;
+    f.form = Form::Document;
+    let f = Arc::new(f);
+    let schema = super::document::schema();
+    let columns = Arc::new((0..schema.fields().len()).collect::<Vec<_>>());
+    let batches: Vec<RecordBatch> = f
+        .clone()
+        .document_batches(0..2, columns, schema)
+        .try_collect()
+        .await
+        .unwrap();
+    let batch = datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let text = batch
+        .column(3)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let error = batch
+        .column(7)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    assert_eq!(text.value(0), "hello");
+    assert!(error.is_null(0));
+    assert!(text.is_null(1));
+    assert!(
+        error
+            .value(1)
+            .contains("f1 was removed after it was listed"),
+        "{}",
+        error.value(1)
+    );
+}

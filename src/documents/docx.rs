@@ -26,7 +26,10 @@ const SKIPPED: &[&[u8]] = &[
 pub(super) fn text(bytes: &[u8], most: usize) -> Result<String, Unreadable> {
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
         .map_err(|e| Unreadable::Damaged(zip_error(&e)))?;
-    let mut part = archive.by_name(BODY).map_err(|_| Unreadable::NotDocx)?;
+    let mut part = archive.by_name(BODY).map_err(|e| match e {
+        zip::result::ZipError::FileNotFound => Unreadable::NotDocx,
+        e => Unreadable::Damaged(zip_error(&e)),
+    })?;
     // Read no more than the limit, whatever the archive claims (a ZIP bomb says little).
     let mut xml = Vec::new();
     (&mut part)
@@ -40,7 +43,27 @@ pub(super) fn text(bytes: &[u8], most: usize) -> Result<String, Unreadable> {
 }
 
 fn zip_error(e: &zip::result::ZipError) -> String {
-    format!("it is not a readable ZIP archive ({e})")
+    use zip::result::ZipError;
+    match e {
+        ZipError::UnsupportedArchive(why) if why.contains("assword") => {
+            "its parts are encrypted: it needs a password, which read_document does not take"
+                .to_string()
+        }
+        ZipError::InvalidPassword => {
+            "its parts are encrypted: it needs a password, which read_document does not take"
+                .to_string()
+        }
+        ZipError::UnsupportedArchive(why) => {
+            format!("its ZIP archive uses what read_document does not read ({why})")
+        }
+        ZipError::CompressionMethodNotSupported(method) => {
+            format!(
+                "its ZIP archive is compressed by a method read_document does not read ({method})"
+            )
+        }
+        ZipError::Io(e) => format!("its ZIP archive cannot be unpacked ({e})"),
+        _ => "it is not a readable ZIP archive: it is damaged or cut short".to_string(),
+    }
 }
 
 /// The text of a `word/document.xml`.

@@ -57,17 +57,18 @@ const VOID: &[&str] = &[
 pub(super) fn text(html: &str) -> String {
     let mut out = Writer::default();
     let mut rest = html;
-    // The elements left out now open, innermost last; depth within `pre`.
-    let mut left_out: Vec<String> = Vec::new();
+    // The element left out now open, and how many of its name are open within it; depth
+    // within `pre`.
+    let mut left_out: Option<(String, usize)> = None;
     let mut pre = 0usize;
     while !rest.is_empty() {
         let Some(lt) = rest.find('<') else {
-            if left_out.is_empty() {
+            if left_out.is_none() {
                 out.text(rest, pre > 0);
             }
             break;
         };
-        if left_out.is_empty() {
+        if left_out.is_none() {
             out.text(&rest[..lt], pre > 0);
         }
         rest = &rest[lt..];
@@ -79,20 +80,25 @@ pub(super) fn text(html: &str) -> String {
             rest = rest.find('>').map_or("", |end| &rest[end + 1..]);
             continue;
         }
-        let Some(tag) = Tag::parse(rest) else {
-            // A '<' that begins no tag is text.
-            if left_out.is_empty() {
-                out.text("<", pre > 0);
+        let tag = match Tag::parse(rest) {
+            Parsed::Tag(tag) => tag,
+            Parsed::NoTag => {
+                // A '<' that begins no tag is text.
+                if left_out.is_none() {
+                    out.text("<", pre > 0);
+                }
+                rest = &rest[1..];
+                continue;
             }
-            rest = &rest[1..];
-            continue;
+            // A tag the file ends within holds the rest (as HTML's parsing has it).
+            Parsed::Unended => break,
         };
         rest = &rest[tag.length..];
         let name = tag.name.as_str();
         if !tag.closing && RAW.contains(&name) {
             // Its content, to its end tag, is not read as tags.
             let end = find_end_tag(rest, name);
-            if name == "title" || !left_out.is_empty() || LEFT_OUT.contains(&name) {
+            if name == "title" || left_out.is_some() || LEFT_OUT.contains(&name) {
                 rest = &rest[end.1..];
                 continue;
             }
@@ -100,20 +106,21 @@ pub(super) fn text(html: &str) -> String {
             rest = &rest[end.1..];
             continue;
         }
-        if !left_out.is_empty() {
-            if tag.closing && left_out.last().is_some_and(|open| open == name) {
-                left_out.pop();
-            } else if !tag.closing
-                && !tag.self_closing
-                && !VOID.contains(&name)
-                && name == left_out[left_out.len() - 1]
-            {
-                left_out.push(name.to_string());
+        if let Some((open, depth)) = &mut left_out {
+            if name == open.as_str() {
+                if tag.closing {
+                    *depth -= 1;
+                    if *depth == 0 {
+                        left_out = None;
+                    }
+                } else if !tag.self_closing && !VOID.contains(&name) {
+                    *depth += 1;
+                }
             }
             continue;
         }
         if !tag.closing && LEFT_OUT.contains(&name) && !tag.self_closing && !VOID.contains(&name) {
-            left_out.push(name.to_string());
+            left_out = Some((name.to_string(), 1));
             continue;
         }
         if name == "pre" {
@@ -137,18 +144,18 @@ pub(super) fn text(html: &str) -> String {
 /// Where the end tag of `name` begins in `rest`, and where it ends (the end of `rest` where
 /// there is none).
 fn find_end_tag(rest: &str, name: &str) -> (usize, usize) {
-    let lower = rest.to_ascii_lowercase();
+    let bytes = rest.as_bytes();
     let mut from = 0;
-    while let Some(at) = lower[from..].find("</") {
+    while let Some(at) = rest[from..].find("</") {
         let start = from + at;
-        let after = &lower[start + 2..];
-        if after.starts_with(name)
-            && after[name.len()..]
-                .chars()
-                .next()
-                .is_none_or(|c| c == '>' || c.is_ascii_whitespace() || c == '/')
+        let after = &bytes[start + 2..];
+        if after.len() >= name.len()
+            && after[..name.len()].eq_ignore_ascii_case(name.as_bytes())
+            && after
+                .get(name.len())
+                .is_none_or(|c| *c == b'>' || c.is_ascii_whitespace() || *c == b'/')
         {
-            let end = lower[start..]
+            let end = rest[start..]
                 .find('>')
                 .map_or(rest.len(), |e| start + e + 1);
             return (start, end);
@@ -156,6 +163,15 @@ fn find_end_tag(rest: &str, name: &str) -> (usize, usize) {
         from = start + 2;
     }
     (rest.len(), rest.len())
+}
+
+/// What a '<' begins.
+enum Parsed {
+    Tag(Tag),
+    /// Not a tag: the '<' is text.
+    NoTag,
+    /// A tag the file ends within.
+    Unended,
 }
 
 /// A tag: its name (lower case), whether it ends an element, and how long it is.
@@ -167,12 +183,12 @@ struct Tag {
 }
 
 impl Tag {
-    fn parse(s: &str) -> Option<Tag> {
+    fn parse(s: &str) -> Parsed {
         let bytes = s.as_bytes();
         let closing = bytes.get(1) == Some(&b'/');
         let start = if closing { 2 } else { 1 };
-        if !bytes.get(start)?.is_ascii_alphabetic() {
-            return None;
+        if !bytes.get(start).is_some_and(u8::is_ascii_alphabetic) {
+            return Parsed::NoTag;
         }
         let name_end = bytes[start..]
             .iter()
@@ -192,8 +208,10 @@ impl Tag {
                 _ => {}
             }
         }
-        let end = end?;
-        Some(Tag {
+        let Some(end) = end else {
+            return Parsed::Unended;
+        };
+        Parsed::Tag(Tag {
             name: s[start..name_end].to_ascii_lowercase(),
             closing,
             self_closing: end > 0 && bytes[end - 1] == b'/',
@@ -616,5 +634,25 @@ mod tests {
     fn text_that_only_looks_like_tags() {
         assert_eq!(text("a < b and c <3 d"), "a < b and c <3 d");
         assert_eq!(text("x <!-- never closed"), "x");
+        // A tag the file ends within holds the rest, as a browser reads it.
+        assert_eq!(text("<p>x</p><a title=\"y>z"), "x");
+    }
+
+    #[test]
+    fn hostile_pages_are_read_in_linear_time_and_memory() {
+        let started = std::time::Instant::now();
+        for html in [
+            "<a".repeat(1 << 18),
+            "<title>x</title>y ".repeat(1 << 16),
+            "<b title=\"".repeat(1 << 17),
+            "<nav>".repeat(1 << 18) + "x",
+        ] {
+            let _ = text(&html);
+        }
+        assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+        assert_eq!(
+            text(&("<nav>".repeat(1000) + &"</nav>".repeat(1000) + "after")),
+            "after"
+        );
     }
 }

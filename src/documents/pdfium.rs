@@ -5,7 +5,8 @@
 //! pdfium keeps its state in globals and may be called by one thread at a time. So that every
 //! core reads PDFs, the library is loaded once per core, each load a copy of the checked file
 //! under a name of its own (`dlopen` gives a path it has not seen a new copy of the library,
-//! with globals of its own), and a document is read by one copy, locked while it reads.
+//! with globals of its own), and a document is read by one copy, locked while it reads; a long
+//! document by several at once, each opening it and reading a run of its pages.
 
 use std::ffi::{c_char, c_int, c_ulong, c_ushort, c_void};
 use std::path::{Path, PathBuf};
@@ -123,26 +124,54 @@ pub(super) fn pdfium() -> crate::error::Result<Arc<Pdfium>> {
     Ok(pdfium)
 }
 
-fn load() -> crate::error::Result<Pdfium> {
-    let failed = |why: String| crate::error::Error::Library(format!("pdfium: {why}"));
+/// The wheel of this machine's system and processor.
+fn wheel() -> crate::error::Result<&'static Wheel> {
     let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
-    let wheel = WHEELS
+    WHEELS
         .iter()
         .find(|w| w.os == os && w.arch == arch)
         .ok_or_else(|| {
-            failed(format!(
-                "batchinfer has no pinned pdfium for {os}/{arch}, so read_document cannot read \
-                 PDFs here (DOCX, HTML, Markdown and text it reads)"
+            crate::error::Error::Library(format!(
+                "pdfium: batchinfer has no pinned pdfium for {os}/{arch}, so read_document \
+                 cannot read PDFs here (DOCX, HTML, Markdown and text it reads)"
             ))
-        })?;
+        })
+}
+
+/// The pinned library, fetched the first time and checked.
+pub(super) fn library() -> crate::error::Result<PathBuf> {
+    cached_library(wheel()?, &[], FOLDER)
+}
+
+fn load() -> crate::error::Result<Pdfium> {
+    let failed = |why: String| crate::error::Error::Library(format!("pdfium: {why}"));
+    let wheel = wheel()?;
     let library = cached_library(wheel, &[], FOLDER)?;
     let pinned = wheel.members[0].1;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Each copy checked and loaded on a thread of its own: the start costs one check.
+    let loaded: Vec<Result<Functions, String>> = std::thread::scope(|scope| {
+        let loads: Vec<_> = (0..cores.clamp(1, MOST_COPIES))
+            .map(|i| {
+                let library = &library;
+                scope.spawn(move || {
+                    let path = copy_of(library, i, pinned).map_err(|e| e.to_string())?;
+                    open(&path)
+                })
+            })
+            .collect();
+        loads
+            .into_iter()
+            .map(|load| {
+                load.join()
+                    .unwrap_or_else(|_| Err("loading a copy of it panicked".to_string()))
+            })
+            .collect()
+    });
     let mut copies = Vec::new();
-    for i in 0..cores.clamp(1, MOST_COPIES) {
-        let path = copy_of(&library, i, pinned).map_err(|e| failed(e.to_string()))?;
+    for functions in loaded {
         copies.push(Copy {
-            functions: Mutex::new(open(&path).map_err(failed)?),
+            functions: Mutex::new(functions.map_err(failed)?),
         });
     }
     Ok(Pdfium {
@@ -215,22 +244,112 @@ fn open(path: &Path) -> Result<Functions, String> {
 }
 
 impl Pdfium {
-    /// The text of each page of the PDF `bytes`, in pdfium's reading order, by the first copy
-    /// of the library free (or, all busy, the next in turn).
+    /// The library at `path` (checked by the program that named it), loaded once: a worker's.
+    pub(super) fn open_one(path: &Path) -> Result<Pdfium, String> {
+        Ok(Pdfium {
+            copies: vec![Copy {
+                functions: Mutex::new(open(path)?),
+            }],
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// How many pages the PDF `bytes` has, and the text of those of `run` (cut to them).
+    pub(super) fn run(
+        &self,
+        bytes: &[u8],
+        run: std::ops::Range<usize>,
+        most_pages: usize,
+        most_text: usize,
+    ) -> Result<(usize, Vec<Page>), Unreadable> {
+        let copy = self.copy();
+        let document = Document::open(&copy, bytes)?;
+        let count = document.pages();
+        if count > most_pages {
+            return Err(Unreadable::TooManyPages {
+                pages: count,
+                most: most_pages,
+            });
+        }
+        let run = run.start.min(count)..run.end.min(count);
+        Ok((count, document.read(run, most_text)?))
+    }
+
+    /// The first copy of the library free, or (all busy) the next in turn, once it is.
+    fn copy(&self) -> parking_lot::MutexGuard<'_, Functions> {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.copies.len();
+        (0..n)
+            .find_map(|k| self.copies[(start + k) % n].functions.try_lock())
+            .unwrap_or_else(|| self.copies[start % n].functions.lock())
+    }
+
+    /// The text of each page of the PDF `bytes`, in pdfium's reading order. A document of more
+    /// than [`RUN`] pages is read in runs of pages by as many copies as are free (each opens
+    /// it), so that a long document is read on every core.
     pub(super) fn pages(
         &self,
         bytes: &[u8],
         most_pages: usize,
         most_text: usize,
     ) -> Result<Vec<Page>, Unreadable> {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let n = self.copies.len();
-        let functions = (0..n)
-            .find_map(|k| self.copies[(start + k) % n].functions.try_lock())
-            .unwrap_or_else(|| self.copies[start % n].functions.lock());
-        read_pdf(&functions, bytes, most_pages, most_text)
+        let first = self.copy();
+        let document = Document::open(&first, bytes)?;
+        let count = document.pages();
+        if count > most_pages {
+            return Err(Unreadable::TooManyPages {
+                pages: count,
+                most: most_pages,
+            });
+        }
+        // Copies free now help, each a run of pages; none is waited for (a copy another
+        // document holds may wait for this one's).
+        let wanted = count.div_ceil(RUN).min(self.copies.len()).saturating_sub(1);
+        let helpers: Vec<parking_lot::MutexGuard<'_, Functions>> = self
+            .copies
+            .iter()
+            .filter_map(|copy| copy.functions.try_lock())
+            .take(wanted)
+            .collect();
+        if helpers.is_empty() {
+            return document.read(0..count, most_text);
+        }
+        // Runs of pages as even as they can be, the first read by the copy at hand.
+        let runs = helpers.len() + 1;
+        let run = |k: usize| (count * k / runs)..(count * (k + 1) / runs);
+        let parts: Vec<Result<Vec<Page>, Unreadable>> = std::thread::scope(|scope| {
+            let others: Vec<_> = helpers
+                .iter()
+                .enumerate()
+                .map(|(k, helper)| {
+                    let f: &Functions = helper;
+                    scope.spawn(move || Document::open(f, bytes)?.read(run(k + 1), most_text))
+                })
+                .collect();
+            let mut parts = vec![document.read(run(0), most_text)];
+            parts.extend(others.into_iter().map(|other| {
+                other
+                    .join()
+                    .unwrap_or_else(|_| Err(Unreadable::Damaged("pdfium failed reading it".into())))
+            }));
+            parts
+        });
+        let mut pages = Vec::with_capacity(count);
+        let mut total = 0usize;
+        for part in parts {
+            let part = part?;
+            total += part.iter().map(|p| p.text.len()).sum::<usize>();
+            if total > most_text {
+                return Err(Unreadable::TooLarge { most: most_text });
+            }
+            pages.extend(part);
+        }
+        Ok(pages)
     }
 }
+
+/// The pages a copy of the library reads of a document, at the least, where others are free.
+const RUN: usize = 32;
 
 /// A pdfium handle closed when it goes.
 struct Closed<'a>(Handle, &'a unsafe extern "C" fn(Handle));
@@ -243,64 +362,86 @@ impl Drop for Closed<'_> {
     }
 }
 
-fn read_pdf(
-    f: &Functions,
-    bytes: &[u8],
-    most_pages: usize,
-    most_text: usize,
-) -> Result<Vec<Page>, Unreadable> {
-    // SAFETY: `bytes` outlives the document, closed at the end of this function; no password.
-    let document =
-        unsafe { (f.load_document)(bytes.as_ptr().cast(), bytes.len(), std::ptr::null()) };
-    if document.is_null() {
-        // SAFETY: no argument; reads the error of the call above, on this thread.
-        return Err(match unsafe { (f.last_error)() } {
-            FPDF_ERR_PASSWORD => Unreadable::Encrypted,
-            FPDF_ERR_SECURITY => {
-                Unreadable::Damaged("its security handler is not supported".into())
+/// A PDF opened by one copy of the library (whose lock is held while it is).
+struct Document<'a> {
+    f: &'a Functions,
+    handle: Closed<'a>,
+}
+
+impl<'a> Document<'a> {
+    /// The PDF `bytes` opened by the copy `f`, or why it cannot be.
+    fn open(f: &'a Functions, bytes: &'a [u8]) -> Result<Self, Unreadable> {
+        // SAFETY: `bytes` outlives the document, closed when it goes (before the borrow ends);
+        // no password.
+        let document =
+            unsafe { (f.load_document)(bytes.as_ptr().cast(), bytes.len(), std::ptr::null()) };
+        if document.is_null() {
+            // SAFETY: no argument; reads the error of the call above, on this thread.
+            return Err(match unsafe { (f.last_error)() } {
+                FPDF_ERR_PASSWORD => Unreadable::Encrypted,
+                FPDF_ERR_SECURITY => {
+                    Unreadable::Damaged("its security handler is not supported".into())
+                }
+                FPDF_ERR_FORMAT | FPDF_ERR_FILE => {
+                    Unreadable::Damaged("it is damaged or not a PDF".into())
+                }
+                FPDF_ERR_PAGE => Unreadable::Damaged("its pages cannot be found".into()),
+                _ => Unreadable::Damaged("pdfium cannot open it".into()),
+            });
+        }
+        Ok(Document {
+            f,
+            handle: Closed(document, &f.close_document),
+        })
+    }
+
+    /// The pages it says it has.
+    fn pages(&self) -> usize {
+        // SAFETY: a document handle of this copy.
+        let count = unsafe { (self.f.page_count)(self.handle.0) };
+        usize::try_from(count).unwrap_or(0)
+    }
+
+    /// The text of the pages `range` (below [`Document::pages`]), at most `most_text` bytes.
+    fn read(
+        &self,
+        range: std::ops::Range<usize>,
+        most_text: usize,
+    ) -> Result<Vec<Page>, Unreadable> {
+        let f = self.f;
+        let mut pages = Vec::with_capacity(range.len().min(4096));
+        // The text so far, in bytes: more than `most_text` and the document is refused.
+        let mut total = 0usize;
+        for index in range {
+            // SAFETY: a document handle of this copy and a page index below its count.
+            let page = unsafe { (f.load_page)(self.handle.0, index as c_int) };
+            let damaged = || Page {
+                text: String::new(),
+                has_text: false,
+                error: Some(Unreadable::Page { page: index + 1 }),
+            };
+            if page.is_null() {
+                pages.push(damaged());
+                continue;
             }
-            FPDF_ERR_FORMAT | FPDF_ERR_FILE => {
-                Unreadable::Damaged("it is damaged or not a PDF".into())
+            let page = Closed(page, &f.close_page);
+            // SAFETY: a page handle of this copy.
+            let text = unsafe { (f.load_text)(page.0) };
+            if text.is_null() {
+                pages.push(damaged());
+                continue;
             }
-            FPDF_ERR_PAGE => Unreadable::Damaged("its pages cannot be found".into()),
-            _ => Unreadable::Damaged("pdfium cannot open it".into()),
-        });
-    }
-    let document = Closed(document, &f.close_document);
-    // SAFETY: a document handle of this copy.
-    let count = unsafe { (f.page_count)(document.0) };
-    let count = usize::try_from(count).unwrap_or(0);
-    if count > most_pages {
-        return Err(Unreadable::TooManyPages {
-            pages: count,
-            most: most_pages,
-        });
-    }
-    let mut pages = Vec::with_capacity(count.min(4096));
-    // The text so far, in bytes: more than `most_text` and the document is refused.
-    let mut total = 0usize;
-    for index in 0..count {
-        // SAFETY: a document handle of this copy and a page index below its count.
-        let page = unsafe { (f.load_page)(document.0, index as c_int) };
-        if page.is_null() {
-            return Err(Unreadable::Page { page: index + 1 });
+            let text = Closed(text, &f.close_text);
+            let page = page_text(f, text.0, most_text - total)
+                .ok_or(Unreadable::TooLarge { most: most_text })?;
+            total += page.text.len();
+            if total > most_text {
+                return Err(Unreadable::TooLarge { most: most_text });
+            }
+            pages.push(page);
         }
-        let page = Closed(page, &f.close_page);
-        // SAFETY: a page handle of this copy.
-        let text = unsafe { (f.load_text)(page.0) };
-        if text.is_null() {
-            return Err(Unreadable::Page { page: index + 1 });
-        }
-        let text = Closed(text, &f.close_text);
-        let page = page_text(f, text.0, most_text - total)
-            .ok_or(Unreadable::TooLarge { most: most_text })?;
-        total += page.text.len();
-        if total > most_text {
-            return Err(Unreadable::TooLarge { most: most_text });
-        }
-        pages.push(page);
+        Ok(pages)
     }
-    Ok(pages)
 }
 
 /// The text of a page's text handle, as pypdfium2's `get_text_range()` reads it: the chars from
@@ -313,6 +454,7 @@ fn page_text(f: &Functions, text: Handle, most: usize) -> Option<Page> {
         return Some(Page {
             text: String::new(),
             has_text: false,
+            error: None,
         });
     }
     if usize::try_from(chars).unwrap_or(usize::MAX) > most {
@@ -320,10 +462,7 @@ fn page_text(f: &Functions, text: Handle, most: usize) -> Option<Page> {
     }
     let index_of = |c: c_int| unsafe { (f.text_index)(text, c) };
     let Some(first) = (0..chars).find(|&c| index_of(c) != -1) else {
-        return Some(Page {
-            text: String::new(),
-            has_text: true,
-        });
+        return Some(Page::of(String::new()));
     };
     let last = (first..chars)
         .rev()
@@ -339,10 +478,9 @@ fn page_text(f: &Functions, text: Handle, most: usize) -> Option<Page> {
     let written = unsafe { (f.get_text)(text, first, count, buffer.as_mut_ptr()) };
     let written = usize::try_from(written).unwrap_or(0).min(room);
     let units = &buffer[..written.saturating_sub(1)];
-    Some(Page {
-        text: char::decode_utf16(units.iter().copied())
+    Some(Page::of(
+        char::decode_utf16(units.iter().copied())
             .filter_map(Result::ok)
             .collect(),
-        has_text: true,
-    })
+    ))
 }
