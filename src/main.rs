@@ -255,7 +255,9 @@ fn main() -> ExitCode {
         .name("batchinfer".into())
         .stack_size(STACK_BYTES)
         .spawn(move || run(cli));
-    match main.map(|thread| thread.join()) {
+    let ended = main.map(|thread| thread.join());
+    batchinfer::documents::worker::stop();
+    match ended {
         Ok(Ok(code)) => code,
         Ok(Err(panic)) => {
             let message = batchinfer::error::panic_message(panic.as_ref());

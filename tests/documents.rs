@@ -212,6 +212,26 @@ fn chunks_fit_the_model_by_its_own_tokenizer_and_end_at_sentences() {
         "{report}"
     );
     assert!(share("ends", "within a word") <= 0.01, "{report}");
+
+    // Korean: MiniLM's tokenizer makes several tokens of a syllable, sharing its place; a chunk
+    // never ends within one, and the chunks give back the text.
+    let korean = "한국어 문장입니다. ".repeat(40);
+    let out = assert_ok(&common::query_with(
+        &wh,
+        &models_flag,
+        &format!(
+            "SELECT c.char_start AS s, c.char_end AS e, c.tokens AS n, \
+             substr(t, c.char_start + 1, c.char_end - c.char_start) = c.text AS same \
+             FROM (SELECT t, unnest(chunk(t, 'minilm', 16, 2)) AS c FROM (SELECT '{korean}' AS t))"
+        ),
+    ));
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert!(rows.len() > 10, "{out}");
+    for row in &rows {
+        let fields: Vec<&str> = row.split(',').collect();
+        assert_eq!(fields[3], "true", "{out}");
+        assert!(fields[2].parse::<usize>().unwrap() <= 16, "{out}");
+    }
 }
 
 /// A PDF of the objects `bodies` (object k + 1 each), with its cross-reference table.

@@ -29,8 +29,14 @@ use super::{Page, Unreadable};
 /// The address space a worker may have: pdfium's own, the document's and its text.
 pub const WORKER_MEMORY: u64 = 2 << 30;
 
-/// How long a worker may take over a run of pages.
-const RUN_TIME: Duration = Duration::from_secs(300);
+/// How long a worker may take over a run of pages: this, and [`PAGE_TIME`] a page.
+const RUN_TIME: Duration = Duration::from_secs(30);
+
+/// How long a worker may take a page, on average over a run.
+const PAGE_TIME: Duration = Duration::from_secs(1);
+
+/// How long a document may take, all its runs together.
+const DOCUMENT_TIME: Duration = Duration::from_secs(600);
 
 /// The pages a worker reads of a document, at the least, where others are free.
 const RUN: usize = 32;
@@ -49,6 +55,17 @@ static WORKERS: Mutex<Option<Arc<Workers>>> = Mutex::new(None);
 /// [`serve`]. Called once, at the program's start.
 pub fn started_by(command: Vec<OsString>) {
     *COMMAND.lock() = Some(command);
+}
+
+/// Stops this process's workers and waits for them: at its end, so that what they used is
+/// counted as the program's.
+pub fn stop() {
+    let Some(workers) = WORKERS.lock().take() else {
+        return;
+    };
+    for slot in &workers.slots {
+        slot.lock().take();
+    }
 }
 
 /// The pages of the PDF `bytes`, read by workers where this program starts them (several at
@@ -127,8 +144,15 @@ impl Workers {
         most_pages: usize,
         most_text: usize,
     ) -> crate::error::Result<Result<Vec<Page>, Unreadable>> {
+        let deadline = Instant::now() + DOCUMENT_TIME;
         let mut first = self.slot();
-        let (count, mut pages) = match self.ask(&mut first, bytes, 0..RUN, most_pages, most_text)? {
+        let asked = Asked {
+            bytes,
+            most_pages,
+            most_text,
+            deadline,
+        };
+        let (count, mut pages) = match self.ask(&mut first, &asked, 0..RUN)? {
             Ok(answer) => answer,
             Err(why) => return Ok(Err(why)),
         };
@@ -156,10 +180,11 @@ impl Workers {
                 .enumerate()
                 .map(|(k, helper)| {
                     let helper: &mut Option<Worker> = helper;
-                    scope.spawn(move || self.ask(helper, bytes, run(k + 1), most_pages, most_text))
+                    let asked = &asked;
+                    scope.spawn(move || self.ask(helper, asked, run(k + 1)))
                 })
                 .collect();
-            let mut answers = vec![self.ask(&mut first, bytes, run(0), most_pages, most_text)];
+            let mut answers = vec![self.ask(&mut first, &asked, run(0))];
             answers.extend(others.into_iter().map(|other| {
                 other.join().unwrap_or_else(|_| {
                     Err(crate::error::Error::Internal(
@@ -185,43 +210,62 @@ impl Workers {
         Ok(Ok(pages))
     }
 
-    /// The pages `run` of the PDF `bytes`, asked of the worker in `slot` (started where there
-    /// is none): `Err` where no worker can be started, the file's own error where the worker
-    /// failed on it (it is then stopped, and the next request starts another).
+    /// The pages `run` of the document `asked`, asked of the worker in `slot` (started where
+    /// there is none): `Err` where no worker can be started or one was stopped from outside
+    /// (killed: the statement may be run again), the file's own error where the worker failed
+    /// on it (it is then stopped, and the next request starts another).
     fn ask(
         &self,
         slot: &mut Option<Worker>,
-        bytes: &[u8],
+        asked: &Asked<'_>,
         run: Range<usize>,
-        most_pages: usize,
-        most_text: usize,
     ) -> crate::error::Result<Answer> {
         if slot.is_none() {
             *slot = Some(self.start()?);
         }
         let worker = slot.as_mut().expect("started");
-        match exchange(worker, bytes, run, most_pages, most_text) {
+        let pages = u32::try_from(run.len()).unwrap_or(u32::MAX);
+        let deadline =
+            (Instant::now() + RUN_TIME + PAGE_TIME.saturating_mul(pages)).min(asked.deadline);
+        match exchange(worker, asked, run, deadline) {
             Ok(answer) => Ok(answer),
             Err(failure) => {
                 // Whatever it was doing, it is done: the next request starts another.
-                let status = slot.take().and_then(|mut worker| {
+                let signal = slot.take().and_then(|mut worker| {
                     let _ = worker.child.kill();
-                    worker.child.wait().ok()
+                    let status = worker.child.wait().ok()?;
+                    std::os::unix::process::ExitStatusExt::signal(&status)
                 });
-                Ok(Err(Unreadable::Damaged(match failure {
-                    Failure::Late => format!(
-                        "pdfium took more than {} s over it, and was stopped",
-                        RUN_TIME.as_secs()
-                    ),
-                    Failure::Died(_) => format!(
+                match failure {
+                    Failure::Late => Ok(Err(Unreadable::Damaged(format!(
+                        "pdfium took too long over it, and was stopped (a document may take \
+                         {} s, a run of its pages {} s and {} s a page)",
+                        DOCUMENT_TIME.as_secs(),
+                        RUN_TIME.as_secs(),
+                        PAGE_TIME.as_secs()
+                    )))),
+                    // Killed or stopped from outside (the system short of memory, a person):
+                    // no fault of the file's.
+                    Failure::Died(_)
+                        if matches!(
+                            signal,
+                            Some(libc::SIGKILL | libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+                        ) =>
+                    {
+                        Err(crate::error::Error::Library(format!(
+                            "pdfium: a worker reading PDFs was ended from outside (signal {}); \
+                             run the statement again",
+                            signal.unwrap_or_default()
+                        )))
+                    }
+                    Failure::Died(_) => Ok(Err(Unreadable::Damaged(format!(
                         "pdfium failed on it: it needed more than {} MiB of memory, or crashed{}",
                         WORKER_MEMORY >> 20,
-                        status
-                            .and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s))
+                        signal
                             .map(|signal| format!(" (signal {signal})"))
                             .unwrap_or_default()
-                    ),
-                })))
+                    )))),
+                }
             }
         }
     }
@@ -242,6 +286,16 @@ impl Workers {
             .spawn()
             .map_err(failed)?;
         let (input, output) = (child.stdin.take(), child.stdout.take());
+        if let Some(input) = &input {
+            use std::os::fd::AsRawFd;
+            // Writes that would block wait in `poll`, by a deadline ([`write_by`]).
+            // SAFETY: flags of a pipe this process owns.
+            unsafe {
+                let fd = input.as_raw_fd();
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
         match (input, output) {
             (Some(input), Some(output)) => Ok(Worker {
                 child,
@@ -253,6 +307,14 @@ impl Workers {
     }
 }
 
+/// A document asked of workers, and by when it must be read.
+struct Asked<'a> {
+    bytes: &'a [u8],
+    most_pages: usize,
+    most_text: usize,
+    deadline: Instant,
+}
+
 /// The variable that gives a worker the checked library's path.
 const LIBRARY_VARIABLE: &str = "BATCHINFER_PDFIUM_LIBRARY";
 
@@ -262,28 +324,34 @@ enum Failure {
     Died(#[allow(dead_code)] String),
 }
 
-/// One request to `worker`, and its answer.
+/// One request to `worker`, and its answer, by `deadline`.
 fn exchange(
     worker: &mut Worker,
-    bytes: &[u8],
+    asked: &Asked<'_>,
     run: Range<usize>,
-    most_pages: usize,
-    most_text: usize,
+    deadline: Instant,
 ) -> Result<Answer, Failure> {
-    let died = |e: std::io::Error| Failure::Died(e.to_string());
-    let header = [run.start, run.end, most_pages, most_text, bytes.len()]
-        .map(|n| (n as u64).to_le_bytes())
-        .concat();
-    worker.input.write_all(&header).map_err(died)?;
-    worker.input.write_all(bytes).map_err(died)?;
-    worker.input.flush().map_err(died)?;
-    let deadline = Instant::now() + RUN_TIME;
+    let header = [
+        run.start,
+        run.end,
+        asked.most_pages,
+        asked.most_text,
+        asked.bytes.len(),
+    ]
+    .map(|n| (n as u64).to_le_bytes())
+    .concat();
+    write_by(&mut worker.input, &header, deadline)?;
+    write_by(&mut worker.input, asked.bytes, deadline)?;
     let mut length = [0u8; 8];
     read_by(&mut worker.output, &mut length, deadline)?;
     let length = u64::from_le_bytes(length);
     // An answer is the run's text, at most the document's, as JSON (escaped, up to 6 bytes a
     // byte).
-    if length > (most_text as u64).saturating_mul(6).saturating_add(1 << 20) {
+    if length
+        > (asked.most_text as u64)
+            .saturating_mul(6)
+            .saturating_add(1 << 20)
+    {
         return Err(Failure::Died(format!("it answered {length} bytes")));
     }
     let mut answer = vec![0u8; length as usize];
@@ -291,23 +359,20 @@ fn exchange(
     serde_json::from_slice(&answer).map_err(|e| Failure::Died(e.to_string()))
 }
 
-/// Fills `buffer` from `output` before `deadline`.
-fn read_by(output: &mut ChildStdout, buffer: &mut [u8], deadline: Instant) -> Result<(), Failure> {
-    use std::os::fd::AsRawFd;
-    let mut filled = 0;
-    while filled < buffer.len() {
+/// Waits until `fd` is ready for `events`, before `deadline`.
+fn ready(fd: std::os::fd::RawFd, events: libc::c_short, deadline: Instant) -> Result<(), Failure> {
+    loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Failure::Late);
         }
         let mut poll = libc::pollfd {
-            fd: output.as_raw_fd(),
-            events: libc::POLLIN,
+            fd,
+            events,
             revents: 0,
         };
-        let wait = c_int_millis(left);
-        // SAFETY: one pollfd, of a pipe this worker's handle owns, for the call's length.
-        let ready = unsafe { libc::poll(&mut poll, 1, wait) };
+        // SAFETY: one pollfd, of a pipe the worker's handle owns, for the call's length.
+        let ready = unsafe { libc::poll(&mut poll, 1, c_int_millis(left)) };
         if ready < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -315,9 +380,38 @@ fn read_by(output: &mut ChildStdout, buffer: &mut [u8], deadline: Instant) -> Re
             }
             return Err(Failure::Died(e.to_string()));
         }
-        if ready == 0 {
-            continue;
+        if ready > 0 {
+            return Ok(());
         }
+    }
+}
+
+/// Writes `bytes` to `input` (whose pipe does not block) before `deadline`.
+fn write_by(input: &mut ChildStdin, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
+    use std::os::fd::AsRawFd;
+    let mut written = 0;
+    while written < bytes.len() {
+        ready(input.as_raw_fd(), libc::POLLOUT, deadline)?;
+        match input.write(&bytes[written..]) {
+            Ok(0) => return Err(Failure::Died("its input closed".into())),
+            Ok(n) => written += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) => {}
+            Err(e) => return Err(Failure::Died(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buffer` from `output` before `deadline`.
+fn read_by(output: &mut ChildStdout, buffer: &mut [u8], deadline: Instant) -> Result<(), Failure> {
+    use std::os::fd::AsRawFd;
+    let mut filled = 0;
+    while filled < buffer.len() {
+        ready(output.as_raw_fd(), libc::POLLIN, deadline)?;
         match output.read(&mut buffer[filled..]) {
             Ok(0) => return Err(Failure::Died("it ended".into())),
             Ok(n) => filled += n,
@@ -342,6 +436,18 @@ pub fn serve() -> std::process::ExitCode {
     };
     // SAFETY: sets this process's own limit from a valid struct.
     unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) };
+    // A worker whose program is gone (killed) ends, whatever pdfium is doing.
+    // SAFETY: no argument.
+    let parent = unsafe { libc::getppid() };
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            // SAFETY: no argument; `_exit` ends the process without running anything more.
+            if unsafe { libc::getppid() } != parent {
+                unsafe { libc::_exit(1) };
+            }
+        }
+    });
     let Some(library) = std::env::var_os(LIBRARY_VARIABLE) else {
         eprintln!("a PDF worker is started by batchinfer, which names the library");
         return std::process::ExitCode::FAILURE;

@@ -13,7 +13,8 @@
 //! start where there is one among them). `char_start` and `char_end` are the chunk's place in
 //! the text, in characters from 0, the end not included: `substr(text, char_start + 1,
 //! char_end - char_start)` is the chunk. NULL text gives NULL; text of white space alone, no
-//! chunks.
+//! chunks. A text longer than 1 MiB is first cut into pieces at paragraph ends (else line ends,
+//! else white space), each chunked alone, so that its tokens are never all held at once.
 
 use std::sync::Arc;
 
@@ -147,10 +148,11 @@ impl ChunkUdf {
             None => 0,
         };
         let (tokenizer, model_most, specials) = self.tokenizer(&name, config)?;
+        let asked = max_tokens;
         let max_tokens = usize::try_from(max_tokens).unwrap_or(0);
         if max_tokens <= specials || max_tokens > model_most {
             return plan_err!(
-                "chunk: max_tokens {max_tokens} for model '{name}' must be from {} to {model_most} \
+                "chunk: max_tokens {asked} for model '{name}' must be from {} to {model_most} \
                  (the model reads {model_most} tokens, {specials} of them its own)",
                 specials + 1
             );
@@ -289,46 +291,106 @@ enum Place {
 fn place(text: &str, before: usize, at: usize) -> Place {
     let gap = &text[before..at];
     // The next token's own leading white space (a byte-level BPE's tokens hold it).
-    let next = text[at..]
+    let next: String = text[at..]
         .chars()
+        .take(8)
         .take_while(|c| c.is_whitespace())
-        .collect::<String>();
-    let space = format!("{gap}{next}");
-    let lines = space.matches('\n').count();
+        .collect();
+    let lines = gap.matches('\n').count() + next.matches('\n').count();
     if lines >= 2 {
         return Place::Paragraph;
     }
-    let ends_sentence = text[..before]
-        .trim_end_matches(['"', '\'', ')', ']', '”', '’', '»'])
-        .ends_with(['.', '!', '?', '…', '。', '！', '？']);
-    let space_after = !space.is_empty();
-    if ends_sentence && (space_after || text[..before].ends_with(['。', '！', '？'])) {
+    let space_after = !gap.is_empty() || !next.is_empty();
+    // The last character before, past a few closing quotes and brackets.
+    let last = text[..before]
+        .chars()
+        .rev()
+        .take(8)
+        .find(|c| !matches!(c, '"' | '\'' | ')' | ']' | '”' | '’' | '»'));
+    let ends_sentence =
+        last.is_some_and(|c| matches!(c, '.' | '!' | '?' | '…' | '。' | '！' | '？'));
+    let full_width = text[..before].ends_with(['。', '！', '？']);
+    if ends_sentence && (space_after || full_width) {
         return Place::Sentence;
     }
     if lines == 1 {
         return Place::Line;
     }
-    if space_after || text[at..].starts_with(char::is_whitespace) {
+    if space_after {
         return Place::Word;
     }
     Place::Token
 }
 
+/// The most text tokenized at once, in bytes: a longer text is cut into pieces first, each
+/// at its last paragraph end (else line end, else white space) within this, and each piece
+/// chunked alone, so that a text's tokens are never all held at once.
+const PIECE: usize = 1 << 20;
+
 /// `text` cut into chunks as `cut` says ([the module's](self) rules).
 fn chunks(tokenizer: &Tokenizer, text: &str, cut: Cut) -> tokenizers::Result<Vec<Chunk>> {
-    let encoding = tokenizer.encode(text, false)?;
+    let mut chunks: Vec<Chunk> = Vec::new();
+    let mut chars = CharCount::new(text);
+    let mut start = 0;
+    while start < text.len() {
+        let end = piece_end(text, start);
+        chunk_piece(tokenizer, text, start..end, cut, &mut chars, &mut chunks)?;
+        start = end;
+    }
+    Ok(chunks)
+}
+
+/// Where the piece of `text` from `start` ends: at most [`PIECE`] bytes on.
+fn piece_end(text: &str, start: usize) -> usize {
+    let mut limit = (start + PIECE).min(text.len());
+    if limit == text.len() {
+        return limit;
+    }
+    while !text.is_char_boundary(limit) {
+        limit -= 1;
+    }
+    let window = &text[start..limit];
+    let at = window
+        .rfind("\n\n")
+        .map(|at| at + 2)
+        .or_else(|| window.rfind('\n').map(|at| at + 1))
+        .or_else(|| {
+            window
+                .rfind(char::is_whitespace)
+                .map(|at| at + window[at..].chars().next().map_or(1, char::len_utf8))
+        })
+        .filter(|&at| at > 0)
+        .unwrap_or(window.len());
+    start + at
+}
+
+/// The chunks of the bytes `piece` of `text`, added to `chunks`.
+fn chunk_piece(
+    tokenizer: &Tokenizer,
+    text: &str,
+    piece: std::ops::Range<usize>,
+    cut: Cut,
+    chars: &mut CharCount<'_>,
+    chunks: &mut Vec<Chunk>,
+) -> tokenizers::Result<()> {
+    let base = piece.start;
+    let piece_text = &text[piece.clone()];
+    let encoding = tokenizer.encode(piece_text, false)?;
     // Each token's bytes in the text; tokens that stand for none (added by the tokenizer) are
     // left out.
     let spans: Vec<(usize, usize)> = encoding
         .get_offsets()
         .iter()
         .copied()
-        .filter(|(s, e)| e > s && *e <= text.len())
+        .filter(|(s, e)| e > s && *e <= piece_text.len())
+        .map(|(s, e)| (base + s, base + e))
         .collect();
+    drop(encoding);
     let n = spans.len();
+    // Whether a chunk may end before token k: not within a character that the tokenizer made
+    // several tokens of (a Hangul syllable decomposed), whose tokens share its bytes.
+    let between = |k: usize| k >= n || spans[k - 1].1 <= spans[k].0;
     let room = cut.max_tokens - cut.specials;
-    let mut chunks: Vec<Chunk> = Vec::new();
-    let mut chars = CharCount::new(text);
     let mut first = 0;
     while first < n {
         let most = (first + room).min(n);
@@ -336,10 +398,13 @@ fn chunks(tokenizer: &Tokenizer, text: &str, cut: Cut) -> tokenizers::Result<Vec
         let mut end = if most == n {
             n
         } else {
-            let half = first + room.div_ceil(2);
-            // The last of the best places: the longest chunk that ends there.
-            (half.max(first + 1)..=most)
+            let half = (first + room.div_ceil(2)).max(first + 1);
+            // The last of the best places: the longest chunk that ends there; where the second
+            // half has none (tokens of one character), the last place before it.
+            (half..=most)
+                .filter(|&k| between(k))
                 .max_by_key(|&k| place(text, spans[k - 1].1, spans[k].0))
+                .or_else(|| (first + 1..half).rev().find(|&k| between(k)))
                 .unwrap_or(most)
         };
         // Encoded alone, a chunk can take more tokens than it did within the text: cut it
@@ -351,6 +416,7 @@ fn chunks(tokenizer: &Tokenizer, text: &str, cut: Cut) -> tokenizers::Result<Vec
                 break (bytes, tokens);
             }
             end = (end - (tokens - cut.max_tokens)).max(first + 1);
+            end = (first + 1..=end).rev().find(|&k| between(k)).unwrap_or(end);
         };
         if tokens > cut.max_tokens {
             return Err(format!(
@@ -372,14 +438,15 @@ fn chunks(tokenizer: &Tokenizer, text: &str, cut: Cut) -> tokenizers::Result<Vec
         // The next chunk begins `overlap` tokens back, at a word's start where there is one.
         let back = end.saturating_sub(cut.overlap).max(first + 1);
         first = (back..end)
-            .find(|&k| place(text, spans[k - 1].1, spans[k].0) >= Place::Word)
-            .unwrap_or(back);
+            .find(|&k| between(k) && place(text, spans[k - 1].1, spans[k].0) >= Place::Word)
+            .or_else(|| (back..=end).find(|&k| between(k)))
+            .unwrap_or(end);
     }
-    Ok(chunks)
+    Ok(())
 }
 
-/// Characters counted up to a byte of a text, forward from the last asked (each text read once
-/// however many chunks it has; a byte before the last is counted again from the start).
+/// Characters counted up to a byte of a text, from the last byte asked, forward or back (each
+/// text read about once however many chunks it has).
 struct CharCount<'a> {
     text: &'a str,
     byte: usize,
@@ -398,10 +465,10 @@ impl<'a> CharCount<'a> {
     /// The characters before byte `at` (a character boundary).
     fn at(&mut self, at: usize) -> usize {
         if at < self.byte {
-            self.byte = 0;
-            self.chars = 0;
+            self.chars -= self.text[at..self.byte].chars().count();
+        } else {
+            self.chars += self.text[self.byte..at].chars().count();
         }
-        self.chars += self.text[self.byte..at].chars().count();
         self.byte = at;
         self.chars
     }
@@ -474,6 +541,55 @@ mod tests {
                 "ten"
             ]
         );
+    }
+
+    #[test]
+    fn a_long_text_is_cut_into_pieces_at_paragraphs_and_offsets_stay_right() {
+        let paragraph = "Ünï wörd. ".repeat(5000) + "\n\n";
+        let text = paragraph.repeat(40);
+        assert!(text.len() > 2 * PIECE);
+        let end = piece_end(&text, 0);
+        assert!(end <= PIECE && text[..end].ends_with("\n\n"), "{end}");
+        let cut = Cut {
+            max_tokens: 50,
+            overlap: 5,
+            specials: 2,
+        };
+        let all = chunks(&words(), &text, cut).unwrap();
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in &all {
+            let of: String = chars[chunk.chars.clone()].iter().collect();
+            assert_eq!(of, text[chunk.bytes.clone()]);
+        }
+        // The text ends ". \n\n": the last chunk at its last full stop.
+        assert_eq!(all.last().unwrap().chars.end, chars.len() - 3);
+    }
+
+    #[test]
+    fn a_character_made_several_tokens_is_never_cut() {
+        // Three tokens of one character, as a tokenizer that decomposes Hangul gives them.
+        let text = "가 나 다 라 마 바 사 아";
+        let mut spans = Vec::new();
+        for (at, c) in text.char_indices().filter(|(_, c)| !c.is_whitespace()) {
+            spans.extend([(at, at + c.len_utf8()); 3]);
+        }
+        let n = spans.len();
+        let between = |k: usize| k >= n || spans[k - 1].1 <= spans[k].0;
+        assert!(!between(1) && !between(2) && between(3));
+    }
+
+    #[test]
+    fn a_run_of_closing_brackets_is_read_in_linear_time() {
+        let text = ")".repeat(200_000);
+        let started = std::time::Instant::now();
+        let cut = Cut {
+            max_tokens: 16,
+            overlap: 2,
+            specials: 2,
+        };
+        let all = chunks(&words(), &text, cut).unwrap();
+        assert!(!all.is_empty());
+        assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
     }
 
     #[test]
