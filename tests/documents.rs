@@ -42,6 +42,22 @@ fn rows_as_json(warehouse: &Path, folders: &[PathBuf], out: &Path) {
     ));
 }
 
+/// The JSON report a reference script of tests/documents/ prints, run by the corpus's Python
+/// with `args`.
+fn python_report(corpus: &Path, script: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let out = Command::new(corpus.join("python/bin/python"))
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn pages_words_and_paragraphs_match_pdfium_python_docx_and_lxml() {
     let corpus = corpus();
@@ -50,18 +66,11 @@ fn pages_words_and_paragraphs_match_pdfium_python_docx_and_lxml() {
     let rows = dir.path().join("rows.json");
     let folders = ["pdf", "docx", "html"].map(|kind| corpus.join(kind));
     rows_as_json(&wh, &folders, &rows);
-    let out = Command::new(corpus.join("python/bin/python"))
-        .arg("tests/documents/reference.py")
-        .arg(&rows)
-        .arg(&corpus)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = python_report(
+        &corpus,
+        "tests/documents/reference.py",
+        &[rows.as_os_str(), corpus.as_os_str()],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for (kind, least) in [("pdf", 1000), ("docx", 40), ("html", 100)] {
         let of = &report[kind];
         let compared = of["compared"].as_u64().unwrap();
@@ -177,19 +186,17 @@ fn chunks_fit_the_model_by_its_own_tokenizer_and_end_at_sentences() {
             chunks.display()
         ),
     ));
-    let out = Command::new(corpus.join("python/bin/python"))
-        .arg("tests/documents/chunks.py")
-        .args([&pages, &chunks])
-        .arg(models.join("minilm/tokenizer.json"))
-        .arg("128")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let tokenizer = models.join("minilm/tokenizer.json");
+    let report = python_report(
+        &corpus,
+        "tests/documents/chunks.py",
+        &[
+            pages.as_os_str(),
+            chunks.as_os_str(),
+            tokenizer.as_os_str(),
+            "128".as_ref(),
+        ],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let count = |key: &str| report[key].as_u64().unwrap_or(0);
     assert!(
         count("pages") >= 1000 && count("chunks") >= 2000,

@@ -1,20 +1,16 @@
 //! pdfium, the PDF library of Chromium, as `pypdfium2==5.15.2` ships it on PyPI: fetched once
 //! into the cache as ONNX Runtime is (the wheel and the library each pinned by sha256), and
-//! loaded a few times over.
+//! loaded once per process.
 //!
-//! pdfium keeps its state in globals and may be called by one thread at a time. So that every
-//! core reads PDFs, the library is loaded once per core, each load a copy of the checked file
-//! under a name of its own (`dlopen` gives a path it has not seen a new copy of the library,
-//! with globals of its own), and a document is read by one copy, locked while it reads; a long
-//! document by several at once, each opening it and reading a run of its pages.
+//! pdfium keeps its state in globals and may be called by one thread at a time: a document is
+//! read with the library locked. Every core reads PDFs through worker processes, each loading
+//! it once (`worker.rs`); a program that starts none reads them here, one at a time.
 
 use std::ffi::{c_char, c_int, c_ulong, c_ushort, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
 
 use crate::runtime::{Wheel, cached_library};
 
@@ -71,9 +67,6 @@ const HINT: &str = "read_document fetches pdfium from PyPI once; where this mach
 
 const FOLDER: &str = "pdfium-5.15.2";
 
-/// The copies of the library loaded at most: one per core, up to this.
-const MOST_COPIES: usize = 16;
-
 // pdfium's error codes (fpdfview.h).
 const FPDF_ERR_FILE: c_ulong = 2;
 const FPDF_ERR_FORMAT: c_ulong = 3;
@@ -83,7 +76,7 @@ const FPDF_ERR_PAGE: c_ulong = 6;
 
 type Handle = *mut c_void;
 
-/// The functions of one loaded copy of the library.
+/// The functions of the loaded library.
 struct Functions {
     load_document: unsafe extern "C" fn(*const c_void, usize, *const c_char) -> Handle,
     last_error: unsafe extern "C" fn() -> c_ulong,
@@ -98,28 +91,25 @@ struct Functions {
     get_text: unsafe extern "C" fn(Handle, c_int, c_int, *mut c_ushort) -> c_int,
 }
 
-/// One loaded copy, kept for the life of the process; its lock is held while a document is read.
-struct Copy {
+/// The library loaded, locked while a document is read.
+pub(super) struct Pdfium {
     functions: Mutex<Functions>,
 }
 
-/// The copies loaded, and which to try first.
-pub(super) struct Pdfium {
-    copies: Vec<Copy>,
-    next: AtomicUsize,
-}
-
-/// Per process: pdfium's libraries are loaded once, and never unloaded. A failed load keeps
-/// nothing, so that the next statement tries again.
+/// Per process: pdfium is loaded once, and never unloaded. A failed load keeps nothing, so
+/// that the next statement tries again.
 static LOADED: Mutex<Option<Arc<Pdfium>>> = Mutex::new(None);
 
-/// The library, loaded (fetched the first time).
+/// The library, loaded (fetched and checked the first time).
 pub(super) fn pdfium() -> crate::error::Result<Arc<Pdfium>> {
     let mut loaded = LOADED.lock();
     if let Some(pdfium) = loaded.as_ref() {
         return Ok(pdfium.clone());
     }
-    let pdfium = Arc::new(load()?);
+    let pdfium = Arc::new(
+        Pdfium::open(&library()?)
+            .map_err(|why| crate::error::Error::Library(format!("pdfium: {why}")))?,
+    );
     *loaded = Some(pdfium.clone());
     Ok(pdfium)
 }
@@ -141,72 +131,6 @@ fn wheel() -> crate::error::Result<&'static Wheel> {
 /// The pinned library, fetched the first time and checked.
 pub(super) fn library() -> crate::error::Result<PathBuf> {
     cached_library(wheel()?, &[], FOLDER)
-}
-
-fn load() -> crate::error::Result<Pdfium> {
-    let failed = |why: String| crate::error::Error::Library(format!("pdfium: {why}"));
-    let wheel = wheel()?;
-    let library = cached_library(wheel, &[], FOLDER)?;
-    let pinned = wheel.members[0].1;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Each copy checked and loaded on a thread of its own: the start costs one check.
-    let loaded: Vec<Result<Functions, String>> = std::thread::scope(|scope| {
-        let loads: Vec<_> = (0..cores.clamp(1, MOST_COPIES))
-            .map(|i| {
-                let library = &library;
-                scope.spawn(move || {
-                    let path = copy_of(library, i, pinned).map_err(|e| e.to_string())?;
-                    open(&path)
-                })
-            })
-            .collect();
-        loads
-            .into_iter()
-            .map(|load| {
-                load.join()
-                    .unwrap_or_else(|_| Err("loading a copy of it panicked".to_string()))
-            })
-            .collect()
-    });
-    let mut copies = Vec::new();
-    for functions in loaded {
-        copies.push(Copy {
-            functions: Mutex::new(functions.map_err(failed)?),
-        });
-    }
-    Ok(Pdfium {
-        copies,
-        next: AtomicUsize::new(0),
-    })
-}
-
-/// The `i`th copy of the checked `library`, beside it: made (through a temporary name and a
-/// rename) where it is not there or not the pinned file.
-fn copy_of(library: &Path, i: usize, pinned: &str) -> std::io::Result<PathBuf> {
-    if i == 0 {
-        return Ok(library.to_path_buf());
-    }
-    let name = library
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let copy = library.with_file_name(format!("copy-{i}-{name}"));
-    let digest = |path: &Path| -> std::io::Result<String> {
-        Ok(hex::encode(Sha256::digest(std::fs::read(path)?)))
-    };
-    if digest(&copy).ok().as_deref() == Some(pinned) {
-        return Ok(copy);
-    }
-    let tmp = library.with_file_name(format!(".partial-{}-{i}-{name}", std::process::id()));
-    std::fs::copy(library, &tmp)?;
-    std::fs::rename(&tmp, &copy)?;
-    if digest(&copy)? != pinned {
-        return Err(std::io::Error::other(format!(
-            "{} is not the pinned library after it was copied",
-            copy.display()
-        )));
-    }
-    Ok(copy)
 }
 
 /// Loads the library at `path` and initializes it.
@@ -236,21 +160,18 @@ fn open(path: &Path) -> Result<Functions, String> {
         text_index: function!("FPDFText_GetTextIndexFromCharIndex"),
         get_text: function!("FPDFText_GetText"),
     };
-    // SAFETY: called once for this copy, before any other of its functions.
+    // SAFETY: called once, before any other of its functions.
     unsafe { init() };
-    // The copy stays loaded for the life of the process: its functions are kept.
+    // The library stays loaded for the life of the process: its functions are kept.
     std::mem::forget(library);
     Ok(functions)
 }
 
 impl Pdfium {
-    /// The library at `path` (checked by the program that named it), loaded once: a worker's.
-    pub(super) fn open_one(path: &Path) -> Result<Pdfium, String> {
+    /// The library at `path` (checked), loaded.
+    pub(super) fn open(path: &Path) -> Result<Pdfium, String> {
         Ok(Pdfium {
-            copies: vec![Copy {
-                functions: Mutex::new(open(path)?),
-            }],
-            next: AtomicUsize::new(0),
+            functions: Mutex::new(open(path)?),
         })
     }
 
@@ -262,8 +183,8 @@ impl Pdfium {
         most_pages: usize,
         most_text: usize,
     ) -> Result<(usize, Vec<Page>), Unreadable> {
-        let copy = self.copy();
-        let document = Document::open(&copy, bytes)?;
+        let functions = self.functions.lock();
+        let document = Document::open(&functions, bytes)?;
         let count = document.pages();
         if count > most_pages {
             return Err(Unreadable::TooManyPages {
@@ -274,102 +195,27 @@ impl Pdfium {
         let run = run.start.min(count)..run.end.min(count);
         Ok((count, document.read(run, most_text)?))
     }
-
-    /// The first copy of the library free, or (all busy) the next in turn, once it is.
-    fn copy(&self) -> parking_lot::MutexGuard<'_, Functions> {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let n = self.copies.len();
-        (0..n)
-            .find_map(|k| self.copies[(start + k) % n].functions.try_lock())
-            .unwrap_or_else(|| self.copies[start % n].functions.lock())
-    }
-
-    /// The text of each page of the PDF `bytes`, in pdfium's reading order. A document of more
-    /// than [`RUN`] pages is read in runs of pages by as many copies as are free (each opens
-    /// it), so that a long document is read on every core.
-    pub(super) fn pages(
-        &self,
-        bytes: &[u8],
-        most_pages: usize,
-        most_text: usize,
-    ) -> Result<Vec<Page>, Unreadable> {
-        let first = self.copy();
-        let document = Document::open(&first, bytes)?;
-        let count = document.pages();
-        if count > most_pages {
-            return Err(Unreadable::TooManyPages {
-                pages: count,
-                most: most_pages,
-            });
-        }
-        // Copies free now help, each a run of pages; none is waited for (a copy another
-        // document holds may wait for this one's).
-        let wanted = count.div_ceil(RUN).min(self.copies.len()).saturating_sub(1);
-        let helpers: Vec<parking_lot::MutexGuard<'_, Functions>> = self
-            .copies
-            .iter()
-            .filter_map(|copy| copy.functions.try_lock())
-            .take(wanted)
-            .collect();
-        if helpers.is_empty() {
-            return document.read(0..count, most_text);
-        }
-        // Runs of pages as even as they can be, the first read by the copy at hand.
-        let runs = helpers.len() + 1;
-        let run = |k: usize| (count * k / runs)..(count * (k + 1) / runs);
-        let parts: Vec<Result<Vec<Page>, Unreadable>> = std::thread::scope(|scope| {
-            let others: Vec<_> = helpers
-                .iter()
-                .enumerate()
-                .map(|(k, helper)| {
-                    let f: &Functions = helper;
-                    scope.spawn(move || Document::open(f, bytes)?.read(run(k + 1), most_text))
-                })
-                .collect();
-            let mut parts = vec![document.read(run(0), most_text)];
-            parts.extend(others.into_iter().map(|other| {
-                other
-                    .join()
-                    .unwrap_or_else(|_| Err(Unreadable::Damaged("pdfium failed reading it".into())))
-            }));
-            parts
-        });
-        let mut pages = Vec::with_capacity(count);
-        let mut total = 0usize;
-        for part in parts {
-            let part = part?;
-            total += part.iter().map(|p| p.text.len()).sum::<usize>();
-            if total > most_text {
-                return Err(Unreadable::TooLarge { most: most_text });
-            }
-            pages.extend(part);
-        }
-        Ok(pages)
-    }
 }
-
-/// The pages a copy of the library reads of a document, at the least, where others are free.
-const RUN: usize = 32;
 
 /// A pdfium handle closed when it goes.
 struct Closed<'a>(Handle, &'a unsafe extern "C" fn(Handle));
 
 impl Drop for Closed<'_> {
     fn drop(&mut self) {
-        // SAFETY: the handle was returned by the copy whose close function this is, and is
+        // SAFETY: the handle was returned by the library whose close function this is, and is
         // closed once.
         unsafe { (self.1)(self.0) }
     }
 }
 
-/// A PDF opened by one copy of the library (whose lock is held while it is).
+/// A PDF opened by the library (whose lock is held while it is).
 struct Document<'a> {
     f: &'a Functions,
     handle: Closed<'a>,
 }
 
 impl<'a> Document<'a> {
-    /// The PDF `bytes` opened by the copy `f`, or why it cannot be.
+    /// The PDF `bytes` opened by the library `f`, or why it cannot be.
     fn open(f: &'a Functions, bytes: &'a [u8]) -> Result<Self, Unreadable> {
         // SAFETY: `bytes` outlives the document, closed when it goes (before the borrow ends);
         // no password.
@@ -397,7 +243,7 @@ impl<'a> Document<'a> {
 
     /// The pages it says it has.
     fn pages(&self) -> usize {
-        // SAFETY: a document handle of this copy.
+        // SAFETY: a document handle of this library.
         let count = unsafe { (self.f.page_count)(self.handle.0) };
         usize::try_from(count).unwrap_or(0)
     }
@@ -413,7 +259,7 @@ impl<'a> Document<'a> {
         // The text so far, in bytes: more than `most_text` and the document is refused.
         let mut total = 0usize;
         for index in range {
-            // SAFETY: a document handle of this copy and a page index below its count.
+            // SAFETY: a document handle of this library and a page index below its count.
             let page = unsafe { (f.load_page)(self.handle.0, index as c_int) };
             let damaged = || Page {
                 text: String::new(),
@@ -425,7 +271,7 @@ impl<'a> Document<'a> {
                 continue;
             }
             let page = Closed(page, &f.close_page);
-            // SAFETY: a page handle of this copy.
+            // SAFETY: a page handle of this library.
             let text = unsafe { (f.load_text)(page.0) };
             if text.is_null() {
                 pages.push(damaged());
@@ -448,7 +294,7 @@ impl<'a> Document<'a> {
 /// the first to the last pdfium gives text for, as UTF-16 (an unpaired surrogate left out);
 /// None where it has more than `most` chars.
 fn page_text(f: &Functions, text: Handle, most: usize) -> Option<Page> {
-    // SAFETY (the calls below): a text handle of this copy, and indices below its count.
+    // SAFETY (the calls below): a text handle of this library, and indices below its count.
     let chars = unsafe { (f.count_chars)(text) };
     if chars <= 0 {
         return Some(Page {

@@ -76,7 +76,8 @@ pub(super) fn pages(
     most_text: usize,
 ) -> crate::error::Result<Result<Vec<Page>, Unreadable>> {
     let Some(command) = COMMAND.lock().clone() else {
-        return Ok(super::pdfium::pdfium()?.pages(bytes, most_pages, most_text));
+        let read = super::pdfium::pdfium()?.run(bytes, 0..usize::MAX, most_pages, most_text);
+        return Ok(read.map(|(_, pages)| pages));
     };
     let workers = {
         let mut workers = WORKERS.lock();
@@ -452,7 +453,7 @@ pub fn serve() -> std::process::ExitCode {
         eprintln!("a PDF worker is started by batchinfer, which names the library");
         return std::process::ExitCode::FAILURE;
     };
-    let pdfium = match super::pdfium::Pdfium::open_one(std::path::Path::new(&library)) {
+    let pdfium = match super::pdfium::Pdfium::open(std::path::Path::new(&library)) {
         Ok(pdfium) => pdfium,
         Err(e) => {
             eprintln!("{e}");

@@ -655,6 +655,8 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
             f"SELECT count(*) FROM '{outside}/f.parquet'",
             f"SELECT count(*) FROM '{allowed}/link/f.parquet'",
             f"SELECT count(*) FROM read_blob('{allowed}/link/')",
+            "SELECT text FROM read_document('/etc/passwd')",
+            f"SELECT text FROM read_document('{allowed}/link/')",
             f"CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{outside}/f.parquet'",
             f"CREATE EXTERNAL TABLE p STORED AS CSV LOCATION '/etc/passwd'",
             f"COPY (SELECT 'x' AS a) TO '{outside}/victim.txt' STORED AS CSV",
