@@ -64,10 +64,14 @@ fn check_sql(statement: &DFStatement, reach: &Reach<'_>) -> Result<()> {
     }
     // The paths given to table functions (`read_blob('...')`), checked before the function
     // looks at them (so that whether a file outside exists is not told either).
-    let named = ["read_blob", "read_text"]
-        .into_iter()
-        .flat_map(|function| table_function_literals(statement, function, 0))
-        .chain(table_function_literals(statement, "predict_table", 1));
+    let named = crate::blob::FUNCTIONS
+        .iter()
+        .flat_map(|function| table_function_literals(statement, function, 0..1))
+        .chain(table_function_literals(
+            statement,
+            "predict_table",
+            1..usize::MAX,
+        ));
     for path in named {
         check_path(access, &path, Op::Read)?;
     }

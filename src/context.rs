@@ -96,6 +96,7 @@ pub fn build_context(
         crate::blob::Form::Blob,
         crate::blob::Form::Text,
         crate::blob::Form::Document,
+        crate::blob::Form::Frames(crate::video::Sampling::All),
     ] {
         ctx.register_udtf(
             form.function(),

@@ -49,14 +49,18 @@ chunk(text, 'model', max_tokens [, overlap]): the text cut into chunks that each
   FROM (SELECT page, unnest(chunk(text, 'minilm', 256, 32)) AS c FROM read_document('docs/'));",
     },
     Topic {
-        names: &["read_blob", "read_text", "read_document"],
+        names: &["read_blob", "read_text", "read_document", "read_frames"],
         text: "\
 read_blob('folder/ or glob'), read_text(...): a row per file (filename, content, size,
   last_modified), local or in any store; content read only where it is used.
 read_document('folder/ or glob'): a row per PDF page, and per DOCX, HTML, Markdown or text file
   (filename, page, pages, text, size, last_modified, has_text, error); a file that cannot be
   read is a row whose error says why.
-  SELECT filename, page, text FROM read_document('s3://bucket/contracts/') WHERE error IS NULL;",
+  SELECT filename, page, text FROM read_document('s3://bucket/contracts/') WHERE error IS NULL;
+read_frames('folder/ or glob' [, 'fps=N' | 'every_n_frames=N' | 'keyframes_only']): a row per
+  sampled frame of each video (filename, frame, pts, width, height, image, size, last_modified,
+  error); image is what predict over an image model takes.
+  SELECT filename, pts, predict('nsfw', image) FROM read_frames('videos/', 'fps=1');",
     },
     Topic {
         names: &["predict_table"],
@@ -203,6 +207,7 @@ mod tests {
             "embed",
             "chunk",
             "read_document",
+            "read_frames",
             "predict_table",
             "create model",
             "Describe  Model",

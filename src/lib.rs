@@ -29,7 +29,8 @@
 //!   (the models and tables a session knows), [`udf`] (the SQL functions), [`rules`] (the
 //!   planner's rules), [`cluster`] (one process or a Ballista cluster, [`Placement`]).
 //! - **Read**: [`scan`] (local Parquet, streamed), [`blob`] (files as rows), [`documents`]
-//!   (PDF, DOCX, HTML and text as pages of text), [`database`] (PostgreSQL and SQLite), [`delta`] (Delta Lake tables), [`storage`] (every path and store,
+//!   (PDF, DOCX, HTML and text as pages of text), [`video`] (frames as images), [`database`]
+//!   (PostgreSQL and SQLite), [`delta`] (Delta Lake tables), [`storage`] (every path and store,
 //!   and the commit of what is written), [`warehouse`] (the models, tables and views that
 //!   persist).
 //! - **Scored**: [`model`] (the registry, versions and aliases, loaded models, a batch scored),
@@ -128,8 +129,9 @@
 //!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
 //!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row
 //!   (`once.rs`), files read at their ends alone for a model that reads no more of them
-//!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`), and
-//!   local Parquet read by the streaming reader (`streaming_scan.rs`).
+//!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`),
+//!   local Parquet read by the streaming reader (`streaming_scan.rs`), and video frames kept in
+//!   the batches they are decoded in (`frame_batches.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the subsets
 //!   of them read of a model without its weights (`outline.rs`: its interface, metadata, class
 //!   labels and where its tensors keep their data) and the external data files a model names
@@ -206,15 +208,20 @@
 //!   budget (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`);
 //!   the registry keeps them beside the model files, and a cluster client's definitions by content
 //!   (`model/registry/endpoints.rs`); `embed` of an embedding endpoint is `udf/embed_endpoint.rs`.
-//! - [`blob`]: files as rows, `read_blob`, `read_text` and `read_document`: the function and its
-//!   table (`mod.rs`: names, sizes and times listed, a materialized view's files one unit at a
-//!   time), their bytes read only when a query uses them (`files.rs`) by the exec (`exec.rs`), a
-//!   document's pages as rows (`document.rs`), and the table and exec as a cluster sends them
-//!   (`wire.rs`).
+//! - [`blob`]: files as rows, `read_blob`, `read_text`, `read_document` and `read_frames`: the
+//!   function and its table (`mod.rs`: names, sizes and times listed, a materialized view's files
+//!   one unit at a time), their bytes read only when a query uses them (`files.rs`) by the exec
+//!   (`exec.rs`), a document's pages as rows (`document.rs`), a video's frames as rows, decoded
+//!   ahead of the query a partition at a time (`frames.rs`), and the table and exec as a cluster
+//!   sends them (`wire.rs`).
 //! - [`documents`]: a document's pages of text, by what its content is (`mod.rs`): a PDF's by
 //!   pdfium, fetched from PyPI as ONNX Runtime is (`pdfium.rs`) and run in worker processes, one
 //!   per core, each under a memory limit (`worker.rs`: the command line and Python start them), a
 //!   Word document's body (`docx.rs`), a web page's text without its boilerplate (`html.rs`).
+//! - [`video`]: a video's frames, sampled (`mod.rs`: every frame, every n-th, so many a second or
+//!   the key frames), decoded by ffmpeg in a process of its own under a memory limit
+//!   (`decoder.rs`), ffmpeg fetched from PyPI as ONNX Runtime is (`ffmpeg.rs`); each frame a PPM
+//!   image that [`images`] reads as it reads a photo.
 //! - [`images`]: images as model inputs: the preprocessing a model folder declares (`mod.rs`), one
 //!   image decoded, oriented, resized as Pillow does (`resample.rs`), cropped and normalized
 //!   (`decode.rs`), a BLOB column of them prepared on every core (`column.rs`); `predict` runs them
@@ -263,6 +270,7 @@ pub mod stop;
 pub mod storage;
 pub mod tensor;
 pub mod udf;
+pub mod video;
 pub mod view;
 pub mod warehouse;
 pub mod write;

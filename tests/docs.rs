@@ -1,7 +1,7 @@
 //! Every ```sql example of the README and of docs/ runs as written, against the sample data
 //! (`data/`), the models of `data/models`, the MiniLM folders `scripts/fetch_minilm.sh`
-//! fetches, the photos and image model of `scripts/image_models.sh` and the manuals of
-//! `scripts/documents.sh`, in a fresh working folder and warehouse per page, a page's examples
+//! fetches, the photos and image model of `scripts/image_models.sh`, the manuals of
+//! `scripts/documents.sh` and the videos of `scripts/video.sh`, in a fresh working folder and warehouse per page, a page's examples
 //! one after the other. An example that names a server (S3, Azure, Google Cloud Storage,
 //! PostgreSQL) runs in the suite that starts that server (tests/s3.rs, tests/cloud_stores.rs,
 //! tests/databases.rs); here it is only counted.
@@ -66,6 +66,9 @@ fn working_folder(root: &Path) {
     // docs/documents.md's manuals (scripts/documents.sh).
     let documents = fixtures::made_by("documents.sh", &[]);
     std::os::unix::fs::symlink(documents.join("pdf"), root.join("manuals")).unwrap();
+    // docs/video.md's videos (scripts/video.sh).
+    let videos = fixtures::made_by("video.sh", &[]);
+    std::os::unix::fs::symlink(videos.join("real"), root.join("videos")).unwrap();
 }
 
 /// Writes a SQLite file with a table `events` (made by Python's sqlite3, a reference apart

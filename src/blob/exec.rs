@@ -86,10 +86,12 @@ impl ExecutionPlan for BlobExec {
     ) -> datafusion::error::Result<SendableRecordBatchStream> {
         let files = self.files.clone();
         let range = files.of_partition(partition, self.partitions);
-        let batches = files.batches(range, files.form.reads_content(&self.columns));
+        let batches = files.batches(range.clone(), files.form.reads_content(&self.columns));
         let columns = Arc::new(self.columns.clone());
         let schema = self.schema.clone();
-        let stream = if files.form == Form::Document {
+        let stream = if let Form::Frames(sampling) = files.form {
+            files.frame_batches(range, sampling, columns, schema)
+        } else if files.form == Form::Document {
             futures::stream::iter(batches)
                 .map(move |range| {
                     files

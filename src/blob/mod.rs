@@ -1,7 +1,8 @@
 //! Files as rows: `read_blob('folder/ or glob')` and `read_text(...)`, with DuckDB's columns
 //! (`filename`, `content`, `size`, `last_modified`), over every store a path can name; and
 //! `read_document(...)`, a row for each page of a PDF and for each other document, its text
-//! ([`crate::documents`]: `document.rs` makes the rows).
+//! ([`crate::documents`]: `document.rs` makes the rows); `read_frames(...)`, a row for each
+//! sampled frame of a video ([`crate::video`]: `frames.rs`).
 //!
 //! The files are listed when the query runs, through the store registry as every path is, and
 //! dealt to the partitions in order of name. A file's bytes are read only when the query uses
@@ -46,6 +47,7 @@ use crate::config::BatchInferOptions;
 mod document;
 mod exec;
 mod files;
+mod frames;
 pub mod wire;
 
 use exec::BlobExec;
@@ -66,7 +68,12 @@ pub enum Form {
     Text,
     /// `read_document`: a row per page, its text.
     Document,
+    /// `read_frames`: a row per frame of a video, sampled so.
+    Frames(crate::video::Sampling),
 }
+
+/// The functions that read files, each a folder or glob its first argument.
+pub const FUNCTIONS: &[&str] = &["read_blob", "read_text", "read_document", "read_frames"];
 
 impl Form {
     /// The function that reads files in this form.
@@ -75,13 +82,15 @@ impl Form {
             Form::Blob => "read_blob",
             Form::Text => "read_text",
             Form::Document => "read_document",
+            Form::Frames(_) => "read_frames",
         }
     }
 
     /// Whether a scan of `columns` (of its schema's) reads the files' bytes.
     fn reads_content(self, columns: &[usize]) -> bool {
-        // A document's rows are its pages: its bytes are read whatever is used of them.
-        self == Form::Document || columns.contains(&1)
+        // A document's rows are its pages, a video's its frames: its bytes are read whatever
+        // is used of them.
+        matches!(self, Form::Document | Form::Frames(_)) || columns.contains(&1)
     }
 }
 
@@ -103,11 +112,23 @@ impl TableFunctionImpl for BlobFunction {
         args: TableFunctionArgs,
     ) -> datafusion::error::Result<Arc<dyn TableProvider>> {
         let name = self.name();
-        let [arg] = args.exprs() else {
-            return plan_err!(
-                "{name} takes one argument, a folder or a glob: {name}('photos/'), \
-                 {name}('s3://bucket/photos/*.jpg')"
-            );
+        let (arg, form) = match (args.exprs(), self.form) {
+            ([arg], form) => (arg, form),
+            ([arg, sampling], Form::Frames(_)) => (arg, Form::Frames(sampling_of(sampling)?)),
+            (_, Form::Frames(_)) => {
+                return plan_err!(
+                    "read_frames takes a folder or a glob, and how to sample its videos: \
+                     read_frames('videos/'), read_frames('videos/*.mp4', 'fps=1'), \
+                     read_frames('videos/', 'every_n_frames=30'), read_frames('videos/', \
+                     'keyframes_only')"
+                );
+            }
+            _ => {
+                return plan_err!(
+                    "{name} takes one argument, a folder or a glob: {name}('photos/'), \
+                     {name}('s3://bucket/photos/*.jpg')"
+                );
+            }
         };
         let location = match arg {
             Expr::Literal(
@@ -133,12 +154,39 @@ impl TableFunctionImpl for BlobFunction {
         Ok(Arc::new(BlobTable {
             url,
             location,
-            form: self.form,
-            schema: schema(self.form),
+            form,
+            schema: schema(form),
             only: None,
             ends: None,
         }))
     }
+}
+
+/// How `read_frames` samples, as its second argument says: `'fps=1'` or a number of frames a
+/// second, `'every_n_frames=30'`, `'keyframes_only'`, `'all'`.
+fn sampling_of(arg: &Expr) -> datafusion::error::Result<crate::video::Sampling> {
+    let text = match arg {
+        Expr::Literal(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::Utf8View(Some(s))
+            | ScalarValue::LargeUtf8(Some(s)),
+            _,
+        ) => s.clone(),
+        Expr::Literal(
+            v @ (ScalarValue::Int64(Some(_))
+            | ScalarValue::Float64(Some(_))
+            | ScalarValue::Int32(Some(_))),
+            _,
+        ) => v.to_string(),
+        other => {
+            return plan_err!(
+                "read_frames: how to sample is a literal ('fps=1', 'every_n_frames=30', \
+                 'keyframes_only'), not {other}"
+            );
+        }
+    };
+    crate::video::Sampling::parse(&text)
+        .map_err(|e| DataFusionError::Plan(format!("read_frames: {e}")))
 }
 
 /// `location` as a listing: a local path (with its glob, as DataFusion reads one), or a URL
@@ -157,6 +205,12 @@ fn listing_url(location: &str) -> datafusion::error::Result<ListingTableUrl> {
     }
 }
 
+/// Whether `plan` is a scan of `read_frames`.
+pub fn reads_frames(plan: &dyn ExecutionPlan) -> bool {
+    plan.downcast_ref::<BlobExec>()
+        .is_some_and(|exec| matches!(exec.files.form, Form::Frames(_)))
+}
+
 /// The metadata key that marks `filename` as the name of the file beside it: a model reading
 /// the file's content names the file in its errors and rejects ([`crate::rules::file_names`]).
 pub const FILE_NAME: &str = "batchinfer.file_name";
@@ -173,6 +227,7 @@ fn schema(form: Form) -> SchemaRef {
         Form::Blob => DataType::Binary,
         Form::Text => DataType::Utf8,
         Form::Document => return document::schema(),
+        Form::Frames(_) => return frames::schema(),
     };
     Arc::new(Schema::new(vec![
         file_name_field(),
@@ -225,8 +280,12 @@ fn file_url(base: &url::Url, meta: &ObjectMeta) -> url::Url {
 impl BlobTable {
     /// The function and its folder or glob, as the query names them.
     pub fn shown(&self) -> String {
+        let sampling = match self.form {
+            Form::Frames(sampling) => format!(", '{}'", sampling.shown()),
+            _ => String::new(),
+        };
         format!(
-            "{}('{}')",
+            "{}('{}'{sampling})",
             self.form.function(),
             self.location.replace('\'', "''")
         )
@@ -474,12 +533,14 @@ impl TableProvider for BlobTable {
             None => (0..self.schema.fields().len()).collect(),
         };
         let schema = Arc::new(self.schema.project(&columns)?);
-        let partitions = state
-            .config_options()
-            .execution
-            .target_partitions
-            .min(files.len())
-            .max(1);
+        let target = state.config_options().execution.target_partitions;
+        // Frames: as many partitions as the session's, some of them empty where there are
+        // fewer videos, so that the planner deals no batches of frames among partitions
+        // itself (its round robin may queue them faster than the model scores them).
+        let partitions = match self.form {
+            Form::Frames(_) => target.max(1),
+            _ => target.min(files.len()).max(1),
+        };
         Ok(Arc::new(BlobExec::new(
             Files {
                 store,

@@ -11,7 +11,7 @@ use datafusion::execution::context::{SessionContext, SessionState};
 pub use crate::config::Remote;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{EmbedBufferRule, StreamingParquetRule};
+use crate::rules::{EmbedBufferRule, FrameBatchesRule, StreamingParquetRule};
 use crate::statement_context::StatementContext;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
 
@@ -38,6 +38,7 @@ impl Placement {
             Placement::InProcess => state
                 .with_physical_optimizer_rules(EmbedBufferRule::among_default_rules())
                 .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
+                .with_physical_optimizer_rule(Arc::new(FrameBatchesRule))
                 .build(),
             Placement::Cluster(remote) => {
                 // Long enough for the scheduler to wait its `--executor-wait` for an executor

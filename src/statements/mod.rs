@@ -224,17 +224,17 @@ pub fn visit_sql<V: Visitor>(statement: &DFStatement, visitor: &mut V) -> Contro
 }
 
 /// The string-literal arguments of each call of the table function `function` in `statement`,
-/// from its argument `from` on (`read_blob('photos/')`: `photos/`).
+/// its arguments `args` (`read_blob('photos/')`, `0..1`: `photos/`).
 pub fn table_function_literals(
     statement: &DFStatement,
     function: &str,
-    from: usize,
+    args: std::ops::Range<usize>,
 ) -> Vec<String> {
     use datafusion::sql::sqlparser::ast::{Expr, FunctionArg, FunctionArgExpr, TableFactor};
 
     struct Calls<'f> {
         function: &'f str,
-        from: usize,
+        args: std::ops::Range<usize>,
         literals: Vec<String>,
     }
     impl Visitor for Calls<'_> {
@@ -247,7 +247,8 @@ pub fn table_function_literals(
             } = factor
                 && name.to_string().eq_ignore_ascii_case(self.function)
             {
-                for arg in args.args.iter().skip(self.from) {
+                let wanted = self.args.clone();
+                for arg in args.args.iter().skip(wanted.start).take(wanted.len()) {
                     if let FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value))) = arg
                         && let Some(text) = value.clone().into_string()
                     {
@@ -260,7 +261,7 @@ pub fn table_function_literals(
     }
     let mut calls = Calls {
         function,
-        from,
+        args,
         literals: Vec::new(),
     };
     let _ = visit_sql(statement, &mut calls);

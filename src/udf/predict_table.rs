@@ -47,7 +47,7 @@ impl ResolvedTables {
 /// The table (second) argument of each `predict_table` call in `statement` that is a string
 /// literal: what [`ResolvedTables`] should hold before it is planned.
 pub fn tables_named(statement: &datafusion::sql::parser::Statement) -> Vec<String> {
-    crate::statements::table_function_literals(statement, "predict_table", 1)
+    crate::statements::table_function_literals(statement, "predict_table", 1..usize::MAX)
 }
 
 /// Whether `predict` of `model` is one value (one output, no labels) rather than a struct.

@@ -287,7 +287,7 @@ fn with_absolute_paths(name: &str, query: &Query) -> Result<(Query, Vec<String>)
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
-    // `read_blob('photos/')` and `read_text(...)`: their folder or glob too.
+    // `read_blob('photos/')` and the other functions that read files: their folder or glob too.
     let mut files = FilesOfFunctions::default();
     let _ = datafusion::sql::sqlparser::ast::VisitMut::visit(&mut query, &mut files);
     unusable = unusable.or(files.unusable);
@@ -301,7 +301,8 @@ fn with_absolute_paths(name: &str, query: &Query) -> Result<(Query, Vec<String>)
     Ok((query, literals))
 }
 
-/// The folders and globs of `read_blob` and `read_text` in a query, made absolute.
+/// The folders and globs of the functions that read files (`read_blob`, ...) in a query, made
+/// absolute.
 #[derive(Default)]
 struct FilesOfFunctions {
     locations: Vec<String>,
@@ -327,9 +328,14 @@ impl datafusion::sql::sqlparser::ast::VisitorMut for FilesOfFunctions {
             return std::ops::ControlFlow::Continue(());
         };
         let is_files = matches!(name.0.as_slice(), [ObjectNamePart::Identifier(f)]
-            if f.value.eq_ignore_ascii_case("read_blob") || f.value.eq_ignore_ascii_case("read_text"));
-        if let (true, [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value)))]) =
-            (is_files, args.args.as_mut_slice())
+            if crate::blob::FUNCTIONS.iter().any(|n| f.value.eq_ignore_ascii_case(n)));
+        if let (
+            true,
+            [
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(value))),
+                ..,
+            ],
+        ) = (is_files, args.args.as_mut_slice())
             && let Value::SingleQuotedString(location) = &mut value.value
         {
             match crate::storage::absolute_location(location) {

@@ -657,6 +657,8 @@ def test_a_confined_server_reaches_only_what_it_was_given(serve, warehouse, tmp_
             f"SELECT count(*) FROM read_blob('{allowed}/link/')",
             "SELECT text FROM read_document('/etc/passwd')",
             f"SELECT text FROM read_document('{allowed}/link/')",
+            "SELECT frame FROM read_frames('/etc/passwd', 'fps=1')",
+            f"SELECT frame FROM read_frames('{allowed}/link/')",
             f"CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{outside}/f.parquet'",
             f"CREATE EXTERNAL TABLE p STORED AS CSV LOCATION '/etc/passwd'",
             f"COPY (SELECT 'x' AS a) TO '{outside}/victim.txt' STORED AS CSV",
