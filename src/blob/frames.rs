@@ -39,6 +39,10 @@ pub(super) fn schema() -> SchemaRef {
 /// 30 frames of 720p.
 const BATCH_PIXELS: usize = 64 << 20;
 
+/// The most frames a record batch holds (fewer where the session's batch size is smaller): an
+/// image model's batch, and what it prepares, stay small however small the frames.
+const BATCH_FRAMES: usize = 32;
+
 /// One row: a frame of file `.0`, or why its frames end.
 enum Row {
     Frame(usize, Frame),
@@ -142,7 +146,7 @@ impl Files {
                         rows.push(Row::Error(i, why));
                     }
                 }
-                if pixels >= BATCH_PIXELS || rows.len() >= self.batch_rows {
+                if pixels >= BATCH_PIXELS || rows.len() >= self.batch_rows.min(BATCH_FRAMES) {
                     pixels = 0;
                     if send.blocking_send(Ok(std::mem::take(&mut rows))).is_err() {
                         return;
