@@ -10,7 +10,7 @@ mod fixtures;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{DEADLINE, assert_ok, bin, output_within};
+use common::assert_ok;
 
 /// The folder scripts/documents.sh fills: pdf/, docx/, html/, made/, python/.
 fn corpus() -> PathBuf {
@@ -339,16 +339,6 @@ fn a_pdf_that_exhausts_pdfium_and_a_damaged_page_fail_alone() {
     assert_eq!(rows[4], "notes.txt,1,still read,", "{out}");
 }
 
-fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
-    output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(warehouse)
-            .args(["refresh", view]),
-        DEADLINE,
-    )
-}
-
 #[test]
 fn a_view_over_a_folder_of_documents_follows_it_file_by_file() {
     let corpus = corpus();
@@ -383,7 +373,7 @@ fn a_view_over_a_folder_of_documents_follows_it_file_by_file() {
     )
     .unwrap();
     std::fs::copy(corpus.join("made/locked.pdf"), folder.join("locked.pdf")).unwrap();
-    let out = refresh(&wh, "pages");
+    let out = common::refresh(&wh, "pages");
     let said = format!(
         "{}{}",
         assert_ok(&out),
@@ -402,7 +392,7 @@ fn a_view_over_a_folder_of_documents_follows_it_file_by_file() {
     // A removed manual's pages go.
     std::fs::remove_file(folder.join("CAD.pdf")).unwrap();
     std::fs::remove_file(folder.join("locked.pdf")).unwrap();
-    assert_ok(&refresh(&wh, "pages"));
+    assert_ok(&common::refresh(&wh, "pages"));
     let gone = assert_ok(&query(
         &wh,
         "SELECT count(*) AS n FROM pages WHERE filename LIKE '%CAD.pdf'",

@@ -18,7 +18,7 @@ use batchinfer::onnx::proto::{
     GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
     ValueInfoProto, tensor_shape_proto, type_proto,
 };
-use common::{DEADLINE, assert_failure, assert_ok, bin, output_within, stderr};
+use common::{DEADLINE, assert_failure, assert_ok, output_within, stderr};
 use prost::Message;
 
 /// The folder scripts/image_models.sh fills: nsfw/, photos/, python/.
@@ -824,16 +824,6 @@ fn magika_names_the_content_types_of_files_as_its_python_package_does() {
 }
 
 /// `batchinfer refresh VIEW` once: its output, whatever its status.
-fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
-    output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(warehouse)
-            .args(["refresh", view]),
-        DEADLINE,
-    )
-}
-
 /// A materialized view over a folder of photos is kept by file: a new photo is scored alone, a
 /// changed one scored again, a removed one's row dropped, a file that is not an image left out
 /// by name; each time its rows are those the query gives over the folder now.
@@ -873,11 +863,11 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
         csv_rows(&view)
     };
     assert_eq!(same().len(), 3);
-    let line = assert_ok(&refresh(&wh, "tags"));
+    let line = assert_ok(&common::refresh(&wh, "tags"));
     assert_eq!(common::refresh_counts(&line), (0, 0, 0), "{line}");
 
     std::fs::copy(photos.join("chelsea.png"), folder.join("chelsea.png")).unwrap();
-    let line = assert_ok(&refresh(&wh, "tags"));
+    let line = assert_ok(&common::refresh(&wh, "tags"));
     assert_eq!(common::refresh_counts(&line), (1, 0, 0), "{line}");
     assert!(line.contains("1 row(s) scored"), "{line}");
     assert_eq!(same().len(), 4);
@@ -885,7 +875,7 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     // rocket.jpg becomes the coffee photo: scored again, as the coffee photo.
     std::fs::copy(photos.join("coffee.png"), folder.join("rocket.jpg")).unwrap();
     std::fs::remove_file(folder.join("astronaut.png")).unwrap();
-    let line = assert_ok(&refresh(&wh, "tags"));
+    let line = assert_ok(&common::refresh(&wh, "tags"));
     assert_eq!(common::refresh_counts(&line), (0, 1, 1), "{line}");
     let rows = same();
     assert_eq!(rows.len(), 3);
@@ -905,7 +895,7 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     )
     .unwrap();
     assert_ok(&query(&wh, &define));
-    let line = assert_ok(&refresh(&wh, "tags"));
+    let line = assert_ok(&common::refresh(&wh, "tags"));
     assert!(line.contains("rebuilt"), "{line}");
     let rebuilt = same();
     assert_ne!(rows, rebuilt, "other scores with the other filter");
@@ -913,7 +903,7 @@ fn a_view_over_a_folder_of_photos_follows_it_file_by_file() {
     // A file that is not an image is left out, named, and the others kept and scored.
     std::fs::write(folder.join("notes.png"), b"not a photo").unwrap();
     std::fs::copy(photos.join("horse.png"), folder.join("horse.png")).unwrap();
-    let out = refresh(&wh, "tags");
+    let out = common::refresh(&wh, "tags");
     let said = format!(
         "{}{}",
         assert_ok(&out),

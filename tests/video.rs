@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{DEADLINE, assert_ok, bin, output_within};
+use common::{DEADLINE, assert_ok, output_within};
 use serde_json::Value;
 
 /// The folder scripts/video.sh fills: real/, codecs/, odd/, damaged/, python/.
@@ -279,16 +279,6 @@ fn a_damaged_video_keeps_its_frames_and_names_where_it_stopped() {
     assert!(scored[0]["scored"].as_i64().unwrap() > 10, "{scored:?}");
 }
 
-fn refresh(warehouse: &Path, view: &str) -> std::process::Output {
-    output_within(
-        bin()
-            .arg("--warehouse")
-            .arg(warehouse)
-            .args(["refresh", view]),
-        DEADLINE,
-    )
-}
-
 #[test]
 fn a_view_over_a_folder_of_videos_follows_it_file_by_file() {
     let corpus = corpus();
@@ -328,7 +318,7 @@ fn a_view_over_a_folder_of_videos_follows_it_file_by_file() {
     )
     .unwrap();
     std::fs::copy(corpus.join("damaged/cut.mp4"), folder.join("cut.mp4")).unwrap();
-    let out = refresh(&wh, "scenes");
+    let out = common::refresh(&wh, "scenes");
     let said = format!(
         "{}{}",
         assert_ok(&out),
@@ -347,6 +337,6 @@ fn a_view_over_a_folder_of_videos_follows_it_file_by_file() {
     // A removed video's frames go.
     std::fs::remove_file(folder.join("bikes.mp4")).unwrap();
     std::fs::remove_file(folder.join("cut.mp4")).unwrap();
-    assert_ok(&refresh(&wh, "scenes"));
+    assert_ok(&common::refresh(&wh, "scenes"));
     assert_eq!(same(), 4 + 6);
 }

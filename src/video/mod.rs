@@ -152,13 +152,20 @@ mod tests {
         );
         assert_eq!(Sampling::parse("every_n_frames=1"), Ok(Sampling::All));
         assert_eq!(Sampling::parse("KEYFRAMES_ONLY"), Ok(Sampling::Keyframes));
+        // Nothing but a number reaches ffmpeg's filter graph: no filter, option or path.
         for bad in [
             "fps=0",
             "fps=-1",
             "fps=NaN",
+            "fps=inf",
+            "fps=1e300",
             "every_n_frames=0",
+            "every_n_frames=-3",
             "sometimes",
             "fps",
+            "fps=1,scale=2:2",
+            "every_n_frames=2',movie=/etc/passwd",
+            "fps=1\nshowinfo",
         ] {
             assert!(Sampling::parse(bad).is_err(), "{bad}");
         }

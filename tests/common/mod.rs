@@ -117,6 +117,18 @@ pub fn query_with(warehouse: &Path, options: &[&str], sql: &str) -> Output {
     )
 }
 
+/// `batchinfer refresh VIEW` over `warehouse`.
+#[allow(dead_code)]
+pub fn refresh(warehouse: &Path, view: &str) -> Output {
+    output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(warehouse)
+            .args(["refresh", view]),
+        DEADLINE,
+    )
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
