@@ -3,6 +3,7 @@ in front of it, for batchinfer's tests and benchmarks. Run with the python that
 scripts/llm_server.sh prints.
 
   python llm_server.py serve --port 18080 [--parallel 4] [--ctx 4096] [--threads 2] [--embedding]
+      [--no-prompt-cache]
   python llm_server.py proxy --port 18081 --upstream http://127.0.0.1:18080 \
       [--status 429 --first 3 --retry-after 1] [--reset-first 2] [--delay 5 --delay-first 1]
       [--exhausted-first 1 --reset 2s] [--echo-first 1 [--huge-usage | --bad-usage] [--escaped]]
@@ -53,6 +54,11 @@ def serve(args):
     params.n_parallel = args.parallel
     params.n_ctx = args.ctx
     params.cpuparams.n_threads = args.threads
+    if args.no_prompt_cache:
+        # Each request computed whole and alone: the same request gives the same
+        # log-probabilities whatever came before it (with --parallel 1).
+        params.cache_prompt = False
+        params.cache_ram_mib = 0
     if args.embedding:
         # One vector a text, the mean of its tokens' (OpenAI's /v1/embeddings wants one).
         params.embedding = True
@@ -232,6 +238,7 @@ def main():
     s.add_argument("--ctx", type=int, default=4096)
     s.add_argument("--threads", type=int, default=2)
     s.add_argument("--embedding", action="store_true")
+    s.add_argument("--no-prompt-cache", action="store_true")
     p = sub.add_parser("proxy")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True)

@@ -23,13 +23,15 @@ use crate::config::{BatchInferOptions, EngineConfig};
 use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{FileEndsOnly, FileNamesBeside, ModelCallsOnce, TableSchemaLimits};
+use crate::rules::{
+    FileEndsOnly, FileNamesBeside, ModelCallsLate, ModelCallsOnce, TableSchemaLimits,
+};
 use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SessionLimits, SessionStores, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{
-    ChunkUdf, CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction,
-    PredictUdf, RejectsFunction,
+    AiUdf, ChunkUdf, CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction,
+    PredictUdf, Question, RejectsFunction,
 };
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -227,13 +229,14 @@ pub fn with_rules(state: SessionStateBuilder) -> SessionStateBuilder {
     state
         .with_analyzer_rule(Arc::new(TableSchemaLimits))
         .with_analyzer_rule(Arc::new(FileNamesBeside))
+        .with_optimizer_rule(Arc::new(ModelCallsLate))
         .with_optimizer_rule(Arc::new(ModelCallsOnce))
         .with_optimizer_rule(Arc::new(FileEndsOnly))
 }
 
 /// batchinfer's scalar functions over `registry`: every process of a cluster registers these.
 pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
-    vec![
+    let mut functions = vec![
         Arc::new(ScalarUDF::from(PredictUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(EmbedUdf::new(registry.clone()))),
         Arc::new(ScalarUDF::from(ChunkUdf::new(registry.clone()))),
@@ -244,5 +247,21 @@ pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
             )))
             .into_scalar_udf(),
         ),
-    ]
+        Arc::new(
+            datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(
+                GenerateUdf::details(registry.clone()),
+            ))
+            .into_scalar_udf(),
+        ),
+    ];
+    for question in [Question::Filter, Question::FilterScore, Question::Classify] {
+        functions.push(Arc::new(
+            datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(AiUdf::new(
+                registry.clone(),
+                question,
+            )))
+            .into_scalar_udf(),
+        ));
+    }
+    functions
 }

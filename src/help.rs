@@ -102,13 +102,27 @@ CREATE [OR REPLACE] MODEL name OPTIONS ('endpoint' 'URL', 'model' 'NAME', ...)
   'kind' 'embedding' with 'dimensions' N for an embedding endpoint, called by embed.",
     },
     Topic {
-        names: &["generate"],
+        names: &["generate", "generate_details"],
         text: "\
 generate('model', prompt [, 'col TYPE, ...']): one request per row to an endpoint model; the
-  reply's text, or a struct of the columns given (sent as a strict JSON schema, checked here).
+  reply's text (cut where max_tokens cut it), or a struct of the columns given (sent as a
+  strict JSON schema, checked here).
+generate_details(...): the same request; a struct of reply, finish_reason ('stop', or
+  'length' where max_tokens cut it), prompt_tokens, completion_tokens.
   SELECT id, generate('writer', 'Summarize: ' || body) FROM docs;
   SET batchinfer.max_llm_tokens = '100000'; SET batchinfer.max_cost = '2.50';
   SET batchinfer.cache = 'on' | 'read' | 'off'; SHOW LLM CACHE; CLEAR LLM CACHE",
+    },
+    Topic {
+        names: &["ai_filter", "ai_filter_score", "ai_classify"],
+        text: "\
+ai_filter('model', 'question', expr, ...): whether an endpoint model's probability of yes is
+  over one half, read from the log-probabilities of its reply's first token.
+ai_filter_score(...): that probability.
+ai_classify('model', text, ['label', ...] | MAP {'label': 'what it means', ...}): a struct of
+  the likeliest label and its score, each label's probability normalized over the labels.
+  SELECT id FROM reviews WHERE stars < 3 AND ai_filter('judge', 'Is it about shipping?', body);
+  SELECT id, ai_classify('judge', body, ['praise', 'complaint', 'question']) FROM reviews;",
     },
     Topic {
         names: &[
@@ -206,6 +220,9 @@ mod tests {
             "PREDICT",
             "embed",
             "chunk",
+            "ai_filter",
+            "ai_classify",
+            "generate_details",
             "read_document",
             "read_frames",
             "predict_table",

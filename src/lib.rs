@@ -122,13 +122,15 @@
 //!   (`element.rs`), a model's inputs and outputs (`signature.rs`), how columns bind to them, by
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
 //! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `chunk` (text cut to fit a
-//!   model, at its tokenizer), `generate`, `cosine_similarity`, `predict_table`, `models()` and
-//!   `batchinfer_rejects()`; columns bound to inputs by name on the statement as written
+//!   model, at its tokenizer), `generate` and `generate_details`, `ai_filter`,
+//!   `ai_filter_score` and `ai_classify` (`ai.rs`: questions answered with probabilities),
+//!   `cosine_similarity`, `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on the statement as written
 //!   (`by_name.rs`), and the short default names of model columns (`names.rs`).
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
 //!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
 //!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row
-//!   (`once.rs`), files read at their ends alone for a model that reads no more of them
+//!   (`once.rs`), model calls only on the rows a top-N or a filter's other conditions keep
+//!   (`late_calls.rs`), files read at their ends alone for a model that reads no more of them
 //!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`),
 //!   local Parquet read by the streaming reader (`streaming_scan.rs`), and video frames kept in
 //!   the batches they are decoded in (`frame_batches.rs`).
@@ -202,7 +204,8 @@
 //!   them: the feature's errors (`mod.rs`), the definition (`definition.rs`), one model at run time
 //!   with its requests at once and identical requests sent once (`client/mod.rs`), a request sent
 //!   until answered with retries (`client/http.rs`), a reply read (`client/reply.rs`), texts made
-//!   vectors (`client/embeddings.rs`), pacing (`pace.rs`), typed output (`output.rs`), the
+//!   vectors (`client/embeddings.rs`), pacing (`pace.rs`), typed output (`output.rs`), questions
+//!   answered with probabilities from a reply's log-probabilities (`judge.rs`), the
 //!   warehouse's cache of answers (`cache/mod.rs`; its signing secret: `cache/secret.rs`; requests
 //!   in flight claimed across processes: `cache/claims.rs`), a statement's spending against its
 //!   budget (`spend.rs`), the key blanked in every encoding a reply may echo it in (`redact.rs`);

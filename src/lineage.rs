@@ -113,7 +113,7 @@ fn endpoints_of(
         .collect()
 }
 
-/// The names of the models a plan calls by literal name (`predict`, `embed`, `generate`).
+/// The names of the models a plan calls by literal name ([`crate::model::MODEL_FUNCTIONS`]).
 fn called(plan: &LogicalPlan) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     // Nothing in the walk fails.
@@ -121,7 +121,7 @@ fn called(plan: &LogicalPlan) -> BTreeSet<String> {
         node.apply_expressions(|expr| {
             expr.apply(|e| {
                 if let Expr::ScalarFunction(f) = e
-                    && matches!(f.name(), "predict" | "embed" | "generate")
+                    && crate::model::MODEL_FUNCTIONS.contains(&f.name())
                     && let Some(Expr::Literal(
                         ScalarValue::Utf8(Some(n)) | ScalarValue::Utf8View(Some(n)),
                         _,

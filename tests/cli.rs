@@ -570,6 +570,84 @@ fn explain_analyze_shows_the_rows_and_time_inside_each_model() {
     assert!(text.contains("ms inside ONNX Runtime"), "{text}");
 }
 
+/// `rows scored` in an EXPLAIN ANALYZE of `sql` over data/models.
+fn rows_scored(sql: &str) -> String {
+    let out = batchinfer(&[
+        "query",
+        "--models",
+        "data/models",
+        "--format",
+        "csv",
+        "-e",
+        &format!("EXPLAIN ANALYZE {sql}"),
+    ]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    let at = text.find("model 'linear': ").expect(&text) + "model 'linear': ".len();
+    text[at..].split(" rows scored").next().unwrap().to_string()
+}
+
+#[test]
+fn a_top_n_or_a_filter_scores_only_the_rows_it_keeps() {
+    let from = "FROM 'data/sample/vectors.parquet'";
+    // Keys that read no model call: the sort and its limit come first, the model after.
+    for (sql, rows) in [
+        (
+            format!("SELECT id, predict('linear', features) AS s {from} ORDER BY id LIMIT 7"),
+            "7",
+        ),
+        (
+            format!(
+                "SELECT predict('linear', features) AS s {from} ORDER BY id DESC LIMIT 5 OFFSET 3"
+            ),
+            "5",
+        ),
+        (
+            format!(
+                "SELECT id, predict('linear', features) AS s {from} ORDER BY features[1] * 2, id LIMIT 4"
+            ),
+            "4",
+        ),
+        // Keys that read the scores: every row is scored.
+        (
+            format!("SELECT id, predict('linear', features) AS s {from} ORDER BY s DESC LIMIT 7"),
+            "10000",
+        ),
+        (
+            format!("SELECT id, predict('linear', features) AS s {from} ORDER BY id"),
+            "10000",
+        ),
+    ] {
+        assert_eq!(rows_scored(&sql), rows, "{sql}");
+    }
+    // The same rows and scores as the whole table scored and sorted.
+    let query = |sql: &str| {
+        let out = batchinfer(&[
+            "query",
+            "--models",
+            "data/models",
+            "--format",
+            "csv",
+            "-e",
+            sql,
+        ]);
+        assert_ok(&out);
+        stdout(&out)
+    };
+    let all = query(&format!(
+        "SELECT id, predict('linear', features) AS s {from} ORDER BY id DESC"
+    ));
+    let top = query(&format!(
+        "SELECT id, predict('linear', features) AS s {from} ORDER BY id DESC LIMIT 5 OFFSET 3"
+    ));
+    let expected: Vec<&str> = all
+        .lines()
+        .take(1)
+        .chain(all.lines().skip(4).take(5))
+        .collect();
+    assert_eq!(top.lines().collect::<Vec<_>>(), expected);
+}
+
 #[test]
 fn timing_prints_a_summary_per_statement_on_stderr() {
     let out = batchinfer(&[

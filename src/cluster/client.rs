@@ -11,7 +11,7 @@ use datafusion::execution::context::{SessionContext, SessionState};
 pub use crate::config::Remote;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{EmbedBufferRule, FrameBatchesRule, StreamingParquetRule};
+use crate::rules::{EmbedBufferRule, FrameBatchesRule, ModelFiltersLast, StreamingParquetRule};
 use crate::statement_context::StatementContext;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
 
@@ -39,6 +39,7 @@ impl Placement {
                 .with_physical_optimizer_rules(EmbedBufferRule::among_default_rules())
                 .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
                 .with_physical_optimizer_rule(Arc::new(FrameBatchesRule))
+                .with_physical_optimizer_rule(Arc::new(ModelFiltersLast))
                 .build(),
             Placement::Cluster(remote) => {
                 // Long enough for the scheduler to wait its `--executor-wait` for an executor

@@ -13,6 +13,9 @@
 //!   sent with each request, replies checked and decoded into the struct.
 //! - `cache.rs`: every answer kept in the warehouse by the sha256 of its request, so that the
 //!   same request is never paid twice.
+//! - `judge.rs`: questions answered with probabilities (`ai_filter`, `ai_classify`): their
+//!   prompts, and each answer's probability from the log-probabilities of the reply's first
+//!   token.
 //! - `spend.rs`: what a statement has spent, against `batchinfer.max_llm_tokens` and
 //!   `batchinfer.max_cost`.
 //!
@@ -22,6 +25,7 @@
 pub mod cache;
 pub mod client;
 mod definition;
+pub mod judge;
 pub mod output;
 pub mod pace;
 pub mod redact;

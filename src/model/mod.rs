@@ -34,6 +34,20 @@ pub use source::ModelSource;
 use crate::error::{Error, Result};
 use crate::storage::StoreRegistry;
 
+/// The functions that call a model, by name: what each costs is a model's compute or an
+/// endpoint's request per row, so the planner calls them on as few rows as it can
+/// (`rules/late_calls.rs`), and lineage names the models they call
+/// (`lineage.rs`).
+pub const MODEL_FUNCTIONS: &[&str] = &[
+    "predict",
+    "embed",
+    "generate",
+    "generate_details",
+    "ai_filter",
+    "ai_filter_score",
+    "ai_classify",
+];
+
 /// The largest batch dimension a model may fix: each call is padded to it.
 pub const MAX_FIXED_BATCH: usize = 65_536;
 

@@ -45,9 +45,22 @@ const USAGE: &str = "generate takes an endpoint model's name and a prompt, and o
 pub struct GenerateUdf {
     signature: Signature,
     registry: Arc<ModelRegistry>,
+    /// `generate_details`: the reply with why it ended and its tokens, not the reply alone.
+    details: bool,
 }
 
-super::same_registry_identity!(GenerateUdf);
+impl PartialEq for GenerateUdf {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.registry, &other.registry) && self.details == other.details
+    }
+}
+impl Eq for GenerateUdf {}
+impl std::hash::Hash for GenerateUdf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.registry), state);
+        self.details.hash(state);
+    }
+}
 
 impl GenerateUdf {
     pub fn new(registry: Arc<ModelRegistry>) -> Self {
@@ -55,6 +68,17 @@ impl GenerateUdf {
             // Any count, so that a wrong one is told how generate is called (below).
             signature: Signature::variadic_any(Volatility::Volatile),
             registry,
+            details: false,
+        }
+    }
+
+    /// `generate_details`: a struct of the reply (as `generate` gives it), `finish_reason`
+    /// (`stop`, or `length` where `max_tokens` cut it), `prompt_tokens` and
+    /// `completion_tokens`.
+    pub fn details(registry: Arc<ModelRegistry>) -> Self {
+        GenerateUdf {
+            details: true,
+            ..GenerateUdf::new(registry)
         }
     }
 
@@ -63,15 +87,25 @@ impl GenerateUdf {
         name: &str,
         config: Option<&datafusion::config::ConfigOptions>,
     ) -> Result<Arc<EndpointModel>> {
-        let model = self.registry.resolve_endpoint(name, config)?;
-        if model.endpoint.kind != Kind::Chat {
-            return plan_err!(
-                "model '{name}' is an embedding endpoint: generate takes a chat model \
-                 ('kind' 'chat')"
-            );
-        }
-        Ok(model)
+        chat_model(&self.registry, name, config, "generate")
     }
+}
+
+/// The chat model `name` that `function` calls, as the session's settings pick it.
+pub(super) fn chat_model(
+    registry: &ModelRegistry,
+    name: &str,
+    config: Option<&datafusion::config::ConfigOptions>,
+    function: &str,
+) -> Result<Arc<EndpointModel>> {
+    let model = registry.resolve_endpoint(name, config)?;
+    if model.endpoint.kind != Kind::Chat {
+        return plan_err!(
+            "model '{name}' is an embedding endpoint: {function} takes a chat model ('kind' \
+             'chat')"
+        );
+    }
+    Ok(model)
 }
 
 /// The output's columns, from the third argument's literal, if there is one.
@@ -101,7 +135,11 @@ fn is_text(t: &DataType) -> bool {
 
 impl ScalarUDFImpl for GenerateUdf {
     fn name(&self) -> &str {
-        "generate"
+        if self.details {
+            "generate_details"
+        } else {
+            "generate"
+        }
     }
 
     fn signature(&self) -> &Signature {
@@ -130,6 +168,10 @@ impl ScalarUDFImpl for GenerateUdf {
         let output = match output_fields(args.scalar_arguments.get(2).copied())? {
             Some(fields) => DataType::Struct(fields),
             None => DataType::Utf8,
+        };
+        let output = match self.details {
+            true => DataType::Struct(details_fields(output)),
+            false => output,
         };
         Ok(Arc::new(Field::new(self.name(), output, true)))
     }
@@ -174,7 +216,7 @@ impl AsyncScalarUDFImpl for GenerateUdf {
             match outcome {
                 Ok(reply) => {
                     raw[row] = Some(reply.content.as_deref().unwrap_or(reply.raw.as_str()));
-                    match text_of(reply, model.endpoint.max_tokens) {
+                    match text_of(reply, model.endpoint.max_tokens, fields.is_some()) {
                         Ok(text) => answers[row] = Some(text),
                         Err(why) => failed.push((row, why.to_string())),
                     }
@@ -191,55 +233,37 @@ impl AsyncScalarUDFImpl for GenerateUdf {
                 column
             }
         };
-        let on_error = session.map_or(OnError::Fail, |o| o.on_error);
-        if on_error == OnError::Fail
-            && let Some((row, why)) = failed.first()
-        {
-            return Err(Error::from(LlmError::Request {
-                model: name.clone(),
-                problem: format!(
-                    "row {row} of a batch: {why} (SET batchinfer.on_error = 'null' or 'reject' \
-                     to go on without such rows)"
-                ),
-            })
-            .into());
-        }
-        if let Some(session) = session {
-            if session.on_error == OnError::Reject {
-                // The prompt is the row's request, whatever expression made it: named `prompt`,
-                // it is the key that joins a reject back to its row.
-                let fields = [
-                    Arc::new(Field::new("prompt", DataType::Utf8, true)),
-                    Arc::new(Field::new("reply", DataType::Utf8, true)),
-                ];
-                let columns: [ArrayRef; 2] = [prompts.clone(), Arc::new(StringArray::from(raw))];
-                let rejecting = Rejecting {
-                    name: &model.name,
-                    sha256: &model.sha256,
-                };
-                rejects::keep(
-                    self.registry.stores(),
-                    statement,
-                    rejecting,
-                    &fields,
-                    &columns,
-                    &failed,
-                )?;
-            }
-            let asked = texts.len() - texts.null_count();
-            rejects::count(session, statement, &name, asked, &failed)?;
-        }
+        let asked = texts.len() - texts.null_count();
+        let rows = Rows {
+            prompts: &prompts,
+            raw,
+            failed: &failed,
+            asked,
+        };
+        settle(&self.registry, &model, session, statement, rows)?;
         // A failed row is NULL: it has no answer, or its answer did not decode.
-        Ok(ColumnarValue::Array(column))
+        if !self.details {
+            return Ok(ColumnarValue::Array(column));
+        }
+        let replies: Vec<Option<&crate::llm::client::Reply>> = outcomes
+            .iter()
+            .map(|o| o.as_ref().and_then(|o| o.as_ref().ok()).map(|r| r.as_ref()))
+            .collect();
+        Ok(ColumnarValue::Array(with_details(column, &replies)?))
     }
 }
 
-/// The text of a reply, or why it is the row's error: cut by `max_tokens`, refused, empty.
-fn text_of(reply: &crate::llm::client::Reply, max_tokens: u32) -> Result<&str, Unanswered> {
+/// The text of a reply, or why it is the row's error: refused, empty, or (a `typed` reply) cut
+/// by `max_tokens`. A plain text cut by `max_tokens` is the text so far, as the user bounded it.
+fn text_of(
+    reply: &crate::llm::client::Reply,
+    max_tokens: u32,
+    typed: bool,
+) -> Result<&str, Unanswered> {
     if let Some(refusal) = &reply.refusal {
         return Err(Unanswered::Refused(output::excerpt(refusal)));
     }
-    if reply.finish_reason.as_deref() == Some("length") {
+    if typed && reply.finish_reason.as_deref() == Some("length") {
         return Err(Unanswered::Cut {
             max_tokens,
             text: output::excerpt(reply.content.as_deref().unwrap_or_default()),
@@ -249,6 +273,108 @@ fn text_of(reply: &crate::llm::client::Reply, max_tokens: u32) -> Result<&str, U
         .content
         .as_deref()
         .ok_or_else(|| Unanswered::NoText(output::excerpt(&reply.raw)))
+}
+
+/// A batch's rows as their requests went: the prompts, the raw replies, the rows without an
+/// answer and why, and how many were asked.
+pub(super) struct Rows<'a> {
+    pub prompts: &'a ArrayRef,
+    pub raw: Vec<Option<&'a str>>,
+    pub failed: &'a [(usize, String)],
+    pub asked: usize,
+}
+
+/// The rows of a batch that have no answer, under `batchinfer.on_error` and `max_errors`:
+/// the statement fails on the first (`'fail'`), or they are counted, and kept in the rejects
+/// with their prompt and raw reply (`'reject'`).
+pub(super) fn settle(
+    registry: &ModelRegistry,
+    model: &EndpointModel,
+    session: Option<&BatchInferOptions>,
+    statement: &StatementContext,
+    rows: Rows<'_>,
+) -> Result<()> {
+    let name = &model.name;
+    let failed = rows.failed;
+    let on_error = session.map_or(OnError::Fail, |o| o.on_error);
+    if on_error == OnError::Fail
+        && let Some((row, why)) = failed.first()
+    {
+        return Err(Error::from(LlmError::Request {
+            model: name.clone(),
+            problem: format!(
+                "row {row} of a batch: {why} (SET batchinfer.on_error = 'null' or 'reject' \
+                 to go on without such rows)"
+            ),
+        })
+        .into());
+    }
+    if let Some(session) = session {
+        if session.on_error == OnError::Reject {
+            // The prompt is the row's request, whatever expression made it: named `prompt`,
+            // it is the key that joins a reject back to its row.
+            let fields = [
+                Arc::new(Field::new("prompt", DataType::Utf8, true)),
+                Arc::new(Field::new("reply", DataType::Utf8, true)),
+            ];
+            let columns: [ArrayRef; 2] =
+                [rows.prompts.clone(), Arc::new(StringArray::from(rows.raw))];
+            let rejecting = Rejecting {
+                name: &model.name,
+                sha256: &model.sha256,
+            };
+            rejects::keep(
+                registry.stores(),
+                statement,
+                rejecting,
+                &fields,
+                &columns,
+                failed,
+            )?;
+        }
+        rejects::count(session, statement, name, rows.asked, failed)?;
+    }
+    Ok(())
+}
+
+/// The fields of `generate_details`'s struct around a reply of type `reply`.
+fn details_fields(reply: DataType) -> Fields {
+    Fields::from(vec![
+        Field::new("reply", reply, true),
+        Field::new("finish_reason", DataType::Utf8, true),
+        Field::new("prompt_tokens", DataType::UInt64, true),
+        Field::new("completion_tokens", DataType::UInt64, true),
+    ])
+}
+
+/// `column` (the replies) in `generate_details`'s struct, with what each row's reply said of
+/// itself; a row the endpoint gave no reply (a NULL prompt, a failed request) is NULL whole.
+fn with_details(
+    column: ArrayRef,
+    replies: &[Option<&crate::llm::client::Reply>],
+) -> Result<ArrayRef> {
+    use datafusion::arrow::array::{StructArray, UInt64Array};
+    use datafusion::arrow::buffer::NullBuffer;
+    let fields = details_fields(column.data_type().clone());
+    let finish: StringArray = replies
+        .iter()
+        .map(|r| r.and_then(|r| r.finish_reason.as_deref()))
+        .collect();
+    let tokens = |f: fn(&crate::llm::client::Reply) -> u64| -> UInt64Array {
+        replies.iter().map(|r| r.map(f)).collect()
+    };
+    let nulls = NullBuffer::from(replies.iter().map(Option::is_some).collect::<Vec<_>>());
+    let columns: Vec<ArrayRef> = vec![
+        column,
+        Arc::new(finish),
+        Arc::new(tokens(|r| r.prompt_tokens)),
+        Arc::new(tokens(|r| r.completion_tokens)),
+    ];
+    Ok(Arc::new(StructArray::try_new(
+        fields,
+        columns,
+        Some(nulls),
+    )?))
 }
 
 /// The outcome of every row's request (None under a NULL prompt), all sent at once (the model
@@ -264,6 +390,17 @@ async fn ask_all(
         .iter()
         .map(|prompt| prompt.map(|p| model.chat_request(p, schema)))
         .collect();
+    ask_each(model, call, &requests, statement).await
+}
+
+/// The outcome of each request (None where there is none), all sent at once (the model lets
+/// `max_concurrency` go); a stop signal or the statement's budget ends them all.
+pub(super) async fn ask_each(
+    model: &EndpointModel,
+    call: &Call<'_>,
+    requests: &[Option<Value>],
+    statement: &StatementContext,
+) -> Result<Vec<Option<Outcome>>> {
     let asks = requests.iter().map(|body| async move {
         match body {
             Some(body) => model.ask(call, body).await.map(Some),

@@ -1,5 +1,6 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
+pub mod ai;
 pub mod by_name;
 pub mod chunk;
 pub mod embed;
@@ -12,6 +13,7 @@ pub mod predict_table;
 pub mod rejects;
 pub mod vector;
 
+pub use ai::{AiUdf, Question};
 pub use chunk::ChunkUdf;
 pub use embed::EmbedUdf;
 pub use generate::GenerateUdf;

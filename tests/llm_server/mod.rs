@@ -80,6 +80,23 @@ pub fn llama() -> &'static Server {
     LLAMA.get_or_init(|| Server::start(&["serve", "--parallel", "4", "--threads", "2"]))
 }
 
+/// A llama.cpp server that computes each request whole and alone (one slot, no prompt cache), so
+/// that the same request gets the same log-probabilities whatever came before it: with
+/// several slots or a prompt's start reused, they vary by up to a few hundredths.
+pub fn llama_exact() -> &'static Server {
+    static EXACT: OnceLock<Server> = OnceLock::new();
+    EXACT.get_or_init(|| {
+        Server::start(&[
+            "serve",
+            "--parallel",
+            "1",
+            "--threads",
+            "2",
+            "--no-prompt-cache",
+        ])
+    })
+}
+
 /// A fault-injecting proxy in front of the llama.cpp server.
 pub fn proxy(faults: &[&str]) -> Server {
     proxy_to(llama(), faults)
