@@ -32,7 +32,7 @@ pub fn check_statement(statement: &Statement, reach: &Reach<'_>) -> Result<()> {
         access.check_writes(what).map_err(refused)?;
     }
     // A write into the warehouse's folders is refused in every session, confined or not.
-    if let Statement::Sql(sql) = statement {
+    if let Statement::Sql(sql) | Statement::ExplainCost(sql) = statement {
         check_sql(sql, reach)?;
     }
     if !access.confined() {
@@ -182,7 +182,7 @@ fn writes(statement: &Statement) -> Option<&'static str> {
         },
         Statement::Vacuum { .. } => "VACUUM",
         Statement::Optimize(_) => "OPTIMIZE",
-        Statement::History(_) => return None,
+        Statement::History(_) | Statement::ExplainCost(_) => return None,
         Statement::Sql(sql) => return sql_writes(sql),
     })
 }

@@ -24,14 +24,14 @@ use crate::database::DatabaseFactory;
 use crate::error::Result;
 use crate::model::ModelRegistry;
 use crate::rules::{
-    FileEndsOnly, FileNamesBeside, ModelCallsLate, ModelCallsOnce, TableSchemaLimits,
+    AiAggAsReduce, FileEndsOnly, FileNamesBeside, ModelCallsLate, ModelCallsOnce, TableSchemaLimits,
 };
 use crate::statement_context::StatementContext;
 use crate::storage::{Azure, Gcp, SessionLimits, SessionStores, SqlStoreOptions, StoreRegistry};
 use crate::udf::predict_table::ResolvedTables;
 use crate::udf::{
-    AiUdf, ChunkUdf, CosineSimilarity, EmbedUdf, GenerateUdf, ModelsFunction, PredictTableFunction,
-    PredictUdf, Question, RejectsFunction,
+    AiAggUdf, AiReduceUdf, AiUdf, ChunkUdf, CosineSimilarity, EmbedUdf, GenerateUdf,
+    ModelsFunction, PredictTableFunction, PredictUdf, Question, RejectsFunction,
 };
 
 /// A context whose `predict` reads `registry`, and whose queries can name Parquet, CSV and JSON
@@ -82,6 +82,9 @@ pub fn build_context(
     for function in scalar_functions(&registry) {
         ctx.register_udf(function.as_ref().clone());
     }
+    ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(
+        AiAggUdf::default(),
+    ));
     ctx.register_udtf(
         "models",
         Arc::new(ModelsFunction {
@@ -229,6 +232,7 @@ pub fn with_rules(state: SessionStateBuilder) -> SessionStateBuilder {
     state
         .with_analyzer_rule(Arc::new(TableSchemaLimits))
         .with_analyzer_rule(Arc::new(FileNamesBeside))
+        .with_optimizer_rule(Arc::new(AiAggAsReduce))
         .with_optimizer_rule(Arc::new(ModelCallsLate))
         .with_optimizer_rule(Arc::new(ModelCallsOnce))
         .with_optimizer_rule(Arc::new(FileEndsOnly))
@@ -254,6 +258,12 @@ pub fn scalar_functions(registry: &Arc<ModelRegistry>) -> Vec<Arc<ScalarUDF>> {
             .into_scalar_udf(),
         ),
     ];
+    functions.push(Arc::new(
+        datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(AiReduceUdf::new(
+            registry.clone(),
+        )))
+        .into_scalar_udf(),
+    ));
     for question in [Question::Filter, Question::FilterScore, Question::Classify] {
         functions.push(Arc::new(
             datafusion::logical_expr::async_udf::AsyncScalarUDF::new(Arc::new(AiUdf::new(

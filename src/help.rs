@@ -125,6 +125,24 @@ ai_classify('model', text, ['label', ...] | MAP {'label': 'what it means', ...})
   SELECT id, ai_classify('judge', body, ['praise', 'complaint', 'question']) FROM reviews;",
     },
     Topic {
+        names: &["ai_agg", "ai_reduce"],
+        text:
+            "\
+ai_agg('model', 'instruction', text): an aggregate; the instruction carried out over all of a
+  group's texts, by map-reduce within the model's context_window (its definition's option).
+ai_reduce('model', 'instruction', list): the same over a list of texts in one row.
+  SELECT product, ai_agg('writer', 'Summarize the complaints', body) FROM reviews GROUP BY product;",
+    },
+    Topic {
+        names: &["explain cost"],
+        text: "\
+EXPLAIN COST statement: a query, COPY, INSERT or CREATE TABLE ... AS run without sending a
+  request or writing: a row per endpoint model with the rows reaching it, the requests it would
+  send (not those the cache answers), tokens, cost at its prices and minutes at its limits.
+  SET batchinfer.max_cost = '2.50' refuses a statement whose estimate is over it.
+  EXPLAIN COST CREATE TABLE summaries AS SELECT id, generate('writer', body) FROM docs;",
+    },
+    Topic {
         names: &[
             "alter model",
             "model versions",
@@ -223,6 +241,9 @@ mod tests {
             "ai_filter",
             "ai_classify",
             "generate_details",
+            "explain cost",
+            "ai_agg",
+            "ai_reduce",
             "read_document",
             "read_frames",
             "predict_table",

@@ -124,11 +124,14 @@
 //! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `chunk` (text cut to fit a
 //!   model, at its tokenizer), `generate` and `generate_details`, `ai_filter`,
 //!   `ai_filter_score` and `ai_classify` (`ai.rs`: questions answered with probabilities),
-//!   `cosine_similarity`, `predict_table`, `models()` and `batchinfer_rejects()`; columns bound to inputs by name on the statement as written
-//!   (`by_name.rs`), and the short default names of model columns (`names.rs`).
+//!   `ai_reduce` and `ai_agg` (`ai_reduce.rs`: an instruction over many texts, map-reduced),
+//!   `cosine_similarity`, `predict_table`, `models()` and `batchinfer_rejects()`; columns bound
+//!   to inputs by name on the statement as written (`by_name.rs`), and the short default names
+//!   of model columns (`names.rs`).
 //! - [`rules`]: the rules added to DataFusion's planning, in one place: tables whose lists claim
-//!   too many values per row refused (`list_limits.rs`), a file's name passed to the model that
-//!   reads its content, for its errors and rejects (`file_names.rs`), each model call once per row
+//!   too many values per row refused (`list_limits.rs`), `ai_agg` planned as `ai_reduce` over
+//!   the group's texts (`ai_agg.rs`), a file's name passed to the model that reads its content,
+//!   for its errors and rejects (`file_names.rs`), each model call once per row
 //!   (`once.rs`), model calls only on the rows a top-N or a filter's other conditions keep
 //!   (`late_calls.rs`), files read at their ends alone for a model that reads no more of them
 //!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`),

@@ -103,6 +103,11 @@ fn files_of(registry: &ModelRegistry, names: &BTreeSet<String>) -> Vec<(String, 
         .collect()
 }
 
+/// Whether `plan` calls an endpoint model.
+pub fn calls_endpoints(registry: &ModelRegistry, plan: &LogicalPlan) -> bool {
+    !endpoints_of(registry, &called(plan)).is_empty()
+}
+
 fn endpoints_of(
     registry: &ModelRegistry,
     names: &BTreeSet<String>,

@@ -646,6 +646,22 @@ fn a_top_n_or_a_filter_scores_only_the_rows_it_keeps() {
         .chain(all.lines().skip(4).take(5))
         .collect();
     assert_eq!(top.lines().collect::<Vec<_>>(), expected);
+    // In order, however many batches the rows kept fill (each run again: the order of
+    // partitions is a race).
+    let sorted = query(&format!(
+        "SELECT id, predict('linear', features) AS s {from} ORDER BY id % 7, id DESC"
+    ));
+    for _ in 0..3 {
+        let top = query(&format!(
+            "SELECT id, predict('linear', features) AS s {from} ORDER BY id % 7, id DESC LIMIT 9000"
+        ));
+        assert!(top.lines().eq(sorted.lines().take(9001)), "out of order");
+        let small = query(&format!(
+            "SET datafusion.execution.batch_size = 2; SELECT id, predict('linear', features) AS s \
+             {from} ORDER BY id % 7, id DESC LIMIT 10"
+        ));
+        assert!(small.lines().eq(sorted.lines().take(11)), "{small}");
+    }
 }
 
 #[test]

@@ -342,6 +342,7 @@ fn a_budget_stops_the_statement_and_nothing_is_committed() {
         &llama().url(),
         ", 'max_tokens' '8', 'input_price_per_million' '10', 'output_price_per_million' '30'",
     );
+    // Over it before it starts (each reply at max_tokens): refused, nothing sent.
     let sql = format!(
         "SET batchinfer.max_cost = '0.000001'; SET batchinfer.cache = 'off'; \
          SELECT generate('p', 'Say ' || CAST(id AS VARCHAR)) FROM {}",
@@ -351,7 +352,27 @@ fn a_budget_stops_the_statement_and_nothing_is_committed() {
         wh,
         &define,
         &sql,
-        &["batchinfer.max_cost = '0.000001'", "$"],
+        &[
+            "batchinfer.max_cost = '0.000001'",
+            "$",
+            "refused before sending anything",
+        ],
+    );
+    // Within it by the estimate ($0.0128: SmolLM2's chat template adds a system prompt the
+    // estimate cannot see), past it as it runs ($0.023): stopped on the way.
+    let sql = format!(
+        "SET batchinfer.max_cost = '0.016'; SET batchinfer.cache = 'off'; \
+         SELECT generate('p', 'Say ' || CAST(id AS VARCHAR)) FROM {}",
+        numbers(40)
+    );
+    failing(
+        wh,
+        &define,
+        &sql,
+        &[
+            "the statement reached batchinfer.max_cost = '0.016' and stopped",
+            "$",
+        ],
     );
 }
 

@@ -272,6 +272,10 @@ fn wrong_labels_and_replies_without_probabilities_get_one_clear_error() {
         &["the labels must be a list of texts or a map"],
     );
     fails("SELECT ai_filter('judge', 'Is it?')", &["ai_filter takes"]);
+    fails(
+        "SELECT ai_filter('judge', 'Is it?', X'FFFE')",
+        &["ai_filter: model 'judge': an input is Binary"],
+    );
     fails("SELECT ai_filter('nobody', 'Is it?', 'x')", &["nobody"]);
     // A server that sends no log-probabilities: the row's error, saying what is needed.
     let plain = proxy(&["--echo-first", "100"]);
@@ -290,4 +294,261 @@ fn wrong_labels_and_replies_without_probabilities_get_one_clear_error() {
                SELECT ai_filter('plain', 'Is it a cat?', 'a cat') IS NULL AS none";
     let out = assert_ok(&query(wh, sql));
     assert!(out.contains("\ntrue"), "{out}");
+}
+
+/// The cells of `csv`'s data row whose model is `model`, by column name.
+fn cost_row(csv: &str, model: &str) -> std::collections::HashMap<String, String> {
+    let mut lines = csv.lines().skip_while(|l| !l.starts_with("model,"));
+    let header: Vec<String> = lines
+        .next()
+        .expect(csv)
+        .split(',')
+        .map(String::from)
+        .collect();
+    let row = lines
+        .find(|l| l.starts_with(&format!("{model},")))
+        .expect(csv);
+    header
+        .into_iter()
+        .zip(row.split(',').map(String::from))
+        .collect()
+}
+
+/// EXPLAIN COST counts what a statement would send without sending it: rows, requests (the same
+/// prompt once, answers the cache holds not at all), tokens and cost; `max_cost` refuses a
+/// statement over it before it sends anything, naming both figures.
+#[test]
+fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy(&[]);
+    let define = create(
+        "m",
+        &front.url(),
+        ", 'max_tokens' '8', 'input_price_per_million' '10', 'output_price_per_million' '30', \
+         'requests_per_minute' '600'",
+    );
+    assert_ok(&query(wh, &define));
+    // 40 rows, 10 distinct prompts; and a question about each of the 40.
+    let select = "SELECT id, generate('m', 'Say ' || CAST(id % 10 AS VARCHAR)) AS g, \
+                  ai_filter_score('m', 'Is it even?', id) AS p FROM (SELECT value AS id FROM range(40))";
+    let out = dir.path().join("out.parquet");
+    let cost = assert_ok(&query(
+        wh,
+        &format!("EXPLAIN COST COPY ({select}) TO '{}'", out.display()),
+    ));
+    let row = cost_row(&cost, "m");
+    assert_eq!(row["rows"], "80", "{cost}");
+    assert_eq!(row["requests"], "50", "{cost}");
+    assert_eq!(row["answered_already"], "30", "{cost}");
+    // Replies at max_tokens: 8 for generate's, 1 for the question's.
+    assert_eq!(
+        row["completion_tokens_at_most"],
+        (10 * 8 + 40).to_string(),
+        "{cost}"
+    );
+    let prompt: f64 = row["prompt_tokens_estimated"].parse().unwrap();
+    let expected_cost = (prompt * 10.0 + 120.0 * 30.0) / 1e6;
+    let said_cost: f64 = row["cost_at_most"].parse().unwrap();
+    assert!((said_cost - expected_cost).abs() < 1e-12, "{cost}");
+    // 50 requests at 600 a minute.
+    assert_eq!(
+        row["minutes_at_limits"].parse::<f64>().unwrap(),
+        50.0 / 600.0,
+        "{cost}"
+    );
+    assert_eq!(
+        front.count("received"),
+        0,
+        "nothing sent: {}",
+        front.counts()
+    );
+    assert!(!out.exists(), "EXPLAIN COST writes nothing");
+
+    // Past max_cost: refused, nothing sent.
+    let sql = format!(
+        "SET batchinfer.max_cost = '0.0001'; COPY ({select}) TO '{}'",
+        out.display()
+    );
+    let refused = output_within(
+        bin().arg("--warehouse").arg(wh).args(["query", "-e", &sql]),
+        DEADLINE,
+    );
+    let message = assert_failure(
+        &refused,
+        &[
+            "batchinfer.max_cost = '0.0001'",
+            "50 requests",
+            "refused before sending anything",
+        ],
+    );
+    assert!(message.contains(&format!("${said_cost:.6}")), "{message}");
+    assert_eq!(front.count("received"), 0, "{}", front.counts());
+    assert!(!out.exists());
+
+    // Within it: the statement runs, sending what the estimate counted.
+    let sql = format!(
+        "SET batchinfer.max_cost = '1'; COPY ({select}) TO '{}'",
+        out.display()
+    );
+    let ran = common::query_with(wh, &["--timing"], &sql);
+    assert_ok(&ran);
+    assert_eq!(front.count("received"), 50, "{}", front.counts());
+    // The run's prompt tokens beside the estimate's (SmolLM2's chat template adds a system
+    // prompt of its own to each request, which a count of characters cannot see).
+    let said = common::stderr(&ran);
+    eprintln!("estimated {prompt} prompt tokens; the run: {said}");
+
+    // Asked again, the cache answers all of it: nothing to send.
+    let cost = assert_ok(&query(wh, &format!("EXPLAIN COST {select}")));
+    let row = cost_row(&cost, "m");
+    assert_eq!(
+        (row["requests"].as_str(), row["answered_already"].as_str()),
+        ("0", "80"),
+        "{cost}"
+    );
+    assert_eq!(row["cost_at_most"], "0.0", "{cost}");
+
+    // Only a query, COPY, INSERT or CREATE TABLE ... AS is estimated.
+    let wrong = output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(wh)
+            .args(["query", "-e", "EXPLAIN COST DROP TABLE t"]),
+        DEADLINE,
+    );
+    assert_failure(
+        &wrong,
+        &["EXPLAIN COST takes a query, COPY, INSERT or CREATE TABLE"],
+    );
+}
+
+/// The requests `ai_agg` makes for `texts` in a window of `room` tokens, as docs/llm.md states
+/// its packing (a token per three characters; texts separated by `---` lines; answers of at
+/// most `reply` tokens reduced again): the prompts of each level, until one.
+fn reduce_requests(texts: &[String], room: usize, reply: usize) -> usize {
+    let separator = "\n\n---\n\n".len();
+    let fits = room * 3;
+    let pack = |sizes: Vec<usize>| -> usize {
+        let (mut prompts, mut used) = (0, 0);
+        for size in sizes {
+            let size = size.min(fits) + separator;
+            if prompts == 0 || used + size > fits {
+                prompts += 1;
+                used = size;
+            } else {
+                used += size;
+            }
+        }
+        prompts
+    };
+    let mut sizes: Vec<usize> = texts.iter().map(String::len).collect();
+    let mut requests = 0;
+    loop {
+        let prompts = pack(sizes);
+        requests += prompts;
+        if prompts == 1 {
+            return requests;
+        }
+        // Each answer at most `reply` tokens (the server's are shorter, never more prompts).
+        sizes = vec![reply * 4; prompts];
+    }
+}
+
+/// `ai_agg` over two groups of 15 real manual pages each (400 characters apiece): each group's
+/// texts take several prompts of a 1,024-token window, reduced to one answer; the requests are
+/// those the documented packing makes, none too long for the server's window, and the same
+/// statement again is answered by the cache.
+#[test]
+fn ai_agg_reduces_a_group_too_long_for_one_prompt_within_the_window() {
+    let corpus = fixtures::made_by("documents.sh", &[]).join("html");
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("pages");
+    std::fs::create_dir(&pages).unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(&corpus)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("gnuplot-"))
+        .collect();
+    names.sort();
+    for name in names.iter().take(30) {
+        std::fs::copy(corpus.join(name), pages.join(name)).unwrap();
+    }
+    let front = proxy(&[]);
+    let wh = dir.path().join("wh");
+    let define = create(
+        "digest",
+        &front.url(),
+        ", 'max_tokens' '32', 'context_window' '1024'",
+    );
+    assert_ok(&query(&wh, &define));
+    let texts = format!(
+        "SELECT length(filename) % 2 AS g, substr(regexp_replace(text, '\\s+', ' ', 'g'), 1, 400) \
+         AS t FROM read_document('{}/') WHERE page = 1",
+        pages.display()
+    );
+    let sql = format!(
+        "SELECT g, ai_agg('digest', 'Summarize these texts in one sentence.', t) AS s \
+         FROM ({texts}) GROUP BY g ORDER BY g"
+    );
+    // What each group holds, to count the requests the packing makes.
+    let listed = assert_ok(&query(&wh, &format!("{texts} ORDER BY g, t")));
+    let mut groups: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for line in listed.lines().skip(1) {
+        let (g, t) = line.split_once(',').unwrap();
+        groups
+            .entry(g.to_string())
+            .or_default()
+            .push(t.trim_matches('"').replace("\"\"", "\""));
+    }
+    // 1024 - 32 (reply) - the instruction's tokens - 64 (template).
+    let room = 1024 - 32 - ("Summarize these texts in one sentence.".len() / 3 + 1) - 64;
+    let expected: usize = groups.values().map(|t| reduce_requests(t, room, 32)).sum();
+    assert!(
+        expected > groups.len() * 2,
+        "several prompts a group: {expected}"
+    );
+    let cost = assert_ok(&query(&wh, &format!("EXPLAIN COST {sql}")));
+    assert_eq!(
+        cost_row(&cost, "digest")["requests"],
+        expected.to_string(),
+        "{cost}"
+    );
+    assert_eq!(front.count("received"), 0);
+    let out = assert_ok(&query(&wh, &sql));
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows.iter().all(|r| r.len() > 3),
+        "an answer for each group: {out}"
+    );
+    let sent = front.count("received");
+    assert!(
+        sent <= expected as u64 && sent > 2 * 2,
+        "{sent} of at most {expected}"
+    );
+    // The same statement again: the same requests, answered by the cache.
+    let again = assert_ok(&query(&wh, &sql));
+    assert_eq!(again, out);
+    assert_eq!(front.count("received"), sent, "{}", front.counts());
+
+    // A window that cannot hold two replies beside the instruction: one clear error.
+    let small = create("tiny", &front.url(), ", 'context_window' '256'");
+    assert_ok(&query(&wh, &small));
+    let out = output_within(
+        bin().arg("--warehouse").arg(&wh).args([
+            "query",
+            "-e",
+            "SELECT ai_reduce('tiny', 'Summarize.', ['a', 'b'])",
+        ]),
+        DEADLINE,
+    );
+    assert_failure(
+        &out,
+        &[
+            "model 'tiny'",
+            "context_window (256 tokens)",
+            "max_tokens (512)",
+        ],
+    );
 }

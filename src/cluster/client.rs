@@ -11,7 +11,9 @@ use datafusion::execution::context::{SessionContext, SessionState};
 pub use crate::config::Remote;
 use crate::error::Result;
 use crate::model::ModelRegistry;
-use crate::rules::{EmbedBufferRule, FrameBatchesRule, ModelFiltersLast, StreamingParquetRule};
+use crate::rules::{
+    EmbedBufferRule, FrameBatchesRule, ModelFiltersLast, StreamingParquetRule, TopNOrderKept,
+};
 use crate::statement_context::StatementContext;
 use crate::storage::{CommittedWrite, StagedOutput, StoreRegistry};
 
@@ -40,6 +42,7 @@ impl Placement {
                 .with_physical_optimizer_rule(Arc::new(StreamingParquetRule))
                 .with_physical_optimizer_rule(Arc::new(FrameBatchesRule))
                 .with_physical_optimizer_rule(Arc::new(ModelFiltersLast))
+                .with_physical_optimizer_rule(Arc::new(TopNOrderKept))
                 .build(),
             Placement::Cluster(remote) => {
                 // Long enough for the scheduler to wait its `--executor-wait` for an executor

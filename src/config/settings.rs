@@ -201,6 +201,8 @@ settings! {
             Ok(())
         };
     /// Endpoint models: the most a statement may cost, at the models' prices; unset: no limit.
+    /// A statement whose estimate is over it (each reply at max_tokens) is refused before it
+    /// sends anything, and one that reaches it while it runs stops.
     max_cost: Option<f64> = None, takes "an amount ('2.50'; '' unsets it)", change Any,
         set |options, value| {
             options.max_cost = match value.trim() {

@@ -36,6 +36,7 @@ use crate::catalog::Catalog;
 use crate::cluster::Placement;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
+use crate::llm::estimate::{Estimate, Estimates};
 use crate::model::ModelRegistry;
 use crate::session::Session;
 use crate::statement_context::StatementContext;
@@ -201,12 +202,85 @@ impl Engine {
                 let optimized = crate::delta::maintenance::optimize(ctx, &name.to_string()).await?;
                 self.session.result(optimized)
             }
+            Statement::ExplainCost(query) => {
+                let (estimates, rows) = self.estimate(*query).await?;
+                self.session.cost_table(&estimates, rows)
+            }
             Statement::Sql(statement) => {
+                self.refuse_past_max_cost(&statement).await?;
                 let result = self.run_sql(*statement).await;
                 self.session.follow_device_option();
                 result
             }
         }
+    }
+
+    /// What the query `statement` would ask each endpoint model, counted by running it without
+    /// asking ([`crate::llm::estimate`]), and the rows it returns.
+    async fn estimate(&self, mut statement: DFStatement) -> Result<(Vec<Estimate>, u64)> {
+        // A cluster's executors would send what they count: the estimate is one process's.
+        if matches!(
+            self.session.placement(),
+            crate::cluster::Placement::Cluster(_)
+        ) {
+            return Err(Error::Statement(
+                "EXPLAIN COST runs in one process, not on a cluster (--remote): run it without \
+                 --remote over the same data"
+                    .into(),
+            ));
+        }
+        let _connected = self.session.connect_stores(&mut statement)?;
+        self.session
+            .tag_statement(&statement, self.warehouse.as_ref())?;
+        let estimates = Estimates::start(&self.session.statement());
+        let df = self.execute(statement).await?;
+        let mut stream = df.execute_stream().await?;
+        let mut rows = 0;
+        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            rows += batch?.num_rows() as u64;
+        }
+        Ok((estimates.estimates(), rows))
+    }
+
+    /// With `batchinfer.max_cost` set, a statement whose endpoint models would cost more (each
+    /// reply at `max_tokens`) is refused before it sends anything, naming both figures.
+    async fn refuse_past_max_cost(&self, statement: &DFStatement) -> Result<()> {
+        let Some(max) = self.session.batchinfer_options().max_cost else {
+            return Ok(());
+        };
+        // On a cluster, each executor stops at it as it runs ([`crate::llm`]'s cluster notes).
+        if matches!(
+            self.session.placement(),
+            crate::cluster::Placement::Cluster(_)
+        ) {
+            return Ok(());
+        }
+        let Some(query) = crate::statements::query_of(statement) else {
+            return Ok(());
+        };
+        let plan = self.session.plan(query.clone()).await?;
+        if !crate::lineage::calls_endpoints(self.session.registry(), &plan) {
+            return Ok(());
+        }
+        let (estimates, _) = self.estimate(query).await?;
+        let cost: f64 = estimates.iter().map(|e| e.cost).sum();
+        // What the estimate ran is done with: the statement begins again, as itself.
+        self.before_statement().await?;
+        if cost <= max {
+            return Ok(());
+        }
+        let requests: u64 = estimates.iter().map(|e| e.requests).sum();
+        let tokens: u64 = estimates
+            .iter()
+            .map(|e| e.prompt_tokens + e.completion_tokens)
+            .sum();
+        Err(crate::llm::LlmError::Budget(format!(
+            "the statement would cost up to ${cost:.6} ({requests} requests, about {tokens} \
+             tokens with each reply at max_tokens), over batchinfer.max_cost = '{max}' \
+             (${max}): refused before sending anything (EXPLAIN COST shows the estimate by \
+             model)"
+        ))
+        .into())
     }
 
     /// What each statement begins with: the warehouse's models and tables (and views) as they

@@ -54,7 +54,15 @@ pub struct Endpoint {
     /// planned).
     #[serde(default)]
     pub dimensions: Option<usize>,
+    /// The tokens a request and its reply may hold together (`ai_agg` and `ai_reduce` fit
+    /// their steps in it); unset: [`DEFAULT_CONTEXT_WINDOW`]. Kept only when set, so that the
+    /// definitions made before it keep their sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
 }
+
+/// The context window of a model that declares none.
+pub const DEFAULT_CONTEXT_WINDOW: u32 = 4096;
 
 /// The options `CREATE MODEL name OPTIONS (...)` takes for an endpoint model, for messages.
 pub const OPTIONS: &[&str] = &[
@@ -74,6 +82,7 @@ pub const OPTIONS: &[&str] = &[
     "max_retries",
     "timeout",
     "dimensions",
+    "context_window",
 ];
 
 impl Endpoint {
@@ -241,6 +250,10 @@ impl Endpoint {
             output_price_per_million: price("output_price_per_million")?,
             max_retries: whole("max_retries", 6, 0)?.min(100) as u32,
             timeout,
+            context_window: match text("context_window") {
+                None => None,
+                Some(_) => Some(whole("context_window", 0, 256)?.min(10_000_000) as u32),
+            },
         })
     }
 
@@ -273,6 +286,9 @@ impl Endpoint {
             && endpoint.max_tokens >= 1
             && (0.001..=86_400.0).contains(&endpoint.timeout)
             && endpoint.max_retries <= 100
+            && endpoint
+                .context_window
+                .is_none_or(|w| (256..=10_000_000).contains(&w))
             && match endpoint.kind {
                 Kind::Chat => endpoint.dimensions.is_none(),
                 Kind::Embedding => endpoint
@@ -355,6 +371,10 @@ impl Endpoint {
         add("max_retries", Some(self.max_retries.to_string()));
         add("timeout", Some(format!("{} s", self.timeout)));
         add("dimensions", self.dimensions.map(|d| d.to_string()));
+        add(
+            "context_window",
+            self.context_window.map(|w| format!("{w} tokens")),
+        );
         rows
     }
 }

@@ -13,6 +13,8 @@
 //!   sent with each request, replies checked and decoded into the struct.
 //! - `cache.rs`: every answer kept in the warehouse by the sha256 of its request, so that the
 //!   same request is never paid twice.
+//! - `estimate.rs`: what a statement would ask, counted without asking (`EXPLAIN COST`,
+//!   `max_cost` checked before anything is sent).
 //! - `judge.rs`: questions answered with probabilities (`ai_filter`, `ai_classify`): their
 //!   prompts, and each answer's probability from the log-probabilities of the reply's first
 //!   token.
@@ -25,6 +27,7 @@
 pub mod cache;
 pub mod client;
 mod definition;
+pub mod estimate;
 pub mod judge;
 pub mod output;
 pub mod pace;
@@ -34,7 +37,7 @@ pub mod spend;
 use crate::error::Error;
 
 pub use client::{EndpointModel, Usage};
-pub use definition::{Endpoint, Kind, OPTIONS};
+pub use definition::{DEFAULT_CONTEXT_WINDOW, Endpoint, Kind, OPTIONS};
 
 /// The feature's errors.
 #[derive(Debug, thiserror::Error)]

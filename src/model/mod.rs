@@ -46,6 +46,8 @@ pub const MODEL_FUNCTIONS: &[&str] = &[
     "ai_filter",
     "ai_filter_score",
     "ai_classify",
+    "ai_reduce",
+    "ai_agg",
 ];
 
 /// The largest batch dimension a model may fix: each call is padded to it.

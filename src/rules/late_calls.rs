@@ -25,8 +25,12 @@ use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection, Sort, Sort
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::{self, PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+/// The prefix of the columns a moved sort's keys are computed in.
+const KEY: &str = "__batchinfer_key";
 
 /// The optimizer rule: see the module's documentation.
 #[derive(Debug, Default)]
@@ -73,7 +77,7 @@ impl OptimizerRule for ModelCallsLate {
             .collect();
         let mut sorted_by = Vec::with_capacity(keys.len());
         for key in keys {
-            let name = config.alias_generator().next("__batchinfer_key");
+            let name = config.alias_generator().next(KEY);
             below.push(key.expr.alias(name.as_str()));
             sorted_by.push(SortExpr::new(
                 Expr::Column(Column::new_unqualified(name)),
@@ -241,4 +245,48 @@ fn physical_calls_a_model(expr: &Arc<dyn PhysicalExpr>) -> bool {
         Ok(TreeNodeRecursion::Continue)
     });
     found
+}
+
+/// The order of a top-N that [`ModelCallsLate`] moved below a model's calls, kept: the calls'
+/// projection does not pass the sort's keys on (so that DataFusion does not move it back below
+/// the sort), and a plan whose top reads no ordering gets a round robin between the sort and
+/// the calls, which would hand the rows out of order once they are more than a batch. Such a
+/// round robin is removed, after every rule of DataFusion's: the calls read the sorted rows in
+/// one partition (an endpoint's requests of a batch are sent at once all the same).
+#[derive(Debug, Default)]
+pub struct TopNOrderKept;
+
+impl PhysicalOptimizerRule for TopNOrderKept {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(repartition) = node.downcast_ref::<RepartitionExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let input = repartition.input();
+            // Rows sorted by a moved top-N's keys, which pass through here under their names.
+            let keyed = input.output_ordering().is_some()
+                && input
+                    .schema()
+                    .fields()
+                    .iter()
+                    .any(|f| f.name().starts_with(KEY));
+            if keyed && input.output_partitioning().partition_count() == 1 {
+                return Ok(Transformed::yes(input.clone()));
+            }
+            Ok(Transformed::no(node))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "batchinfer_top_n_order_kept"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
 }

@@ -22,6 +22,7 @@ use crate::statements::{Statement, parse};
 use crate::storage::SessionLimits;
 use crate::udf::predict_table::ResolvedTables;
 
+mod cost;
 mod explain;
 mod settings;
 mod stores;

@@ -20,11 +20,13 @@
 //! and a Delta table's commits ([`crate::delta`]): `DESCRIBE HISTORY customers`.
 //! Everything else is parsed by DataFusion's parser, in the session's dialect.
 
+mod cost;
 pub mod limits;
 mod models;
 mod secrets;
 pub mod time_travel;
 
+pub use cost::query_of;
 use models::model_statement;
 
 pub use secrets::{blank_secrets, is_secret_name};
@@ -60,6 +62,9 @@ pub enum Statement {
     },
     /// `OPTIMIZE name`: a Delta table's small files rewritten as fewer.
     Optimize(ObjectName),
+    /// `EXPLAIN COST statement`: the statement's query, run as an estimate of what its endpoint
+    /// models would be asked, sending nothing ([`crate::llm::estimate`]).
+    ExplainCost(Box<DFStatement>),
     /// Anything else, as DataFusion's parser read it.
     Sql(Box<DFStatement>),
 }
@@ -190,13 +195,17 @@ pub fn parse(script: &str, dialect: &dyn Dialect) -> Result<Vec<Statement>> {
         if df.parser.peek_token().token == Token::EOF {
             return Ok(statements);
         }
-        statements.push(match model_statement(&mut df)? {
-            Some(statement) => Statement::Model(statement),
-            None => match view_statement(&mut df.parser)? {
-                Some(statement) => Statement::View(statement),
-                None => match table_statement(&mut df.parser)? {
-                    Some(statement) => statement,
-                    None => view_or_sql(sql_statement(&mut df)?)?,
+        let explained = cost::explain_cost(&mut df)?;
+        statements.push(match explained {
+            Some(statement) => statement,
+            None => match model_statement(&mut df)? {
+                Some(statement) => Statement::Model(statement),
+                None => match view_statement(&mut df.parser)? {
+                    Some(statement) => Statement::View(statement),
+                    None => match table_statement(&mut df.parser)? {
+                        Some(statement) => statement,
+                        None => view_or_sql(sql_statement(&mut df)?)?,
+                    },
                 },
             },
         });

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, StringArray, StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, Float64Array, StringArray, StructArray, new_null_array,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
@@ -32,6 +32,7 @@ use super::generate::{Rows, ask_each, chat_model, settle};
 use super::string_literal;
 use crate::config::BatchInferOptions;
 use crate::llm::client::Call;
+use crate::llm::estimate::Estimates;
 use crate::llm::judge::{self, Label};
 use crate::model::ModelRegistry;
 use crate::statement_context::StatementContext;
@@ -163,6 +164,17 @@ impl ScalarUDFImpl for AiUdf {
                 if n < 3 || string_literal(args.scalar_arguments[1]).is_none() {
                     return plan_err!("{}", self.usage());
                 }
+                for field in &args.arg_fields[2..] {
+                    let t = field.data_type();
+                    if !(is_text(t) || t.is_numeric() || t.is_temporal() || *t == DataType::Boolean)
+                    {
+                        return plan_err!(
+                            "{}: model '{name}': an input is {t}; the inputs are written into the \
+                             prompt as text: give text, numbers, booleans or dates",
+                            self.name()
+                        );
+                    }
+                }
             }
             Question::Classify => {
                 if n != 3 {
@@ -245,6 +257,21 @@ impl AsyncScalarUDFImpl for AiUdf {
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let call = Call::of(statement, session);
+        if let Some(estimates) = Estimates::of(statement) {
+            // Counted, not sent: a filter keeps every row asked about, so that what a later
+            // call is asked is counted at most.
+            estimates.chat(&model, &call, &requests).await;
+            let column: ArrayRef = match self.question {
+                Question::Filter => Arc::new(
+                    requests
+                        .iter()
+                        .map(|r| r.as_ref().map(|_| true))
+                        .collect::<BooleanArray>(),
+                ),
+                _ => new_null_array(&self.output(), rows),
+            };
+            return Ok(ColumnarValue::Array(column));
+        }
         let outcomes = ask_each(&model, &call, &requests, statement).await?;
 
         // Each row's probabilities, and why those without them have none.

@@ -132,6 +132,12 @@ impl ScalarUDFImpl for EmbedUdf {
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let (model, dim) = self.model(&name, text_array.data_type(), Some(&args.config_options))?;
+        if crate::llm::estimate::Estimates::of(statement).is_some() {
+            // An estimate of what endpoints cost runs no local model.
+            let none =
+                datafusion::arrow::array::new_null_array(args.return_field.data_type(), rows);
+            return Ok(ColumnarValue::Array(none));
+        }
         let texts = text_array.as_string::<i32>();
         let present: Vec<&str> = texts.iter().flatten().collect();
         let options = EmbedOptions {

@@ -49,6 +49,11 @@ pub(super) fn invoke(
     let untagged = StatementContext::default();
     let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
     let call = Call::of(statement, session);
+    if let Some(estimates) = crate::llm::estimate::Estimates::of(statement) {
+        block_on(estimates.embeddings(model, &call, &present))?;
+        let none = datafusion::arrow::array::new_null_array(args.return_field.data_type(), rows);
+        return Ok(ColumnarValue::Array(none));
+    }
     let asked = crate::llm::until_stopped(model.embed(&call, &present), statement.stop());
     let outcomes = block_on(asked)??;
     let mut vectors = Vec::with_capacity(present.len() * dim);

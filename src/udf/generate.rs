@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray, new_null_array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::common::{ScalarValue, exec_err, plan_err};
@@ -31,6 +31,7 @@ use super::string_literal;
 use crate::config::{BatchInferOptions, OnError};
 use crate::error::Error;
 use crate::llm::client::{Call, Outcome, Unanswered};
+use crate::llm::estimate::Estimates;
 use crate::llm::{EndpointModel, Kind, LlmError, output};
 use crate::model::ModelRegistry;
 use crate::rejects::{self, Rejecting};
@@ -205,7 +206,16 @@ impl AsyncScalarUDFImpl for GenerateUdf {
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let call = Call::of(statement, session);
-        let outcomes = ask_all(&model, &call, texts, schema.as_ref(), statement).await?;
+        let requests: Vec<Option<Value>> = texts
+            .iter()
+            .map(|prompt| prompt.map(|p| model.chat_request(p, schema.as_ref())))
+            .collect();
+        if let Some(estimates) = Estimates::of(statement) {
+            estimates.chat(&model, &call, &requests).await;
+            let none = new_null_array(args.return_field.data_type(), rows);
+            return Ok(ColumnarValue::Array(none));
+        }
+        let outcomes = ask_each(&model, &call, &requests, statement).await?;
 
         // The rows' texts, and why those without one have none.
         let mut failed: Vec<(usize, String)> = Vec::new();
@@ -375,22 +385,6 @@ fn with_details(
         columns,
         Some(nulls),
     )?))
-}
-
-/// The outcome of every row's request (None under a NULL prompt), all sent at once (the model
-/// lets `max_concurrency` go); a stop signal or the statement's budget ends them all.
-async fn ask_all(
-    model: &EndpointModel,
-    call: &Call<'_>,
-    texts: &StringArray,
-    schema: Option<&Value>,
-    statement: &StatementContext,
-) -> Result<Vec<Option<Outcome>>> {
-    let requests: Vec<Option<Value>> = texts
-        .iter()
-        .map(|prompt| prompt.map(|p| model.chat_request(p, schema)))
-        .collect();
-    ask_each(model, call, &requests, statement).await
 }
 
 /// The outcome of each request (None where there is none), all sent at once (the model lets

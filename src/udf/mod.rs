@@ -1,6 +1,7 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
 pub mod ai;
+pub mod ai_reduce;
 pub mod by_name;
 pub mod chunk;
 pub mod embed;
@@ -14,6 +15,7 @@ pub mod rejects;
 pub mod vector;
 
 pub use ai::{AiUdf, Question};
+pub use ai_reduce::{AiAggUdf, AiReduceUdf};
 pub use chunk::ChunkUdf;
 pub use embed::EmbedUdf;
 pub use generate::GenerateUdf;

@@ -343,6 +343,12 @@ impl ScalarUDFImpl for PredictUdf {
         let untagged = StatementContext::default();
         let statement = StatementContext::of(Some(&args.config_options)).unwrap_or(&untagged);
         let (model, binding) = self.bind(&name, features, Some(&args.config_options))?;
+        if crate::llm::estimate::Estimates::of(statement).is_some() {
+            // An estimate of what endpoints cost runs no local model.
+            let none =
+                datafusion::arrow::array::new_null_array(args.return_field.data_type(), rows);
+            return Ok(ColumnarValue::Array(none));
+        }
         let options = session.map_or_else(ScoreOptions::default, |o| ScoreOptions {
             max_rows: o.batch_size,
             on_error: o.on_error,

@@ -14,10 +14,7 @@ impl EndpointModel {
     ) -> Result<Vec<Result<Vec<f32>, Unanswered>>, LlmError> {
         let dim = self.endpoint.dimensions.unwrap_or(0);
         let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
-        let key_of = |text: &str| {
-            let request = json!({"model": self.endpoint.model, "input": text, "api": "embeddings"});
-            cache::key(&self.endpoint.endpoint, &request)
-        };
+        let key_of = |text: &str| self.embedding_key(text);
         let mut found: HashMap<&str, Result<Vec<f32>, Unanswered>> = HashMap::new();
         let mut missing: Vec<&str> = Vec::new();
         let mut seen = std::collections::HashSet::new();

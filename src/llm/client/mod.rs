@@ -128,13 +128,22 @@ impl<V> Memo<V> {
 const MEMO_BYTES: usize = 64 << 20;
 
 /// The most texts one embeddings request carries.
-const EMBED_BATCH: usize = 64;
+pub(crate) const EMBED_BATCH: usize = 64;
 
 /// The longest wait before a try again, whatever a server's Retry-After says.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// The largest reply body read: a server sending more is the row's error.
 const MAX_REPLY: usize = 32 << 20;
+
+/// The prompt tokens of the chat request `body` before it is answered: a token per four
+/// characters of its messages (as JSON), what pacing and budgets reserve and estimates count.
+pub fn estimated_prompt_tokens(body: &Value) -> u64 {
+    let chars: usize = body["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
+    (chars / 4) as u64
+}
 
 /// What a statement's call asks of the model: the statement (for its budget and its requests
 /// sent once), its options, and the cache's use.
@@ -344,6 +353,25 @@ impl EndpointModel {
         body
     }
 
+    /// The cache's key of the chat request `body`.
+    pub fn cache_key(&self, body: &Value) -> String {
+        cache::key(&self.endpoint.endpoint, body)
+    }
+
+    /// The cache's key of the embedding of `text`.
+    pub fn embedding_key(&self, text: &str) -> String {
+        let request = json!({"model": self.endpoint.model, "input": text, "api": "embeddings"});
+        cache::key(&self.endpoint.endpoint, &request)
+    }
+
+    /// Whether the cache (as `call` reads it) holds an answer to the request `key`.
+    pub async fn is_answered(&self, call: &Call<'_>, key: &str) -> bool {
+        match self.cache.as_ref().filter(|_| call.cache != Mode::Off) {
+            Some(cache) => cache.get(key).await.is_some(),
+            None => false,
+        }
+    }
+
     /// The answer to `body` for the statement of `call`: from the statement's earlier identical
     /// request, from the cache, or sent. `Err`: the statement stops (its budget, no key).
     pub async fn ask(&self, call: &Call<'_>, body: &Value) -> Result<Outcome, LlmError> {
@@ -413,7 +441,7 @@ impl EndpointModel {
         let prompt_chars: usize = body["messages"]
             .as_array()
             .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
-        let reserve = (prompt_chars / 4 + self.endpoint.max_tokens as usize) as f64;
+        let reserve = (estimated_prompt_tokens(body) + u64::from(self.endpoint.max_tokens)) as f64;
         // A server that says nothing of its tokens is charged an estimate, so budgets hold.
         let count = |raw: &str| match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => (reply.prompt_tokens, reply.completion_tokens),

@@ -1,0 +1,66 @@
+//! What `EXPLAIN COST` returns: a row per endpoint model the statement would ask
+//! ([`crate::llm::estimate`]).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::dataframe::DataFrame;
+
+use super::Session;
+use crate::error::Result;
+use crate::llm::estimate::Estimate;
+
+impl Session {
+    /// The estimates of a statement that would return `rows` rows: a row per endpoint model
+    /// (rows reaching its calls, requests it would send, those answered already, tokens, cost
+    /// and minutes at its limits), and a row `(all)` of the sums when there are several.
+    pub fn cost_table(&self, estimates: &[Estimate], rows: u64) -> Result<DataFrame> {
+        let mut shown: Vec<Estimate> = estimates.to_vec();
+        if shown.len() > 1 {
+            let sum = |f: fn(&Estimate) -> u64| estimates.iter().map(f).sum::<u64>();
+            shown.push(Estimate {
+                model: "(all)".into(),
+                rows: sum(|e| e.rows),
+                requests: sum(|e| e.requests),
+                cached: sum(|e| e.cached),
+                prompt_tokens: sum(|e| e.prompt_tokens),
+                completion_tokens: sum(|e| e.completion_tokens),
+                cost: estimates.iter().map(|e| e.cost).sum(),
+                // The models are asked at once: the slowest one's time.
+                minutes: estimates.iter().filter_map(|e| e.minutes).reduce(f64::max),
+            });
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("model", DataType::Utf8, false),
+            Field::new("rows", DataType::UInt64, false),
+            Field::new("requests", DataType::UInt64, false),
+            Field::new("answered_already", DataType::UInt64, false),
+            Field::new("prompt_tokens_estimated", DataType::UInt64, false),
+            Field::new("completion_tokens_at_most", DataType::UInt64, false),
+            Field::new("cost_at_most", DataType::Float64, false),
+            Field::new("minutes_at_limits", DataType::Float64, true),
+            Field::new("statement_rows", DataType::UInt64, false),
+        ]));
+        let u = |f: fn(&Estimate) -> u64| -> ArrayRef {
+            Arc::new(shown.iter().map(f).collect::<UInt64Array>())
+        };
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(
+                shown
+                    .iter()
+                    .map(|e| Some(e.model.as_str()))
+                    .collect::<StringArray>(),
+            ),
+            u(|e| e.rows),
+            u(|e| e.requests),
+            u(|e| e.cached),
+            u(|e| e.prompt_tokens),
+            u(|e| e.completion_tokens),
+            Arc::new(shown.iter().map(|e| Some(e.cost)).collect::<Float64Array>()),
+            Arc::new(shown.iter().map(|e| e.minutes).collect::<Float64Array>()),
+            Arc::new(UInt64Array::from(vec![rows; shown.len()])),
+        ];
+        self.result(RecordBatch::try_new(schema, columns)?)
+    }
+}
