@@ -122,15 +122,20 @@ fn endpoints_of(
 fn called(plan: &LogicalPlan) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     // Nothing in the walk fails.
-    let _ = plan.apply(|node| {
+    // Subqueries too: a call in `WHERE x IN (SELECT generate(...))` is the plan's.
+    let _ = plan.apply_with_subqueries(|node| {
         node.apply_expressions(|expr| {
             expr.apply(|e| {
-                if let Expr::ScalarFunction(f) = e
-                    && crate::model::MODEL_FUNCTIONS.contains(&f.name())
+                let (name, args) = match e {
+                    Expr::ScalarFunction(f) => (f.name(), &f.args),
+                    Expr::AggregateFunction(f) => (f.func.name(), &f.params.args),
+                    _ => return Ok(TreeNodeRecursion::Continue),
+                };
+                if crate::model::MODEL_FUNCTIONS.contains(&name)
                     && let Some(Expr::Literal(
                         ScalarValue::Utf8(Some(n)) | ScalarValue::Utf8View(Some(n)),
                         _,
-                    )) = f.args.first()
+                    )) = args.first()
                 {
                     names.insert(n.clone());
                 }

@@ -386,6 +386,23 @@ fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
     assert_eq!(front.count("received"), 0, "{}", front.counts());
     assert!(!out.exists());
 
+    // Calls in a subquery and in ai_agg are counted too; a SELECT ... INTO is read, not run.
+    for sql in [
+        "SELECT id FROM (SELECT value AS id FROM range(3)) WHERE id IN (SELECT length(generate('m', 'Say more')) FROM range(1))".to_string(),
+        "SELECT id % 2 AS g, ai_agg('m', 'Summarize.', CAST(id AS VARCHAR)) FROM (SELECT value AS id FROM range(4)) GROUP BY id % 2".to_string(),
+        "SELECT generate('m', 'Say it') AS g INTO said FROM range(1)".to_string(),
+    ] {
+        let sql = format!("SET batchinfer.max_cost = '0.0000001'; {sql}");
+        let refused = output_within(
+            bin().arg("--warehouse").arg(wh).args(["query", "-e", &sql]),
+            DEADLINE,
+        );
+        assert_failure(&refused, &["refused before sending anything"]);
+    }
+    assert_eq!(front.count("received"), 0, "{}", front.counts());
+    let tables = assert_ok(&query(wh, "SHOW TABLES"));
+    assert!(!tables.contains("said"), "{tables}");
+
     // Within it: the statement runs, sending what the estimate counted.
     let sql = format!(
         "SET batchinfer.max_cost = '1'; COPY ({select}) TO '{}'",
@@ -531,6 +548,37 @@ fn ai_agg_reduces_a_group_too_long_for_one_prompt_within_the_window() {
     let again = assert_ok(&query(&wh, &sql));
     assert_eq!(again, out);
     assert_eq!(front.count("received"), sent, "{}", front.counts());
+
+    // Replies as long as the window allows: each level halves, the estimate ends.
+    let wide = create(
+        "wide",
+        &front.url(),
+        ", 'max_tokens' '100', 'context_window' '400'",
+    );
+    assert_ok(&query(&wh, &wide));
+    let cost = assert_ok(&query(
+        &wh,
+        "EXPLAIN COST SELECT ai_reduce('wide', 'Sum.', [repeat('a', 500), repeat('b', 500), \
+         repeat('c', 500)])",
+    ));
+    assert_eq!(cost_row(&cost, "wide")["requests"], "5", "{cost}");
+    // Grouping sets: each set's texts reduced.
+    let rolled = assert_ok(&query(
+        &wh,
+        &format!(
+            "SELECT g, count(*) AS n, ai_agg('digest', 'Summarize these texts in one sentence.', t) \
+             IS NOT NULL AS answered FROM ({texts}) GROUP BY ROLLUP(g) ORDER BY g NULLS LAST"
+        ),
+    ));
+    assert_eq!(
+        rolled
+            .lines()
+            .skip(1)
+            .map(|l| l.rsplit(',').next().unwrap())
+            .collect::<Vec<_>>(),
+        ["true", "true", "true"],
+        "{rolled}"
+    );
 
     // A window that cannot hold two replies beside the instruction: one clear error.
     let small = create("tiny", &front.url(), ", 'context_window' '256'");

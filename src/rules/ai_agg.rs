@@ -54,9 +54,15 @@ impl OptimizerRule for AiAggAsReduce {
                 continue;
             };
             let name = expr.schema_name().to_string();
-            let [model, instruction, text] = &call.params.args[..] else {
+            let [
+                model @ Expr::Literal(..),
+                instruction @ Expr::Literal(..),
+                text,
+            ] = &call.params.args[..]
+            else {
                 return plan_err!(
-                    "ai_agg takes an endpoint model's name, an instruction and the texts"
+                    "ai_agg takes an endpoint model's name, an instruction (both literals) and \
+                     the texts: ai_agg('writer', 'Summarize the complaints', body)"
                 );
             };
             let order_by = match call.params.order_by.is_empty() {
@@ -79,7 +85,8 @@ impl OptimizerRule for AiAggAsReduce {
             aggregate.group_expr.clone(),
             gathered,
         )?;
-        let groups = texts.group_expr.len();
+        // The grouping columns (and a grouping set's id) come before the aggregates.
+        let groups = texts.schema.fields().len() - texts.aggr_expr.len();
         let schema = texts.schema.clone();
         let exprs: Vec<Expr> = schema
             .iter()

@@ -17,6 +17,19 @@ impl Session {
     /// and minutes at its limits), and a row `(all)` of the sums when there are several.
     pub fn cost_table(&self, estimates: &[Estimate], rows: u64) -> Result<DataFrame> {
         let mut shown: Vec<Estimate> = estimates.to_vec();
+        // No endpoint model asked: a row that says so, with the statement's rows.
+        if shown.is_empty() {
+            shown.push(Estimate {
+                model: "(none)".into(),
+                rows: 0,
+                requests: 0,
+                cached: 0,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                cost: 0.0,
+                minutes: None,
+            });
+        }
         if shown.len() > 1 {
             let sum = |f: fn(&Estimate) -> u64| estimates.iter().map(f).sum::<u64>();
             shown.push(Estimate {

@@ -3,7 +3,7 @@
 //! whose cost `batchinfer.max_cost` checks before it runs.
 
 use datafusion::sql::parser::{CopyToSource, DFParser, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::{Query, Statement as SQLStatement};
+use datafusion::sql::sqlparser::ast::{Query, SetExpr, Statement as SQLStatement};
 
 use super::{Statement, is_word, sql_statement};
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ pub(super) fn explain_cost(df: &mut DFParser<'_>) -> Result<Option<Statement>> {
     }
     parser.next_token();
     parser.next_token();
-    let statement = sql_statement(df)?;
+    let statement = sql_statement(df).map_err(|e| Error::Statement(format!("{USAGE} ({e})")))?;
     match query_of(&statement) {
         Some(query) => Ok(Some(Statement::ExplainCost(Box::new(query)))),
         None => Err(Error::Statement(USAGE.into())),
@@ -31,9 +31,14 @@ pub(super) fn explain_cost(df: &mut DFParser<'_>) -> Result<Option<Statement>> {
 /// The query a statement reads what it writes or returns from: a query's own, a COPY's, an
 /// INSERT's, a CREATE TABLE ... AS's; None for the rest.
 pub fn query_of(statement: &DFStatement) -> Option<DFStatement> {
+    // A `SELECT ... INTO t` read, not written.
     let query = |q: &Query| {
+        let mut q = q.clone();
+        if let SetExpr::Select(select) = q.body.as_mut() {
+            select.into = None;
+        }
         Some(DFStatement::Statement(Box::new(SQLStatement::Query(
-            Box::new(q.clone()),
+            Box::new(q),
         ))))
     };
     match statement {
@@ -44,6 +49,7 @@ pub fn query_of(statement: &DFStatement) -> Option<DFStatement> {
                 DFParser::parse_sql(&sql).ok()?.pop_front()
             }
         },
+        DFStatement::Explain(explain) if explain.options.analyze => query_of(&explain.statement),
         DFStatement::Statement(s) => match s.as_ref() {
             SQLStatement::Query(q) => query(q),
             SQLStatement::Insert(insert) => insert.source.as_deref().and_then(query),

@@ -76,14 +76,19 @@ fn prompt(instruction: &str, texts: &[String]) -> String {
 }
 
 /// The texts in prompts that each fit `room` tokens: as many a prompt as fit, in order; a text
-/// longer than a prompt alone is cut to fit.
-fn packed(texts: Vec<String>, room: usize) -> Vec<Vec<String>> {
+/// longer than a prompt alone is cut to fit. Answers (`answers`) are cut to half a prompt, so
+/// that two always fit one and each level has at most half the prompts of the one before.
+fn packed(texts: Vec<String>, room: usize, answers: bool) -> Vec<Vec<String>> {
     let fits = room * CHARS_A_TOKEN;
+    let most = match answers {
+        true => (fits / 2).saturating_sub(SEPARATOR.len()).max(1),
+        false => fits.saturating_sub(SEPARATOR.len()).max(1),
+    };
     let mut prompts: Vec<Vec<String>> = Vec::new();
     let mut used = 0;
     for mut text in texts {
-        if text.len() > fits {
-            let mut end = fits;
+        if text.len() > most {
+            let mut end = most;
             while !text.is_char_boundary(end) {
                 end -= 1;
             }
@@ -107,6 +112,8 @@ fn packed(texts: Vec<String>, room: usize) -> Vec<Vec<String>> {
 /// One list's reduction: its steps' requests, level by level.
 struct Reduction {
     texts: Vec<String>,
+    /// Whether the texts are answers of an earlier level.
+    answers: bool,
     /// The prompt that failed, and why, if one did.
     failed: Option<(String, String)>,
     answer: Option<String>,
@@ -200,6 +207,7 @@ impl AsyncScalarUDFImpl for AiReduceUdf {
         for row in 0..rows {
             reductions.push(texts_of(&lists, row)?.map(|texts| Reduction {
                 texts,
+                answers: false,
                 failed: None,
                 answer: None,
             }));
@@ -218,7 +226,8 @@ impl AsyncScalarUDFImpl for AiReduceUdf {
                 if r.answer.is_some() || r.failed.is_some() {
                     continue;
                 }
-                let prompts = packed(std::mem::take(&mut r.texts), room);
+                let prompts = packed(std::mem::take(&mut r.texts), room, r.answers);
+                r.answers = true;
                 let last = prompts.len() == 1;
                 for texts in prompts {
                     let text = prompt(&instruction, &texts);
@@ -230,10 +239,15 @@ impl AsyncScalarUDFImpl for AiReduceUdf {
                 break;
             }
             let outcomes: Vec<Option<Outcome>> = match &estimates {
-                // Counted, each answer as long as it may be.
+                // Counted; an answer the cache holds is read (so that the next level's
+                // prompts are those a run makes), the others as long as they may be.
                 Some(estimates) => {
                     estimates.chat(&model, &call, &requests).await;
-                    requests.iter().map(|_| None).collect()
+                    let mut kept = Vec::with_capacity(requests.len());
+                    for body in requests.iter().flatten() {
+                        kept.push(model.cached_reply(&call, body).await.map(Ok));
+                    }
+                    kept
                 }
                 None => ask_each(&model, &call, &requests, statement).await?,
             };
@@ -244,7 +258,8 @@ impl AsyncScalarUDFImpl for AiReduceUdf {
                     continue;
                 };
                 let answer = match outcome {
-                    None => Ok("x".repeat(reply * 4)),
+                    // Unlike any other (each list's steps are its own requests).
+                    None => Ok(format!("{row} {}", "x".repeat(reply * 4))),
                     Some(Ok(reply)) => match (&reply.refusal, &reply.content) {
                         (Some(refusal), _) => Err(format!("the model refused: {refusal}")),
                         (None, Some(text)) => Ok(text.clone()),

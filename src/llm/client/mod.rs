@@ -364,6 +364,16 @@ impl EndpointModel {
         cache::key(&self.endpoint.endpoint, &request)
     }
 
+    /// The answer the cache (as `call` reads it) holds to the chat request `body`, if any.
+    pub async fn cached_reply(&self, call: &Call<'_>, body: &Value) -> Option<Arc<Reply>> {
+        let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off)?;
+        let raw = cache.get(&self.cache_key(body)).await?;
+        let api_key = self.api_key().ok().flatten();
+        Reply::parse(raw)
+            .ok()
+            .map(|r| Arc::new(r.scrubbed(api_key.as_deref())))
+    }
+
     /// Whether the cache (as `call` reads it) holds an answer to the request `key`.
     pub async fn is_answered(&self, call: &Call<'_>, key: &str) -> bool {
         match self.cache.as_ref().filter(|_| call.cache != Mode::Off) {
