@@ -219,7 +219,13 @@ pub fn cluster_state(
         .with_config(config)
         .with_runtime_env(runtime_env(stores, None, Arc::new(limits))?)
         .with_scalar_functions(scalar)
-        .with_aggregate_functions(ballista_aggregate_functions())
+        .with_aggregate_functions({
+            let mut aggregates = ballista_aggregate_functions();
+            aggregates.push(Arc::new(datafusion::logical_expr::AggregateUDF::from(
+                AiAggUdf::default(),
+            )));
+            aggregates
+        })
         .with_window_functions(ballista_window_functions());
     Ok(with_rules(state).build())
 }

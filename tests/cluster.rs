@@ -935,3 +935,73 @@ fn photos_on_the_cluster_are_scored_as_in_one_process_and_kept_by_a_view() {
     assert_same_files(&view, &local(&models, &ordered), 1e-5);
     assert_eq!(view.lines().count(), 6, "{view}");
 }
+
+/// The LLM operators through the cluster, against a server that gives the same request the same
+/// log-probabilities: `ai_filter_score` and `ai_classify` equal to one process's, `ai_agg`
+/// answering each group, and a top-N sending only the rows it keeps.
+#[test]
+fn the_llm_operators_on_the_cluster_answer_as_one_process() {
+    let data = tempfile::tempdir().unwrap();
+    let input = data.path().join("in");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id, 'The ' || CASE value % 3 WHEN 0 THEN 'cat' WHEN 1 THEN \
+             'truck' ELSE 'apple' END || ' number ' || CAST(value AS VARCHAR) AS body FROM \
+             range(12)) TO '{}/' STORED AS PARQUET",
+            input.display()
+        ),
+    );
+    let front = llm_server::proxy_to(llm_server::llama_exact(), &[]);
+    let define = format!(
+        "CREATE OR REPLACE MODEL judge OPTIONS ('endpoint' '{}', 'model' 'smollm2', \
+         'max_tokens' '16', 'temperature' '0', 'seed' '7');",
+        front.url()
+    );
+    let select = format!(
+        "SET batchinfer.cache = 'off'; SELECT id, ai_filter_score('judge', 'Is it an animal?', \
+         body) AS p, ai_classify('judge', body, ['animal', 'vehicle', 'food'])['label'] AS l \
+         FROM '{}/' ORDER BY id",
+        input.display()
+    );
+    let one = local(Path::new("data/models"), &format!("{define} {select}"));
+    let cluster = Cluster::start(2, None);
+    ok(&cluster.query(None, &define));
+    let before = front.count("received");
+    let many = ok(&cluster.query(None, &select));
+    let rows = |csv: &str| -> Vec<String> {
+        csv.lines()
+            .filter(|l| !l.starts_with("id,"))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(rows(&many), rows(&one));
+    assert_eq!(rows(&many).len(), 12, "{many}");
+    assert_eq!(front.count("received") - before, 24, "{}", front.counts());
+    // A top-N: three rows asked about.
+    let before = front.count("received");
+    let top = ok(&cluster.query(
+        None,
+        &format!(
+            "SET batchinfer.cache = 'off'; SELECT id, ai_filter_score('judge', 'Is it an \
+             animal?', body) AS p FROM '{}/' ORDER BY id DESC LIMIT 3",
+            input.display()
+        ),
+    ));
+    assert_eq!(top.lines().count(), 4, "{top}");
+    assert_eq!(front.count("received") - before, 3, "{}", front.counts());
+    // ai_agg: an answer for each group.
+    let groups = ok(&cluster.query(
+        None,
+        &format!(
+            "SET batchinfer.cache = 'off'; SELECT id % 3 AS g, ai_agg('judge', 'Summarize.', \
+             body) IS NOT NULL AS answered FROM '{}/' GROUP BY id % 3 ORDER BY g",
+            input.display()
+        ),
+    ));
+    assert_eq!(
+        groups.lines().collect::<Vec<_>>(),
+        ["g,answered", "0,true", "1,true", "2,true"],
+        "{groups}"
+    );
+}
