@@ -135,8 +135,9 @@
 //!   (`once.rs`), model calls only on the rows a top-N or a filter's other conditions keep
 //!   (`late_calls.rs`), files read at their ends alone for a model that reads no more of them
 //!   (`file_ends.rs`), `embed`'s input gathered across batches and files (`embed_buffer.rs`),
-//!   local Parquet read by the streaming reader (`streaming_scan.rs`), and video frames kept in
-//!   the batches they are decoded in (`frame_batches.rs`).
+//!   local Parquet read by the streaming reader (`streaming_scan.rs`), video frames kept in the
+//!   batches they are decoded in (`frame_batches.rs`), and a model's condition keeping every
+//!   row in an estimate (`estimate_rows.rs`).
 //! - [`onnx`]: ONNX files as bytes: ONNX's protobuf messages (`proto.rs`, generated), the subsets
 //!   of them read of a model without its weights (`outline.rs`: its interface, metadata, class
 //!   labels and where its tensors keep their data) and the external data files a model names

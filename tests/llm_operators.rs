@@ -386,6 +386,15 @@ fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
     assert_eq!(front.count("received"), 0, "{}", front.counts());
     assert!(!out.exists());
 
+    // A model's condition keeps every row in an estimate: what reaches a later call is counted
+    // at most, whatever the model would answer.
+    let cost = assert_ok(&query(
+        wh,
+        "EXPLAIN COST SELECT id, generate('m', 'Say ' || CAST(id AS VARCHAR)) FROM \
+         (SELECT value AS id FROM range(5)) WHERE NOT ai_filter('m', 'Is it a bird?', id) \
+         AND ai_filter_score('m', 'Is it big?', id) > 0.9",
+    ));
+    assert_eq!(cost_row(&cost, "m")["requests"], "15", "{cost}");
     // Calls in a subquery and in ai_agg are counted too; a SELECT ... INTO is read, not run.
     for sql in [
         "SELECT id FROM (SELECT value AS id FROM range(3)) WHERE id IN (SELECT length(generate('m', 'Say more')) FROM range(1))".to_string(),

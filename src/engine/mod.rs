@@ -233,7 +233,9 @@ impl Engine {
         self.session
             .tag_statement(&statement, self.warehouse.as_ref())?;
         let estimates = Estimates::start(&self.session.statement());
-        let df = self.execute(statement).await?;
+        let plan = self.session.plan(statement).await?;
+        let plan = crate::rules::estimate_rows::keeping_rows(plan)?;
+        let df = self.session.run_plan(plan).await?;
         let mut stream = df.execute_stream().await?;
         let mut rows = 0;
         while let Some(batch) = futures::StreamExt::next(&mut stream).await {

@@ -9,10 +9,12 @@
 //! (`late_calls.rs` too), `embed`'s input
 //! gathered across batches and files (`embed_buffer.rs`, with the exec it places), local
 //! Parquet read by batchinfer's streaming reader (`streaming_scan.rs`, [`crate::scan`]) and
-//! video frames kept in the batches they are decoded in (`frame_batches.rs`).
+//! video frames kept in the batches they are decoded in (`frame_batches.rs`). And what an
+//! estimate of a statement reads: a model's condition keeps every row (`estimate_rows.rs`).
 
 pub mod ai_agg;
 pub mod embed_buffer;
+pub mod estimate_rows;
 pub mod file_ends;
 pub mod file_names;
 pub mod frame_batches;
