@@ -364,6 +364,12 @@ fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
         front.counts()
     );
     assert!(!out.exists(), "EXPLAIN COST writes nothing");
+    // Not even the cache's secret, in a warehouse that had none.
+    let written: Vec<_> = common::files_under(wh)
+        .into_iter()
+        .filter(|f| !f.to_string_lossy().contains("/models/"))
+        .collect();
+    assert!(written.is_empty(), "{written:?}");
 
     // Past max_cost: refused, nothing sent.
     let sql = format!(

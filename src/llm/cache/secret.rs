@@ -144,6 +144,18 @@ pub(super) fn local_secret(file: &std::path::Path) -> Result<Secret, Unusable> {
 }
 
 impl Cache {
+    /// Whether the warehouse has its secret already (an entry can be read only where it has):
+    /// asked by an estimate, which makes none.
+    pub async fn has_secret(&self) -> bool {
+        if self.secret.initialized() {
+            return true;
+        }
+        match &self.local {
+            Some(root) => std::fs::symlink_metadata(root.with_file_name(SECRET)).is_ok(),
+            None => self.store.head(&self.secret_path).await.is_ok(),
+        }
+    }
+
     /// The warehouse's secret, read or made once; None (said once) where it cannot be used.
     pub(super) async fn secret(&self) -> Option<Secret> {
         *self

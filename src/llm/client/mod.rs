@@ -367,6 +367,10 @@ impl EndpointModel {
     /// The answer the cache (as `call` reads it) holds to the chat request `body`, if any.
     pub async fn cached_reply(&self, call: &Call<'_>, body: &Value) -> Option<Arc<Reply>> {
         let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off)?;
+        // Without its secret the cache holds nothing: none is made for a question.
+        if !cache.has_secret().await {
+            return None;
+        }
         let raw = cache.get(&self.cache_key(body)).await?;
         let api_key = self.api_key().ok().flatten();
         Reply::parse(raw)
@@ -377,7 +381,8 @@ impl EndpointModel {
     /// Whether the cache (as `call` reads it) holds an answer to the request `key`.
     pub async fn is_answered(&self, call: &Call<'_>, key: &str) -> bool {
         match self.cache.as_ref().filter(|_| call.cache != Mode::Off) {
-            Some(cache) => cache.get(key).await.is_some(),
+            // Without its secret the cache holds nothing: none is made for a question.
+            Some(cache) => cache.has_secret().await && cache.get(key).await.is_some(),
             None => false,
         }
     }
