@@ -28,7 +28,7 @@ use datafusion::logical_expr::{
 };
 use serde_json::Value;
 
-use super::generate::{Rows, ask_each, chat_model, settle};
+use super::generate::{Rows, ask_each, chat_model, is_text, settle};
 use super::string_literal;
 use crate::config::BatchInferOptions;
 use crate::llm::client::Call;
@@ -111,14 +111,6 @@ fn classified_fields() -> Fields {
         Field::new("label", DataType::Utf8, true),
         Field::new("score", DataType::Float64, true),
     ])
-}
-
-fn is_text(t: &DataType) -> bool {
-    match t {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => true,
-        DataType::Dictionary(_, values) => is_text(values),
-        _ => false,
-    }
 }
 
 /// Whether `t` can hold labels: a list of texts, or a map of texts to what they mean.

@@ -126,7 +126,8 @@ fn output_fields(value: Option<Option<&ScalarValue>>) -> Result<Option<Fields>> 
         .map_err(|e| Error::from(e).into())
 }
 
-fn is_text(t: &DataType) -> bool {
+/// Whether `t` is text (a NULL literal too), as prompts are.
+pub(super) fn is_text(t: &DataType) -> bool {
     match t {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null => true,
         DataType::Dictionary(_, values) => is_text(values),

@@ -453,15 +453,14 @@ impl EndpointModel {
             self.count(call, &Usage::cache_hit());
             return Ok(Ok(Arc::new(reply.scrubbed(api_key.as_deref()))));
         }
-        let prompt_chars: usize = body["messages"]
-            .as_array()
-            .map_or(0, |m| m.iter().map(|m| m.to_string().len()).sum());
-        let reserve = (estimated_prompt_tokens(body) + u64::from(self.endpoint.max_tokens)) as f64;
+        let prompt = estimated_prompt_tokens(body);
+        let reserve = (prompt + u64::from(self.endpoint.max_tokens)) as f64;
+        let prompt_estimate = prompt + 1;
         // A server that says nothing of its tokens is charged an estimate, so budgets hold.
         let count = |raw: &str| match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => (reply.prompt_tokens, reply.completion_tokens),
-            Ok(reply) => ((prompt_chars / 4 + 1) as u64, reply.completion_tokens),
-            Err(_) => ((prompt_chars / 4 + 1) as u64, raw.len() as u64 / 4),
+            Ok(reply) => (prompt_estimate, reply.completion_tokens),
+            Err(_) => (prompt_estimate, raw.len() as u64 / 4),
         };
         // Whether this call paid for the answer (else another statement's request, or another
         // process's, brought it: counted as an answer from the cache).
