@@ -123,7 +123,8 @@
 //!   name or position (`input.rs`), and NULLs as NaN (`nulls.rs`).
 //! - [`udf`]: the SQL functions, in one place: `predict`, `embed`, `chunk` (text cut to fit a
 //!   model, at its tokenizer), `generate` and `generate_details`, `ai_filter`,
-//!   `ai_filter_score` and `ai_classify` (`ai.rs`: questions answered with probabilities),
+//!   `ai_filter_score` and `ai_classify` (`ai.rs`: questions answered with probabilities; through
+//!   a cascade's local proxy first: `ai_cascade.rs`),
 //!   `ai_reduce` and `ai_agg` (`ai_reduce.rs`: an instruction over many texts, map-reduced),
 //!   `cosine_similarity`, `predict_table`, `models()` and `batchinfer_rejects()`; columns bound
 //!   to inputs by name on the statement as written (`by_name.rs`), and the short default names

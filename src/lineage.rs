@@ -252,6 +252,7 @@ impl UsageRecord {
                     "prompt_tokens": u.prompt_tokens,
                     "completion_tokens": u.completion_tokens,
                     "cost": u.cost,
+                    "proxy_answered": u.proxy_answered,
                 });
                 (name.clone(), counts)
             })

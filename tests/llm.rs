@@ -597,6 +597,10 @@ fn the_examples_of_docs_llm_run_against_the_server() {
             .replace(
                 "http://127.0.0.1:8081/v1",
                 &llm_server::llama_embeddings().url(),
+            )
+            .replace(
+                "'models/all-MiniLM-L6-v2/'",
+                &format!("'{}/'", fixtures::fetch_model("all-MiniLM-L6-v2").display()),
             );
         assert_ok(&query(wh, &sql));
         ran += 1;

@@ -615,3 +615,193 @@ fn ai_agg_reduces_a_group_too_long_for_one_prompt_within_the_window() {
         ],
     );
 }
+
+/// What a statement's summary says its endpoint model's proxy answered: (rows answered by the
+/// proxy, the sample, the sample's rows it was sure of, of those the ones it agreed on).
+fn proxy_said(out: &std::process::Output) -> (u64, u64, u64, u64) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let number = |after: &str, before: &str| -> u64 {
+        let at = err
+            .find(after)
+            .unwrap_or_else(|| panic!("no {after:?} in {err}"))
+            + after.len();
+        err[at..]
+            .split(before)
+            .next()
+            .unwrap()
+            .replace(',', "")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (
+        number("its proxy answered ", " row"),
+        number(" of a sample of ", " and"),
+        number("sure of ", " of a sample"),
+        number("and agreeing on ", ","),
+    )
+}
+
+/// A cascade over 600 pages of real manuals: MiniLM (the proxy) scores each page's similarity
+/// to the question; 200 pages go to SmolLM2 as the sample, which sets the proxy's thresholds;
+/// the pages the proxy is sure of are its own. At most half the pages are sent, and on a
+/// held-out third of the pages, asked of the LLM alone, the proxy's answers agree with the
+/// LLM's at the target (0.75). SmolLM2-135M's yes or no hardly depends on the page (it says no
+/// to most): the proxy is sure where that answer holds. A classification whose proxy picks
+/// other labels than the LLM's is sure of nothing and sends every row.
+#[test]
+fn a_cascade_sends_at_most_half_the_rows_and_agrees_with_the_llm_at_its_target() {
+    let corpus = fixtures::made_by("documents.sh", &[]).join("pdf");
+    let models = fixtures::models_with_minilm();
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let pages = dir.path().join("pages.parquet");
+    let run = |sql: &str| {
+        output_within(
+            bin()
+                .arg("--warehouse")
+                .arg(&wh)
+                .arg("--models")
+                .arg(&models)
+                .args(["--timing", "query", "-e", sql]),
+            DEADLINE,
+        )
+    };
+    // Distinct pages, in an order that says nothing of their manual: the sample is the first
+    // rows'.
+    assert_ok(&run(&format!(
+        "COPY (SELECT row_number() OVER (ORDER BY md5(t)) AS id, t FROM (SELECT DISTINCT \
+         substr(regexp_replace(text, '\\s+', ' ', 'g'), 1, 400) AS t FROM read_document('{}/') \
+         WHERE length(text) > 200) ORDER BY id LIMIT 600) TO '{}' STORED AS PARQUET",
+        corpus.display(),
+        pages.display()
+    )));
+    let front = proxy_to(llama(), &[]);
+    let question = "Is this text about the bash shell?";
+    let cascade = dir.path().join("cascade.parquet");
+    let out = run(&format!(
+        "{} COPY (SELECT id, ai_filter('judge', '{question}', t) AS f FROM '{}') \
+         TO '{}' STORED AS PARQUET",
+        create(
+            "judge",
+            &front.url(),
+            ", 'max_concurrency' '4', 'proxy' 'minilm', 'target' '0.75', 'proxy_sample' '200'"
+        ),
+        pages.display(),
+        cascade.display()
+    ));
+    assert_ok(&out);
+    let sent = front.count("received");
+    let (by_proxy, sample, sure, agreed) = proxy_said(&out);
+    eprintln!(
+        "cascade: {sent} requests for 600 rows, {by_proxy} answered by the proxy, sample \
+         {sample}: sure of {sure}, agreeing on {agreed}"
+    );
+    assert!(sent <= 300, "{sent} requests for 600 rows");
+    assert_eq!(sample, 200);
+    assert!(
+        by_proxy >= 300 && by_proxy + sent == 600,
+        "{by_proxy} + {sent}"
+    );
+    assert!(agreed as f64 >= 0.75 * sure as f64, "{agreed} of {sure}");
+
+    // Held out: a third of the pages asked of the LLM alone. The rows the cascade sent are
+    // answered from the cache (the same answer); those the proxy answered are sent now.
+    let alone = dir.path().join("alone.parquet");
+    let before = front.count("received");
+    let out = run(&format!(
+        "SET batchinfer.llm_proxy = 'none'; COPY (SELECT id, ai_filter('judge', '{question}', \
+         t) AS f FROM '{}' WHERE id % 3 = 0) TO '{}' STORED AS PARQUET",
+        pages.display(),
+        alone.display()
+    ));
+    assert_ok(&out);
+    let proxied = front.count("received") - before;
+    let said = python_check(
+        "import sys, pyarrow.parquet as pq\n\
+         cascade = {r['id']: r['f'] for r in pq.read_table(sys.argv[1]).to_pylist()}\n\
+         alone = pq.read_table(sys.argv[2]).to_pylist()\n\
+         print(len(alone), sum(cascade[r['id']] == r['f'] for r in alone))",
+        &[&cascade.display().to_string(), &alone.display().to_string()],
+    );
+    let [checked, same]: [u64; 2] = said
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    // The rows answered from the cache agree by their answer being the same one.
+    let from_cache = checked - proxied;
+    let agreement = (same - from_cache) as f64 / proxied as f64;
+    eprintln!(
+        "held out: {checked} rows, {proxied} of them the proxy's, agreeing on {}: {agreement:.3}",
+        same - from_cache
+    );
+    assert!(proxied >= 50, "{proxied}");
+    assert!(agreement >= 0.75, "{agreement}");
+
+    // A view keeps its thresholds: its first refresh sets them on its sample (the rows the
+    // cache answers count in it), the next takes them and sends no sample.
+    let source = dir.path().join("source");
+    std::fs::create_dir(&source).unwrap();
+    let part = |name: &str, ids: &str| {
+        assert_ok(&run(&format!(
+            "COPY (SELECT id, t FROM '{}' WHERE {ids}) TO '{}' STORED AS PARQUET",
+            pages.display(),
+            source.join(name).display()
+        )));
+    };
+    part("a.parquet", "id <= 300");
+    let out = run(&format!(
+        "CREATE MATERIALIZED VIEW judged AS SELECT id, ai_filter('judge', '{question}', t) AS f \
+         FROM '{}/'",
+        source.display()
+    ));
+    let (_, sample, _, _) = proxy_said(&out);
+    assert!(sample >= 200, "{}", String::from_utf8_lossy(&out.stderr));
+    part("b.parquet", "id > 300");
+    let before = front.count("received");
+    let out = output_within(
+        bin()
+            .arg("--warehouse")
+            .arg(&wh)
+            .arg("--models")
+            .arg(&models)
+            .args(["refresh", "judged"]),
+        DEADLINE,
+    );
+    assert_ok(&out);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = front.count("received") - before;
+    eprintln!("view: {said}");
+    assert!(said.contains("300 row(s) scored"), "{said}");
+    assert!(said.contains("by the thresholds its view kept"), "{said}");
+    assert!(!said.contains("of a sample"), "{said}");
+    assert!(sent <= 150, "{sent}");
+
+    // A proxy that picks other labels than the LLM is sure of nothing: every row is sent.
+    let before = front.count("received");
+    let out = run(&format!(
+        "{} SELECT count(*) AS n FROM (SELECT ai_classify('sorter', t, {LABELS}) AS c FROM '{}' \
+         LIMIT 100) WHERE c IS NOT NULL",
+        create(
+            "sorter",
+            &front.url(),
+            ", 'max_concurrency' '4', 'proxy' 'minilm', 'target' '0.9', 'proxy_sample' '40'"
+        ),
+        pages.display()
+    ));
+    let listed = assert_ok(&out);
+    assert_eq!(listed.lines().nth(1), Some("100"), "{listed}");
+    let (by_proxy, sample, sure, _) = proxy_said(&out);
+    let sent = front.count("received") - before;
+    eprintln!(
+        "classify: sample {sample}, sure of {sure}, {by_proxy} answered by the proxy, {sent} sent"
+    );
+    assert_eq!(sample, 40);
+    assert_eq!(by_proxy + sent, 100, "{by_proxy} + {sent}");
+}

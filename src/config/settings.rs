@@ -229,6 +229,45 @@ settings! {
             options.cache = value.parse().map_err(value_error)?;
             Ok(())
         };
+    /// ai_filter and ai_classify: the local text model that answers the rows it is sure of
+    /// before the endpoint is asked (a cascade), instead of the endpoint model's 'proxy'; 'none'
+    /// sends every row; unset: the model's own.
+    llm_proxy: Option<String> = None, takes "a local text model's name, or 'none' ('' unsets it)",
+        change Any,
+        set |options, value| {
+            let name = value.trim();
+            if !name.is_empty()
+                && !name.chars().all(|c| c.is_alphanumeric() || "_-@.".contains(c))
+            {
+                return Err(DataFusionError::Configuration(format!(
+                    "batchinfer.llm_proxy must name a model (letters, digits, _ - @ .), or be \
+                     'none', not '{name}'"
+                )));
+            }
+            options.llm_proxy = (!name.is_empty()).then(|| name.to_string());
+            Ok(())
+        };
+    /// A cascade's target: the least rate at which its proxy's answers agree with the endpoint
+    /// model's, over 0.5 and under 1; unset: the model's 'target' (0.9 where it sets none).
+    llm_proxy_target: Option<f64> = None, takes "a rate over 0.5 and under 1 ('' unsets it)",
+        change Any,
+        set |options, value| {
+            options.llm_proxy_target = match value.trim() {
+                "" => None,
+                text => Some(
+                    text.parse::<f64>()
+                        .ok()
+                        .filter(|t| *t > 0.5 && *t < 1.0)
+                        .ok_or_else(|| {
+                            DataFusionError::Configuration(format!(
+                                "batchinfer.llm_proxy_target must be a rate over 0.5 and under \
+                                 1 (as '0.95'), not '{text}'"
+                            ))
+                        })?,
+                ),
+            };
+            Ok(())
+        };
     /// VACUUM ... RETAIN n HOURS under the table's retention (delta.deletedFileRetentionDuration,
     /// 7 days) is refused, as Delta refuses it, unless this is false.
     vacuum_retention_check: bool = true, takes "true or false", change Any;

@@ -59,7 +59,26 @@ pub struct Endpoint {
     /// definitions made before it keep their sha256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u32>,
+    /// The local text model of a cascade: it answers the rows of `ai_filter` and `ai_classify`
+    /// it is sure of, the endpoint the rest ([`crate::llm::cascade`]). Kept only when set, as
+    /// the two below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// The least rate at which the proxy's answers agree with the model's; unset:
+    /// [`DEFAULT_TARGET`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<f64>,
+    /// The rows of a statement sent to the model to set the proxy's thresholds; unset:
+    /// [`DEFAULT_PROXY_SAMPLE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_sample: Option<u32>,
 }
+
+/// A cascade's target where the definition sets none.
+pub const DEFAULT_TARGET: f64 = 0.9;
+
+/// A cascade's sample where the definition sets none.
+pub const DEFAULT_PROXY_SAMPLE: u32 = 200;
 
 /// The context window of a model that declares none.
 pub const DEFAULT_CONTEXT_WINDOW: u32 = 4096;
@@ -83,6 +102,9 @@ pub const OPTIONS: &[&str] = &[
     "timeout",
     "dimensions",
     "context_window",
+    "proxy",
+    "target",
+    "proxy_sample",
 ];
 
 impl Endpoint {
@@ -233,6 +255,43 @@ impl Endpoint {
             (_, None) => None,
             (_, Some(_)) => Some(whole("dimensions", 0, 1)?.min(MAX_DIMENSIONS as u64) as usize),
         };
+        let proxy = text("proxy").filter(|p| !p.is_empty());
+        if let Some(proxy) = &proxy {
+            if kind == Kind::Embedding {
+                return Err(problem(
+                    "'proxy' is the local model of a chat model's cascade (ai_filter, \
+                     ai_classify), not of an embedding endpoint"
+                        .into(),
+                ));
+            }
+            if !proxy
+                .chars()
+                .all(|c| c.is_alphanumeric() || "_-@.".contains(c))
+            {
+                return Err(problem(format!(
+                    "'proxy' must name a local text model (letters, digits, _ - @ .), not '{proxy}'"
+                )));
+            }
+        }
+        let target = number("target")?;
+        if let Some(t) = target
+            && !(t > 0.5 && t < 1.0)
+        {
+            return Err(problem(format!(
+                "'target' is the least rate at which the proxy's answers agree with the model's: \
+                 over 0.5 and under 1, not {t}"
+            )));
+        }
+        let proxy_sample = match text("proxy_sample") {
+            None => None,
+            Some(_) => Some(whole("proxy_sample", 0, 20)?.min(100_000) as u32),
+        };
+        if proxy.is_none() && (target.is_some() || proxy_sample.is_some()) {
+            return Err(problem(
+                "'target' and 'proxy_sample' set a cascade: name its local model with 'proxy'"
+                    .into(),
+            ));
+        }
         Ok(Endpoint {
             dimensions,
             endpoint: endpoint.trim_end_matches('/').to_string(),
@@ -254,6 +313,9 @@ impl Endpoint {
                 None => None,
                 Some(_) => Some(whole("context_window", 0, 256)?.min(10_000_000) as u32),
             },
+            proxy,
+            target,
+            proxy_sample,
         })
     }
 
@@ -289,6 +351,12 @@ impl Endpoint {
             && endpoint
                 .context_window
                 .is_none_or(|w| (256..=10_000_000).contains(&w))
+            && endpoint.target.is_none_or(|t| t > 0.5 && t < 1.0)
+            && endpoint
+                .proxy_sample
+                .is_none_or(|n| (20..=100_000).contains(&n))
+            && (endpoint.proxy.is_some()
+                || (endpoint.target.is_none() && endpoint.proxy_sample.is_none()))
             && match endpoint.kind {
                 Kind::Chat => endpoint.dimensions.is_none(),
                 Kind::Embedding => endpoint
@@ -374,6 +442,12 @@ impl Endpoint {
         add(
             "context_window",
             self.context_window.map(|w| format!("{w} tokens")),
+        );
+        add("proxy", self.proxy.clone());
+        add("target", self.target.map(|t| t.to_string()));
+        add(
+            "proxy_sample",
+            self.proxy_sample.map(|n| format!("{n} rows")),
         );
         rows
     }
@@ -483,6 +557,14 @@ mod tests {
         assert!(refused(&[("max_concurrency", "0")]).contains("at least 1"));
         assert!(refused(&[("timeout", "-1")]).contains("'timeout'"));
         assert!(refused(&[("temperature", "NaN")]).contains("'temperature'"));
+        assert!(refused(&[("target", "0.9")]).contains("name its local model with 'proxy'"));
+        assert!(refused(&[("proxy", "m"), ("target", "1")]).contains("under 1"));
+        assert!(refused(&[("proxy", "m"), ("proxy_sample", "5")]).contains("at least 20"));
+        assert!(refused(&[("proxy", "m x")]).contains("local text model"));
+        let cascade = Endpoint::from_options("w", &options(&[("proxy", "minilm")])).unwrap();
+        assert_eq!(Endpoint::from_json(&cascade.to_json()).unwrap(), cascade);
+        // A definition without a cascade keeps its sha256: the options are kept only when set.
+        assert!(!e.to_json().to_string().contains("proxy"));
     }
 
     #[test]

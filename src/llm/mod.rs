@@ -18,6 +18,9 @@
 //! - `judge.rs`: questions answered with probabilities (`ai_filter`, `ai_classify`): their
 //!   prompts, and each answer's probability from the log-probabilities of the reply's first
 //!   token.
+//! - `cascade.rs`: cascades: the thresholds on a local proxy model's scores, set on a sample
+//!   of a statement's rows, past which the proxy answers `ai_filter` and `ai_classify` instead
+//!   of the model.
 //! - `spend.rs`: what a statement has spent, against `batchinfer.max_llm_tokens` and
 //!   `batchinfer.max_cost`.
 //!
@@ -25,6 +28,7 @@
 //! and is kept nowhere.
 
 pub mod cache;
+pub mod cascade;
 pub mod client;
 mod definition;
 pub mod estimate;
@@ -37,7 +41,9 @@ pub mod spend;
 use crate::error::Error;
 
 pub use client::{EndpointModel, Usage};
-pub use definition::{DEFAULT_CONTEXT_WINDOW, Endpoint, Kind, OPTIONS};
+pub use definition::{
+    DEFAULT_CONTEXT_WINDOW, DEFAULT_PROXY_SAMPLE, DEFAULT_TARGET, Endpoint, Kind, OPTIONS,
+};
 
 /// The feature's errors.
 #[derive(Debug, thiserror::Error)]

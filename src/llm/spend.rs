@@ -147,6 +147,23 @@ impl Usage {
             thousands(self.completion_tokens),
             money(self.cost)
         ));
+        if self.sample == 0 && self.proxy_answered > 0 {
+            line.push_str(&format!(
+                "; its proxy answered {} row{} (requests saved) by the thresholds its view kept",
+                thousands(self.proxy_answered),
+                if self.proxy_answered == 1 { "" } else { "s" },
+            ));
+        } else if self.sample > 0 {
+            line.push_str(&format!(
+                "; its proxy answered {} row{} (requests saved), sure of {} of a sample of {} \
+                 and agreeing on {}",
+                thousands(self.proxy_answered),
+                if self.proxy_answered == 1 { "" } else { "s" },
+                thousands(self.sample_sure),
+                thousands(self.sample),
+                thousands(self.sample_agreed),
+            ));
+        }
         line
     }
 }

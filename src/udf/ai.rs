@@ -28,10 +28,11 @@ use datafusion::logical_expr::{
 };
 use serde_json::Value;
 
+use super::ai_cascade;
 use super::generate::{Rows, ask_each, chat_model, is_text, settle};
 use super::string_literal;
 use crate::config::BatchInferOptions;
-use crate::llm::client::Call;
+use crate::llm::client::{Call, Outcome, Unanswered};
 use crate::llm::estimate::Estimates;
 use crate::llm::judge::{self, Label};
 use crate::model::ModelRegistry;
@@ -218,24 +219,38 @@ impl AsyncScalarUDFImpl for AiUdf {
             Question::Classify => labels_of(&args.args[2].to_array(rows)?, &name)?,
             _ => Vec::new(),
         };
-        let prompts: Vec<Option<String>> = match self.question {
+        // Each row's prompt, and its text as a cascade's proxy reads it.
+        let (prompts, texts): (Vec<Option<String>>, Vec<Option<String>>) = match self.question {
             Question::Filter | Question::FilterScore => {
                 let Some(question) = scalar(1) else {
                     return plan_err!("{}", self.usage());
                 };
-                filter_prompts(&question, &args, rows)?
+                filter_inputs(&args, rows)?
+                    .into_iter()
+                    .map(|values| match values {
+                        Some(values) => {
+                            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+                            (
+                                Some(judge::filter_prompt(&question, &values)),
+                                Some(values.join("\n")),
+                            )
+                        }
+                        None => (None, None),
+                    })
+                    .unzip()
             }
             Question::Classify => {
                 let texts = cast(&args.args[1].to_array(rows)?, &DataType::Utf8)?;
                 let texts = texts.as_string::<i32>();
                 (0..rows)
                     .map(|row| match (texts.is_valid(row), &labels[row]) {
-                        (true, Some(labels)) => {
-                            Some(judge::classify_prompt(texts.value(row), labels))
-                        }
-                        _ => None,
+                        (true, Some(labels)) => (
+                            Some(judge::classify_prompt(texts.value(row), labels)),
+                            Some(texts.value(row).to_string()),
+                        ),
+                        _ => (None, None),
                     })
-                    .collect()
+                    .unzip()
             }
         };
         let requests: Vec<Option<Value>> = prompts
@@ -264,32 +279,73 @@ impl AsyncScalarUDFImpl for AiUdf {
             };
             return Ok(ColumnarValue::Array(column));
         }
-        let outcomes = ask_each(&model, &call, &requests, statement).await?;
+        let n_labels = |row: usize| labels.get(row).and_then(Option::as_ref).map_or(0, Vec::len);
+        let probabilities_of = |row: usize, outcome: &Outcome| -> Result<Vec<f64>, Unanswered> {
+            let reply = outcome.as_ref().map_err(Clone::clone)?;
+            let tokens = judge::first_tokens(reply)?;
+            match self.question {
+                Question::Classify => judge::label_probabilities(&tokens, n_labels(row)),
+                _ => judge::yes_probability(&tokens).map(|p| vec![p]),
+            }
+        };
+        let cascade = match self.question {
+            Question::FilterScore => None,
+            _ => ai_cascade::proxy_of(&self.registry, &model, session, &args.config_options)?,
+        };
+        let anchors = match self.question {
+            Question::Classify => same_labels(&labels),
+            _ => scalar(1).map(|q| vec![q]),
+        };
+        let (outcomes, proxied) = match (cascade, anchors) {
+            (Some(proxy), Some(anchors)) => {
+                let batch = ai_cascade::Batch {
+                    requests: &requests,
+                    prompts: &prompts,
+                    texts,
+                    asks: format!("{}\u{0}{}", self.name(), anchors.join("\u{0}")),
+                    anchors,
+                };
+                let read = |row: usize, outcome: &Outcome| {
+                    let p = probabilities_of(row, outcome).ok()?;
+                    p.iter()
+                        .enumerate()
+                        .max_by(|a, b| a.1.total_cmp(b.1))
+                        .map(|(i, best)| match self.question {
+                            Question::Classify => i,
+                            _ => usize::from(*best > 0.5),
+                        })
+                };
+                let answered = proxy
+                    .answer(self.question, &model, &call, statement, batch, read)
+                    .await?;
+                (answered.outcomes, answered.proxied)
+            }
+            _ => (
+                ask_each(&model, &call, &requests, statement).await?,
+                vec![None; rows],
+            ),
+        };
 
         // Each row's probabilities, and why those without them have none.
         let mut failed: Vec<(usize, String)> = Vec::new();
         let mut raw: Vec<Option<&str>> = vec![None; rows];
         let mut probabilities: Vec<Option<Vec<f64>>> = vec![None; rows];
         for (row, outcome) in outcomes.iter().enumerate() {
+            if let Some((answer, rate)) = proxied[row] {
+                probabilities[row] = Some(proxy_probabilities(answer, rate, n_labels(row)));
+                continue;
+            }
             let Some(outcome) = outcome else { continue };
-            let read = outcome.as_ref().map_err(Clone::clone).and_then(|reply| {
+            if let Ok(reply) = outcome {
                 raw[row] = Some(reply.content.as_deref().unwrap_or(reply.raw.as_str()));
-                let tokens = judge::first_tokens(reply)?;
-                match self.question {
-                    Question::Classify => {
-                        let n = labels[row].as_ref().map_or(0, Vec::len);
-                        judge::label_probabilities(&tokens, n)
-                    }
-                    _ => judge::yes_probability(&tokens).map(|p| vec![p]),
-                }
-            });
-            match read {
+            }
+            match probabilities_of(row, outcome) {
                 Ok(p) => probabilities[row] = Some(p),
                 Err(why) => failed.push((row, why.to_string())),
             }
         }
         let prompts: ArrayRef = Arc::new(StringArray::from(prompts.clone()));
-        let asked = requests.iter().filter(|r| r.is_some()).count();
+        let asked = outcomes.iter().filter(|o| o.is_some()).count();
         let settled = Rows {
             prompts: &prompts,
             raw,
@@ -316,12 +372,8 @@ impl AsyncScalarUDFImpl for AiUdf {
     }
 }
 
-/// The prompt of each row of `ai_filter`: None where an input is NULL.
-fn filter_prompts(
-    question: &str,
-    args: &ScalarFunctionArgs,
-    rows: usize,
-) -> Result<Vec<Option<String>>> {
+/// The inputs of each row of `ai_filter` as text: None where one is NULL.
+fn filter_inputs(args: &ScalarFunctionArgs, rows: usize) -> Result<Vec<Option<Vec<String>>>> {
     let mut inputs: Vec<ArrayRef> = Vec::new();
     for arg in &args.args[2..] {
         inputs.push(cast(&arg.to_array(rows)?, &DataType::Utf8)?);
@@ -333,11 +385,43 @@ fn filter_prompts(
                 if column.is_null(row) {
                     return None;
                 }
-                values.push(column.as_string::<i32>().value(row));
+                values.push(column.as_string::<i32>().value(row).to_string());
             }
-            Some(judge::filter_prompt(question, &values))
+            Some(values)
         })
         .collect())
+}
+
+/// The labels' texts as a proxy compares rows with them ("name: what it means"), when every
+/// row of the batch has the same labels (a cascade is for one question); None otherwise.
+fn same_labels(labels: &[Option<Vec<Label>>]) -> Option<Vec<String>> {
+    let mut present = labels.iter().flatten();
+    let first = present.next()?;
+    if present.any(|l| l != first) {
+        return None;
+    }
+    Some(
+        first
+            .iter()
+            .map(|l| match &l.description {
+                Some(d) => format!("{}: {d}", l.name),
+                None => l.name.clone(),
+            })
+            .collect(),
+    )
+}
+
+/// The probabilities a row the proxy answered is given: its answer's the rate at which the
+/// proxy's answers agreed with the model's on the sample, the rest shared by the others.
+fn proxy_probabilities(answer: usize, rate: f64, labels: usize) -> Vec<f64> {
+    if labels == 0 {
+        // A yes-or-no question: the probability of yes.
+        return vec![if answer == 1 { rate } else { 1.0 - rate }];
+    }
+    let rest = (1.0 - rate) / (labels.saturating_sub(1).max(1)) as f64;
+    (0..labels)
+        .map(|i| if i == answer { rate } else { rest })
+        .collect()
 }
 
 /// Each row's labels (None where they are NULL), checked: one at least, at most

@@ -1,6 +1,7 @@
 //! The SQL functions batchinfer adds to DataFusion, one file each.
 
 pub mod ai;
+mod ai_cascade;
 pub mod ai_reduce;
 pub mod by_name;
 pub mod chunk;

@@ -152,6 +152,10 @@ pub fn summary(r: &Refreshed, next: Option<Instant>) -> String {
     if r.rebuilt {
         line.push_str("; rebuilt (its query or a model changed)");
     }
+    if !r.llm.is_empty() {
+        line.push_str("; ");
+        line.push_str(&r.llm.described());
+    }
     if !r.failed.is_empty() {
         line.push_str(&format!(
             "; {} input file(s) left out for errors (SHOW MATERIALIZED VIEWS lists them)",

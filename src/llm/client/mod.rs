@@ -39,6 +39,13 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// In dollars (or the unit the prices are in).
     pub cost: f64,
+    /// Rows a cascade's proxy answered, sending nothing ([`crate::llm::cascade`]).
+    pub proxy_answered: u64,
+    /// Rows of cascades' samples (sent to set the thresholds), of them those the proxy was
+    /// sure of by the thresholds set, and of those the ones where it agreed with the model.
+    pub sample: u64,
+    pub sample_sure: u64,
+    pub sample_agreed: u64,
 }
 
 impl Usage {
@@ -53,6 +60,10 @@ impl Usage {
                 .completion_tokens
                 .saturating_sub(before.completion_tokens),
             cost: (self.cost - before.cost).max(0.0),
+            proxy_answered: self.proxy_answered.saturating_sub(before.proxy_answered),
+            sample: self.sample.saturating_sub(before.sample),
+            sample_sure: self.sample_sure.saturating_sub(before.sample_sure),
+            sample_agreed: self.sample_agreed.saturating_sub(before.sample_agreed),
         }
     }
 
@@ -65,10 +76,14 @@ impl Usage {
             .completion_tokens
             .saturating_add(other.completion_tokens);
         self.cost += other.cost;
+        self.proxy_answered = self.proxy_answered.saturating_add(other.proxy_answered);
+        self.sample = self.sample.saturating_add(other.sample);
+        self.sample_sure = self.sample_sure.saturating_add(other.sample_sure);
+        self.sample_agreed = self.sample_agreed.saturating_add(other.sample_agreed);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.requests == 0 && self.cache_hits == 0
+        self.requests == 0 && self.cache_hits == 0 && self.proxy_answered == 0
     }
 
     fn cache_hit() -> Usage {
@@ -88,6 +103,10 @@ struct Counters {
     completion_tokens: AtomicU64,
     /// Billionths of the price unit.
     cost_nanos: AtomicU64,
+    proxy_answered: AtomicU64,
+    sample: AtomicU64,
+    sample_sure: AtomicU64,
+    sample_agreed: AtomicU64,
 }
 
 /// What the statements at hand asked for, by statement and request (or text), so that a
@@ -307,11 +326,15 @@ impl EndpointModel {
             prompt_tokens: get(&c.prompt_tokens),
             completion_tokens: get(&c.completion_tokens),
             cost: get(&c.cost_nanos) as f64 / 1e9,
+            proxy_answered: get(&c.proxy_answered),
+            sample: get(&c.sample),
+            sample_sure: get(&c.sample_sure),
+            sample_agreed: get(&c.sample_agreed),
         }
     }
 
     /// Counts `done` as this model's, and the statement's of `call` ([`spend`]).
-    fn count(&self, call: &Call<'_>, done: &Usage) {
+    pub(crate) fn count(&self, call: &Call<'_>, done: &Usage) {
         let c = &self.counters;
         c.requests.fetch_add(done.requests, Ordering::Relaxed);
         c.retries.fetch_add(done.retries, Ordering::Relaxed);
@@ -322,6 +345,12 @@ impl EndpointModel {
             .fetch_add(done.completion_tokens, Ordering::Relaxed);
         c.cost_nanos
             .fetch_add((done.cost * 1e9).round() as u64, Ordering::Relaxed);
+        c.proxy_answered
+            .fetch_add(done.proxy_answered, Ordering::Relaxed);
+        c.sample.fetch_add(done.sample, Ordering::Relaxed);
+        c.sample_sure.fetch_add(done.sample_sure, Ordering::Relaxed);
+        c.sample_agreed
+            .fetch_add(done.sample_agreed, Ordering::Relaxed);
         spend::count(call.ledger, call.part, &self.name, done);
     }
 

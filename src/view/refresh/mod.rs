@@ -54,6 +54,9 @@ pub struct Refreshed {
     pub view_files: u64,
     pub view_rows: u64,
     pub seconds: f64,
+    /// What its endpoint models did: requests, answers from the cache, tokens, cost, and a
+    /// cascade's proxy's answers.
+    pub llm: crate::llm::Usage,
 }
 
 /// The query of a view, planned: its plan, the files it reads, its models and rows' schema.
@@ -162,6 +165,10 @@ impl Views<'_> {
         )
         .await?;
         refreshed.seconds = started.elapsed().as_secs_f64();
+        let statement = self.session.statement();
+        for usage in crate::llm::spend::usage(&statement.ledger, None).values() {
+            refreshed.llm.add(usage);
+        }
         Ok(refreshed)
     }
 

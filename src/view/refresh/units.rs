@@ -163,6 +163,7 @@ impl Views<'_> {
         // counted apart, for its files.
         let mut statement = self.session.statement();
         statement.part = id.clone();
+        statement.keeps = folder.to_string();
         let usage = crate::lineage::UsageRecord::of(self.session.registry(), &plan, &statement);
         let mut state = self.session.ctx().state();
         state

@@ -1,0 +1,342 @@
+//! `ai_filter` and `ai_classify` through a cascade ([`crate::llm::cascade`]): the endpoint
+//! model's proxy (its `'proxy'` option, or `SET batchinfer.llm_proxy`), a local text model,
+//! answers the rows it is sure of; the sample that sets its thresholds and the other rows are
+//! sent.
+
+use std::sync::Arc;
+
+use datafusion::common::plan_err;
+use datafusion::error::Result;
+use object_store::ObjectStoreExt;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::ai::Question;
+use super::generate::ask_each;
+use crate::config::BatchInferOptions;
+use crate::llm::cascade::{Answer, Cascades, Says, Thresholds};
+use crate::llm::client::{Call, Outcome};
+use crate::llm::{DEFAULT_PROXY_SAMPLE, DEFAULT_TARGET, EndpointModel, Usage};
+use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
+use crate::model::{Model, ModelRegistry};
+use crate::statement_context::StatementContext;
+use crate::storage::StoreRegistry;
+
+/// The proxy of a statement's calls of an endpoint model.
+pub(super) struct Proxy {
+    name: String,
+    model: Arc<Model>,
+    target: f64,
+    sample: usize,
+    stores: Arc<StoreRegistry>,
+}
+
+/// The proxy the calls of `endpoint` use under `options`: the setting's, else the model's own;
+/// None for none (or 'none').
+pub(super) fn proxy_of(
+    registry: &ModelRegistry,
+    endpoint: &EndpointModel,
+    options: Option<&BatchInferOptions>,
+    config: &datafusion::config::ConfigOptions,
+) -> Result<Option<Proxy>> {
+    let setting = options.and_then(|o| o.llm_proxy.clone());
+    let Some(name) = setting.or_else(|| endpoint.endpoint.proxy.clone()) else {
+        return Ok(None);
+    };
+    if name.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let refused = |why: String| -> Result<Option<Proxy>> {
+        plan_err!(
+            "model '{}': its proxy '{name}' {why}; a proxy is a local text model (a folder with \
+             model.onnx and tokenizer.json), or SET batchinfer.llm_proxy = 'none' sends every row",
+            endpoint.name
+        )
+    };
+    if registry.endpoint_if(&name, Some(config))?.is_some() {
+        return refused("is an endpoint model".into());
+    }
+    let model = match registry.resolve(&name, super::device_of(Some(config)), Some(config)) {
+        Ok(model) => model,
+        Err(e) => return refused(format!("cannot be used: {e}")),
+    };
+    if let Err(e) = embedding_dim(&model) {
+        return refused(format!("is not a text model: {e}"));
+    }
+    let target = options
+        .and_then(|o| o.llm_proxy_target)
+        .or(endpoint.endpoint.target)
+        .unwrap_or(DEFAULT_TARGET);
+    let sample = endpoint
+        .endpoint
+        .proxy_sample
+        .unwrap_or(DEFAULT_PROXY_SAMPLE) as usize;
+    Ok(Some(Proxy {
+        name,
+        model,
+        target,
+        sample,
+        stores: registry.stores().clone(),
+    }))
+}
+
+/// A batch's rows as the cascade takes them.
+pub(super) struct Batch<'a> {
+    /// Each row's request (None: the row asks nothing).
+    pub requests: &'a [Option<Value>],
+    /// Each row's prompt, whose hash picks the sample.
+    pub prompts: &'a [Option<String>],
+    /// Each row's text as the proxy reads it.
+    pub texts: Vec<Option<String>>,
+    /// What the texts are compared with: the question, or each label's text.
+    pub anchors: Vec<String>,
+    /// What the question is: the cascade's name within the statement.
+    pub asks: String,
+}
+
+/// What a batch's rows came to: the model's answers to those it was asked, and the proxy's
+/// (its answer and the sample's agreement rate where it is sure) to the others.
+pub(super) struct Answered {
+    pub outcomes: Vec<Option<Outcome>>,
+    pub proxied: Vec<Option<(Answer, f64)>>,
+}
+
+impl Proxy {
+    /// Answers `batch`: the sample's rows (while it fills) and those the cache answers asked,
+    /// the thresholds set once the sample is full, the rows the proxy is sure of answered by
+    /// it, the rest asked. `read` is the model's answer to a row (None: it has none).
+    pub(super) async fn answer(
+        &self,
+        question: Question,
+        model: &EndpointModel,
+        call: &Call<'_>,
+        statement: &StatementContext,
+        batch: Batch<'_>,
+        read: impl Fn(usize, &Outcome) -> Option<Answer>,
+    ) -> Result<Answered> {
+        let rows = batch.requests.len();
+        let says = self.says(question, &batch, statement).await?;
+        // Rows the cache answers cost nothing: they are asked, never the proxy's.
+        let mut cached = vec![false; rows];
+        for (row, body) in batch.requests.iter().enumerate() {
+            if let Some(body) = body {
+                cached[row] = model.is_answered(call, &model.cache_key(body)).await;
+            }
+        }
+        // The cascade: the model's definition, the question, the proxy's files, the target.
+        let key = format!(
+            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+            model.sha256,
+            batch.asks,
+            self.model.sha256,
+            self.model.beside_sha256.as_deref().unwrap_or_default(),
+            self.target,
+            self.sample
+        );
+        let fit = statement.ledger.get::<Cascades>().fit(&key);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; rows];
+        let mut fit = fit.lock().await;
+        // A view's refresh takes the thresholds its earlier refreshes set.
+        let kept = self.kept(statement, &key);
+        if fit.thresholds.is_none()
+            && fit.observed.is_empty()
+            && let Some(kept) = &kept
+        {
+            fit.thresholds = kept.read().await;
+        }
+        if fit.thresholds.is_none() {
+            // The rows the cache answers count in the sample; the rest of it is sent.
+            let free = (0..rows)
+                .filter(|&r| cached[r] && says[r].is_some())
+                .count();
+            let need = self.sample.saturating_sub(fit.observed.len() + free);
+            let mut candidates: Vec<(Vec<u8>, usize)> = (0..rows)
+                .filter(|&r| batch.requests[r].is_some() && !cached[r] && says[r].is_some())
+                .map(|r| {
+                    let prompt = batch.prompts[r].as_deref().unwrap_or_default();
+                    (Sha256::digest(prompt.as_bytes()).to_vec(), r)
+                })
+                .collect();
+            candidates.sort();
+            let mut round: Vec<Option<Value>> = vec![None; rows];
+            let mut observed_rows = Vec::new();
+            for (_, row) in candidates.iter().take(need) {
+                round[*row] = batch.requests[*row].clone();
+                observed_rows.push(*row);
+            }
+            for row in (0..rows).filter(|&r| cached[r]) {
+                round[row] = batch.requests[row].clone();
+                if says[row].is_some() {
+                    observed_rows.push(row);
+                }
+            }
+            let asked = ask_each(model, call, &round, statement).await?;
+            for (row, outcome) in asked.into_iter().enumerate() {
+                if outcome.is_some() {
+                    outcomes[row] = outcome;
+                }
+            }
+            for row in observed_rows {
+                if let (Some(s), Some(outcome)) = (says[row], &outcomes[row])
+                    && let Some(answer) = read(row, outcome)
+                {
+                    fit.observed.push((s, answer));
+                }
+            }
+            if fit.observed.len() >= self.sample {
+                let t = fit.set(self.target).clone();
+                if let Some(kept) = &kept {
+                    kept.write(&t).await;
+                }
+                let usage = Usage {
+                    sample: t.sample,
+                    sample_sure: t.sure,
+                    sample_agreed: t.agreed,
+                    ..Usage::default()
+                };
+                model.count(call, &usage);
+            }
+        }
+        let thresholds = fit.thresholds.clone();
+        drop(fit);
+
+        let mut proxied: Vec<Option<(Answer, f64)>> = vec![None; rows];
+        let mut round: Vec<Option<Value>> = vec![None; rows];
+        for row in 0..rows {
+            if batch.requests[row].is_none() || outcomes[row].is_some() {
+                continue;
+            }
+            let sure = match (&thresholds, says[row]) {
+                (Some(t), Some(s)) if !cached[row] => t.answer(s),
+                _ => None,
+            };
+            match sure {
+                Some(answer) => proxied[row] = Some(answer),
+                None => round[row] = batch.requests[row].clone(),
+            }
+        }
+        let asked = ask_each(model, call, &round, statement).await?;
+        for (row, outcome) in asked.into_iter().enumerate() {
+            if outcome.is_some() {
+                outcomes[row] = outcome;
+            }
+        }
+        let by_proxy = proxied.iter().flatten().count() as u64;
+        if by_proxy > 0 {
+            let usage = Usage {
+                proxy_answered: by_proxy,
+                ..Usage::default()
+            };
+            model.count(call, &usage);
+        }
+        Ok(Answered { outcomes, proxied })
+    }
+
+    /// Where a view's refresh keeps the thresholds of the cascade `key`, if it is one.
+    fn kept(&self, statement: &StatementContext, key: &str) -> Option<Kept> {
+        if statement.keeps.is_empty() {
+            return None;
+        }
+        let folder = url::Url::parse(&statement.keeps).ok()?;
+        let name = hex::encode(Sha256::digest(key.as_bytes()));
+        let url = folder.join(&format!("cascades/{name}.json")).ok()?;
+        let store = self.stores.store_for(&url).ok()?;
+        let path = crate::storage::object_path(&url).ok()?;
+        Some(Kept { store, path })
+    }
+
+    /// What the proxy says of each row with a text: its similarity to the question, or the
+    /// likeliest label and its margin over the next.
+    async fn says(
+        &self,
+        question: Question,
+        batch: &Batch<'_>,
+        statement: &StatementContext,
+    ) -> Result<Vec<Option<Says>>> {
+        let texts: Vec<String> = batch
+            .anchors
+            .iter()
+            .cloned()
+            .chain(batch.texts.iter().flatten().cloned())
+            .collect();
+        let model = self.model.clone();
+        let options = EmbedOptions {
+            stop: statement.stop(),
+            ..EmbedOptions::default()
+        };
+        let dim = embedding_dim(&model)?;
+        let name = self.name.clone();
+        let vectors = tokio::task::spawn_blocking(move || {
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            embed_texts(&model, &texts, options)
+        })
+        .await
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+        .map_err(|e| crate::error::Error::Inference {
+            model: name,
+            first_row: 0,
+            end_row: batch.texts.len(),
+            message: format!("as the proxy of ai_filter or ai_classify: {e}"),
+        })?;
+        let vector = |i: usize| &vectors[i * dim..(i + 1) * dim];
+        let anchors = batch.anchors.len();
+        let mut next = anchors;
+        let mut says = Vec::with_capacity(batch.texts.len());
+        for text in &batch.texts {
+            if text.is_none() {
+                says.push(None);
+                continue;
+            }
+            let v = vector(next);
+            next += 1;
+            let similarity: Vec<f64> = (0..anchors).map(|a| cosine(v, vector(a))).collect();
+            says.push(Some(match question {
+                Question::Classify => {
+                    let mut order: Vec<usize> = (0..anchors).collect();
+                    order.sort_by(|a, b| similarity[*b].total_cmp(&similarity[*a]));
+                    let best = order[0];
+                    let margin = order.get(1).map_or(f64::INFINITY, |second| {
+                        similarity[best] - similarity[*second]
+                    });
+                    Says::Label {
+                        label: best,
+                        margin,
+                    }
+                }
+                _ => Says::Score(similarity[0]),
+            }));
+        }
+        Ok(says)
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| *x as f64 * *x as f64).sum::<f64>().sqrt();
+    let norms = norm(a) * norm(b);
+    if norms > 0.0 { dot / norms } else { 0.0 }
+}
+
+/// The thresholds of a cascade kept with a view: set by one refresh, taken by the next.
+struct Kept {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+}
+
+impl Kept {
+    /// The thresholds kept, if any can be read (one that cannot is set again).
+    async fn read(&self) -> Option<Thresholds> {
+        let bytes = self.store.get(&self.path).await.ok()?.bytes().await.ok()?;
+        if bytes.len() > 64 << 10 {
+            return None;
+        }
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Keeps `thresholds`; a store that refuses leaves the next refresh to set its own.
+    async fn write(&self, thresholds: &Thresholds) {
+        if let Ok(json) = serde_json::to_vec(thresholds) {
+            let _ = self.store.put(&self.path, json.into()).await;
+        }
+    }
+}
