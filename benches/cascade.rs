@@ -1,4 +1,4 @@
-//! A cascade against the LLM alone: `ai_filter` over 1,000 distinct pages of real manuals
+//! A cascade against the LLM alone: `ai_filter` over up to 1,000 distinct pages of real manuals
 //! (scripts/documents.sh's PDFs, each page's first 400 characters, in an order that says nothing
 //! of their manual), through one llama.cpp server (SmolLM2-135M-Instruct, 4 slots, started here),
 //! once with all-MiniLM-L6-v2 as the proxy (target 0.75, a sample of 200) and once with every
@@ -79,7 +79,7 @@ fn main() {
         ))
     };
     println!(
-        "{rows} pages, ai_filter, SmolLM2-135M (llama.cpp, 4 slots), proxy all-MiniLM-L6-v2 \
+        "up to {rows} distinct pages, ai_filter, SmolLM2-135M (llama.cpp, 4 slots), proxy all-MiniLM-L6-v2 \
          (target 0.75, sample 200), cache off, {repeat} pairs"
     );
     let (mut cascade, mut alone) = (Vec::new(), Vec::new());

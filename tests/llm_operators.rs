@@ -426,10 +426,42 @@ fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
     let ran = common::query_with(wh, &["--timing"], &sql);
     assert_ok(&ran);
     assert_eq!(front.count("received"), 50, "{}", front.counts());
-    // The run's prompt tokens beside the estimate's (SmolLM2's chat template adds a system
-    // prompt of its own to each request, which a count of characters cannot see).
+    // The run's prompt tokens beside the estimate's: SmolLM2's chat template adds a system
+    // prompt of its own to each request, which a count of characters cannot see.
     let said = common::stderr(&ran);
-    eprintln!("estimated {prompt} prompt tokens; the run: {said}");
+    eprintln!("estimated {prompt} prompt tokens, uncalibrated; the run: {said}");
+    assert!(
+        row["estimated_by"].starts_with("a token per 4 characters"),
+        "{row:?}"
+    );
+
+    // The server's counts of those 50 prompts calibrate the next estimate: another
+    // statement's prompt tokens within 10% of what its run then reports.
+    let other = "SELECT id, generate('m', 'Tell me ' || CAST(id AS VARCHAR)) AS g, \
+                 ai_filter_score('m', 'Is it odd?', id) AS p FROM (SELECT value AS id FROM \
+                 range(100, 120))";
+    let cost = assert_ok(&query(wh, &format!("EXPLAIN COST {other}")));
+    let row = cost_row(&cost, "m");
+    assert!(
+        row["estimated_by"].starts_with("calibrated on 50 of the model's replies"),
+        "{cost}"
+    );
+    let estimated: f64 = row["prompt_tokens_estimated"].parse().unwrap();
+    let ran = common::query_with(wh, &["--timing"], other);
+    assert_ok(&ran);
+    let said = common::stderr(&ran);
+    let reported: f64 = said
+        .split(" prompt + ")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .map(|s| s.replace(',', ""))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    eprintln!("calibrated: estimated {estimated} prompt tokens, the run reported {reported}");
+    assert!(
+        (estimated - reported).abs() <= 0.1 * reported,
+        "{estimated} against {reported}"
+    );
 
     // Asked again, the cache answers all of it: nothing to send.
     let cost = assert_ok(&query(wh, &format!("EXPLAIN COST {select}")));

@@ -7,8 +7,8 @@
 //! every row, so that what a later call is asked is counted at most). The count is each
 //! model's: the rows that reach its calls, the requests it would send (a request the statement
 //! asked already, or the cache answers, is not sent), their tokens (estimated: a token per four
-//! characters of the request's messages, as budgets reserve them; a reply at `max_tokens`, the
-//! most it may be), the cost at the model's prices, and the time its rate limits imply.
+//! characters of the request's messages, corrected by what the server counted of the model's
+//! earlier prompts ([`super::calibration`]); a reply at `max_tokens`, the most it may be), the cost at the model's prices, and the time its rate limits imply.
 //! Local models (`predict`, `embed` of a model file) are not run: they return NULL.
 
 use std::collections::{BTreeMap, HashSet};
@@ -47,6 +47,8 @@ struct Counted {
     tokens_per_minute: Option<f64>,
     /// The requests counted, by cache key: the same one is sent once.
     seen: HashSet<String>,
+    /// The requests the prompts' calibration has seen (0: a token per four characters).
+    calibrated_on: u64,
 }
 
 /// One model's estimate, as `EXPLAIN COST` shows it.
@@ -62,6 +64,9 @@ pub struct Estimate {
     pub cost: f64,
     /// What its `requests_per_minute` and `tokens_per_minute` imply; None without either.
     pub minutes: Option<f64>,
+    /// The server's counts of earlier prompts the prompt tokens are corrected by (0: none,
+    /// a token per four characters).
+    pub calibrated_on: u64,
 }
 
 impl Estimates {
@@ -106,9 +111,11 @@ impl Estimates {
                 continue;
             }
             let cached = model.is_answered(call, &key).await;
-            let prompt = super::client::estimated_prompt_tokens(body);
+            let estimated = super::client::estimated_prompt_tokens(body);
+            let (prompt, calibrated_on) = model.calibrated_prompt_tokens(estimated).await;
             let completion = body["max_tokens"].as_u64().unwrap_or(0);
             self.counted(model, |c| {
+                c.calibrated_on = c.calibrated_on.max(calibrated_on);
                 if cached {
                     c.answered += 1;
                 } else {
@@ -171,6 +178,7 @@ impl Estimates {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),
                     },
+                    calibrated_on: c.calibrated_on,
                 }
             })
             .collect()

@@ -18,6 +18,8 @@
 //! - `judge.rs`: questions answered with probabilities (`ai_filter`, `ai_classify`): their
 //!   prompts, and each answer's probability from the log-probabilities of the reply's first
 //!   token.
+//! - `calibration.rs`: what a server counts of prompts against their estimates, learned from
+//!   its replies and kept beside the cache, to correct the estimates.
 //! - `cascade.rs`: cascades: the thresholds on a local proxy model's scores, set on a sample
 //!   of a statement's rows, past which the proxy answers `ai_filter` and `ai_classify` instead
 //!   of the model.
@@ -28,6 +30,7 @@
 //! and is kept nowhere.
 
 pub mod cache;
+pub mod calibration;
 pub mod cascade;
 pub mod client;
 mod definition;

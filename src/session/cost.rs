@@ -28,6 +28,7 @@ impl Session {
                 completion_tokens: 0,
                 cost: 0.0,
                 minutes: None,
+                calibrated_on: 0,
             });
         }
         if shown.len() > 1 {
@@ -42,6 +43,7 @@ impl Session {
                 cost: estimates.iter().map(|e| e.cost).sum(),
                 // The models are asked at once: the slowest one's time.
                 minutes: estimates.iter().filter_map(|e| e.minutes).reduce(f64::max),
+                calibrated_on: estimates.iter().map(|e| e.calibrated_on).min().unwrap_or(0),
             });
         }
         let schema = Arc::new(Schema::new(vec![
@@ -50,6 +52,7 @@ impl Session {
             Field::new("requests", DataType::UInt64, false),
             Field::new("answered_already", DataType::UInt64, false),
             Field::new("prompt_tokens_estimated", DataType::UInt64, false),
+            Field::new("estimated_by", DataType::Utf8, false),
             Field::new("completion_tokens_at_most", DataType::UInt64, false),
             Field::new("cost_at_most", DataType::Float64, false),
             Field::new("minutes_at_limits", DataType::Float64, true),
@@ -69,11 +72,29 @@ impl Session {
             u(|e| e.requests),
             u(|e| e.cached),
             u(|e| e.prompt_tokens),
+            Arc::new(
+                shown
+                    .iter()
+                    .map(|e| Some(estimated_by(e)))
+                    .collect::<StringArray>(),
+            ),
             u(|e| e.completion_tokens),
             Arc::new(shown.iter().map(|e| Some(e.cost)).collect::<Float64Array>()),
             Arc::new(shown.iter().map(|e| e.minutes).collect::<Float64Array>()),
             Arc::new(UInt64Array::from(vec![rows; shown.len()])),
         ];
         self.result(RecordBatch::try_new(schema, columns)?)
+    }
+}
+
+/// How an estimate's prompt tokens were counted.
+fn estimated_by(e: &Estimate) -> String {
+    match e.calibrated_on {
+        0 if e.requests == 0 => "-".to_string(),
+        0 => "a token per 4 characters (no reply of the model's seen yet)".to_string(),
+        n => format!(
+            "calibrated on {} of the model's replies",
+            crate::message::thousands(n)
+        ),
     }
 }

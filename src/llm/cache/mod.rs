@@ -41,7 +41,7 @@ static PENDING: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>> =
 static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Keeps `task` for [`flush`] to wait for.
-fn pending(task: tokio::task::JoinHandle<()>) {
+pub(crate) fn pending(task: tokio::task::JoinHandle<()>) {
     PENDING.lock().push(task);
 }
 
@@ -127,6 +127,12 @@ impl Cache {
             crate::storage::object_path(&url)?,
             location.to_string(),
         ))
+    }
+
+    /// Where the warehouse keeps the calibration of the model `model` at `endpoint`, beside
+    /// the cache.
+    pub fn calibration(&self, endpoint: &str, model: &str) -> super::calibration::Kept {
+        super::calibration::Kept::beside(self.store.clone(), &self.prefix, endpoint, model)
     }
 
     /// Its URL.

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::cache::{self, Cache, Mode};
+use super::calibration::{self, Calibration};
 use super::output::excerpt;
 use super::pace::{Pace, header_duration};
 use super::{Endpoint, LlmError, spend};
@@ -226,6 +227,20 @@ pub struct EndpointModel {
     /// Requests in flight by cache key, shared by the statements of the process that read the
     /// cache ([`EndpointModel::fetch`]).
     in_flight: Mutex<HashMap<String, Arc<OnceCell<String>>>>,
+    /// What the server counted of this process's prompts against their estimates
+    /// ([`crate::llm::calibration`]), and whether it is being kept.
+    calibration: Arc<Mutex<Calibrating>>,
+    /// The calibration the warehouse kept, read on first use.
+    kept_calibration: Arc<OnceCell<Calibration>>,
+}
+
+/// A model's calibration in this process: its pairs, whether a write is under way, and whether
+/// pairs came since that write took them.
+#[derive(Debug, Default)]
+struct Calibrating {
+    pairs: Calibration,
+    writing: bool,
+    again: bool,
 }
 
 /// Why a request brought no answer to share: the row's error, or the statement's stop.
@@ -307,6 +322,8 @@ impl EndpointModel {
             memo: Mutex::new(Memo::default()),
             vectors: Mutex::new(Memo::default()),
             in_flight: Mutex::new(HashMap::new()),
+            calibration: Arc::default(),
+            kept_calibration: Arc::default(),
         })
     }
 
@@ -352,6 +369,76 @@ impl EndpointModel {
         c.sample_agreed
             .fetch_add(done.sample_agreed, Ordering::Relaxed);
         spend::count(call.ledger, call.part, &self.name, done);
+    }
+
+    /// Where the warehouse keeps this model's calibration, if it has a cache.
+    fn calibration_kept(&self) -> Option<calibration::Kept> {
+        self.cache
+            .as_ref()
+            .map(|c| c.calibration(&self.endpoint.endpoint, &self.endpoint.model))
+    }
+
+    /// The calibration kept, read once.
+    async fn kept_calibration(&self) -> Calibration {
+        let kept = self.calibration_kept();
+        *self
+            .kept_calibration
+            .get_or_init(|| async move {
+                match kept {
+                    Some(kept) => kept.read().await,
+                    None => Calibration::default(),
+                }
+            })
+            .await
+    }
+
+    /// Adds a prompt estimated at `estimated` tokens that the server counted as `reported`,
+    /// and keeps the whole calibration in the warehouse: one write at a time, the last one
+    /// with every pair ([`cache::flush`] waits for it).
+    fn calibrate(&self, estimated: u64, reported: u64) {
+        if reported == 0 {
+            return;
+        }
+        let mut state = self.calibration.lock();
+        state.pairs.add(estimated, reported);
+        let Some(kept) = self.calibration_kept() else {
+            return;
+        };
+        if state.writing {
+            state.again = true;
+            return;
+        }
+        state.writing = true;
+        let (state, cell) = (self.calibration.clone(), self.kept_calibration.clone());
+        cache::pending(tokio::spawn(async move {
+            let base = *cell.get_or_init(|| kept.read()).await;
+            loop {
+                let pairs = {
+                    let mut s = state.lock();
+                    s.again = false;
+                    s.pairs
+                };
+                kept.write(&base.merged(&pairs)).await;
+                let mut s = state.lock();
+                if !s.again {
+                    s.writing = false;
+                    break;
+                }
+            }
+        }));
+    }
+
+    /// The tokens a prompt estimated at `estimated` is likely to count, by the calibration, and
+    /// the requests the calibration has seen (0: none, the estimate itself).
+    pub async fn calibrated_prompt_tokens(&self, estimated: u64) -> (u64, u64) {
+        let all = self
+            .kept_calibration()
+            .await
+            .merged(&self.calibration.lock().pairs);
+        match all.tokens(estimated) {
+            Some(tokens) => (tokens, all.n),
+            None => (estimated, 0),
+        }
     }
 
     /// The body of the chat request for `prompt`, with the JSON schema of a typed output.
@@ -487,7 +574,10 @@ impl EndpointModel {
         let prompt_estimate = prompt + 1;
         // A server that says nothing of its tokens is charged an estimate, so budgets hold.
         let count = |raw: &str| match Reply::parse(raw.to_string()) {
-            Ok(reply) if !reply.estimated => (reply.prompt_tokens, reply.completion_tokens),
+            Ok(reply) if !reply.estimated => {
+                self.calibrate(prompt, reply.prompt_tokens);
+                (reply.prompt_tokens, reply.completion_tokens)
+            }
             Ok(reply) => (prompt_estimate, reply.completion_tokens),
             Err(_) => (prompt_estimate, raw.len() as u64 / 4),
         };

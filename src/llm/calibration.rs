@@ -1,0 +1,155 @@
+//! What an endpoint model's server counts of its prompts against batchinfer's estimate (a token
+//! per four characters of the messages): each answered chat request adds its pair, and an
+//! estimate (`EXPLAIN COST`, `max_cost` before a statement runs) is corrected by the line that
+//! fits the pairs best, once there are [`LEAST`] of them. The chat template a server wraps
+//! around each prompt (a system message, role markers) and its tokenizer's rate are what the
+//! correction learns. The pairs' sums are kept in the warehouse beside the cache
+//! (`llm-calibration/`, by the endpoint and the endpoint's name of the model), so that a later
+//! process's estimate starts from them.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The pairs an estimate needs before it is corrected.
+pub const LEAST: u64 = 10;
+
+/// The warehouse's folder of calibrations.
+pub const FOLDER: &str = "llm-calibration";
+
+/// The sums of the pairs (estimated, reported) of a model's prompts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub n: u64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+impl Calibration {
+    /// Adds a prompt estimated at `estimated` tokens that the server counted as `reported`.
+    pub fn add(&mut self, estimated: u64, reported: u64) {
+        let (x, y) = (estimated as f64, reported as f64);
+        self.n += 1;
+        self.x += x;
+        self.y += y;
+        self.xx += x * x;
+        self.xy += x * y;
+    }
+
+    /// Both sets of pairs.
+    pub fn merged(&self, other: &Calibration) -> Calibration {
+        Calibration {
+            n: self.n + other.n,
+            x: self.x + other.x,
+            y: self.y + other.y,
+            xx: self.xx + other.xx,
+            xy: self.xy + other.xy,
+        }
+    }
+
+    /// The tokens a prompt estimated at `estimated` is likely to count: the least-squares line
+    /// through the pairs (its slope within 0.25 and 4; where the prompts were all of about one
+    /// length, their mean difference added); None under [`LEAST`] pairs.
+    pub fn tokens(&self, estimated: u64) -> Option<u64> {
+        if self.n < LEAST || !self.usable() {
+            return None;
+        }
+        let n = self.n as f64;
+        let (mx, my) = (self.x / n, self.y / n);
+        let variance = self.xx / n - mx * mx;
+        let slope = if variance > 1.0 {
+            ((self.xy / n - mx * my) / variance).clamp(0.25, 4.0)
+        } else {
+            1.0
+        };
+        let intercept = my - slope * mx;
+        Some((intercept + slope * estimated as f64).round().max(0.0) as u64)
+    }
+
+    fn usable(&self) -> bool {
+        [self.x, self.y, self.xx, self.xy]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0)
+    }
+}
+
+/// Where a warehouse keeps the calibration of one model.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+}
+
+impl Kept {
+    /// The calibration of the model `model` at `endpoint`, in the folder beside the cache
+    /// `cache_prefix` (the warehouse's `llm-cache`) of `store`.
+    pub fn beside(
+        store: Arc<dyn ObjectStore>,
+        cache_prefix: &Path,
+        endpoint: &str,
+        model: &str,
+    ) -> Kept {
+        let mut parts: Vec<String> = cache_prefix
+            .parts()
+            .map(|p| p.as_ref().to_string())
+            .collect();
+        parts.pop();
+        parts.push(FOLDER.to_string());
+        let name = hex::encode(Sha256::digest(format!("{endpoint}\u{0}{model}").as_bytes()));
+        parts.push(format!("{name}.json"));
+        Kept {
+            store,
+            path: Path::from_iter(parts),
+        }
+    }
+
+    /// The calibration kept (none where there is none, or it cannot be read).
+    pub async fn read(&self) -> Calibration {
+        let Ok(got) = self.store.get(&self.path).await else {
+            return Calibration::default();
+        };
+        match got.bytes().await {
+            Ok(bytes) if bytes.len() < 4096 => serde_json::from_slice(&bytes)
+                .ok()
+                .filter(Calibration::usable)
+                .unwrap_or_default(),
+            _ => Calibration::default(),
+        }
+    }
+
+    /// Keeps `calibration` (a store that refuses leaves the one kept before).
+    pub async fn write(&self, calibration: &Calibration) {
+        if let Ok(json) = serde_json::to_vec(calibration) {
+            let _ = self.store.put(&self.path, json.into()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_of_fixed_size_and_a_tokenizer_rate_are_learned() {
+        let mut c = Calibration::default();
+        // The server counts 30 tokens of template and 1.2 tokens per estimated token.
+        for x in (10..200).step_by(10) {
+            c.add(x, (30.0 + 1.2 * x as f64) as u64);
+        }
+        let t = c.tokens(100).unwrap();
+        assert!((149..=151).contains(&t), "{t}");
+        // Prompts all of one length: their mean difference is added.
+        let mut same = Calibration::default();
+        for _ in 0..20 {
+            same.add(15, 42);
+        }
+        assert_eq!(same.tokens(15), Some(42));
+        assert_eq!(same.tokens(25), Some(52));
+        assert_eq!(Calibration::default().tokens(10), None);
+    }
+}
