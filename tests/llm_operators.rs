@@ -837,3 +837,44 @@ fn a_cascade_sends_at_most_half_the_rows_and_agrees_with_the_llm_at_its_target()
     assert_eq!(sample, 40);
     assert_eq!(by_proxy + sent, 100, "{by_proxy} + {sent}");
 }
+
+/// Calls of endpoint models inside aggregates are each their own: two averages of two
+/// questions equal the same questions asked row by row in a subquery (DataFusion 55 alone
+/// gives every asynchronous call of an aggregate the first one's column).
+#[test]
+fn calls_inside_aggregates_are_each_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path();
+    let front = proxy_to(llama(), &[]);
+    let texts = "SELECT value AS id, 'Note ' || CAST(value AS VARCHAR) || ': the soup was cold' \
+                 AS t FROM range(6)";
+    let asked =
+        |a: &str, b: &str| format!("SELECT round({a}, 9) AS a, round({b}, 9) AS b FROM ({texts})",);
+    let q1 = "ai_filter_score('judge', 'Is it about food?', t)";
+    let q2 = "ai_filter_score('judge', 'Is it about weather?', t)";
+    let together = assert_ok(&query(
+        wh,
+        &format!(
+            "{} {} ",
+            create("judge", &front.url(), ""),
+            asked(&format!("avg({q1})"), &format!("avg({q2})")).replace(
+                "FROM (",
+                ", count(length(generate('judge', t))) AS n FROM ("
+            )
+        ),
+    ));
+    let apart = assert_ok(&query(
+        wh,
+        &format!(
+            "SELECT round(avg(p), 9) AS a, round(avg(q), 9) AS b, count(g) AS n FROM (SELECT \
+             {q1} AS p, {q2} AS q, length(generate('judge', t)) AS g FROM ({texts}))"
+        ),
+    ));
+    assert_eq!(
+        together.lines().last(),
+        apart.lines().last(),
+        "{together}\n{apart}"
+    );
+    let values: Vec<&str> = apart.lines().last().unwrap().split(',').collect();
+    assert_ne!(values[0], values[1], "two questions, two answers: {apart}");
+}

@@ -5,7 +5,10 @@
 //! around each prompt (a system message, role markers) and its tokenizer's rate are what the
 //! correction learns. The pairs' sums are kept in the warehouse beside the cache
 //! (`llm-calibration/`, by the endpoint and the endpoint's name of the model), so that a later
-//! process's estimate starts from them.
+//! process's estimate starts from them: each write adds this process's new pairs to what the
+//! file holds then (two processes writing at the same moment can lose one's latest pairs).
+//! A count far off its estimate (more than four times it and 4,096 tokens) is not learned
+//! from, and no correction goes further.
 
 use std::sync::Arc;
 
@@ -16,6 +19,19 @@ use sha2::{Digest, Sha256};
 
 /// The pairs an estimate needs before it is corrected.
 pub const LEAST: u64 = 10;
+
+/// The most a server's count may be past its estimate's, times and plus: a pair further off
+/// (a server that says nonsense of its usage) is not learned from, and no correction goes past
+/// it.
+const TIMES: f64 = 4.0;
+const PLUS: f64 = 4096.0;
+
+/// Whether the server's count `reported` of a prompt estimated at `estimated` is one to learn
+/// from: within [`TIMES`] and [`PLUS`] of the estimate either way.
+pub fn plausible(estimated: u64, reported: u64) -> bool {
+    let (x, y) = (estimated as f64, reported as f64);
+    y <= TIMES * x + PLUS && x <= TIMES * y + PLUS
+}
 
 /// The warehouse's folder of calibrations.
 pub const FOLDER: &str = "llm-calibration";
@@ -31,14 +47,29 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// Adds a prompt estimated at `estimated` tokens that the server counted as `reported`.
+    /// Adds a prompt estimated at `estimated` tokens that the server counted as `reported`
+    /// (where [`plausible`]).
     pub fn add(&mut self, estimated: u64, reported: u64) {
+        if !plausible(estimated, reported) {
+            return;
+        }
         let (x, y) = (estimated as f64, reported as f64);
         self.n += 1;
         self.x += x;
         self.y += y;
         self.xx += x * x;
         self.xy += x * y;
+    }
+
+    /// The pairs of `self` not in `earlier` (a part of them).
+    pub fn since(&self, earlier: &Calibration) -> Calibration {
+        Calibration {
+            n: self.n.saturating_sub(earlier.n),
+            x: (self.x - earlier.x).max(0.0),
+            y: (self.y - earlier.y).max(0.0),
+            xx: (self.xx - earlier.xx).max(0.0),
+            xy: (self.xy - earlier.xy).max(0.0),
+        }
     }
 
     /// Both sets of pairs.
@@ -68,13 +99,20 @@ impl Calibration {
             1.0
         };
         let intercept = my - slope * mx;
-        Some((intercept + slope * estimated as f64).round().max(0.0) as u64)
+        let x = estimated as f64;
+        let tokens = (intercept + slope * x).clamp((x - PLUS) / TIMES, TIMES * x + PLUS);
+        Some(tokens.round().max(0.0) as u64)
     }
 
+    /// Whether the sums can be pairs [`Calibration::add`] learned from (a file edited by hand
+    /// is not trusted).
     fn usable(&self) -> bool {
+        let n = self.n as f64;
         [self.x, self.y, self.xx, self.xy]
             .iter()
             .all(|v| v.is_finite() && *v >= 0.0)
+            && self.y <= TIMES * self.x + PLUS * n
+            && self.x <= TIMES * self.y + PLUS * n
     }
 }
 
@@ -151,5 +189,10 @@ mod tests {
         assert_eq!(same.tokens(15), Some(42));
         assert_eq!(same.tokens(25), Some(52));
         assert_eq!(Calibration::default().tokens(10), None);
+        // A server that says nonsense of its usage is not learned from.
+        let mut wild = same;
+        wild.add(15, 1 << 40);
+        assert_eq!(wild, same);
+        assert_eq!(wild.since(&Calibration::default()), same);
     }
 }

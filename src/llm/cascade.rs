@@ -57,6 +57,31 @@ pub struct Thresholds {
 }
 
 impl Thresholds {
+    /// Whether these can be thresholds [`fit_filter`] or [`fit_classify`] set (a file edited by
+    /// hand is not trusted): scores of a cosine similarity, a margin of two, a sample whose
+    /// counts add up, and rates of agreement over one half where the proxy answers.
+    pub fn usable(&self) -> bool {
+        let similarity =
+            |t: Option<f64>| t.is_none_or(|t| t.is_finite() && (-1.0..=1.0).contains(&t));
+        let rate = |t: Option<f64>, r: f64| t.is_none() || (r.is_finite() && r > 0.5 && r <= 1.0);
+        let kinds = match self.margin {
+            Some(m) => {
+                self.yes.is_none()
+                    && self.no.is_none()
+                    && m.is_finite()
+                    && (0.0..=2.0).contains(&m)
+                    && rate(self.margin, self.yes_rate)
+            }
+            None => {
+                similarity(self.yes)
+                    && similarity(self.no)
+                    && rate(self.yes, self.yes_rate)
+                    && rate(self.no, self.no_rate)
+            }
+        };
+        kinds && self.agreed <= self.sure && self.sure <= self.sample && self.sample >= 20
+    }
+
     /// The proxy's answer for a row it says `says` of, if it is sure of it, with the rate at
     /// which its answers there agreed with the model's on the sample.
     pub fn answer(&self, says: Says) -> Option<(Answer, f64)> {
@@ -174,8 +199,6 @@ pub fn fit_classify(sample: &[(usize, f64, usize)], target: f64) -> Thresholds {
 /// fills, then its thresholds.
 #[derive(Debug, Default)]
 pub struct Fit {
-    /// Rows taken into the sample (sent), answered or not.
-    pub taken: usize,
     /// The sample's rows the model answered: what the proxy said, and the model's answer.
     pub observed: Vec<(Says, Answer)>,
     pub thresholds: Option<Thresholds>,

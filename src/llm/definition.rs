@@ -273,7 +273,13 @@ impl Endpoint {
                 )));
             }
         }
-        let target = number("target")?;
+        // As the warehouse's JSON will read it back.
+        let target = number("target")?.map(|t| {
+            serde_json::to_string(&t)
+                .ok()
+                .and_then(|json| serde_json::from_str::<f64>(&json).ok())
+                .unwrap_or(t)
+        });
         if let Some(t) = target
             && !(t > 0.5 && t < 1.0)
         {
@@ -559,6 +565,18 @@ mod tests {
         assert!(refused(&[("temperature", "NaN")]).contains("'temperature'"));
         assert!(refused(&[("target", "0.9")]).contains("name its local model with 'proxy'"));
         assert!(refused(&[("proxy", "m"), ("target", "1")]).contains("under 1"));
+        assert!(
+            refused(&[("proxy", "m"), ("target", "0.9999999999999999")]).contains("under 1")
+                || Endpoint::from_json(
+                    &Endpoint::from_options(
+                        "w",
+                        &options(&[("proxy", "m"), ("target", "0.9999999999999999")])
+                    )
+                    .unwrap()
+                    .to_json()
+                )
+                .is_ok()
+        );
         assert!(refused(&[("proxy", "m"), ("proxy_sample", "5")]).contains("at least 20"));
         assert!(refused(&[("proxy", "m x")]).contains("local text model"));
         let cascade = Endpoint::from_options("w", &options(&[("proxy", "minilm")])).unwrap();

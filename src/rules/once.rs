@@ -1,5 +1,5 @@
-//! One model call per row: the optimizer rule that computes each distinct `predict` or `embed`
-//! call of a plan node once, however many of its fields the node reads.
+//! One model call per row: the optimizer rule that computes each distinct `predict`, `embed`
+//! or endpoint model call of a plan node once, however many of its fields the node reads.
 //!
 //! DataFusion treats `get_field` as free and copies the expression under it wherever a field
 //! is read: `predict(..)['label']` and `predict(..)['probabilities']` become two calls
@@ -247,10 +247,16 @@ fn reading_all(
         .collect()
 }
 
-/// Whether `expr` is a call of a model function.
+/// Whether `expr` is a call of a model function: `predict`, `embed`, or an asynchronous one
+/// (an endpoint model's: `generate`, the `ai_*` operators). DataFusion 55 plans the
+/// asynchronous calls of an aggregate's arguments under one name per aggregate, so that two
+/// aggregates' calls would read one call's column: computed in a projection below, each is its
+/// own column.
 fn is_model_call(expr: &Expr) -> bool {
     matches!(expr, Expr::ScalarFunction(f)
-        if f.func.inner().is::<PredictUdf>() || f.func.inner().is::<EmbedUdf>())
+        if f.func.inner().is::<PredictUdf>()
+            || f.func.inner().is::<EmbedUdf>()
+            || f.func.as_async().is_some())
 }
 
 /// The model calls in `exprs`, each occurrence once (calls inside a call's arguments are the

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use datafusion::common::plan_err;
 use datafusion::error::Result;
+use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -21,6 +22,9 @@ use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
 use crate::model::{Model, ModelRegistry};
 use crate::statement_context::StatementContext;
 use crate::storage::StoreRegistry;
+
+/// The cache's entries read at once to find the rows it answers.
+const CACHE_READS_AT_ONCE: usize = 32;
 
 /// The proxy of a statement's calls of an endpoint model.
 pub(super) struct Proxy {
@@ -117,12 +121,21 @@ impl Proxy {
         let rows = batch.requests.len();
         let says = self.says(question, &batch, statement).await?;
         // Rows the cache answers cost nothing: they are asked, never the proxy's.
-        let mut cached = vec![false; rows];
-        for (row, body) in batch.requests.iter().enumerate() {
-            if let Some(body) = body {
-                cached[row] = model.is_answered(call, &model.cache_key(body)).await;
+        let keys: Vec<Option<String>> = batch
+            .requests
+            .iter()
+            .map(|body| body.as_ref().map(|b| model.cache_key(b)))
+            .collect();
+        let reads = keys.into_iter().map(|key| async move {
+            match key {
+                Some(key) => model.is_answered(call, &key).await,
+                None => false,
             }
-        }
+        });
+        let cached: Vec<bool> = futures::stream::iter(reads)
+            .buffered(CACHE_READS_AT_ONCE)
+            .collect()
+            .await;
         // The cascade: the model's definition, the question, the proxy's files, the target.
         let key = format!(
             "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
@@ -324,13 +337,16 @@ struct Kept {
 }
 
 impl Kept {
-    /// The thresholds kept, if any can be read (one that cannot is set again).
+    /// The thresholds kept, if any can be read and are ones a sample could set (others are set
+    /// again).
     async fn read(&self) -> Option<Thresholds> {
         let bytes = self.store.get(&self.path).await.ok()?.bytes().await.ok()?;
         if bytes.len() > 64 << 10 {
             return None;
         }
-        serde_json::from_slice(&bytes).ok()
+        serde_json::from_slice(&bytes)
+            .ok()
+            .filter(Thresholds::usable)
     }
 
     /// Keeps `thresholds`; a store that refuses leaves the next refresh to set its own.

@@ -234,11 +234,13 @@ pub struct EndpointModel {
     kept_calibration: Arc<OnceCell<Calibration>>,
 }
 
-/// A model's calibration in this process: its pairs, whether a write is under way, and whether
-/// pairs came since that write took them.
+/// A model's calibration in this process: its pairs, those written, whether a write is under
+/// way, and whether pairs came since that write took them.
 #[derive(Debug, Default)]
 struct Calibrating {
     pairs: Calibration,
+    /// The pairs the warehouse's file has been given.
+    written: Calibration,
     writing: bool,
     again: bool,
 }
@@ -411,15 +413,18 @@ impl EndpointModel {
         state.writing = true;
         let (state, cell) = (self.calibration.clone(), self.kept_calibration.clone());
         cache::pending(tokio::spawn(async move {
-            let base = *cell.get_or_init(|| kept.read()).await;
+            let _ = cell.get_or_init(|| kept.read()).await;
             loop {
-                let pairs = {
+                let (pairs, written) = {
                     let mut s = state.lock();
                     s.again = false;
-                    s.pairs
+                    (s.pairs, s.written)
                 };
-                kept.write(&base.merged(&pairs)).await;
+                // What the file holds now (another process's pairs too), and ours since.
+                let now = kept.read().await;
+                kept.write(&now.merged(&pairs.since(&written))).await;
                 let mut s = state.lock();
+                s.written = pairs;
                 if !s.again {
                     s.writing = false;
                     break;
