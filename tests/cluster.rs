@@ -1004,4 +1004,37 @@ fn the_llm_operators_on_the_cluster_answer_as_one_process() {
         ["g,answered", "0,true", "1,true", "2,true"],
         "{groups}"
     );
+
+    // A cascade: each executor sets its own thresholds on its own sample of 20 (MiniLM, from
+    // the client's models, is the proxy), and the rows it is sure of are not sent.
+    let pages = data.path().join("pages");
+    local(
+        Path::new("data/models"),
+        &format!(
+            "COPY (SELECT value AS id, 'The ' || CASE value % 3 WHEN 0 THEN 'cat' WHEN 1 THEN \
+             'truck' ELSE 'apple' END || ' seen on day ' || CAST(value AS VARCHAR) AS body FROM \
+             range(120)) TO '{}/' STORED AS PARQUET",
+            pages.display()
+        ),
+    );
+    let models = fixtures::models_with_minilm();
+    let cascade = format!(
+        "CREATE OR REPLACE MODEL screener OPTIONS ('endpoint' '{}', 'model' 'smollm2', \
+         'temperature' '0', 'seed' '7', 'proxy' 'minilm', 'target' '0.6', 'proxy_sample' '20');",
+        front.url()
+    );
+    ok(&cluster.query(Some(&models), &cascade));
+    let before = front.count("received");
+    let kept = ok(&cluster.query(
+        Some(&models),
+        &format!(
+            "SET batchinfer.cache = 'off'; SELECT count(*) AS n, count(f) AS answered FROM \
+             (SELECT ai_filter('screener', 'Is it an animal?', body) AS f FROM '{}/')",
+            pages.display()
+        ),
+    ));
+    let sent = front.count("received") - before;
+    eprintln!("a cascade on 2 executors: {sent} requests for 120 rows: {kept}");
+    assert_eq!(kept.lines().nth(1), Some("120,120"), "{kept}");
+    assert!((20..=120).contains(&sent), "{sent}");
 }
