@@ -41,8 +41,9 @@ pub struct StatementContext {
     /// endpoint models do for it is counted apart, for the files it writes
     /// ([`crate::llm::spend`]). Set on the query's own session state; it does not travel.
     pub part: String,
-    /// Where a view's refresh keeps what its calls learn for the next refresh (the view's
-    /// folder, a URL: a cascade's thresholds, [`crate::llm::cascade`]); "" for the rest. Set on
+    /// Where a view's refresh keeps what its calls learn for the next refresh (a folder of the
+    /// view's generation, a URL: a cascade's thresholds, [`crate::llm::cascade`]); "" for the
+    /// rest. Set on
     /// the query's own session state, as `part`; it does not travel.
     pub keeps: String,
     /// What the statement counts while it runs (its spending, its failed rows), owned by it.

@@ -236,9 +236,7 @@ settings! {
         change Any,
         set |options, value| {
             let name = value.trim();
-            if !name.is_empty()
-                && !name.chars().all(|c| c.is_alphanumeric() || "_-@.".contains(c))
-            {
+            if !name.is_empty() && !is_model_name(name) {
                 return Err(DataFusionError::Configuration(format!(
                     "batchinfer.llm_proxy must name a model (letters, digits, _ - @ .), or be \
                      'none', not '{name}'"

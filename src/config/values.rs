@@ -389,3 +389,12 @@ impl std::str::FromStr for CacheMode {
         }
     }
 }
+
+/// Whether `name` can name a model: letters, digits, `_`, `-`, `@` and `.` (a version or
+/// alias), nothing else.
+pub fn is_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || "_-@.".contains(c))
+}

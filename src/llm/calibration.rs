@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -75,7 +75,7 @@ impl Calibration {
     /// Both sets of pairs.
     pub fn merged(&self, other: &Calibration) -> Calibration {
         Calibration {
-            n: self.n + other.n,
+            n: self.n.saturating_add(other.n),
             x: self.x + other.x,
             y: self.y + other.y,
             xx: self.xx + other.xx,
@@ -148,23 +148,16 @@ impl Kept {
 
     /// The calibration kept (none where there is none, or it cannot be read).
     pub async fn read(&self) -> Calibration {
-        let Ok(got) = self.store.get(&self.path).await else {
-            return Calibration::default();
-        };
-        match got.bytes().await {
-            Ok(bytes) if bytes.len() < 4096 => serde_json::from_slice(&bytes)
-                .ok()
-                .filter(Calibration::usable)
-                .unwrap_or_default(),
-            _ => Calibration::default(),
-        }
+        crate::storage::read_small_json(&self.store, &self.path, 4096)
+            .await
+            .filter(Calibration::usable)
+            .unwrap_or_default()
     }
 
-    /// Keeps `calibration` (a store that refuses leaves the one kept before).
-    pub async fn write(&self, calibration: &Calibration) {
-        if let Ok(json) = serde_json::to_vec(calibration) {
-            let _ = self.store.put(&self.path, json.into()).await;
-        }
+    /// Keeps `calibration`; whether the store took it (one that refuses leaves the one kept
+    /// before).
+    pub async fn write(&self, calibration: &Calibration) -> bool {
+        crate::storage::write_small_json(&self.store, &self.path, calibration).await
     }
 }
 

@@ -12,8 +12,9 @@
 //! answer; the rest are sent. Rows the cache already answers are never the proxy's: they cost
 //! nothing.
 //!
-//! The thresholds are the statement's: each statement (each view refresh) sets its own, a part
-//! of the rows it reads at a time (the first of its batches that fill the sample).
+//! The thresholds are the statement's: each statement sets its own on the first of its batches
+//! that fill the sample; a materialized view keeps those its first refresh set for the next
+//! ([`crate::udf`]'s cascade, in the folder the refresh names).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -139,8 +140,7 @@ fn widest(rows: &[(f64, bool)], target: f64) -> Option<(f64, f64)> {
 pub fn fit_filter(sample: &[(f64, bool)], target: f64) -> Thresholds {
     let mut by_score: Vec<(f64, bool)> = sample.to_vec();
     by_score.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let high: Vec<(f64, bool)> = by_score.iter().map(|(s, yes)| (*s, *yes)).collect();
-    let yes = widest(&high, target);
+    let yes = widest(&by_score, target);
     let low: Vec<(f64, bool)> = by_score.iter().rev().map(|(s, yes)| (*s, !*yes)).collect();
     let no = widest(&low, target);
     let mut fitted = Thresholds {
@@ -199,6 +199,8 @@ pub fn fit_classify(sample: &[(usize, f64, usize)], target: f64) -> Thresholds {
 /// fills, then its thresholds.
 #[derive(Debug, Default)]
 pub struct Fit {
+    /// The requests (by cache key) taken into the sample: each counts once.
+    pub seen: std::collections::HashSet<String>,
     /// The sample's rows the model answered: what the proxy said, and the model's answer.
     pub observed: Vec<(Says, Answer)>,
     pub thresholds: Option<Thresholds>,

@@ -264,10 +264,7 @@ impl Endpoint {
                         .into(),
                 ));
             }
-            if !proxy
-                .chars()
-                .all(|c| c.is_alphanumeric() || "_-@.".contains(c))
-            {
+            if !crate::config::is_model_name(proxy) {
                 return Err(problem(format!(
                     "'proxy' must name a local text model (letters, digits, _ - @ .), not '{proxy}'"
                 )));
@@ -290,7 +287,14 @@ impl Endpoint {
         }
         let proxy_sample = match text("proxy_sample") {
             None => None,
-            Some(_) => Some(whole("proxy_sample", 0, 20)?.min(100_000) as u32),
+            Some(v) => match whole("proxy_sample", 0, 20)? {
+                n if n <= 100_000 => Some(n as u32),
+                _ => {
+                    return Err(problem(format!(
+                        "'proxy_sample' must be 20 to 100,000 rows, not '{v}'"
+                    )));
+                }
+            },
         };
         if proxy.is_none() && (target.is_some() || proxy_sample.is_some()) {
             return Err(problem(

@@ -89,6 +89,9 @@ impl Session {
 
 /// How an estimate's prompt tokens were counted.
 fn estimated_by(e: &Estimate) -> String {
+    if e.model == "(all)" {
+        return "each model's, above".to_string();
+    }
     match e.calibrated_on {
         0 if e.requests == 0 => "-".to_string(),
         0 => "a token per 4 characters (no reply of the model's seen yet)".to_string(),

@@ -414,6 +414,34 @@ pub async fn read_object(store: &CommitStore, path: &Path, cap: u64) -> Result<O
     }
 }
 
+/// The small JSON object `path` of `store` (at most `cap` bytes, checked before its body is
+/// read) as a `T`; None where there is none, it is larger, or it is not a `T`.
+pub async fn read_small_json<T: serde::de::DeserializeOwned>(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+    cap: u64,
+) -> Option<T> {
+    let bytes = read_body(store.as_ref(), path, path.as_ref(), cap)
+        .await
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Writes `value` as the JSON object `path` of `store`, whole, by one PUT; whether the store
+/// took it.
+pub async fn write_small_json<T: serde::Serialize>(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+    value: &T,
+) -> bool {
+    let Ok(json) = serde_json::to_vec(value) else {
+        return false;
+    };
+    object_store::ObjectStoreExt::put(store.as_ref(), path, json.into())
+        .await
+        .is_ok()
+}
+
 /// The body of object `path` (`what` in messages), refused once it is over `cap` bytes.
 pub(super) async fn read_body(
     store: &dyn ObjectStore,

@@ -300,9 +300,8 @@ impl AsyncScalarUDFImpl for AiUdf {
             (Some(proxy), Some(anchors)) => {
                 let batch = ai_cascade::Batch {
                     requests: &requests,
-                    prompts: &prompts,
                     texts,
-                    asks: format!("{}\u{0}{}", self.name(), anchors.join("\u{0}")),
+                    asks: asks(self.name(), &anchors, &args),
                     anchors,
                 };
                 let read = |row: usize, outcome: &Outcome| {
@@ -370,6 +369,21 @@ impl AsyncScalarUDFImpl for AiUdf {
         };
         Ok(ColumnarValue::Array(column))
     }
+}
+
+/// What a cascade's call asks, as its thresholds are kept by: the function, the question or
+/// labels, and the inputs it is asked of (by their names in the query), so that the same
+/// question of another column is a cascade of its own.
+fn asks(function: &str, anchors: &[String], args: &ScalarFunctionArgs) -> String {
+    let inputs = match function {
+        "ai_classify" => &args.arg_fields[1..2],
+        _ => args.arg_fields.get(2..).unwrap_or_default(),
+    };
+    let mut parts = vec![function.to_string()];
+    parts.extend(anchors.iter().cloned());
+    parts.push(String::new());
+    parts.extend(inputs.iter().map(|f| f.name().clone()));
+    parts.join("\u{0}")
 }
 
 /// The inputs of each row of `ai_filter` as text: None where one is NULL.

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use datafusion::common::plan_err;
 use datafusion::error::Result;
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -88,8 +87,6 @@ pub(super) fn proxy_of(
 pub(super) struct Batch<'a> {
     /// Each row's request (None: the row asks nothing).
     pub requests: &'a [Option<Value>],
-    /// Each row's prompt, whose hash picks the sample.
-    pub prompts: &'a [Option<String>],
     /// Each row's text as the proxy reads it.
     pub texts: Vec<Option<String>>,
     /// What the texts are compared with: the question, or each label's text.
@@ -126,7 +123,7 @@ impl Proxy {
             .iter()
             .map(|body| body.as_ref().map(|b| model.cache_key(b)))
             .collect();
-        let reads = keys.into_iter().map(|key| async move {
+        let reads = keys.clone().into_iter().map(|key| async move {
             match key {
                 Some(key) => model.is_answered(call, &key).await,
                 None => false,
@@ -136,7 +133,8 @@ impl Proxy {
             .buffered(CACHE_READS_AT_ONCE)
             .collect()
             .await;
-        // The cascade: the model's definition, the question, the proxy's files, the target.
+        // The cascade: the model's definition, the question and what it is asked of, the
+        // proxy's files, the target and the sample.
         let key = format!(
             "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
             model.sha256,
@@ -158,30 +156,27 @@ impl Proxy {
             fit.thresholds = kept.read().await;
         }
         if fit.thresholds.is_none() {
-            // The rows the cache answers count in the sample; the rest of it is sent.
-            let free = (0..rows)
-                .filter(|&r| cached[r] && says[r].is_some())
-                .count();
-            let need = self.sample.saturating_sub(fit.observed.len() + free);
-            let mut candidates: Vec<(Vec<u8>, usize)> = (0..rows)
-                .filter(|&r| batch.requests[r].is_some() && !cached[r] && says[r].is_some())
-                .map(|r| {
-                    let prompt = batch.prompts[r].as_deref().unwrap_or_default();
-                    (Sha256::digest(prompt.as_bytes()).to_vec(), r)
+            // The sample: the rows first by their request's key (the same rows again in a run
+            // again), each distinct request once; the rows the cache answers are asked too
+            // (they cost nothing), and count only where the key picks them.
+            let need = self.sample.saturating_sub(fit.observed.len());
+            let mut candidates: Vec<(&str, usize)> = (0..rows)
+                .filter_map(|r| match (&keys[r], says[r]) {
+                    (Some(key), Some(_)) if !fit.seen.contains(key) => Some((key.as_str(), r)),
+                    _ => None,
                 })
                 .collect();
             candidates.sort();
+            candidates.dedup_by_key(|c| c.0);
             let mut round: Vec<Option<Value>> = vec![None; rows];
             let mut observed_rows = Vec::new();
-            for (_, row) in candidates.iter().take(need) {
+            for (key, row) in candidates.iter().take(need) {
                 round[*row] = batch.requests[*row].clone();
                 observed_rows.push(*row);
+                fit.seen.insert(key.to_string());
             }
             for row in (0..rows).filter(|&r| cached[r]) {
                 round[row] = batch.requests[row].clone();
-                if says[row].is_some() {
-                    observed_rows.push(row);
-                }
             }
             let asked = ask_each(model, call, &round, statement).await?;
             for (row, outcome) in asked.into_iter().enumerate() {
@@ -252,7 +247,7 @@ impl Proxy {
         }
         let folder = url::Url::parse(&statement.keeps).ok()?;
         let name = hex::encode(Sha256::digest(key.as_bytes()));
-        let url = folder.join(&format!("cascades/{name}.json")).ok()?;
+        let url = folder.join(&format!("{name}.json")).ok()?;
         let store = self.stores.store_for(&url).ok()?;
         let path = crate::storage::object_path(&url).ok()?;
         Some(Kept { store, path })
@@ -340,19 +335,13 @@ impl Kept {
     /// The thresholds kept, if any can be read and are ones a sample could set (others are set
     /// again).
     async fn read(&self) -> Option<Thresholds> {
-        let bytes = self.store.get(&self.path).await.ok()?.bytes().await.ok()?;
-        if bytes.len() > 64 << 10 {
-            return None;
-        }
-        serde_json::from_slice(&bytes)
-            .ok()
+        crate::storage::read_small_json(&self.store, &self.path, 64 << 10)
+            .await
             .filter(Thresholds::usable)
     }
 
     /// Keeps `thresholds`; a store that refuses leaves the next refresh to set its own.
     async fn write(&self, thresholds: &Thresholds) {
-        if let Ok(json) = serde_json::to_vec(thresholds) {
-            let _ = self.store.put(&self.path, json.into()).await;
-        }
+        crate::storage::write_small_json(&self.store, &self.path, thresholds).await;
     }
 }

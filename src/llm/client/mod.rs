@@ -397,13 +397,14 @@ impl EndpointModel {
     /// Adds a prompt estimated at `estimated` tokens that the server counted as `reported`,
     /// and keeps the whole calibration in the warehouse: one write at a time, the last one
     /// with every pair ([`cache::flush`] waits for it).
-    fn calibrate(&self, estimated: u64, reported: u64) {
+    fn calibrate(&self, call: &Call<'_>, estimated: u64, reported: u64) {
         if reported == 0 {
             return;
         }
         let mut state = self.calibration.lock();
         state.pairs.add(estimated, reported);
-        let Some(kept) = self.calibration_kept() else {
+        // Kept only where the statement writes the cache.
+        let Some(kept) = self.calibration_kept().filter(|_| call.cache == Mode::On) else {
             return;
         };
         if state.writing {
@@ -422,9 +423,11 @@ impl EndpointModel {
                 };
                 // What the file holds now (another process's pairs too), and ours since.
                 let now = kept.read().await;
-                kept.write(&now.merged(&pairs.since(&written))).await;
+                let wrote = kept.write(&now.merged(&pairs.since(&written))).await;
                 let mut s = state.lock();
-                s.written = pairs;
+                if wrote {
+                    s.written = pairs;
+                }
                 if !s.again {
                     s.writing = false;
                     break;
@@ -580,7 +583,7 @@ impl EndpointModel {
         // A server that says nothing of its tokens is charged an estimate, so budgets hold.
         let count = |raw: &str| match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => {
-                self.calibrate(prompt, reply.prompt_tokens);
+                self.calibrate(call, prompt, reply.prompt_tokens);
                 (reply.prompt_tokens, reply.completion_tokens)
             }
             Ok(reply) => (prompt_estimate, reply.completion_tokens),

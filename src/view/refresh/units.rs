@@ -163,7 +163,12 @@ impl Views<'_> {
         // counted apart, for its files.
         let mut statement = self.session.statement();
         statement.part = id.clone();
-        statement.keeps = folder.to_string();
+        // What its calls learn is kept for the generation's next refreshes, apart from any
+        // other generation's (another query, another model).
+        statement.keeps = folder
+            .join(&format!("cascades/{generation}/"))
+            .map(|u| u.to_string())
+            .unwrap_or_default();
         let usage = crate::lineage::UsageRecord::of(self.session.registry(), &plan, &statement);
         let mut state = self.session.ctx().state();
         state
