@@ -583,6 +583,13 @@ mod tests {
         );
         assert!(refused(&[("proxy", "m"), ("proxy_sample", "5")]).contains("at least 20"));
         assert!(refused(&[("proxy", "m x")]).contains("local text model"));
+        // A proxy's name is only ever a model's name, never a path.
+        for hostile in ["../minilm", "/etc/passwd", "a/b", "mini lm", "s3://b/m"] {
+            assert!(
+                refused(&[("proxy", hostile)]).contains("local text model"),
+                "{hostile:?}"
+            );
+        }
         let cascade = Endpoint::from_options("w", &options(&[("proxy", "minilm")])).unwrap();
         assert_eq!(Endpoint::from_json(&cascade.to_json()).unwrap(), cascade);
         // A definition without a cascade keeps its sha256: the options are kept only when set.

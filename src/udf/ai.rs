@@ -306,13 +306,10 @@ impl AsyncScalarUDFImpl for AiUdf {
                 };
                 let read = |row: usize, outcome: &Outcome| {
                     let p = probabilities_of(row, outcome).ok()?;
-                    p.iter()
-                        .enumerate()
-                        .max_by(|a, b| a.1.total_cmp(b.1))
-                        .map(|(i, best)| match self.question {
-                            Question::Classify => i,
-                            _ => usize::from(*best > 0.5),
-                        })
+                    match self.question {
+                        Question::Classify => likeliest(&p).map(|(i, _)| i),
+                        _ => p.first().map(|yes| usize::from(is_yes(*yes))),
+                    }
                 };
                 let answered = proxy
                     .answer(self.question, &model, &call, statement, batch, read)
@@ -356,7 +353,7 @@ impl AsyncScalarUDFImpl for AiUdf {
             Question::Filter => Arc::new(
                 probabilities
                     .iter()
-                    .map(|p| p.as_ref().map(|p| p[0] > 0.5))
+                    .map(|p| p.as_ref().map(|p| is_yes(p[0])))
                     .collect::<BooleanArray>(),
             ),
             Question::FilterScore => Arc::new(
@@ -514,6 +511,19 @@ fn labels_of(column: &ArrayRef, model: &str) -> Result<Vec<Option<Vec<Label>>>> 
     Ok(out)
 }
 
+/// Whether a probability of yes answers yes: over one half.
+fn is_yes(p: f64) -> bool {
+    p > 0.5
+}
+
+/// The likeliest of the labels' probabilities `p`: its index and probability.
+fn likeliest(p: &[f64]) -> Option<(usize, f64)> {
+    p.iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 /// Each row's likeliest label and its probability.
 fn classified(
     probabilities: &[Option<Vec<f64>>],
@@ -523,11 +533,7 @@ fn classified(
     let mut scores: Vec<Option<f64>> = Vec::with_capacity(labels.len());
     for (p, labels) in probabilities.iter().zip(labels) {
         let best = match (p, labels) {
-            (Some(p), Some(labels)) => p
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, s)| (labels[i].name.clone(), *s)),
+            (Some(p), Some(labels)) => likeliest(p).map(|(i, s)| (labels[i].name.clone(), s)),
             _ => None,
         };
         names.push(best.as_ref().map(|b| b.0.clone()));
