@@ -7,6 +7,8 @@ scripts/llm_server.sh prints.
   python llm_server.py proxy --port 18081 --upstream http://127.0.0.1:18080 \
       [--status 429 --first 3 --retry-after 1] [--reset-first 2] [--delay 5 --delay-first 1]
       [--exhausted-first 1 --reset 2s] [--echo-first 1 [--huge-usage | --bad-usage] [--escaped]]
+  python llm_server.py batches --port 18082 --upstream http://127.0.0.1:18080 --state DIR \
+      [--fail-every 5] [--expire-first] [--hold]      (OpenAI's Batch API: scripts/batch_api.py)
 
 Each prints "ready" once it answers, and stops when its standard input closes (the test that
 started it ended) or on SIGTERM. The proxy answers GET /_counts with how many requests it
@@ -255,7 +257,19 @@ def main():
     p.add_argument("--bad-usage", action="store_true")
     p.add_argument("--escaped", action="store_true")
     p.add_argument("--reset", default="2s")
+    b = sub.add_parser("batches")
+    b.add_argument("--port", type=int, required=True)
+    b.add_argument("--upstream", required=True)
+    b.add_argument("--state", required=True)
+    b.add_argument("--parallel", type=int, default=4)
+    b.add_argument("--fail-every", type=int, default=0)
+    b.add_argument("--expire-first", action="store_true")
+    b.add_argument("--hold", action="store_true")
     args = parser.parse_args()
+    if args.command == "batches":
+        import batch_api
+        batch_api.batches(args, wait_for_stdin_to_close)
+        return
     {"serve": serve, "proxy": proxy}[args.command](args)
 
 

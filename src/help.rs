@@ -111,7 +111,10 @@ generate_details(...): the same request; a struct of reply, finish_reason ('stop
   'length' where max_tokens cut it), prompt_tokens, completion_tokens.
   SELECT id, generate('writer', 'Summarize: ' || body) FROM docs;
   SET batchinfer.max_llm_tokens = '100000'; SET batchinfer.max_cost = '2.50';
-  SET batchinfer.cache = 'on' | 'read' | 'off'; SHOW LLM CACHE; CLEAR LLM CACHE",
+  SET batchinfer.cache = 'on' | 'read' | 'off'; SHOW LLM CACHE; CLEAR LLM CACHE
+Batch mode: OPTIONS ('batch' 'on') (or SET batchinfer.llm_batch = 'on') sends the requests to
+  the provider's Batch API at its batch prices; SET batchinfer.llm_batch_wait = '10m' (or
+  batchinfer refresh VIEW --batch-wait 0s) stops waiting, writing nothing: run it again later.",
     },
     Topic {
         names: &["ai_filter", "ai_filter_score", "ai_classify"],

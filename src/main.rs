@@ -122,6 +122,11 @@ enum Command {
         /// With --watch: how often the input files are looked at
         #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s", requires = "watch")]
         poll: std::time::Duration,
+        /// Endpoint models in batch mode: wait at most DURATION for their batches ('0s': submit
+        /// them and come back later); past it the refresh writes nothing, the batches go on, and
+        /// the next refresh takes their answers
+        #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
+        batch_wait: Option<std::time::Duration>,
     },
     /// Serve SQL over Arrow Flight SQL (ADBC and other Flight SQL clients) until stopped. Clients show
     /// BATCHINFER_TOKEN as a bearer token, or log in as --user with BATCHINFER_PASSWORD
@@ -417,7 +422,14 @@ async fn main_inner(cli: Cli) -> Result<()> {
             every,
             watch,
             poll,
+            batch_wait,
         }) => {
+            if let Some(wait) = batch_wait {
+                let millis = wait.as_millis();
+                engine
+                    .sql(&format!("SET batchinfer.llm_batch_wait = '{millis}ms'"))
+                    .await?;
+            }
             let schedule = match (every, watch) {
                 (Some(period), _) => Schedule::Every(period),
                 (None, true) => Schedule::Watch(poll),
@@ -432,6 +444,17 @@ async fn main_inner(cli: Cli) -> Result<()> {
             | Command::Serve { .. },
         )
         | None => shell(&engine, args.format, args.timing).await,
+    }
+}
+
+/// A wait: a duration from 0 (`0s`) to a year.
+fn parse_wait(text: &str) -> Result<std::time::Duration> {
+    match humantime::parse_duration(text.trim()) {
+        Ok(d) if d <= std::time::Duration::from_secs(366 * 86_400) => Ok(d),
+        Ok(_) => Err(Error::Usage(format!("'{text}' is longer than a year"))),
+        Err(e) => Err(Error::Usage(format!(
+            "'{text}' is not a duration (as '0s', '10m', '2h'): {e}"
+        ))),
     }
 }
 

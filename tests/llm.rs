@@ -599,6 +599,10 @@ fn the_examples_of_docs_llm_run_against_the_server() {
                 &llm_server::llama_embeddings().url(),
             )
             .replace(
+                "http://127.0.0.1:8082/v1",
+                &llm_server::shared_batch_api().url(),
+            )
+            .replace(
                 "'models/all-MiniLM-L6-v2/'",
                 &format!("'{}/'", fixtures::fetch_model("all-MiniLM-L6-v2").display()),
             );

@@ -10,6 +10,7 @@ mod llm_server;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::{DEADLINE, assert_failure, assert_ok, bin, output_within};
 use llm_server::{llama, llama_exact, proxy, proxy_to};
@@ -877,4 +878,254 @@ fn calls_inside_aggregates_are_each_their_own() {
     );
     let values: Vec<&str> = apart.lines().last().unwrap().split(',').collect();
     assert_ne!(values[0], values[1], "two questions, two answers: {apart}");
+}
+
+/// The emulator's state (scripts/batch_api.py keeps it in `state/state.json`): its batches in
+/// order, and the answers of its output files' lines, by custom_id.
+fn emulator_state(state: &Path) -> (serde_json::Value, std::collections::HashMap<String, String>) {
+    let all: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("state.json")).unwrap()).unwrap();
+    let mut answers = std::collections::HashMap::new();
+    for id in all["order"].as_array().unwrap() {
+        let batch = &all["batches"][id.as_str().unwrap()];
+        let Some(output) = batch["output_file_id"].as_str() else {
+            continue;
+        };
+        let text = std::fs::read_to_string(state.join("files").join(output)).unwrap();
+        for line in text.lines() {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            answers.insert(
+                line["custom_id"].as_str().unwrap().to_string(),
+                line["response"]["body"]["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    (all, answers)
+}
+
+/// How many requests the emulator was given how many times: (times, requests).
+fn submissions(counts: &serde_json::Value) -> std::collections::BTreeMap<u64, usize> {
+    let mut times = std::collections::BTreeMap::new();
+    for n in counts["by_custom_id"].as_object().unwrap().values() {
+        *times.entry(n.as_u64().unwrap()).or_default() += 1;
+    }
+    times
+}
+
+/// Batch mode over the Batch API emulator: the statement's requests go as one batch; a process
+/// SIGKILLed while it waits leaves the batch recorded in the warehouse, the emulator is killed
+/// and started again meanwhile, and the statement run again takes the batch's answers without
+/// submitting anything again (counted by the emulator). The answers are the emulator's output
+/// file's, and the usage is charged at the batch prices (half the list prices), as EXPLAIN COST
+/// said it would be.
+#[test]
+fn batch_mode_resumes_after_sigkill_and_submits_each_request_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, state) = (dir.path().join("wh"), dir.path().join("state"));
+    let api = llm_server::batch_api(&state, &["--hold"]);
+    let port = api.port;
+    let define = create(
+        "b",
+        &api.url(),
+        ", 'max_tokens' '8', 'batch' 'on', 'input_price_per_million' '2', \
+         'output_price_per_million' '4'",
+    );
+    assert_ok(&query(&wh, &define));
+    let rows = "SELECT id, generate('b', 'Name the colour number ' || CAST(id AS VARCHAR)) AS a \
+                FROM (SELECT unnest(range(1, 25)) AS id)";
+    let cost = assert_ok(&common::query_with(
+        &wh,
+        &[],
+        &format!("EXPLAIN COST {rows}"),
+    ));
+    let row = cost_row(&cost, "b");
+    assert_eq!(row["charged_at"], "batch prices", "{cost}");
+    let (list, batch): (f64, f64) = (
+        row["cost_at_most"].parse().unwrap(),
+        row["batch_cost_at_most"].parse().unwrap(),
+    );
+    assert!(list > 0.0 && (batch - list / 2.0).abs() < 1e-9, "{cost}");
+    assert_eq!(api.count("batches"), 0, "EXPLAIN COST submitted nothing");
+
+    let job = format!("CREATE TABLE answers AS {rows}");
+    let mut first = bin()
+        .arg("--warehouse")
+        .arg(&wh)
+        .args(["query", "-e", &job])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the batch is made and its record names it.
+    let records = wh.join("llm-batches");
+    common::poll_until(Duration::from_secs(120), "the batch's record", || {
+        common::files_under(&records)
+            .iter()
+            .any(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("\"batch\":\"batch_")))
+    });
+    assert_eq!(api.count("batches"), 1);
+    common::send(first.id(), libc::SIGKILL);
+    let _ = first.wait();
+    // The emulator killed and started again on its state, no longer holding its batches.
+    drop(api);
+    let api = llm_server::batch_api_at(&state, &[], port);
+
+    let out = query(&wh, &job);
+    assert_ok(&out);
+    let counts = api.counts();
+    assert_eq!(counts["batches"], 1, "{counts}");
+    assert_eq!(counts["lines"], 24, "{counts}");
+    assert_eq!(counts["forwarded"], 24, "{counts}");
+    assert_eq!(
+        submissions(&counts),
+        [(1, 24)].into_iter().collect(),
+        "{counts}"
+    );
+    assert!(
+        common::files_under(&records).is_empty(),
+        "{:?}",
+        common::files_under(&records)
+    );
+    // The table's answers are the emulator's output file's.
+    let (all, answers) = emulator_state(&state);
+    let table = assert_ok(&output_within(
+        common::binary().arg("--warehouse").arg(&wh).args([
+            "--format",
+            "json",
+            "query",
+            "-e",
+            "SELECT a FROM answers ORDER BY id",
+        ]),
+        common::DEADLINE,
+    ));
+    let table: Vec<serde_json::Value> = serde_json::from_str(table.trim()).unwrap();
+    let mut got: Vec<String> = table
+        .iter()
+        .map(|r| r["a"].as_str().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = answers.values().cloned().collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), 24);
+    assert_eq!(got, want);
+    // Charged at the batch prices: half of 2 and 4 a million tokens.
+    let batch = &all["batches"][all["order"][0].as_str().unwrap()];
+    let output = std::fs::read_to_string(
+        state
+            .join("files")
+            .join(batch["output_file_id"].as_str().unwrap()),
+    )
+    .unwrap();
+    let (mut prompt, mut completion) = (0u64, 0u64);
+    for line in output.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let usage = &line["response"]["body"]["usage"];
+        prompt += usage["prompt_tokens"].as_u64().unwrap();
+        completion += usage["completion_tokens"].as_u64().unwrap();
+    }
+    let charged = (prompt as f64 * 1.0 + completion as f64 * 2.0) / 1e6;
+    let said = common::stderr(&out);
+    assert!(
+        said.contains(&format!("{prompt} prompt + {completion} completion tokens"))
+            && said.contains(&format!("${charged:.6}")),
+        "{said}"
+    );
+}
+
+/// Requests that failed at the server (a 500) or were not run before their batch expired are
+/// submitted again, alone, in a second batch; the others once.
+#[test]
+fn failed_and_expired_requests_alone_are_submitted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, state) = (dir.path().join("wh"), dir.path().join("state"));
+    // The first batch: its 4th, 8th requests fail; it expires after its first 10.
+    let api = llm_server::batch_api(&state, &["--fail-every", "4", "--expire-first"]);
+    let sql = format!(
+        "{} SELECT count(a) AS answered FROM (SELECT generate('b', 'Name the animal number ' || \
+         CAST(id AS VARCHAR)) AS a FROM (SELECT unnest(range(1, 21)) AS id))",
+        create("b", &api.url(), ", 'max_tokens' '6', 'batch' 'on'")
+    );
+    let out = assert_ok(&common::query_with(&wh, &[], &sql));
+    assert!(out.contains("answered\n20"), "{out}");
+    let counts = api.counts();
+    assert_eq!(counts["batches"], 2, "{counts}");
+    assert_eq!(counts["lines"], 32, "{counts}");
+    assert_eq!(
+        submissions(&counts),
+        [(1, 8), (2, 12)].into_iter().collect(),
+        "{counts}"
+    );
+}
+
+/// `batchinfer refresh --batch-wait 0s` submits the view's requests and stops, writing nothing
+/// and saying so; the next refresh, once the batch has ended, takes its answers and submits
+/// nothing again.
+#[test]
+fn a_refresh_submits_its_batch_and_comes_back_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, state, input) = (
+        dir.path().join("wh"),
+        dir.path().join("state"),
+        dir.path().join("in"),
+    );
+    let api = llm_server::batch_api(&state, &["--hold"]);
+    std::fs::write(state.join("release"), "").unwrap();
+    let write = |file: &str, from: u32, to: u32| {
+        assert_ok(&query(
+            &wh,
+            &format!(
+                "COPY (SELECT id, 'Name a fruit, number ' || CAST(id AS VARCHAR) AS q FROM \
+                 (SELECT unnest(range({from}, {to})) AS id)) TO '{}' STORED AS PARQUET",
+                input.join(file).display()
+            ),
+        ));
+    };
+    write("a.parquet", 1, 11);
+    let define = create("b", &api.url(), ", 'max_tokens' '6', 'batch' 'on'");
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{define} CREATE MATERIALIZED VIEW fruits AS SELECT id, generate('b', q) AS a FROM \
+             '{}/'",
+            input.display()
+        ),
+    ));
+    std::fs::remove_file(state.join("release")).unwrap();
+    write("b.parquet", 11, 41);
+    let refresh = |wait: &str| {
+        output_within(
+            bin()
+                .arg("--warehouse")
+                .arg(&wh)
+                .args(["refresh", "fruits", "--batch-wait", wait]),
+            common::DEADLINE,
+        )
+    };
+    let stopped = refresh("0s");
+    assert_failure(&stopped, &["llm_batch_wait", "writes nothing", "batch_"]);
+    let count = |sql: &str| assert_ok(&common::query_with(&wh, &[], sql));
+    assert!(count("SELECT count(*) AS n FROM fruits").contains("n\n10"));
+    assert_eq!(api.count("batches"), 2);
+    std::fs::write(state.join("release"), "").unwrap();
+    common::poll_until(Duration::from_secs(120), "the batch's end", || {
+        emulator_state(&state).0["batches"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|b| b["status"] == "completed")
+    });
+    let done = refresh("0s");
+    let said = assert_ok(&done) + &common::stderr(&done);
+    assert!(said.contains("30 requests"), "{said}");
+    assert!(count("SELECT count(*) AS n, count(a) AS answered FROM fruits").contains("40,40"));
+    let counts = api.counts();
+    assert_eq!(counts["batches"], 2, "{counts}");
+    assert_eq!(
+        submissions(&counts),
+        [(1, 40)].into_iter().collect(),
+        "{counts}"
+    );
 }

@@ -200,7 +200,8 @@ settings! {
             options.max_llm_tokens = tokens("max_llm_tokens", value)?;
             Ok(())
         };
-    /// Endpoint models: the most a statement may cost, at the models' prices; unset: no limit.
+    /// Endpoint models: the most a statement may cost, at the models' prices (their batch prices
+    /// in batch mode); unset: no limit.
     /// A statement whose estimate is over it (each reply at max_tokens) is refused before it
     /// sends anything, and one that reaches it while it runs stops.
     max_cost: Option<f64> = None, takes "an amount ('2.50'; '' unsets it)", change Any,
@@ -263,6 +264,50 @@ settings! {
                             ))
                         })?,
                 ),
+            };
+            Ok(())
+        };
+    /// Endpoint models: 'on' sends a chat model's requests to the provider's Batch API at its
+    /// batch price, 'off' one request each; unset: the model's 'batch'.
+    llm_batch: Option<bool> = None, takes "'on' or 'off' ('' unsets it)", change Any,
+        set |options, value| {
+            options.llm_batch = match value.trim().to_ascii_lowercase().as_str() {
+                "" => None,
+                "on" | "true" => Some(true),
+                "off" | "false" => Some(false),
+                other => {
+                    return Err(DataFusionError::Configuration(format!(
+                        "batchinfer.llm_batch must be 'on' or 'off', not '{other}'"
+                    )));
+                }
+            };
+            Ok(())
+        };
+    /// Batch mode: the longest a statement waits for its batches, in seconds; past it, it
+    /// stops and writes nothing, and its batches go on (the statement run again takes their
+    /// answers); unset: until they end.
+    llm_batch_wait: Option<f64> = None, takes "a duration ('0s', '10m', '2h'; '' unsets it)",
+        change Any,
+        set |options, value| {
+            options.llm_batch_wait = match value.trim() {
+                "" => None,
+                text => {
+                    let written = if text.chars().all(|c| c.is_ascii_digit()) {
+                        format!("{text}s")
+                    } else {
+                        text.to_string()
+                    };
+                    Some(
+                        humantime::parse_duration(&written)
+                            .map_err(|e| {
+                                DataFusionError::Configuration(format!(
+                                    "batchinfer.llm_batch_wait must be a duration (as '10m'), \
+                                     not '{text}': {e}"
+                                ))
+                            })?
+                            .as_secs_f64(),
+                    )
+                }
             };
             Ok(())
         };

@@ -265,7 +265,7 @@ impl Engine {
             return Ok(());
         }
         let (estimates, _) = self.estimate(query).await?;
-        let cost: f64 = estimates.iter().map(|e| e.cost).sum();
+        let cost: f64 = estimates.iter().map(Estimate::charged).sum();
         // What the estimate ran is done with: the statement begins again, as itself.
         self.before_statement().await?;
         if cost <= max {

@@ -72,6 +72,15 @@ pub struct Endpoint {
     /// [`DEFAULT_PROXY_SAMPLE`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_sample: Option<u32>,
+    /// Whether its chat requests go to the provider's Batch API ([`crate::llm::batch`]);
+    /// unset: one request each. Kept only when set, as the two below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<bool>,
+    /// The prices of batch requests; unset: half the prices above, as providers charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_input_price_per_million: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_output_price_per_million: Option<f64>,
 }
 
 /// A cascade's target where the definition sets none.
@@ -105,6 +114,9 @@ pub const OPTIONS: &[&str] = &[
     "proxy",
     "target",
     "proxy_sample",
+    "batch",
+    "batch_input_price_per_million",
+    "batch_output_price_per_million",
 ];
 
 impl Endpoint {
@@ -302,7 +314,37 @@ impl Endpoint {
                     .into(),
             ));
         }
+        let batch = match text("batch")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => None,
+            Some("on" | "true") => Some(true),
+            Some("off" | "false") => Some(false),
+            Some(other) => {
+                return Err(problem(format!(
+                    "'batch' must be 'on' or 'off', not '{other}'"
+                )));
+            }
+        };
+        if batch == Some(true) && kind == Kind::Embedding {
+            return Err(problem(
+                "'batch' sends a chat model's requests to the provider's Batch API; an embedding \
+                 endpoint's texts go 64 to a request"
+                    .into(),
+            ));
+        }
+        let batch_price = |key: &str| -> Result<Option<f64>, LlmError> {
+            Ok(match text(key) {
+                None => None,
+                Some(_) => Some(price(key)?),
+            })
+        };
         Ok(Endpoint {
+            batch,
+            batch_input_price_per_million: batch_price("batch_input_price_per_million")?,
+            batch_output_price_per_million: batch_price("batch_output_price_per_million")?,
             dimensions,
             endpoint: endpoint.trim_end_matches('/').to_string(),
             model,
@@ -377,6 +419,9 @@ impl Endpoint {
             && rate(endpoint.tokens_per_minute)
             && price(endpoint.input_price_per_million)
             && price(endpoint.output_price_per_million)
+            && endpoint.batch_input_price_per_million.is_none_or(price)
+            && endpoint.batch_output_price_per_million.is_none_or(price)
+            && (endpoint.batch != Some(true) || endpoint.kind == Kind::Chat)
             && endpoint
                 .temperature
                 .is_none_or(|t| (0.0..=2.0).contains(&t))
@@ -391,6 +436,17 @@ impl Endpoint {
         } else {
             Err(KeptDefinition::Refused)
         }
+    }
+
+    /// The prices per million tokens of its batch requests, input and output: those the
+    /// definition sets, or half its list prices.
+    pub fn batch_prices(&self) -> (f64, f64) {
+        (
+            self.batch_input_price_per_million
+                .unwrap_or(self.input_price_per_million / 2.0),
+            self.batch_output_price_per_million
+                .unwrap_or(self.output_price_per_million / 2.0),
+        )
     }
 
     /// The sha256 of the definition (its canonical JSON): what lineage and rejects record of an
@@ -459,6 +515,15 @@ impl Endpoint {
             "proxy_sample",
             self.proxy_sample.map(|n| format!("{n} rows")),
         );
+        add(
+            "batch",
+            self.batch.map(|b| if b { "on" } else { "off" }.to_string()),
+        );
+        if self.batch.is_some() || self.batch_input_price_per_million.is_some() {
+            let (input, output) = self.batch_prices();
+            add("batch_input_price_per_million", Some(input.to_string()));
+            add("batch_output_price_per_million", Some(output.to_string()));
+        }
         rows
     }
 }

@@ -43,6 +43,10 @@ struct Counted {
     completion_tokens: u64,
     input_price: f64,
     output_price: f64,
+    /// The batch prices ([`crate::llm::batch`]), and whether the statement's requests go in
+    /// batches.
+    batch_prices: (f64, f64),
+    batched: bool,
     requests_per_minute: Option<f64>,
     tokens_per_minute: Option<f64>,
     /// The requests counted, by cache key: the same one is sent once.
@@ -62,11 +66,26 @@ pub struct Estimate {
     pub completion_tokens: u64,
     /// At the model's prices, every reply at `max_tokens`.
     pub cost: f64,
+    /// The same at its batch prices (half its prices unless it sets them).
+    pub batch_cost: f64,
+    /// Whether the statement's requests go in batches (charged at the batch prices).
+    pub batched: bool,
     /// What its `requests_per_minute` and `tokens_per_minute` imply; None without either.
     pub minutes: Option<f64>,
     /// The server's counts of earlier prompts the prompt tokens are corrected by (0: none,
     /// a token per four characters).
     pub calibrated_on: u64,
+}
+
+impl Estimate {
+    /// What it would be charged: at the batch prices where its requests go in batches.
+    pub fn charged(&self) -> f64 {
+        if self.batched {
+            self.batch_cost
+        } else {
+            self.cost
+        }
+    }
 }
 
 impl Estimates {
@@ -90,6 +109,7 @@ impl Estimates {
             Counted {
                 input_price: e.input_price_per_million,
                 output_price: e.output_price_per_million,
+                batch_prices: e.batch_prices(),
                 requests_per_minute: e.requests_per_minute,
                 tokens_per_minute: e.tokens_per_minute,
                 ..Counted::default()
@@ -100,6 +120,8 @@ impl Estimates {
 
     /// The chat requests of a batch (None where a row asks nothing), counted.
     pub async fn chat(&self, model: &EndpointModel, call: &Call<'_>, requests: &[Option<Value>]) {
+        let batched = model.batch_mode(call).unwrap_or(false);
+        self.counted(model, |c| c.batched = batched);
         for body in requests.iter().flatten() {
             let key = model.cache_key(body);
             let first = self.counted(model, |c| {
@@ -174,6 +196,10 @@ impl Estimates {
                     cost: (c.prompt_tokens as f64 * c.input_price
                         + c.completion_tokens as f64 * c.output_price)
                         / 1e6,
+                    batch_cost: (c.prompt_tokens as f64 * c.batch_prices.0
+                        + c.completion_tokens as f64 * c.batch_prices.1)
+                        / 1e6,
+                    batched: c.batched,
                     minutes: match (by_requests, by_tokens) {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         (a, b) => a.or(b),

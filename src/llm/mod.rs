@@ -23,12 +23,16 @@
 //! - `cascade.rs`: cascades: the thresholds on a local proxy model's scores, set on a sample
 //!   of a statement's rows, past which the proxy answers `ai_filter` and `ai_classify` instead
 //!   of the model.
+//! - `batch/`: batch mode: requests submitted to the provider's Batch API (`api.rs`), their
+//!   batches recorded in the warehouse (`kept.rs`) so that a killed process submits nothing
+//!   twice, their answers put in the cache.
 //! - `spend.rs`: what a statement has spent, against `batchinfer.max_llm_tokens` and
 //!   `batchinfer.max_cost`.
 //!
 //! The key is read from the environment variable the definition names when requests are made,
 //! and is kept nowhere.
 
+pub mod batch;
 pub mod cache;
 pub mod calibration;
 pub mod cascade;

@@ -27,6 +27,8 @@ impl Session {
                 prompt_tokens: 0,
                 completion_tokens: 0,
                 cost: 0.0,
+                batch_cost: 0.0,
+                batched: false,
                 minutes: None,
                 calibrated_on: 0,
             });
@@ -41,6 +43,8 @@ impl Session {
                 prompt_tokens: sum(|e| e.prompt_tokens),
                 completion_tokens: sum(|e| e.completion_tokens),
                 cost: estimates.iter().map(|e| e.cost).sum(),
+                batch_cost: estimates.iter().map(|e| e.batch_cost).sum(),
+                batched: estimates.iter().all(|e| e.batched),
                 // The models are asked at once: the slowest one's time.
                 minutes: estimates.iter().filter_map(|e| e.minutes).reduce(f64::max),
                 calibrated_on: estimates.iter().map(|e| e.calibrated_on).min().unwrap_or(0),
@@ -55,6 +59,8 @@ impl Session {
             Field::new("estimated_by", DataType::Utf8, false),
             Field::new("completion_tokens_at_most", DataType::UInt64, false),
             Field::new("cost_at_most", DataType::Float64, false),
+            Field::new("batch_cost_at_most", DataType::Float64, false),
+            Field::new("charged_at", DataType::Utf8, false),
             Field::new("minutes_at_limits", DataType::Float64, true),
             Field::new("statement_rows", DataType::UInt64, false),
         ]));
@@ -80,6 +86,24 @@ impl Session {
             ),
             u(|e| e.completion_tokens),
             Arc::new(shown.iter().map(|e| Some(e.cost)).collect::<Float64Array>()),
+            Arc::new(
+                shown
+                    .iter()
+                    .map(|e| Some(e.batch_cost))
+                    .collect::<Float64Array>(),
+            ),
+            Arc::new(
+                shown
+                    .iter()
+                    .map(|e| {
+                        Some(match (e.model.as_str(), e.batched) {
+                            ("(all)", _) => "each model's, above",
+                            (_, true) => "batch prices",
+                            (_, false) => "list prices",
+                        })
+                    })
+                    .collect::<StringArray>(),
+            ),
             Arc::new(shown.iter().map(|e| e.minutes).collect::<Float64Array>()),
             Arc::new(UInt64Array::from(vec![rows; shown.len()])),
         ];

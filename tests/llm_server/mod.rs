@@ -31,7 +31,11 @@ pub struct Server {
 
 impl Server {
     pub fn start(args: &[&str]) -> Server {
-        let port = free_port();
+        Server::start_at(args, free_port())
+    }
+
+    /// [`Server::start`] on `port` (a server started again where it was).
+    pub fn start_at(args: &[&str], port: u16) -> Server {
         let mut child = Command::new(python())
             .arg("scripts/llm_server.py")
             .args(args)
@@ -108,6 +112,40 @@ pub fn proxy_to(upstream: &Server, faults: &[&str]) -> Server {
     let mut args = vec!["proxy", "--upstream", upstream.as_str()];
     args.extend_from_slice(faults);
     Server::start(&args)
+}
+
+/// An emulator of OpenAI's Batch API (scripts/batch_api.py) in front of the llama.cpp server,
+/// keeping its state in `state` (started again on the same folder and port, it goes on), with
+/// `faults` (`--fail-every N`, `--expire-first`, `--hold`).
+pub fn batch_api(state: &std::path::Path, faults: &[&str]) -> Server {
+    batch_api_at(state, faults, free_port())
+}
+
+/// [`batch_api`] on `port`.
+pub fn batch_api_at(state: &std::path::Path, faults: &[&str], port: u16) -> Server {
+    let upstream = format!("http://127.0.0.1:{}", llama().port);
+    let state = state.display().to_string();
+    let mut args = vec![
+        "batches",
+        "--upstream",
+        upstream.as_str(),
+        "--state",
+        state.as_str(),
+    ];
+    args.extend_from_slice(faults);
+    Server::start_at(&args, port)
+}
+
+/// The Batch API emulator every test of the documents' examples shares.
+pub fn shared_batch_api() -> &'static Server {
+    static BATCHES: OnceLock<(tempfile::TempDir, Server)> = OnceLock::new();
+    &BATCHES
+        .get_or_init(|| {
+            let state = tempfile::tempdir().unwrap();
+            let server = batch_api(state.path(), &[]);
+            (state, server)
+        })
+        .1
 }
 
 /// A llama.cpp server of embeddings (`--embedding`), shared by every test.

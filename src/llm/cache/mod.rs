@@ -135,6 +135,12 @@ impl Cache {
         super::calibration::Kept::beside(self.store.clone(), &self.prefix, endpoint, model)
     }
 
+    /// Where the warehouse keeps the records of the batches of the model `model` at
+    /// `endpoint`, beside the cache ([`crate::llm::batch`]).
+    pub fn batch_records(&self, endpoint: &str, model: &str) -> crate::llm::batch::kept::Records {
+        crate::llm::batch::kept::Records::beside(self.store.clone(), &self.prefix, endpoint, model)
+    }
+
     /// Its URL.
     pub fn location(&self) -> &str {
         &self.location

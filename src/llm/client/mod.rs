@@ -20,6 +20,7 @@ use super::pace::{Pace, header_duration};
 use super::{Endpoint, LlmError, spend};
 use crate::config::BatchInferOptions;
 
+mod batched;
 mod embeddings;
 mod http;
 mod reply;
@@ -232,6 +233,8 @@ pub struct EndpointModel {
     calibration: Arc<Mutex<Calibrating>>,
     /// The calibration the warehouse kept, read on first use.
     kept_calibration: Arc<OnceCell<Calibration>>,
+    /// Its requests in the provider's batches ([`crate::llm::batch`]).
+    batches: crate::llm::batch::Batches,
 }
 
 /// A model's calibration in this process: its pairs, those written, whether a write is under
@@ -326,6 +329,7 @@ impl EndpointModel {
             in_flight: Mutex::new(HashMap::new()),
             calibration: Arc::default(),
             kept_calibration: Arc::default(),
+            batches: Default::default(),
         })
     }
 
@@ -570,6 +574,7 @@ impl EndpointModel {
     async fn fetch(&self, call: &Call<'_>, key: &str, body: &Value) -> Result<Outcome, LlmError> {
         let cache = self.cache.as_ref().filter(|_| call.cache != Mode::Off);
         let api_key = self.api_key().ok().flatten();
+        let batch = self.batch_mode(call)?;
         if let Some(cache) = cache
             && let Some(raw) = cache.get(key).await
             && let Ok(reply) = Reply::parse(raw)
@@ -606,10 +611,13 @@ impl EndpointModel {
                 None => None,
             };
             paid.store(true, std::sync::atomic::Ordering::Relaxed);
-            let raw = match self
-                .request(call, "chat/completions", body, reserve, &count)
-                .await
-            {
+            let sent = if batch {
+                self.batched(call, key, body).await
+            } else {
+                self.request(call, "chat/completions", body, reserve, &count)
+                    .await
+            };
+            let raw = match sent {
                 Ok(Ok(raw)) => raw,
                 Ok(Err(why)) => return Err(Unshared::Row(why)),
                 Err(e) => return Err(Unshared::Stop(e)),

@@ -1,0 +1,466 @@
+//! Batch mode (`OPTIONS ('batch' 'on')`, or `SET batchinfer.llm_batch = 'on'`): a chat model's
+//! requests go to the provider's Batch API (OpenAI's `/v1/files` and `/v1/batches`, which vLLM
+//! and other providers share) instead of one call each, at the provider's batch price.
+//!
+//! The requests a statement's rows ask at once (those not answered by the cache) are gathered
+//! for [`WINDOW`] and submitted as one batch (at most [`MAX_LINES`] requests, each line's
+//! `custom_id` its cache key). Before the batch is made, its record is written to the warehouse
+//! ([`kept`]), and the batch's `metadata` names the record: a process killed at any point leaves
+//! a record that the next process using the model's batch mode goes on with (finding the batch
+//! by its metadata where the record has no batch yet), so that nothing is submitted twice. When a
+//! batch ends, its answers go into the cache — only those whose `custom_id` is the key of the
+//! request the batch's input file holds for it — and its record is removed; the rows waiting for
+//! them are answered. A request that failed at the server or was not run before the batch expired
+//! is submitted again in a later batch, alone (up to [`SUBMISSIONS`] times); one the server
+//! refused (a 4xx) is the row's error.
+//!
+//! A statement waits for its batches for at most `batchinfer.llm_batch_wait` (unset: until they
+//! end): past it, it stops and writes nothing, and its batches go on at the provider; the
+//! statement run again (a view's refresh among them) takes their answers from the cache or from
+//! the batches, submitting none of them again.
+
+pub mod api;
+pub mod kept;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::cache::Cache;
+use api::{Failure, Provider};
+use kept::{Record, Records};
+
+/// How long the requests arriving at once are gathered before their batch is submitted: until
+/// none came for this long.
+pub const WINDOW: Duration = Duration::from_millis(300);
+
+/// The most requests one batch holds.
+pub const MAX_LINES: usize = 10_000;
+
+/// The most times a request is submitted (the first included) before its failure is the row's.
+pub const SUBMISSIONS: u32 = 3;
+
+/// The longest wait between two reads of a batch's state.
+const MAX_POLL: Duration = Duration::from_secs(30);
+
+/// Where a request submitted in a batch is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// Waiting to be submitted.
+    Queued,
+    /// In the batch (the provider's id, or the record's while it is made).
+    Submitted(String),
+    /// Answered.
+    Done(Answer),
+}
+
+/// What a batch came to for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The reply's body (a chat completion), kept in the cache.
+    Reply(String),
+    /// Failed at the server, or expired: worth submitting again.
+    Again(String),
+    /// Refused: the row's error.
+    Failed(String),
+}
+
+/// A model's batches in this process: the requests waiting to be submitted, and those
+/// submitted, by cache key.
+#[derive(Debug, Default)]
+pub struct Batches {
+    shared: Arc<Mutex<Shared>>,
+    resumed: tokio::sync::OnceCell<()>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Vec<(String, Value)>,
+    collecting: bool,
+    waiting: HashMap<String, watch::Sender<Progress>>,
+    /// Answers a batch brought that no row of this process was waiting for (its statement
+    /// stopped waiting, or its process was killed): charged to the statement that takes them.
+    uncharged: std::collections::HashSet<String>,
+}
+
+/// What a model's batches are made with: its endpoint, the warehouse's records and cache.
+#[derive(Clone)]
+pub struct Place {
+    pub provider: Provider,
+    pub records: Records,
+    pub cache: Cache,
+    /// The endpoint's URL as cache keys name it.
+    pub endpoint: String,
+}
+
+impl Batches {
+    /// Goes on with the batches the warehouse's records name, once a process: those that ended
+    /// have their answers in the cache when it returns.
+    pub async fn resume(&self, place: &Place) {
+        self.resumed
+            .get_or_init(|| resume(place.clone(), self.shared.clone()))
+            .await;
+    }
+
+    /// Whether the cache's answer to `key` came from a batch no statement has been charged for
+    /// (and now one is).
+    pub fn take_uncharged(&self, key: &str) -> bool {
+        self.shared.lock().uncharged.remove(key)
+    }
+
+    /// Where the request `key` (`body`) is: submitted in a batch with those asked at once, or
+    /// in a batch already (this process's, or one a record names).
+    pub async fn progress(
+        &self,
+        place: &Place,
+        key: &str,
+        body: &Value,
+    ) -> watch::Receiver<Progress> {
+        self.resume(place).await;
+        let mut shared = self.shared.lock();
+        if let Some(sender) = shared.waiting.get(key) {
+            return sender.subscribe();
+        }
+        let (sender, receiver) = watch::channel(Progress::Queued);
+        shared.waiting.insert(key.to_string(), sender);
+        shared.queue.push((key.to_string(), body.clone()));
+        if !shared.collecting {
+            shared.collecting = true;
+            let (place, shared) = (place.clone(), self.shared.clone());
+            // Waited for before the process ends: a submission is never left half made.
+            super::cache::pending(tokio::spawn(collect(place, shared)));
+        }
+        receiver
+    }
+}
+
+/// The requests queued during [`WINDOW`], submitted as batches of at most [`MAX_LINES`].
+async fn collect(place: Place, shared: Arc<Mutex<Shared>>) {
+    let mut seen = 0;
+    loop {
+        tokio::time::sleep(WINDOW).await;
+        let queued = shared.lock().queue.len();
+        if queued == seen || queued >= MAX_LINES {
+            break;
+        }
+        seen = queued;
+    }
+    loop {
+        let lines: Vec<(String, Value)> = {
+            let mut s = shared.lock();
+            let n = s.queue.len().min(MAX_LINES);
+            if n == 0 {
+                s.collecting = false;
+                return;
+            }
+            s.queue.drain(..n).collect()
+        };
+        submit(&place, &shared, lines).await;
+    }
+}
+
+fn settle(shared: &Mutex<Shared>, key: &str, answer: Answer) {
+    let mut s = shared.lock();
+    let waited = match s.waiting.remove(key) {
+        Some(sender) => {
+            let waited = sender.receiver_count() > 0;
+            sender.send_replace(Progress::Done(answer.clone()));
+            waited
+        }
+        None => false,
+    };
+    if !waited && matches!(answer, Answer::Reply(_)) {
+        s.uncharged.insert(key.to_string());
+    }
+}
+
+fn mark(shared: &Mutex<Shared>, keys: &[String], batch: &str) {
+    let s = shared.lock();
+    for key in keys {
+        if let Some(sender) = s.waiting.get(key) {
+            sender.send_replace(Progress::Submitted(batch.to_string()));
+        }
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Submits `lines` as one batch: its record kept first, its file uploaded, the batch made (or
+/// found, where the request making it failed), the record naming it; then followed to its end
+/// on a task of its own.
+async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, Value)>) {
+    let keys: Vec<String> = lines.iter().map(|(k, _)| k.clone()).collect();
+    let fail = |why: String| {
+        for key in &keys {
+            settle(shared, key, Answer::Failed(why.clone()));
+        }
+    };
+    let mut record = Record {
+        record: uuid::Uuid::new_v4().simple().to_string(),
+        keys: keys.clone(),
+        batch: None,
+        created: now(),
+    };
+    if !place.records.write(&record).await {
+        return fail(
+            "the warehouse did not keep the record of a batch (llm-batches/): nothing was \
+             submitted"
+                .into(),
+        );
+    }
+    let mut jsonl = Vec::new();
+    for (key, body) in &lines {
+        let line = json!({"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": body});
+        jsonl.extend_from_slice(line.to_string().as_bytes());
+        jsonl.push(b'\n');
+    }
+    drop(lines);
+    let file = match place.provider.upload(&jsonl).await {
+        Ok(file) => file,
+        Err(e) => {
+            place.records.remove(&record.record).await;
+            return fail(format!("the batch's file was not uploaded: {}", e.why()));
+        }
+    };
+    let mut made = None;
+    for attempt in 0..6u32 {
+        match place.provider.create(&file, &record.record).await {
+            Ok(batch) => {
+                made = Some(Ok(batch));
+                break;
+            }
+            Err(Failure::Final(why)) => {
+                made = Some(Err(why));
+                break;
+            }
+            Err(Failure::Again(why)) => {
+                // The batch may have been made though its reply was lost: made again only
+                // where the provider has none of this record.
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                if let Ok(Some(batch)) = place.provider.find(&record.record).await {
+                    made = Some(Ok(batch));
+                    break;
+                }
+                made = Some(Err(why));
+            }
+        }
+    }
+    let batch = match made {
+        Some(Ok(batch)) => batch,
+        made => {
+            let why = match made {
+                Some(Err(why)) => why,
+                _ => "no reply".to_string(),
+            };
+            place.records.remove(&record.record).await;
+            return fail(format!("the batch was not made: {why}"));
+        }
+    };
+    record.batch = Some(batch.clone());
+    // A record that keeps no batch is found again by its metadata.
+    let _ = place.records.write(&record).await;
+    mark(shared, &keys, &batch);
+    let (place, shared) = (place.clone(), shared.clone());
+    tokio::spawn(async move { follow(&place, &shared, record).await });
+}
+
+/// The batches the warehouse's records name, followed to their end; a record that names none
+/// (its process was killed while the batch was made) finds it by its metadata, or is removed
+/// where the provider made none.
+async fn resume(place: Place, shared: Arc<Mutex<Shared>>) {
+    for mut record in place.records.all().await {
+        {
+            let mut s = shared.lock();
+            let at = record
+                .batch
+                .clone()
+                .unwrap_or_else(|| record.record.clone());
+            for key in &record.keys {
+                s.waiting
+                    .entry(key.clone())
+                    .or_insert_with(|| watch::channel(Progress::Submitted(at.clone())).0);
+            }
+        }
+        // A batch that has ended is taken now, before any row asks.
+        if let Some(batch) = record.batch.clone()
+            && let Ok(state) = place.provider.state(&batch).await
+            && state.is_over()
+        {
+            finish(&place, &shared, record, &batch, &state).await;
+            continue;
+        }
+        let (place, shared) = (place.clone(), shared.clone());
+        tokio::spawn(async move {
+            if record.batch.is_none() {
+                match place.provider.find(&record.record).await {
+                    Ok(Some(batch)) => {
+                        record.batch = Some(batch.clone());
+                        let _ = place.records.write(&record).await;
+                        mark(&shared, &record.keys, &batch);
+                    }
+                    found => {
+                        if matches!(found, Ok(None)) {
+                            place.records.remove(&record.record).await;
+                        }
+                        for key in &record.keys {
+                            settle(
+                                &shared,
+                                key,
+                                Answer::Again("its batch was never made".into()),
+                            );
+                        }
+                        return;
+                    }
+                }
+            }
+            follow(&place, &shared, record).await;
+        });
+    }
+}
+
+/// The batch of `record` read until it ends, its answers put in the cache and given to the rows
+/// waiting for them, and its record removed.
+async fn follow(place: &Place, shared: &Mutex<Shared>, record: Record) {
+    let Some(batch) = record.batch.clone() else {
+        return;
+    };
+    let mut wait = Duration::from_millis(500);
+    let state = loop {
+        match place.provider.state(&batch).await {
+            Ok(state) if state.is_over() => break state,
+            Ok(_) | Err(Failure::Again(_)) => {}
+            Err(Failure::Final(why)) => {
+                // The provider knows no such batch: its requests are submitted again.
+                place.records.remove(&record.record).await;
+                for key in &record.keys {
+                    settle(
+                        shared,
+                        key,
+                        Answer::Again(format!("the batch {batch}: {why}")),
+                    );
+                }
+                return;
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 3 / 2).min(MAX_POLL);
+    };
+    finish(place, shared, record, &batch, &state).await;
+}
+
+/// The answers of the ended batch of `record` put in the cache and given to the rows waiting
+/// for them; its record removed.
+async fn finish(
+    place: &Place,
+    shared: &Mutex<Shared>,
+    record: Record,
+    batch: &str,
+    state: &api::State,
+) {
+    let answers = results(place, &record, batch, state).await;
+    for key in &record.keys {
+        let answer = answers.get(key).cloned().unwrap_or_else(|| {
+            Answer::Again(format!(
+                "the batch {batch} ended '{}' without an answer to it",
+                state.status
+            ))
+        });
+        if let Answer::Reply(raw) = &answer {
+            // What the statement cannot wait for is kept for the next.
+            if let Err(e) = place.cache.put(key, raw).await {
+                crate::say!("warning: {e}");
+            }
+        }
+        settle(shared, key, answer);
+    }
+    place.records.remove(&record.record).await;
+}
+
+/// The answers of an ended batch, by key: each output line whose `custom_id` is one of the
+/// record's keys and the key of the request the batch's input file holds for it.
+async fn results(
+    place: &Place,
+    record: &Record,
+    batch: &str,
+    state: &api::State,
+) -> HashMap<String, Answer> {
+    let mut answers = HashMap::new();
+    let Some(input) = &state.input_file_id else {
+        return answers;
+    };
+    let Ok(input) = place.provider.content(input).await else {
+        return answers;
+    };
+    let wanted: std::collections::HashSet<&str> = record.keys.iter().map(String::as_str).collect();
+    let mut asked = std::collections::HashSet::new();
+    for line in input.split(|b| *b == b'\n') {
+        let Ok(line) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        if let Some(id) = line["custom_id"].as_str()
+            && wanted.contains(id)
+            && super::cache::key(&place.endpoint, &line["body"]) == id
+        {
+            asked.insert(id.to_string());
+        }
+    }
+    let api_key = place.provider.api_key.as_deref();
+    for file in [&state.output_file_id, &state.error_file_id]
+        .into_iter()
+        .flatten()
+    {
+        let Ok(content) = place.provider.content(file).await else {
+            continue;
+        };
+        for line in content.split(|b| *b == b'\n') {
+            let Ok(line) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            let Some(id) = line["custom_id"].as_str().filter(|id| asked.contains(*id)) else {
+                continue;
+            };
+            let status = line["response"]["status_code"].as_u64();
+            let answer = if status == Some(200) {
+                let raw = crate::llm::client::scrub(line["response"]["body"].to_string(), api_key);
+                match crate::llm::client::Reply::parse(raw.clone()) {
+                    Ok(_) => Answer::Reply(raw),
+                    Err(why) => Answer::Failed(why.to_string()),
+                }
+            } else {
+                let error = if line["error"].is_object() {
+                    &line["error"]
+                } else {
+                    &line["response"]["body"]["error"]
+                };
+                let said = error["message"]
+                    .as_str()
+                    .or(error["code"].as_str())
+                    .unwrap_or("no reason given");
+                let why = crate::llm::client::scrub(
+                    format!(
+                        "the batch {batch} answered {}: {}",
+                        status.map_or("no reply".to_string(), |s| s.to_string()),
+                        crate::llm::output::excerpt(said)
+                    ),
+                    api_key,
+                );
+                match status {
+                    Some(400..=407) | Some(410..=424) | Some(426..=428) | Some(430..=499) => {
+                        Answer::Failed(why)
+                    }
+                    _ => Answer::Again(why),
+                }
+            };
+            answers.insert(id.to_string(), answer);
+        }
+    }
+    answers
+}

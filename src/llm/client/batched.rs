@@ -1,0 +1,148 @@
+//! A request in batch mode ([`crate::llm::batch`]): submitted with those asked at once, its
+//! answer awaited (for at most `batchinfer.llm_batch_wait`), charged at the batch price.
+
+use super::*;
+use crate::llm::batch::{Answer, Place, Progress, SUBMISSIONS, api::Provider};
+
+impl EndpointModel {
+    /// Whether the requests of `call` go to the provider's Batch API: the statement's
+    /// `batchinfer.llm_batch`, else the definition's `batch`. Batch mode keeps its batches and
+    /// their answers in the warehouse's cache: without one it is refused.
+    pub fn batch_mode(&self, call: &Call<'_>) -> Result<bool, LlmError> {
+        let on = call
+            .options
+            .and_then(|o| o.llm_batch)
+            .or(self.endpoint.batch)
+            .unwrap_or(false);
+        if !on || self.endpoint.kind != crate::llm::Kind::Chat {
+            return Ok(false);
+        }
+        if self.cache.is_none() || call.cache != Mode::On {
+            return Err(LlmError::Request {
+                model: self.name.clone(),
+                problem: "batch mode keeps its batches and their answers in the warehouse's LLM \
+                          cache: run it with a warehouse and batchinfer.cache = 'on' (or SET \
+                          batchinfer.llm_batch = 'off')"
+                    .into(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// The answer to `body` (cache key `key`) from a batch: the reply's body, or why the row has
+    /// none. `Err`: the statement stops (its budget, no key, its wait past
+    /// `batchinfer.llm_batch_wait`).
+    pub(super) async fn batched(
+        &self,
+        call: &Call<'_>,
+        key: &str,
+        body: &Value,
+    ) -> Result<Result<String, Unanswered>, LlmError> {
+        let Some(cache) = self.cache.clone() else {
+            return Err(LlmError::Call("batch mode without a cache".into()));
+        };
+        let api_key = self.api_key()?;
+        let place = Place {
+            provider: Provider {
+                http: self.http.clone(),
+                base: self.endpoint.endpoint.clone(),
+                api_key: api_key.clone(),
+            },
+            records: cache.batch_records(&self.endpoint.endpoint, &self.endpoint.model),
+            cache: cache.clone(),
+            endpoint: self.endpoint.endpoint.clone(),
+        };
+        let wait = call
+            .options
+            .and_then(|o| o.llm_batch_wait)
+            .map(Duration::from_secs_f64);
+        let mut last = String::new();
+        for _ in 0..SUBMISSIONS {
+            spend::check(call.ledger, call.options)?;
+            // A batch that ended since the cache was read (or before this process) answered it.
+            self.batches.resume(&place).await;
+            if let Some(raw) = cache.get(key).await {
+                if self.batches.take_uncharged(key) {
+                    self.charge_batched(call, body, &raw);
+                } else {
+                    self.count(call, &Usage::cache_hit());
+                }
+                return Ok(Ok(raw));
+            }
+            let mut progress = self.batches.progress(&place, key, body).await;
+            // A statement never stops before its requests are in a batch.
+            let submitted = progress
+                .wait_for(|p| !matches!(p, Progress::Queued))
+                .await
+                .map(|p| p.clone());
+            let done = match submitted {
+                Ok(Progress::Submitted(batch)) => {
+                    let until = progress.wait_for(|p| matches!(p, Progress::Done(_)));
+                    let ended = match wait {
+                        None => until.await.map(|p| p.clone()),
+                        Some(wait) => match tokio::time::timeout(wait, until).await {
+                            Ok(ended) => ended.map(|p| p.clone()),
+                            Err(_) => {
+                                return Err(LlmError::Request {
+                                    model: self.name.clone(),
+                                    problem: format!(
+                                        "its batch {batch} has not ended within \
+                                         batchinfer.llm_batch_wait = '{}': the statement stops \
+                                         and writes nothing; the batch goes on at the endpoint, \
+                                         and the statement run again takes its answers without \
+                                         submitting its requests again",
+                                        humantime::format_duration(wait)
+                                    ),
+                                });
+                            }
+                        },
+                    };
+                    ended.ok()
+                }
+                other => other.ok(),
+            };
+            match done {
+                Some(Progress::Done(Answer::Reply(raw))) => {
+                    self.charge_batched(call, body, &raw);
+                    return Ok(Ok(raw));
+                }
+                Some(Progress::Done(Answer::Again(why))) => last = why,
+                Some(Progress::Done(Answer::Failed(why))) => {
+                    return Ok(Err(Unanswered::Failed(why)));
+                }
+                _ => {
+                    return Ok(Err(Unanswered::Failed(
+                        "the batch's task ended without an answer".into(),
+                    )));
+                }
+            }
+        }
+        Ok(Err(Unanswered::Failed(format!(
+            "{last} (submitted {SUBMISSIONS} times)"
+        ))))
+    }
+
+    /// A batch's reply charged to the statement at the batch prices.
+    fn charge_batched(&self, call: &Call<'_>, body: &Value, raw: &str) {
+        let estimated = estimated_prompt_tokens(body);
+        let (prompt, completion) = match Reply::parse(raw.to_string()) {
+            Ok(reply) if !reply.estimated => {
+                self.calibrate(call, estimated, reply.prompt_tokens);
+                (reply.prompt_tokens, reply.completion_tokens)
+            }
+            Ok(reply) => (estimated + 1, reply.completion_tokens),
+            Err(_) => (estimated + 1, raw.len() as u64 / 4),
+        };
+        let (input, output) = self.endpoint.batch_prices();
+        self.count(
+            call,
+            &Usage {
+                requests: 1,
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+                cost: (prompt as f64 * input + completion as f64 * output) / 1e6,
+                ..Usage::default()
+            },
+        );
+    }
+}
