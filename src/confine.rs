@@ -182,7 +182,9 @@ fn writes(statement: &Statement) -> Option<&'static str> {
         },
         Statement::Vacuum { .. } => "VACUUM",
         Statement::Optimize(_) => "OPTIMIZE",
-        Statement::History(_) | Statement::ExplainCost(_) => return None,
+        Statement::History(_) | Statement::ExplainCost(_) | Statement::ExplainCostRefresh(_) => {
+            return None;
+        }
         Statement::Sql(sql) => return sql_writes(sql),
     })
 }

@@ -142,11 +142,13 @@ ai_reduce('model', 'instruction', list): the same over a list of texts in one ro
     Topic {
         names: &["explain cost"],
         text: "\
-EXPLAIN COST statement: a query, COPY, INSERT or CREATE TABLE ... AS run without sending a
-  request or writing: a row per endpoint model with the rows reaching it, the requests it would
-  send (not those the cache answers), tokens, cost at its prices and minutes at its limits.
+EXPLAIN COST statement: a query, COPY, INSERT, CREATE TABLE ... AS or REFRESH MATERIALIZED
+  VIEW run without sending a request or writing: a row per endpoint model with the rows reaching
+  it, the requests it would send (not those the cache answers; a view's new files alone), tokens,
+  cost at its list and batch prices and minutes at its limits.
   SET batchinfer.max_cost = '2.50' refuses a statement whose estimate is over it.
-  EXPLAIN COST CREATE TABLE summaries AS SELECT id, generate('writer', body) FROM docs;",
+  EXPLAIN COST CREATE TABLE summaries AS SELECT id, generate('writer', body) FROM docs;
+  EXPLAIN COST REFRESH MATERIALIZED VIEW summaries;",
     },
     Topic {
         names: &[

@@ -1095,6 +1095,18 @@ fn a_refresh_submits_its_batch_and_comes_back_later() {
     ));
     std::fs::remove_file(state.join("release")).unwrap();
     write("b.parquet", 11, 41);
+    // What the refresh will ask: the new file's 30 rows alone, at the batch prices.
+    let cost = assert_ok(&query(&wh, "EXPLAIN COST REFRESH MATERIALIZED VIEW fruits"));
+    let row = cost_row(&cost, "b");
+    assert_eq!(
+        (row["rows"].as_str(), row["requests"].as_str()),
+        ("30", "30"),
+        "{cost}"
+    );
+    assert_eq!(row["charged_at"], "batch prices", "{cost}");
+    assert!(row["estimated_by"].starts_with("calibrated on"), "{cost}");
+    let estimated: f64 = row["prompt_tokens_estimated"].parse().unwrap();
+    assert_eq!(api.count("batches"), 1, "EXPLAIN COST submitted nothing");
     let refresh = |wait: &str| {
         output_within(
             bin()
@@ -1120,6 +1132,17 @@ fn a_refresh_submits_its_batch_and_comes_back_later() {
     let done = refresh("0s");
     let said = assert_ok(&done) + &common::stderr(&done);
     assert!(said.contains("30 requests"), "{said}");
+    // The estimate within 10% of the prompt tokens the server reported.
+    let reported: f64 = said
+        .split(" prompt + ")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.replace(',', "").parse().ok())
+        .expect(&said);
+    assert!(
+        (estimated - reported).abs() <= 0.1 * reported,
+        "estimated {estimated}, reported {reported}: {said}"
+    );
     assert!(count("SELECT count(*) AS n, count(a) AS answered FROM fruits").contains("40,40"));
     let counts = api.counts();
     assert_eq!(counts["batches"], 2, "{counts}");

@@ -206,6 +206,12 @@ impl Engine {
                 let (estimates, rows) = self.estimate(*query).await?;
                 self.session.cost_table(&estimates, rows)
             }
+            Statement::ExplainCostRefresh(name) => {
+                self.refuse_estimate_on_a_cluster()?;
+                let name = crate::warehouse::object_name("view", &name)?;
+                let (estimates, rows) = self.views().estimate_refresh(&name).await?;
+                self.session.cost_table(&estimates, rows)
+            }
             Statement::Sql(statement) => {
                 self.refuse_past_max_cost(&statement).await?;
                 let result = self.run_sql(*statement).await;
@@ -218,17 +224,7 @@ impl Engine {
     /// What the query `statement` would ask each endpoint model, counted by running it without
     /// asking ([`crate::llm::estimate`]), and the rows it returns.
     async fn estimate(&self, mut statement: DFStatement) -> Result<(Vec<Estimate>, u64)> {
-        // A cluster's executors would send what they count: the estimate is one process's.
-        if matches!(
-            self.session.placement(),
-            crate::cluster::Placement::Cluster(_)
-        ) {
-            return Err(Error::Statement(
-                "EXPLAIN COST runs in one process, not on a cluster (--remote): run it without \
-                 --remote over the same data"
-                    .into(),
-            ));
-        }
+        self.refuse_estimate_on_a_cluster()?;
         let _connected = self.session.connect_stores(&mut statement)?;
         self.session
             .tag_statement(&statement, self.warehouse.as_ref())?;
@@ -242,6 +238,21 @@ impl Engine {
             rows += batch?.num_rows() as u64;
         }
         Ok((estimates.estimates(), rows))
+    }
+
+    /// A cluster's executors would send what they count: an estimate is one process's.
+    fn refuse_estimate_on_a_cluster(&self) -> Result<()> {
+        if matches!(
+            self.session.placement(),
+            crate::cluster::Placement::Cluster(_)
+        ) {
+            return Err(Error::Statement(
+                "EXPLAIN COST runs in one process, not on a cluster (--remote): run it without \
+                 --remote over the same data"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// With `batchinfer.max_cost` set, a statement whose endpoint models would cost more (each

@@ -8,8 +8,8 @@ use datafusion::sql::sqlparser::ast::{Query, SetExpr, Statement as SQLStatement}
 use super::{Statement, is_word, sql_statement};
 use crate::error::{Error, Result};
 
-const USAGE: &str = "EXPLAIN COST takes a query, COPY, INSERT or CREATE TABLE ... AS: \
-                     EXPLAIN COST SELECT generate('writer', body) FROM docs";
+const USAGE: &str = "EXPLAIN COST takes a query, COPY, INSERT, CREATE TABLE ... AS or REFRESH \
+                     MATERIALIZED VIEW: EXPLAIN COST SELECT generate('writer', body) FROM docs";
 
 /// `EXPLAIN COST statement` at the parser's place, if it is one: the statement's query.
 pub(super) fn explain_cost(df: &mut DFParser<'_>) -> Result<Option<Statement>> {
@@ -21,6 +21,13 @@ pub(super) fn explain_cost(df: &mut DFParser<'_>) -> Result<Option<Statement>> {
     }
     parser.next_token();
     parser.next_token();
+    match super::view_statement(parser)? {
+        Some(super::ViewStatement::Refresh { name }) => {
+            return Ok(Some(Statement::ExplainCostRefresh(name)));
+        }
+        Some(_) => return Err(Error::Statement(USAGE.into())),
+        None => {}
+    }
     let statement = sql_statement(df).map_err(|e| Error::Statement(format!("{USAGE} ({e})")))?;
     match query_of(&statement) {
         Some(query) => Ok(Some(Statement::ExplainCost(Box::new(query)))),

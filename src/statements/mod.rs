@@ -65,6 +65,9 @@ pub enum Statement {
     /// `EXPLAIN COST statement`: the statement's query, run as an estimate of what its endpoint
     /// models would be asked, sending nothing ([`crate::llm::estimate`]).
     ExplainCost(Box<DFStatement>),
+    /// `EXPLAIN COST REFRESH MATERIALIZED VIEW name`: the view's next refresh, run as an
+    /// estimate, sending nothing and writing nothing.
+    ExplainCostRefresh(ObjectName),
     /// Anything else, as DataFusion's parser read it.
     Sql(Box<DFStatement>),
 }

@@ -167,6 +167,15 @@ fn view_statements_are_recognized() {
     assert!(matches!(&statements[4], Statement::Sql(_)));
     let err = split("REFRESH MATERIALIZED VIEW").unwrap_err().to_string();
     assert!(err.contains("expected a view name"), "{err}");
+    let explained = split("EXPLAIN COST REFRESH MATERIALIZED VIEW s").unwrap();
+    assert!(matches!(
+        &explained[0],
+        Statement::ExplainCostRefresh(name) if name.to_string() == "s"
+    ));
+    let err = split("EXPLAIN COST SHOW MATERIALIZED VIEWS")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("REFRESH MATERIALIZED VIEW"), "{err}");
 }
 
 #[test]

@@ -27,6 +27,7 @@ use crate::view::{
     Generation, Input, Manifest, OutputFile, Unit, id_time, new_id, newest_view, now_ms,
 };
 
+mod estimate;
 mod repair;
 mod units;
 

@@ -112,19 +112,12 @@ impl Views<'_> {
         Err(e)
     }
 
-    /// Scores the inputs of `work` into a folder of their own under the view's `data/`; `None`
-    /// where it has none (its files are gone).
-    pub(super) async fn score_unit(
+    /// The view's query over the inputs of `work` alone.
+    pub(super) async fn unit_plan(
         &self,
-        folder: &Url,
-        generation: &str,
         planned: &Planned,
         work: &Work,
-    ) -> Result<Option<Unit>> {
-        if work.inputs.is_empty() {
-            return Ok(None);
-        }
-        let id = new_id("u");
+    ) -> Result<datafusion::logical_expr::LogicalPlan> {
         let table: Arc<dyn datafusion::catalog::TableProvider> = match &planned.source.files {
             SourceFiles::Listing { options, .. } => {
                 let paths = work
@@ -158,7 +151,23 @@ impl Views<'_> {
                 ),
             ),
         };
-        let plan = reading(&planned.plan, table)?;
+        reading(&planned.plan, table)
+    }
+
+    /// Scores the inputs of `work` into a folder of their own under the view's `data/`; `None`
+    /// where it has none (its files are gone).
+    pub(super) async fn score_unit(
+        &self,
+        folder: &Url,
+        generation: &str,
+        planned: &Planned,
+        work: &Work,
+    ) -> Result<Option<Unit>> {
+        if work.inputs.is_empty() {
+            return Ok(None);
+        }
+        let id = new_id("u");
+        let plan = self.unit_plan(planned, work).await?;
         // The unit is a part of the refresh of its own: what endpoint models do for it is
         // counted apart, for its files.
         let mut statement = self.session.statement();
