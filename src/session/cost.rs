@@ -29,6 +29,7 @@ impl Session {
                 cost: 0.0,
                 batch_cost: 0.0,
                 batched: false,
+                by_tokenizer: false,
                 minutes: None,
                 calibrated_on: 0,
             });
@@ -45,6 +46,7 @@ impl Session {
                 cost: estimates.iter().map(|e| e.cost).sum(),
                 batch_cost: estimates.iter().map(|e| e.batch_cost).sum(),
                 batched: estimates.iter().all(|e| e.batched),
+                by_tokenizer: false,
                 // The models are asked at once: the slowest one's time.
                 minutes: estimates.iter().filter_map(|e| e.minutes).reduce(f64::max),
                 calibrated_on: estimates.iter().map(|e| e.calibrated_on).min().unwrap_or(0),
@@ -116,11 +118,20 @@ fn estimated_by(e: &Estimate) -> String {
     if e.model == "(all)" {
         return "each model's, above".to_string();
     }
-    match e.calibrated_on {
-        0 if e.requests == 0 => "-".to_string(),
-        0 => "a token per 4 characters (no reply of the model's seen yet)".to_string(),
-        n => format!(
-            "calibrated on {} of the model's replies",
+    match (e.calibrated_on, e.by_tokenizer) {
+        (0, _) if e.requests == 0 => "-".to_string(),
+        (0, false) => "a token per 4 characters (no reply of the model's seen yet)".to_string(),
+        (0, true) => {
+            "the model's tokenizer without its chat template (no reply of the model's seen yet)"
+                .to_string()
+        }
+        (n, by_tokenizer) => format!(
+            "{}calibrated on {} of the model's replies",
+            if by_tokenizer {
+                "the model's tokenizer; "
+            } else {
+                ""
+            },
             crate::message::thousands(n)
         ),
     }

@@ -124,7 +124,7 @@ impl EndpointModel {
 
     /// A batch's reply charged to the statement at the batch prices.
     fn charge_batched(&self, call: &Call<'_>, body: &Value, raw: &str) {
-        let estimated = estimated_prompt_tokens(body);
+        let estimated = self.prompt_estimate(body);
         let (prompt, completion) = match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => {
                 self.calibrate(call, estimated, reply.prompt_tokens);

@@ -157,6 +157,21 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 /// The largest reply body read: a server sending more is the row's error.
 const MAX_REPLY: usize = 32 << 20;
 
+/// The largest tokenizer.json read.
+const MAX_TOKENIZER: u64 = 64 << 20;
+
+/// The tokenizer.json at `path`, the 'tokenizer' of the model `name`.
+fn read_tokenizer(name: &str, path: &str) -> Result<tokenizers::Tokenizer, LlmError> {
+    let problem = |why: String| LlmError::Definition {
+        model: name.to_string(),
+        problem: format!("its 'tokenizer' {path} cannot be used: {why}"),
+    };
+    let bytes = crate::storage::read_capped(std::path::Path::new(path), MAX_TOKENIZER)
+        .map_err(|e| problem(e.to_string()))?;
+    tokenizers::Tokenizer::from_bytes(&bytes)
+        .map_err(|e| problem(format!("not a Hugging Face tokenizer.json ({e})")))
+}
+
 /// The prompt tokens of the chat request `body` before it is answered: a token per four
 /// characters of its messages (as JSON), what pacing and budgets reserve and estimates count.
 pub fn estimated_prompt_tokens(body: &Value) -> u64 {
@@ -235,6 +250,8 @@ pub struct EndpointModel {
     kept_calibration: Arc<OnceCell<Calibration>>,
     /// Its requests in the provider's batches ([`crate::llm::batch`]).
     batches: crate::llm::batch::Batches,
+    /// The tokenizer its definition declares, read when it was made.
+    tokenizer: Option<Arc<tokenizers::Tokenizer>>,
 }
 
 /// A model's calibration in this process: its pairs, those written, whether a write is under
@@ -308,6 +325,10 @@ impl Drop for Claims<'_> {
 impl EndpointModel {
     /// The model `name` of `endpoint`, keeping answers in `cache` (a warehouse's).
     pub fn new(name: &str, endpoint: Endpoint, cache: Option<Cache>) -> Result<Self, LlmError> {
+        let tokenizer = match &endpoint.tokenizer {
+            Some(path) => Some(Arc::new(read_tokenizer(name, path)?)),
+            None => None,
+        };
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .build()
@@ -330,6 +351,7 @@ impl EndpointModel {
             calibration: Arc::default(),
             kept_calibration: Arc::default(),
             batches: Default::default(),
+            tokenizer,
         })
     }
 
@@ -377,11 +399,43 @@ impl EndpointModel {
         spend::count(call.ledger, call.part, &self.name, done);
     }
 
-    /// Where the warehouse keeps this model's calibration, if it has a cache.
+    /// Where the warehouse keeps this model's calibration, if it has a cache: apart for the
+    /// counts of a declared tokenizer, which are another estimate.
     fn calibration_kept(&self) -> Option<calibration::Kept> {
+        let model = match &self.tokenizer {
+            Some(_) => format!("{}\u{0}tokenizer", self.endpoint.model),
+            None => self.endpoint.model.clone(),
+        };
         self.cache
             .as_ref()
-            .map(|c| c.calibration(&self.endpoint.endpoint, &self.endpoint.model))
+            .map(|c| c.calibration(&self.endpoint.endpoint, &model))
+    }
+
+    /// Whether its prompts are counted by its own tokenizer.
+    pub fn has_tokenizer(&self) -> bool {
+        self.tokenizer.is_some()
+    }
+
+    /// The prompt tokens of the chat request `body` before it is answered: its messages'
+    /// tokens by the tokenizer the definition declares (the chat template's are left to the
+    /// calibration), else a token per four characters of its messages as JSON
+    /// ([`estimated_prompt_tokens`]).
+    pub fn prompt_estimate(&self, body: &Value) -> u64 {
+        let Some(tokenizer) = &self.tokenizer else {
+            return estimated_prompt_tokens(body);
+        };
+        let messages = body["messages"]
+            .as_array()
+            .map_or(&[][..], |m| m.as_slice());
+        messages
+            .iter()
+            .map(|m| {
+                let text = m["content"].as_str().unwrap_or_default();
+                tokenizer
+                    .encode(text, false)
+                    .map_or(text.len() as u64 / 4, |e| e.len() as u64)
+            })
+            .sum()
     }
 
     /// The calibration kept, read once.
@@ -582,7 +636,7 @@ impl EndpointModel {
             self.count(call, &Usage::cache_hit());
             return Ok(Ok(Arc::new(reply.scrubbed(api_key.as_deref()))));
         }
-        let prompt = estimated_prompt_tokens(body);
+        let prompt = self.prompt_estimate(body);
         let reserve = (prompt + u64::from(self.endpoint.max_tokens)) as f64;
         let prompt_estimate = prompt + 1;
         // A server that says nothing of its tokens is charged an estimate, so budgets hold.
