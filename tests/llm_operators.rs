@@ -1241,3 +1241,79 @@ fn a_declared_tokenizer_counts_prompts_as_the_server_does() {
         "estimated {estimated}, reported {reported}"
     );
 }
+
+/// A batch that ended but whose output cannot be read (the provider answers 404 for a while) is
+/// not submitted again: the statement fails saying its record is kept, and the next run reads
+/// the answers, each request submitted once.
+#[test]
+fn a_batch_whose_answers_cannot_be_read_yet_is_kept_not_submitted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, state) = (dir.path().join("wh"), dir.path().join("state"));
+    let api = llm_server::batch_api(&state, &["--refuse-content", "1"]);
+    assert_ok(&query(
+        &wh,
+        &create("b", &api.url(), ", 'max_tokens' '4', 'batch' 'on'"),
+    ));
+    let sql = "SELECT count(a) AS answered FROM (SELECT generate('b', 'Name the tree number ' || \
+               CAST(id AS VARCHAR)) AS a FROM (SELECT unnest(range(1, 7)) AS id))";
+    let failed = query(&wh, sql);
+    assert_failure(
+        &failed,
+        &["cannot be read", "is kept", "nothing is submitted twice"],
+    );
+    let out = assert_ok(&query(&wh, sql));
+    assert!(out.contains("answered\n6"), "{out}");
+    let counts = api.counts();
+    assert_eq!(counts["batches"], 1, "{counts}");
+    assert_eq!(
+        submissions(&counts),
+        [(1, 6)].into_iter().collect(),
+        "{counts}"
+    );
+}
+
+/// In batch mode, `max_cost` holds before requests are submitted: each is reserved at most
+/// (its prompt's estimate and a reply at max_tokens, at the batch prices) as it is submitted,
+/// and a statement that is not estimated before it runs (a view's refresh) stops before
+/// submitting one past the budget.
+#[test]
+fn max_cost_holds_before_a_batch_is_submitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wh, state, input) = (
+        dir.path().join("wh"),
+        dir.path().join("state"),
+        dir.path().join("in"),
+    );
+    let api = llm_server::batch_api(&state, &[]);
+    // 2,000 and 4,000 a million tokens, halved: each request reserves about 1,000 times its
+    // prompt's estimate (some 10 tokens) and 2,000 times 4 millionths: $0.018.
+    assert_ok(&query(
+        &wh,
+        &format!(
+            "{} COPY (SELECT id, 'Name the river number ' || CAST(id AS VARCHAR) AS q FROM \
+             (SELECT unnest(range(1, 21)) AS id)) TO '{}' STORED AS PARQUET",
+            create(
+                "b",
+                &api.url(),
+                ", 'max_tokens' '4', 'batch' 'on', 'input_price_per_million' '2000', \
+                 'output_price_per_million' '4000'"
+            ),
+            input.join("a.parquet").display()
+        ),
+    ));
+    let out = common::query_with(
+        &wh,
+        &[],
+        &format!(
+            "SET batchinfer.max_cost = '0.03'; CREATE MATERIALIZED VIEW rivers AS SELECT id, \
+             generate('b', q) AS a FROM '{}/'",
+            input.display()
+        ),
+    );
+    assert_failure(
+        &out,
+        &["batchinfer.max_cost = '0.03'", "nothing more is submitted"],
+    );
+    let counts = api.counts();
+    assert!(counts["lines"].as_u64().unwrap() <= 2, "{counts}");
+}

@@ -77,6 +77,79 @@ pub fn sending(ledger: &Ledger) -> Sending {
     Sending(in_flight)
 }
 
+/// What a statement's requests in batches may still cost, reserved as they are submitted
+/// ([`reserve`]).
+#[derive(Debug, Default)]
+struct Reserved(Mutex<(u64, f64)>);
+
+/// A request's reservation, released when it is dropped (answered, and charged, or failed).
+pub struct Reservation {
+    reserved: Option<std::sync::Arc<Reserved>>,
+    tokens: u64,
+    cost: f64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(reserved) = &self.reserved {
+            let mut r = reserved.0.lock();
+            r.0 = r.0.saturating_sub(self.tokens);
+            r.1 = (r.1 - self.cost).max(0.0);
+        }
+    }
+}
+
+/// Reserves `tokens` and `cost` (at most what a request about to be submitted in a batch takes)
+/// against the statement's budgets: `Err` where what it spent, what its requests in batches
+/// may still cost and this would pass one. Requests in a batch are paid whatever the statement
+/// does next, so the budget holds before they are submitted.
+pub fn reserve(
+    ledger: &Ledger,
+    options: Option<&BatchInferOptions>,
+    tokens: u64,
+    cost: f64,
+) -> Result<Reservation, LlmError> {
+    let Some(options) = options.filter(|o| o.max_llm_tokens.is_some() || o.max_cost.is_some())
+    else {
+        return Ok(Reservation {
+            reserved: None,
+            tokens: 0,
+            cost: 0.0,
+        });
+    };
+    let spent = ledger.get::<Mutex<Spent>>().lock().total();
+    let reserved = ledger.get::<Reserved>();
+    let mut r = reserved.0.lock();
+    let would_tokens = spent
+        .prompt_tokens
+        .saturating_add(spent.completion_tokens)
+        .saturating_add(r.0)
+        .saturating_add(tokens);
+    let would_cost = spent.cost + r.1 + cost;
+    let past = match (options.max_llm_tokens, options.max_cost) {
+        (Some(max), _) if would_tokens > max => format!("batchinfer.max_llm_tokens = '{max}'"),
+        (_, Some(max)) if would_cost > max => format!("batchinfer.max_cost = '{max}'"),
+        _ => {
+            r.0 = r.0.saturating_add(tokens);
+            r.1 += cost;
+            drop(r);
+            return Ok(Reservation {
+                reserved: Some(reserved),
+                tokens,
+                cost,
+            });
+        }
+    };
+    Err(LlmError::Budget(format!(
+        "the statement's next request would take it past {past}: it spent {} in {} requests, and \
+         its requests in batches not answered yet may cost up to {} (each reply at max_tokens); \
+         nothing more is submitted and nothing was committed",
+        money(spent.cost),
+        spent.requests,
+        money(r.1)
+    )))
+}
+
 /// `Err` once the statement has reached one of its budgets: what it spent, and which budget.
 pub fn check(ledger: &Ledger, options: Option<&BatchInferOptions>) -> Result<(), LlmError> {
     let Some(options) = options else {

@@ -89,9 +89,9 @@ impl Provider {
         let mut body = Vec::new();
         let mut response = response;
         while let Some(chunk) = response.chunk().await.map_err(|e| {
-            Failure::Again(format!(
-                "the reply was cut: {}",
-                crate::message::with_causes(&e)
+            Failure::Again(scrub(
+                format!("the reply was cut: {}", crate::message::with_causes(&e)),
+                key,
             ))
         })? {
             if body.len() + chunk.len() > cap {
@@ -135,12 +135,17 @@ impl Provider {
         }
     }
 
-    fn json(body: Vec<u8>) -> Result<Value, Failure> {
+    /// `text` with the key blanked, should a server echo it.
+    fn scrubbed(&self, text: String) -> String {
+        scrub(text, self.api_key.as_deref())
+    }
+
+    fn json(&self, body: Vec<u8>) -> Result<Value, Failure> {
         serde_json::from_slice(&body).map_err(|_| {
-            Failure::Final(format!(
+            Failure::Final(self.scrubbed(format!(
                 "the endpoint's reply is not JSON: {}",
                 excerpt(&String::from_utf8_lossy(&body))
-            ))
+            )))
         })
     }
 
@@ -173,7 +178,7 @@ impl Provider {
                 1 << 20,
             )
             .await?;
-        id_of(&Self::json(reply)?, "file")
+        id_of(&self.json(reply)?, "file").map_err(|e| Failure::Final(self.scrubbed(e)))
     }
 
     /// Makes a batch of the file `input_file_id`, its metadata naming `record`; its id. One try
@@ -189,7 +194,7 @@ impl Provider {
         let reply = self
             .once(self.http.post(self.url("batches")).json(&request), 1 << 20)
             .await?;
-        id_of(&Self::json(reply)?, "batch")
+        id_of(&self.json(reply)?, "batch").map_err(|e| Failure::Final(self.scrubbed(e)))
     }
 
     /// The batch whose metadata names `record`, among the provider's latest 1,000, if any.
@@ -200,7 +205,7 @@ impl Provider {
             if let Some(after) = &after {
                 url.push_str(&format!("&after={after}"));
             }
-            let page = Self::json(self.tried(|| self.http.get(&url), 16 << 20).await?)?;
+            let page = self.json(self.tried(|| self.http.get(&url), 16 << 20).await?)?;
             let data = page["data"].as_array().cloned().unwrap_or_default();
             for batch in &data {
                 if batch["metadata"]["batchinfer_record"].as_str() == Some(record) {
@@ -224,7 +229,7 @@ impl Provider {
     /// The batch `id`'s state (one try).
     pub async fn state(&self, id: &str) -> Result<State, Failure> {
         let url = self.url(&format!("batches/{}", url_part(id)));
-        let batch = Self::json(self.once(self.http.get(&url), 1 << 20).await?)?;
+        let batch = self.json(self.once(self.http.get(&url), 1 << 20).await?)?;
         let text = |key: &str| batch[key].as_str().map(str::to_string);
         Ok(State {
             status: text("status").ok_or_else(|| {
@@ -253,16 +258,16 @@ fn url_part(id: &str) -> String {
         .collect()
 }
 
-/// The `id` of a reply describing a `what`.
-fn id_of(reply: &Value, what: &str) -> Result<String, Failure> {
+/// The `id` of a reply describing a `what`, or why there is none (to be scrubbed).
+fn id_of(reply: &Value, what: &str) -> Result<String, String> {
     reply["id"]
         .as_str()
         .filter(|id| !id.is_empty() && id.len() <= 200 && url_part(id) == *id)
         .map(str::to_string)
         .ok_or_else(|| {
-            Failure::Final(format!(
+            format!(
                 "the endpoint's reply names no {what}: {}",
                 excerpt(&reply.to_string())
-            ))
+            )
         })
 }

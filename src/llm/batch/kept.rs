@@ -28,6 +28,9 @@ pub struct Record {
     /// The provider's batch, once made.
     #[serde(default)]
     pub batch: Option<String>,
+    /// Whether the batch was asked for (it may exist though the record names none).
+    #[serde(default)]
+    pub creating: bool,
     /// When it was written (seconds since 1970).
     pub created: u64,
 }

@@ -22,7 +22,7 @@
 pub mod api;
 pub mod kept;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,7 +74,9 @@ pub enum Answer {
 #[derive(Debug, Default)]
 pub struct Batches {
     shared: Arc<Mutex<Shared>>,
-    resumed: tokio::sync::OnceCell<()>,
+    /// The statement that last went through the warehouse's records: each statement does
+    /// once, so that a long-lived process sees the batches other processes recorded since.
+    resumed_for: tokio::sync::Mutex<String>,
 }
 
 #[derive(Debug, Default)]
@@ -82,9 +84,14 @@ struct Shared {
     queue: Vec<(String, Value)>,
     collecting: bool,
     waiting: HashMap<String, watch::Sender<Progress>>,
-    /// Answers a batch brought that no row of this process was waiting for (its statement
-    /// stopped waiting, or its process was killed): charged to the statement that takes them.
-    uncharged: std::collections::HashSet<String>,
+    /// Requests whose recorded batch cannot be read now (its state, its files): never
+    /// submitted again by this process until a statement finds the record readable.
+    stuck: HashMap<String, String>,
+    /// The records this process follows, or has finished.
+    followed: HashSet<String>,
+    /// Answers a batch brought that no row of this process was waiting for: charged to the
+    /// statement of this process that takes them.
+    uncharged: HashSet<String>,
 }
 
 /// What a model's batches are made with: its endpoint, the warehouse's records and cache.
@@ -97,13 +104,58 @@ pub struct Place {
     pub endpoint: String,
 }
 
+/// How long a statement going through the records waits for a batch's state before it leaves
+/// the batch to a task of its own.
+const LOOK: Duration = Duration::from_secs(10);
+
+/// A record without a batch whose batch may be being made is looked for this long before it
+/// is given up (its requests submitted again).
+const MAKING: u64 = 3600;
+
+/// Polls of a batch answered with a final error before this process leaves it (its record
+/// kept, for the next statement).
+const FINAL_POLLS: u32 = 20;
+
 impl Batches {
-    /// Goes on with the batches the warehouse's records name, once a process: those that ended
-    /// have their answers in the cache when it returns.
-    pub async fn resume(&self, place: &Place) {
-        self.resumed
-            .get_or_init(|| resume(place.clone(), self.shared.clone()))
-            .await;
+    /// Goes through the warehouse's records once for the statement `statement`: the batches
+    /// other processes (or this one, killed) recorded are followed, and those that ended have
+    /// their answers in the cache when it returns. The replies it took that nobody was waiting
+    /// for: the statement's to pay.
+    pub async fn resume(&self, place: &Place, statement: &str) -> Vec<String> {
+        let mut last = self.resumed_for.lock().await;
+        if *last == statement {
+            return Vec::new();
+        }
+        *last = statement.to_string();
+        let fresh: Vec<Record> = {
+            let records = place.records.all().await;
+            let mut s = self.shared.lock();
+            let mut fresh = Vec::new();
+            for record in records {
+                if !s.followed.insert(record.record.clone()) {
+                    continue;
+                }
+                let at = record
+                    .batch
+                    .clone()
+                    .unwrap_or_else(|| record.record.clone());
+                for key in &record.keys {
+                    s.stuck.remove(key);
+                    s.waiting
+                        .entry(key.clone())
+                        .or_insert_with(|| watch::channel(Progress::Submitted(at.clone())).0);
+                }
+                fresh.push(record);
+            }
+            fresh
+        };
+        let taken = futures::future::join_all(
+            fresh
+                .into_iter()
+                .map(|record| resume_one(place, &self.shared, record)),
+        )
+        .await;
+        taken.into_iter().flatten().map(|(_, raw)| raw).collect()
     }
 
     /// Whether the cache's answer to `key` came from a batch no statement has been charged for
@@ -114,14 +166,11 @@ impl Batches {
 
     /// Where the request `key` (`body`) is: submitted in a batch with those asked at once, or
     /// in a batch already (this process's, or one a record names).
-    pub async fn progress(
-        &self,
-        place: &Place,
-        key: &str,
-        body: &Value,
-    ) -> watch::Receiver<Progress> {
-        self.resume(place).await;
+    pub fn progress(&self, place: &Place, key: &str, body: &Value) -> watch::Receiver<Progress> {
         let mut shared = self.shared.lock();
+        if let Some(why) = shared.stuck.get(key) {
+            return watch::channel(Progress::Done(Answer::Failed(why.clone()))).1;
+        }
         if let Some(sender) = shared.waiting.get(key) {
             return sender.subscribe();
         }
@@ -163,19 +212,35 @@ async fn collect(place: Place, shared: Arc<Mutex<Shared>>) {
     }
 }
 
-fn settle(shared: &Mutex<Shared>, key: &str, answer: Answer) {
+/// Gives `answer` to the rows waiting for `key`; whether any was.
+fn settle(shared: &Mutex<Shared>, key: &str, answer: Answer) -> bool {
     let mut s = shared.lock();
-    let waited = match s.waiting.remove(key) {
+    match s.waiting.remove(key) {
         Some(sender) => {
             let waited = sender.receiver_count() > 0;
-            sender.send_replace(Progress::Done(answer.clone()));
+            sender.send_replace(Progress::Done(answer));
             waited
         }
         None => false,
-    };
-    if !waited && matches!(answer, Answer::Reply(_)) {
-        s.uncharged.insert(key.to_string());
     }
+}
+
+/// The requests of `record`, whose batch cannot be read now (`why`): the rows waiting for them
+/// fail, and this process submits none of them again; the record is kept, and the next
+/// statement reads it again.
+fn stick(shared: &Mutex<Shared>, record: &Record, why: &str) {
+    let why = format!(
+        "{why}; its record (llm-batches/) is kept, and the next statement reads it again: \
+         nothing is submitted twice"
+    );
+    for key in &record.keys {
+        settle(shared, key, Answer::Failed(why.clone()));
+    }
+    let mut s = shared.lock();
+    for key in &record.keys {
+        s.stuck.insert(key.clone(), why.clone());
+    }
+    s.followed.remove(&record.record);
 }
 
 fn mark(shared: &Mutex<Shared>, keys: &[String], batch: &str) {
@@ -193,9 +258,9 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Submits `lines` as one batch: its record kept first, its file uploaded, the batch made (or
-/// found, where the request making it failed), the record naming it; then followed to its end
-/// on a task of its own.
+/// Submits `lines` as one batch: its record kept first, its file uploaded, the record saying
+/// the batch is being made, the batch made (or found, where the request making it failed), the
+/// record naming it; then followed to its end on a task of its own.
 async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, Value)>) {
     let keys: Vec<String> = lines.iter().map(|(k, _)| k.clone()).collect();
     let fail = |why: String| {
@@ -207,8 +272,10 @@ async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, 
         record: uuid::Uuid::new_v4().simple().to_string(),
         keys: keys.clone(),
         batch: None,
+        creating: false,
         created: now(),
     };
+    shared.lock().followed.insert(record.record.clone());
     if !place.records.write(&record).await {
         return fail(
             "the warehouse did not keep the record of a batch (llm-batches/): nothing was \
@@ -230,38 +297,56 @@ async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, 
             return fail(format!("the batch's file was not uploaded: {}", e.why()));
         }
     };
-    let mut made = None;
+    // From here on the batch may exist: the record says so before it is asked for.
+    record.creating = true;
+    if !place.records.write(&record).await {
+        place.records.remove(&record.record).await;
+        return fail(
+            "the warehouse did not keep the record of a batch (llm-batches/): nothing was \
+             submitted"
+                .into(),
+        );
+    }
+    let mut made: Result<String, Failure> = Err(Failure::Again("no try".into()));
     for attempt in 0..6u32 {
-        match place.provider.create(&file, &record.record).await {
-            Ok(batch) => {
-                made = Some(Ok(batch));
+        made = place.provider.create(&file, &record.record).await;
+        let Err(Failure::Again(_)) = &made else {
+            break;
+        };
+        // The batch may have been made though its reply was lost: made again only where the
+        // provider says it has none of this record.
+        tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+        match place.provider.find(&record.record).await {
+            Ok(Some(batch)) => {
+                made = Ok(batch);
                 break;
             }
-            Err(Failure::Final(why)) => {
-                made = Some(Err(why));
-                break;
-            }
-            Err(Failure::Again(why)) => {
-                // The batch may have been made though its reply was lost: made again only
-                // where the provider has none of this record.
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-                if let Ok(Some(batch)) = place.provider.find(&record.record).await {
-                    made = Some(Ok(batch));
-                    break;
-                }
-                made = Some(Err(why));
+            Ok(None) => {}
+            Err(e) => {
+                return stick(
+                    shared,
+                    &record,
+                    &format!(
+                        "the batch may have been made though the endpoint's reply was lost, and \
+                         its batches cannot be listed to find it ({})",
+                        e.why()
+                    ),
+                );
             }
         }
     }
     let batch = match made {
-        Some(Ok(batch)) => batch,
-        made => {
-            let why = match made {
-                Some(Err(why)) => why,
-                _ => "no reply".to_string(),
-            };
+        Ok(batch) => batch,
+        Err(Failure::Final(why)) => {
             place.records.remove(&record.record).await;
             return fail(format!("the batch was not made: {why}"));
+        }
+        Err(Failure::Again(why)) => {
+            return stick(
+                shared,
+                &record,
+                &format!("the batch was not made, or its reply was lost: {why}"),
+            );
         }
     };
     record.batch = Some(batch.clone());
@@ -269,103 +354,153 @@ async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, 
     let _ = place.records.write(&record).await;
     mark(shared, &keys, &batch);
     let (place, shared) = (place.clone(), shared.clone());
-    tokio::spawn(async move { follow(&place, &shared, record).await });
+    tokio::spawn(async move {
+        let taken = follow(&place, &shared, record).await;
+        shared
+            .lock()
+            .uncharged
+            .extend(taken.into_iter().map(|(key, _)| key));
+    });
 }
 
-/// The batches the warehouse's records name, followed to their end; a record that names none
-/// (its process was killed while the batch was made) finds it by its metadata, or is removed
-/// where the provider made none.
-async fn resume(place: Place, shared: Arc<Mutex<Shared>>) {
-    for mut record in place.records.all().await {
-        {
-            let mut s = shared.lock();
-            let at = record
-                .batch
-                .clone()
-                .unwrap_or_else(|| record.record.clone());
-            for key in &record.keys {
-                s.waiting
-                    .entry(key.clone())
-                    .or_insert_with(|| watch::channel(Progress::Submitted(at.clone())).0);
+/// A record found in the warehouse: its batch followed (taken now where it has ended); one
+/// without a batch found by its metadata, or given up where none can have been made.
+async fn resume_one(
+    place: &Place,
+    shared: &Arc<Mutex<Shared>>,
+    mut record: Record,
+) -> Vec<(String, String)> {
+    if record.batch.is_none() {
+        let found = match tokio::time::timeout(LOOK, place.provider.find(&record.record)).await {
+            Ok(found) => found,
+            Err(_) => Err(Failure::Again("no reply".into())),
+        };
+        match found {
+            Ok(Some(batch)) => {
+                record.batch = Some(batch.clone());
+                let _ = place.records.write(&record).await;
+                mark(shared, &record.keys, &batch);
             }
-        }
-        // A batch that has ended is taken now, before any row asks.
-        if let Some(batch) = record.batch.clone()
-            && let Ok(state) = place.provider.state(&batch).await
-            && state.is_over()
-        {
-            finish(&place, &shared, record, &batch, &state).await;
-            continue;
-        }
-        let (place, shared) = (place.clone(), shared.clone());
-        tokio::spawn(async move {
-            if record.batch.is_none() {
-                match place.provider.find(&record.record).await {
-                    Ok(Some(batch)) => {
-                        record.batch = Some(batch.clone());
-                        let _ = place.records.write(&record).await;
-                        mark(&shared, &record.keys, &batch);
-                    }
-                    found => {
-                        if matches!(found, Ok(None)) {
-                            place.records.remove(&record.record).await;
-                        }
-                        for key in &record.keys {
-                            settle(
-                                &shared,
-                                key,
-                                Answer::Again("its batch was never made".into()),
-                            );
-                        }
-                        return;
-                    }
-                }
-            }
-            follow(&place, &shared, record).await;
-        });
-    }
-}
-
-/// The batch of `record` read until it ends, its answers put in the cache and given to the rows
-/// waiting for them, and its record removed.
-async fn follow(place: &Place, shared: &Mutex<Shared>, record: Record) {
-    let Some(batch) = record.batch.clone() else {
-        return;
-    };
-    let mut wait = Duration::from_millis(500);
-    let state = loop {
-        match place.provider.state(&batch).await {
-            Ok(state) if state.is_over() => break state,
-            Ok(_) | Err(Failure::Again(_)) => {}
-            Err(Failure::Final(why)) => {
-                // The provider knows no such batch: its requests are submitted again.
+            // No batch was asked for yet (its process is uploading, or was killed while it
+            // did), or none was made in an hour: its requests are submitted again.
+            Ok(None) if !record.creating || now() > record.created + MAKING => {
                 place.records.remove(&record.record).await;
                 for key in &record.keys {
                     settle(
                         shared,
                         key,
-                        Answer::Again(format!("the batch {batch}: {why}")),
+                        Answer::Again("its batch was never made".into()),
                     );
                 }
-                return;
+                return Vec::new();
+            }
+            Ok(None) => {
+                stick(
+                    shared,
+                    &record,
+                    "its batch is being made by another process, or was by one that stopped \
+                     (after an hour without it, its requests are submitted again)",
+                );
+                return Vec::new();
+            }
+            Err(e) => {
+                stick(
+                    shared,
+                    &record,
+                    &format!("its batch cannot be looked for now ({})", e.why()),
+                );
+                return Vec::new();
+            }
+        }
+    }
+    let Some(batch) = record.batch.clone() else {
+        return Vec::new();
+    };
+    // A batch that has ended is taken now, before any row asks.
+    if let Ok(Ok(state)) = tokio::time::timeout(LOOK, place.provider.state(&batch)).await
+        && state.is_over()
+    {
+        let keys = record.clone();
+        return match tokio::time::timeout(6 * LOOK, finish(place, shared, record, &batch, &state))
+            .await
+        {
+            Ok(taken) => taken,
+            Err(_) => {
+                stick(
+                    shared,
+                    &keys,
+                    &format!("the answers of its batch {batch} were not read within a minute"),
+                );
+                Vec::new()
+            }
+        };
+    }
+    let (place, shared) = (place.clone(), shared.clone());
+    tokio::spawn(async move {
+        let taken = follow(&place, &shared, record).await;
+        shared
+            .lock()
+            .uncharged
+            .extend(taken.into_iter().map(|(key, _)| key));
+    });
+    Vec::new()
+}
+
+/// The batch of `record` read until it ends, its answers put in the cache and given to the rows
+/// waiting for them, and its record removed; the replies nobody was waiting for, by key.
+/// A provider that cannot be reached is asked again until it can; one that keeps refusing to
+/// say (a 4xx, a reply that is not a batch) is left after [`FINAL_POLLS`] tries, the record
+/// kept.
+async fn follow(place: &Place, shared: &Mutex<Shared>, record: Record) -> Vec<(String, String)> {
+    let Some(batch) = record.batch.clone() else {
+        return Vec::new();
+    };
+    let mut wait = Duration::from_millis(500);
+    let mut refused = 0;
+    let state = loop {
+        match place.provider.state(&batch).await {
+            Ok(state) if state.is_over() => break state,
+            Ok(_) | Err(Failure::Again(_)) => refused = 0,
+            Err(Failure::Final(why)) => {
+                refused += 1;
+                if refused >= FINAL_POLLS {
+                    stick(
+                        shared,
+                        &record,
+                        &format!("the state of its batch {batch} cannot be read: {why}"),
+                    );
+                    return Vec::new();
+                }
             }
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 3 / 2).min(MAX_POLL);
     };
-    finish(place, shared, record, &batch, &state).await;
+    finish(place, shared, record, &batch, &state).await
 }
 
 /// The answers of the ended batch of `record` put in the cache and given to the rows waiting
-/// for them; its record removed.
+/// for them, its record removed; the replies nobody was waiting for, by key. Where its files
+/// cannot be read, nothing is taken and the record is kept.
 async fn finish(
     place: &Place,
     shared: &Mutex<Shared>,
     record: Record,
     batch: &str,
     state: &api::State,
-) {
-    let answers = results(place, &record, batch, state).await;
+) -> Vec<(String, String)> {
+    let answers = match results(place, &record, batch, state).await {
+        Ok(answers) => answers,
+        Err(why) => {
+            stick(
+                shared,
+                &record,
+                &format!("the answers of its batch {batch} cannot be read: {why}"),
+            );
+            return Vec::new();
+        }
+    };
+    let mut unwaited = Vec::new();
     for key in &record.keys {
         let answer = answers.get(key).cloned().unwrap_or_else(|| {
             Answer::Again(format!(
@@ -379,9 +514,18 @@ async fn finish(
                 crate::say!("warning: {e}");
             }
         }
-        settle(shared, key, answer);
+        let reply = match &answer {
+            Answer::Reply(raw) => Some(raw.clone()),
+            _ => None,
+        };
+        if !settle(shared, key, answer)
+            && let Some(raw) = reply
+        {
+            unwaited.push((key.clone(), raw));
+        }
     }
     place.records.remove(&record.record).await;
+    unwaited
 }
 
 /// The answers of an ended batch, by key: each output line whose `custom_id` is one of the
@@ -391,14 +535,16 @@ async fn results(
     record: &Record,
     batch: &str,
     state: &api::State,
-) -> HashMap<String, Answer> {
+) -> Result<HashMap<String, Answer>, String> {
     let mut answers = HashMap::new();
     let Some(input) = &state.input_file_id else {
-        return answers;
+        return Err("the batch names no input file".into());
     };
-    let Ok(input) = place.provider.content(input).await else {
-        return answers;
-    };
+    let input = place
+        .provider
+        .content(input)
+        .await
+        .map_err(|e| format!("its input file: {}", e.why()))?;
     let wanted: std::collections::HashSet<&str> = record.keys.iter().map(String::as_str).collect();
     let mut asked = std::collections::HashSet::new();
     for line in input.split(|b| *b == b'\n') {
@@ -462,5 +608,5 @@ async fn results(
             answers.insert(id.to_string(), answer);
         }
     }
-    answers
+    Ok(answers)
 }

@@ -56,11 +56,27 @@ impl EndpointModel {
             .options
             .and_then(|o| o.llm_batch_wait)
             .map(Duration::from_secs_f64);
+        // The batches that ended since the statement began (or before this process), taken
+        // now: the statement pays for those nobody was waiting for.
+        for raw in self.batches.resume(&place, call.statement).await {
+            self.charge_batched(call, &Value::Null, &raw);
+        }
+        // At most what the request costs, held against the statement's budgets from its
+        // submission (it is paid whatever the statement does next) until it is charged.
+        let (input, output) = self.endpoint.batch_prices();
+        let prompt = self.prompt_estimate(body);
+        let most = u64::from(self.endpoint.max_tokens);
+        let _reserved = spend::reserve(
+            call.ledger,
+            call.options,
+            prompt + most,
+            (prompt as f64 * input + most as f64 * output) / 1e6,
+        )?;
+        // Submitted and not answered: in flight, as the statement's budget says when it stops.
+        let _in_flight = spend::sending(call.ledger);
         let mut last = String::new();
         for _ in 0..SUBMISSIONS {
             spend::check(call.ledger, call.options)?;
-            // A batch that ended since the cache was read (or before this process) answered it.
-            self.batches.resume(&place).await;
             if let Some(raw) = cache.get(key).await {
                 if self.batches.take_uncharged(key) {
                     self.charge_batched(call, body, &raw);
@@ -69,7 +85,7 @@ impl EndpointModel {
                 }
                 return Ok(Ok(raw));
             }
-            let mut progress = self.batches.progress(&place, key, body).await;
+            let mut progress = self.batches.progress(&place, key, body);
             // A statement never stops before its requests are in a batch.
             let submitted = progress
                 .wait_for(|p| !matches!(p, Progress::Queued))
@@ -122,8 +138,40 @@ impl EndpointModel {
         ))))
     }
 
+    /// The claim of the request `key` ([`Cache::claim`]); in batch mode, waited for no longer
+    /// than the statement waits for its batches (another process's batch may take hours).
+    pub(super) async fn claimed(
+        &self,
+        call: &Call<'_>,
+        cache: &Cache,
+        key: &str,
+        batch: bool,
+    ) -> Result<cache::Claim, LlmError> {
+        let wait = call
+            .options
+            .and_then(|o| o.llm_batch_wait)
+            .map(Duration::from_secs_f64)
+            .filter(|_| batch);
+        let Some(wait) = wait else {
+            return Ok(cache.claim(key).await);
+        };
+        // Taking a claim no one holds takes a moment: never less than that.
+        let wait = wait.max(Duration::from_secs(5));
+        tokio::time::timeout(wait, cache.claim(key))
+            .await
+            .map_err(|_| LlmError::Request {
+                model: self.name.clone(),
+                problem: format!(
+                    "another process is asking the same requests (in its batch) and has not been \
+                     answered within batchinfer.llm_batch_wait = '{}': the statement stops and \
+                     writes nothing; run it again later",
+                    humantime::format_duration(wait)
+                ),
+            })
+    }
+
     /// A batch's reply charged to the statement at the batch prices.
-    fn charge_batched(&self, call: &Call<'_>, body: &Value, raw: &str) {
+    pub(super) fn charge_batched(&self, call: &Call<'_>, body: &Value, raw: &str) {
         let estimated = self.prompt_estimate(body);
         let (prompt, completion) = match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => {

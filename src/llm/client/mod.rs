@@ -657,10 +657,11 @@ impl EndpointModel {
             asked.store(true, std::sync::atomic::Ordering::Relaxed);
             // Another process asking the same now: its answer is waited for.
             let claim = match cache.filter(|_| call.cache == Mode::On) {
-                Some(cache) => match cache.claim(key).await {
-                    cache::Claim::Answered(raw) => return Ok(raw),
-                    cache::Claim::Mine(claim) => Some(claim),
-                    cache::Claim::Unclaimed => None,
+                Some(cache) => match self.claimed(call, cache, key, batch).await {
+                    Err(e) => return Err(Unshared::Stop(e)),
+                    Ok(cache::Claim::Answered(raw)) => return Ok(raw),
+                    Ok(cache::Claim::Mine(claim)) => Some(claim),
+                    Ok(cache::Claim::Unclaimed) => None,
                 },
                 None => None,
             };
