@@ -126,9 +126,9 @@ ai_classify('model', text, ['label', ...] | MAP {'label': 'what it means', ...})
   the likeliest label and its score, each label's probability normalized over the labels.
   SELECT id FROM reviews WHERE stars < 3 AND ai_filter('judge', 'Is it about shipping?', body);
   SELECT id, ai_classify('judge', body, ['praise', 'complaint', 'question']) FROM reviews;
-A cascade: the model's option 'proxy' names a local text model that answers the rows it is
-  sure of (thresholds set on a sample sent to the model, agreeing at 'target'); the rest are
-  sent. SET batchinfer.llm_proxy = 'none' | 'model'; SET batchinfer.llm_proxy_target = '0.95';",
+A cascade: the model's option 'proxy' names a local text model or classifier that answers the
+  rows it is sure of (thresholds set on a sample sent to the model, agreeing at 'target'); the
+  rest are sent. SET batchinfer.llm_proxy = 'none' | 'model'; SET batchinfer.llm_proxy_target = '0.95';",
     },
     Topic {
         names: &["ai_agg", "ai_reduce"],

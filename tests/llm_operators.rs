@@ -484,7 +484,7 @@ fn explain_cost_sends_nothing_and_max_cost_refuses_before_sending() {
     );
     assert_failure(
         &wrong,
-        &["EXPLAIN COST takes a query, COPY, INSERT or CREATE TABLE"],
+        &["EXPLAIN COST takes a query, COPY, INSERT, CREATE TABLE ... AS or REFRESH"],
     );
 }
 
@@ -1316,4 +1316,89 @@ fn max_cost_holds_before_a_batch_is_submitted() {
     );
     let counts = api.counts();
     assert!(counts["lines"].as_u64().unwrap() <= 2, "{counts}");
+}
+
+/// A cascade whose proxy is a local classifier (data/models/late.onnx: is a flight more than
+/// 15 minutes late, over nycflights13's columns), fed the call's columns as `predict` is: over
+/// 300 real flights it sends at most half the rows, and on the rows it answered, the LLM asked
+/// alone agrees with it at the target (0.75). A call whose columns are not the classifier's
+/// inputs gets one clear error naming them.
+#[test]
+fn a_classifier_as_the_proxy_answers_the_rows_it_is_sure_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let run = |sql: &str| {
+        output_within(
+            bin().arg("--warehouse").arg(&wh).args([
+                "--models",
+                "data/models",
+                "--timing",
+                "query",
+                "-e",
+                sql,
+            ]),
+            DEADLINE,
+        )
+    };
+    let front = proxy_to(llama(), &[]);
+    assert_ok(&run(&create(
+        "judge",
+        &front.url(),
+        ", 'max_concurrency' '4', 'proxy' 'late', 'target' '0.75', 'proxy_sample' '60'",
+    )));
+    let flights = "(SELECT * FROM 'data/sample/flights/' ORDER BY id LIMIT 300)";
+    let question = "Was this flight more than 15 minutes late?";
+    let columns = "carrier, origin, dest, month, hour, distance, temp, wind_speed";
+    let cascade = dir.path().join("cascade.parquet");
+    let out = run(&format!(
+        "COPY (SELECT id, ai_filter('judge', '{question}', {columns}) AS f FROM {flights}) TO \
+         '{}' STORED AS PARQUET",
+        cascade.display()
+    ));
+    assert_ok(&out);
+    let sent = front.count("received");
+    let (by_proxy, sample, sure, agreed) = proxy_said(&out);
+    eprintln!(
+        "classifier cascade: {sent} requests for 300 rows, {by_proxy} answered by the proxy, \
+         sample {sample}: sure of {sure}, agreeing on {agreed}"
+    );
+    assert!(sent <= 150, "{sent} requests for 300 rows");
+    assert_eq!(sample, 60);
+    // Flights alike in every column ask the same request once.
+    assert!(
+        by_proxy >= 150 && by_proxy + sent <= 300,
+        "{by_proxy} + {sent}"
+    );
+    // The LLM alone: the rows the cascade sent come from the cache, the proxy's are sent now.
+    let alone = dir.path().join("alone.parquet");
+    let out = run(&format!(
+        "SET batchinfer.llm_proxy = 'none'; COPY (SELECT id, ai_filter('judge', '{question}', \
+         {columns}) AS f FROM {flights}) TO '{}' STORED AS PARQUET",
+        alone.display()
+    ));
+    assert_ok(&out);
+    assert!(front.count("received") <= 300);
+    let said = python_check(
+        "import sys, pyarrow.parquet as pq\n\
+         cascade = {r['id']: r['f'] for r in pq.read_table(sys.argv[1]).to_pylist()}\n\
+         alone = pq.read_table(sys.argv[2]).to_pylist()\n\
+         print(sum(cascade[r['id']] == r['f'] for r in alone))",
+        &[&cascade.display().to_string(), &alone.display().to_string()],
+    );
+    // The rows the proxy did not answer were answered alike (the same request, from the cache).
+    let same: u64 = said.trim().parse().unwrap();
+    let agreement = (same - (300 - by_proxy)) as f64 / by_proxy as f64;
+    eprintln!("the proxy's {by_proxy} rows agree with the LLM alone on {agreement:.3}");
+    assert!(agreement >= 0.75, "{agreement}");
+    // Columns that are not its inputs: one clear error.
+    let wrong = run(&format!(
+        "SELECT count(*) FROM {flights} WHERE ai_filter('judge', '{question}', carrier)"
+    ));
+    let err = common::stderr(&wrong);
+    assert!(
+        !wrong.status.success()
+            && err.contains("'late'")
+            && err.contains("the call's columns must be the classifier's inputs"),
+        "{err}"
+    );
 }

@@ -298,9 +298,17 @@ impl AsyncScalarUDFImpl for AiUdf {
         };
         let (outcomes, proxied) = match (cascade, anchors) {
             (Some(proxy), Some(anchors)) => {
+                let columns = match self.question {
+                    Question::Classify => vec![args.args[1].to_array(rows)?],
+                    _ => args.args[2..]
+                        .iter()
+                        .map(|a| a.to_array(rows))
+                        .collect::<Result<Vec<_>>>()?,
+                };
                 let batch = ai_cascade::Batch {
                     requests: &requests,
                     texts,
+                    columns,
                     asks: asks(self.name(), &anchors, &args),
                     anchors,
                 };

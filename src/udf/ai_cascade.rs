@@ -1,7 +1,10 @@
 //! `ai_filter` and `ai_classify` through a cascade ([`crate::llm::cascade`]): the endpoint
-//! model's proxy (its `'proxy'` option, or `SET batchinfer.llm_proxy`), a local text model,
+//! model's proxy (its `'proxy'` option, or `SET batchinfer.llm_proxy`), a local model,
 //! answers the rows it is sure of; the sample that sets its thresholds and the other rows are
-//! sent.
+//! sent. The proxy is a text model (its embeddings' similarity to the question or to each
+//! label), or a classifier fed the call's columns as `predict` feeds them (its probability of
+//! its last class, for `ai_filter` of a two-class model; its probabilities of its classes, in
+//! the labels' order, for `ai_classify`).
 
 use std::sync::Arc;
 
@@ -17,10 +20,15 @@ use crate::config::BatchInferOptions;
 use crate::llm::cascade::{Answer, Cascades, Says, Thresholds};
 use crate::llm::client::{Call, Outcome};
 use crate::llm::{DEFAULT_PROXY_SAMPLE, DEFAULT_TARGET, EndpointModel, Usage};
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::DataType;
+
 use crate::model::embed::{EmbedOptions, embed_texts, embedding_dim};
+use crate::model::score::{ScoreOptions, score};
 use crate::model::{Model, ModelRegistry};
 use crate::statement_context::StatementContext;
 use crate::storage::StoreRegistry;
+use crate::tensor::input::InputBinding;
 
 /// The cache's entries read at once to find the rows it answers.
 const CACHE_READS_AT_ONCE: usize = 32;
@@ -29,6 +37,8 @@ const CACHE_READS_AT_ONCE: usize = 32;
 pub(super) struct Proxy {
     name: String,
     model: Arc<Model>,
+    /// Whether it is a classifier (else a text model).
+    classifier: bool,
     target: f64,
     sample: usize,
     stores: Arc<StoreRegistry>,
@@ -52,7 +62,8 @@ pub(super) fn proxy_of(
     let refused = |why: String| -> Result<Option<Proxy>> {
         plan_err!(
             "model '{}': its proxy '{name}' {why}; a proxy is a local text model (a folder with \
-             model.onnx and tokenizer.json), or SET batchinfer.llm_proxy = 'none' sends every row",
+             model.onnx and tokenizer.json) or classifier (an output of class probabilities), \
+             or SET batchinfer.llm_proxy = 'none' sends every row",
             endpoint.name
         )
     };
@@ -63,8 +74,11 @@ pub(super) fn proxy_of(
         Ok(model) => model,
         Err(e) => return refused(format!("cannot be used: {e}")),
     };
-    if let Err(e) = embedding_dim(&model) {
-        return refused(format!("is not a text model: {e}"));
+    let classifier = model.text.is_none() && probabilities_field(&model).is_some();
+    if !classifier && let Err(e) = embedding_dim(&model) {
+        return refused(format!(
+            "is neither a text model ({e}) nor a classifier (an output of class probabilities)"
+        ));
     }
     let target = options
         .and_then(|o| o.llm_proxy_target)
@@ -77,6 +91,7 @@ pub(super) fn proxy_of(
     Ok(Some(Proxy {
         name,
         model,
+        classifier,
         target,
         sample,
         stores: registry.stores().clone(),
@@ -93,6 +108,8 @@ pub(super) struct Batch<'a> {
     pub anchors: Vec<String>,
     /// What the question is: the cascade's name within the statement.
     pub asks: String,
+    /// The call's columns a classifier is fed: `ai_filter`'s values, `ai_classify`'s text.
+    pub columns: Vec<ArrayRef>,
 }
 
 /// What a batch's rows came to: the model's answers to those it was asked, and the proxy's
@@ -261,6 +278,9 @@ impl Proxy {
         batch: &Batch<'_>,
         statement: &StatementContext,
     ) -> Result<Vec<Option<Says>>> {
+        if self.classifier {
+            return self.classified(question, batch, statement).await;
+        }
         let texts: Vec<String> = batch
             .anchors
             .iter()
@@ -316,6 +336,137 @@ impl Proxy {
         }
         Ok(says)
     }
+}
+
+impl Proxy {
+    /// What a classifier says of each row asked about: the probability of its last class (a
+    /// two-class model, for `ai_filter`), or the likeliest of its classes (as many as the
+    /// labels, in their order, for `ai_classify`) and its margin over the next.
+    async fn classified(
+        &self,
+        question: Question,
+        batch: &Batch<'_>,
+        statement: &StatementContext,
+    ) -> Result<Vec<Option<Says>>> {
+        let name = self.name.clone();
+        let wrong = |why: String| -> datafusion::error::DataFusionError {
+            crate::error::Error::Binding {
+                model: name.clone(),
+                message: format!("as the proxy of ai_filter or ai_classify: {why}"),
+            }
+            .into()
+        };
+        let types: Vec<DataType> = batch
+            .columns
+            .iter()
+            .map(|c| c.data_type().clone())
+            .collect();
+        let binding = InputBinding::plan(&self.model.signature, &types).map_err(|e| {
+            wrong(format!(
+                "the call's columns must be the classifier's inputs, in their order: {e}"
+            ))
+        })?;
+        let rows = batch.requests.len();
+        let (model, columns) = (self.model.clone(), batch.columns.clone());
+        let options = ScoreOptions {
+            stop: statement.stop(),
+            ..ScoreOptions::default()
+        };
+        let scored =
+            tokio::task::spawn_blocking(move || score(&model, &binding, &columns, rows, options))
+                .await
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))??;
+        let probabilities = class_probabilities(&self.model, &scored.result)
+            .ok_or_else(|| wrong("its output has no class probabilities".into()))?;
+        let mut says = Vec::with_capacity(rows);
+        for (row, p) in probabilities.into_iter().enumerate() {
+            let Some(p) = p.filter(|_| batch.requests[row].is_some()) else {
+                says.push(None);
+                continue;
+            };
+            says.push(Some(match question {
+                Question::Classify => {
+                    if p.len() != batch.anchors.len() {
+                        return Err(wrong(format!(
+                            "it has {} classes, and the call {} labels: its classes are the \
+                             labels, in their order",
+                            p.len(),
+                            batch.anchors.len()
+                        )));
+                    }
+                    let mut order: Vec<usize> = (0..p.len()).collect();
+                    order.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
+                    let best = order[0];
+                    let margin = order
+                        .get(1)
+                        .map_or(f64::INFINITY, |second| p[best] - p[*second]);
+                    Says::Label {
+                        label: best,
+                        margin,
+                    }
+                }
+                _ => {
+                    if p.len() != 2 {
+                        return Err(wrong(format!(
+                            "ai_filter's classifier has two classes, no and yes (its last), not \
+                             {}",
+                            p.len()
+                        )));
+                    }
+                    Says::Score(p[1])
+                }
+            }));
+        }
+        Ok(says)
+    }
+}
+
+/// The output of `model` that holds its class probabilities (a list of floats a row): the
+/// one named `probabilities` (or its only list output), and where it is in what `predict`
+/// returns (None: the output itself).
+fn probabilities_field(model: &Model) -> Option<Option<String>> {
+    let is_list = |t: &DataType| match t {
+        DataType::FixedSizeList(f, _) | DataType::List(f) => f.data_type().is_floating(),
+        _ => false,
+    };
+    match &model.signature.output_type {
+        DataType::Struct(fields) => {
+            let lists: Vec<_> = fields.iter().filter(|f| is_list(f.data_type())).collect();
+            lists
+                .iter()
+                .find(|f| f.name() == "probabilities")
+                .or(if lists.len() == 1 {
+                    lists.first()
+                } else {
+                    None
+                })
+                .map(|f| Some(f.name().clone()))
+        }
+        t if is_list(t) => Some(None),
+        _ => None,
+    }
+}
+
+/// Each row's class probabilities in `result` (a model's output), None for a row it has none.
+fn class_probabilities(model: &Model, result: &ArrayRef) -> Option<Vec<Option<Vec<f64>>>> {
+    use datafusion::arrow::array::{Array, AsArray};
+    let column = match probabilities_field(model)? {
+        Some(name) => result.as_struct_opt()?.column_by_name(&name)?.clone(),
+        None => result.clone(),
+    };
+    let values = |row: usize| -> Option<Vec<f64>> {
+        if column.is_null(row) {
+            return None;
+        }
+        let list = match column.data_type() {
+            DataType::FixedSizeList(..) => column.as_fixed_size_list().value(row),
+            _ => column.as_list::<i32>().value(row),
+        };
+        let list = datafusion::arrow::compute::cast(&list, &DataType::Float64).ok()?;
+        let list = list.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        Some(list.iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+    };
+    Some((0..result.len()).map(values).collect())
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
