@@ -19,7 +19,7 @@ Its state (files, batches, counts) is kept in --state, so that it can be killed 
 again on the same folder and port: a batch in progress goes on where it was. Faults, each on the
 first batch only: --fail-every N (every Nth request of it answered 500), --expire-first (it
 expires after half of its requests ran), --hold (batches stay in progress until the file
-<state>/release exists); and --refuse-content N (the first N reads of a file's content are
+<state>/release exists); and --refuse-output N (the first N reads of a batch's output file are
 answered 404). GET /_counts: files, batches, lines (requests submitted), by custom_id
 how many times each was submitted, and forwarded (requests the server ran).
 """
@@ -192,7 +192,8 @@ def batches(args, wait_for_stdin_to_close):
                 with lock:
                     return self.answer(200, state["counts"])
             m = re.fullmatch(r"/v1/files/([\w-]+)/content", path)
-            if m and refused_reads[0] < args.refuse_content:
+            if (m and state["files"].get(m.group(1), {}).get("purpose") == "batch_output"
+                    and refused_reads[0] < args.refuse_output):
                 refused_reads[0] += 1
                 return self.not_found()
             if m:

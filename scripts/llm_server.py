@@ -265,7 +265,7 @@ def main():
     b.add_argument("--fail-every", type=int, default=0)
     b.add_argument("--expire-first", action="store_true")
     b.add_argument("--hold", action="store_true")
-    b.add_argument("--refuse-content", type=int, default=0)
+    b.add_argument("--refuse-output", type=int, default=0)
     args = parser.parse_args()
     if args.command == "batches":
         import batch_api

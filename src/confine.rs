@@ -44,6 +44,12 @@ pub fn check_statement(statement: &Statement, reach: &Reach<'_>) -> Result<()> {
     {
         check_path(access, source, Op::Read)?;
     }
+    // An endpoint model's tokenizer is a local file it reads.
+    if let Statement::Model(ModelStatement::CreateEndpoint { options, .. }) = statement
+        && let Some(tokenizer) = options.get("tokenizer")
+    {
+        check_path(access, tokenizer.trim(), Op::Read)?;
+    }
     // Where rejected rows would go (a SET, which may be the one that changes it, goes on).
     let options = reach.options;
     let setting = matches!(statement, Statement::Sql(sql)

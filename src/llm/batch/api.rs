@@ -197,13 +197,14 @@ impl Provider {
         id_of(&self.json(reply)?, "batch").map_err(|e| Failure::Final(self.scrubbed(e)))
     }
 
-    /// The batch whose metadata names `record`, among the provider's latest 1,000, if any.
+    /// The batch whose metadata names `record`, among the provider's latest 1,000: None only
+    /// where the provider's whole list was read without it.
     pub async fn find(&self, record: &str) -> Result<Option<String>, Failure> {
         let mut after: Option<String> = None;
         for _ in 0..10 {
             let mut url = self.url("batches?limit=100");
             if let Some(after) = &after {
-                url.push_str(&format!("&after={after}"));
+                url.push_str(&format!("&after={}", url_part(after)));
             }
             let page = self.json(self.tried(|| self.http.get(&url), 16 << 20).await?)?;
             let data = page["data"].as_array().cloned().unwrap_or_default();
@@ -220,10 +221,15 @@ impl Provider {
                 .and_then(|b| b["id"].as_str())
                 .map(str::to_string);
             if after.is_none() {
-                return Ok(None);
+                return Err(Failure::Again(
+                    "the endpoint's list of batches says it has more, and names no last one".into(),
+                ));
             }
         }
-        Ok(None)
+        // Not among the latest 1,000: it may be older, so it is not known to be missing.
+        Err(Failure::Again(
+            "the batch is not among the endpoint's latest 1,000".into(),
+        ))
     }
 
     /// The batch `id`'s state (one try).
@@ -233,10 +239,10 @@ impl Provider {
         let text = |key: &str| batch[key].as_str().map(str::to_string);
         Ok(State {
             status: text("status").ok_or_else(|| {
-                Failure::Final(format!(
+                Failure::Final(self.scrubbed(format!(
                     "the batch {id} has no status: {}",
                     excerpt(&batch.to_string())
-                ))
+                )))
             })?,
             input_file_id: text("input_file_id"),
             output_file_id: text("output_file_id"),

@@ -93,26 +93,40 @@ impl Records {
         let _ = self.store.delete(&self.path(record)).await;
     }
 
-    /// The records kept (those that cannot be read are left alone, and not trusted).
-    pub async fn all(&self) -> Vec<Record> {
-        let Ok(listed) = self
+    /// The records kept; `Err` where they cannot be listed or one cannot be read now (a record
+    /// missed would have its requests submitted again). A file that is not a record (edited by
+    /// hand, or another's) is left alone and not trusted.
+    pub async fn all(&self) -> Result<Vec<Record>, String> {
+        let listed = self
             .store
             .list(Some(&self.folder))
             .try_collect::<Vec<_>>()
             .await
-        else {
-            return Vec::new();
-        };
+            .map_err(|e| {
+                format!(
+                    "the batches' records ({}) cannot be listed: {e}",
+                    self.folder
+                )
+            })?;
         let mut records = Vec::new();
         for meta in listed {
-            let record: Option<Record> =
-                crate::storage::read_small_json(&self.store, &meta.location, MAX_RECORD).await;
+            if meta.size > MAX_RECORD {
+                continue;
+            }
+            let bytes = match self.store.get(&meta.location).await {
+                Ok(got) => got.bytes().await,
+                // Removed meanwhile: its batch was taken.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => Err(e),
+            }
+            .map_err(|e| format!("the batch record {} cannot be read: {e}", meta.location))?;
+            let record = serde_json::from_slice::<Record>(&bytes).ok();
             if let Some(record) = record.filter(Record::fine)
                 && meta.location == self.path(&record.record)
             {
                 records.push(record);
             }
         }
-        records
+        Ok(records)
     }
 }

@@ -67,6 +67,9 @@ pub enum Answer {
     Again(String),
     /// Refused: the row's error.
     Failed(String),
+    /// Not to be had now, though it may be paid for (its batch cannot be read, or was not
+    /// submitted): the statement stops, writing nothing.
+    Stop(String),
 }
 
 /// A model's batches in this process: the requests waiting to be submitted, and those
@@ -112,6 +115,13 @@ const LOOK: Duration = Duration::from_secs(10);
 /// is given up (its requests submitted again).
 const MAKING: u64 = 3600;
 
+/// A record whose file may still be uploading (its batch not asked for yet) is left this long
+/// to the process writing it.
+const UPLOADING: u64 = 900;
+
+/// The most answers kept as not charged yet, in this process.
+const MOST_UNCHARGED: usize = 1 << 20;
+
 /// Polls of a batch answered with a final error before this process leaves it (its record
 /// kept, for the next statement).
 const FINAL_POLLS: u32 = 20;
@@ -121,14 +131,19 @@ impl Batches {
     /// other processes (or this one, killed) recorded are followed, and those that ended have
     /// their answers in the cache when it returns. The replies it took that nobody was waiting
     /// for: the statement's to pay.
-    pub async fn resume(&self, place: &Place, statement: &str) -> Vec<String> {
+    pub async fn resume(
+        &self,
+        place: &Place,
+        statement: &str,
+    ) -> Result<Vec<(String, String)>, String> {
         let mut last = self.resumed_for.lock().await;
         if *last == statement {
-            return Vec::new();
+            return Ok(Vec::new());
         }
+        // Records that cannot be read now: nothing is submitted until they can.
+        let records = place.records.all().await?;
         *last = statement.to_string();
         let fresh: Vec<Record> = {
-            let records = place.records.all().await;
             let mut s = self.shared.lock();
             let mut fresh = Vec::new();
             for record in records {
@@ -149,13 +164,21 @@ impl Batches {
             }
             fresh
         };
-        let taken = futures::future::join_all(
-            fresh
-                .into_iter()
-                .map(|record| resume_one(place, &self.shared, record)),
-        )
-        .await;
-        taken.into_iter().flatten().map(|(_, raw)| raw).collect()
+        // Each on a task of its own, which ends whatever becomes of the statement: the keys
+        // it put as waiting are always answered.
+        let tasks: Vec<_> = fresh
+            .into_iter()
+            .map(|record| tokio::spawn(resume_one(place.clone(), self.shared.clone(), record)))
+            .collect();
+        let mut taken = Vec::new();
+        for task in tasks {
+            for (key, raw) in task.await.unwrap_or_default() {
+                if self.take_uncharged(&key) {
+                    taken.push((key, raw));
+                }
+            }
+        }
+        Ok(taken)
     }
 
     /// Whether the cache's answer to `key` came from a batch no statement has been charged for
@@ -169,7 +192,7 @@ impl Batches {
     pub fn progress(&self, place: &Place, key: &str, body: &Value) -> watch::Receiver<Progress> {
         let mut shared = self.shared.lock();
         if let Some(why) = shared.stuck.get(key) {
-            return watch::channel(Progress::Done(Answer::Failed(why.clone()))).1;
+            return watch::channel(Progress::Done(Answer::Stop(why.clone()))).1;
         }
         if let Some(sender) = shared.waiting.get(key) {
             return sender.subscribe();
@@ -201,6 +224,16 @@ async fn collect(place: Place, shared: Arc<Mutex<Shared>>) {
     loop {
         let lines: Vec<(String, Value)> = {
             let mut s = shared.lock();
+            // Requests whose statement stopped before they were submitted are not.
+            let s = &mut *s;
+            let waiting = &mut s.waiting;
+            s.queue.retain(|(key, _)| {
+                let wanted = waiting.get(key).is_some_and(|w| w.receiver_count() > 0);
+                if !wanted {
+                    waiting.remove(key);
+                }
+                wanted
+            });
             let n = s.queue.len().min(MAX_LINES);
             if n == 0 {
                 s.collecting = false;
@@ -225,16 +258,16 @@ fn settle(shared: &Mutex<Shared>, key: &str, answer: Answer) -> bool {
     }
 }
 
-/// The requests of `record`, whose batch cannot be read now (`why`): the rows waiting for them
-/// fail, and this process submits none of them again; the record is kept, and the next
-/// statement reads it again.
+/// The requests of `record`, whose batch cannot be read now (`why`): the statements waiting
+/// for them stop, and this process submits none of them again; the record is kept, and the
+/// next statement reads it again.
 fn stick(shared: &Mutex<Shared>, record: &Record, why: &str) {
     let why = format!(
         "{why}; its record (llm-batches/) is kept, and the next statement reads it again: \
          nothing is submitted twice"
     );
     for key in &record.keys {
-        settle(shared, key, Answer::Failed(why.clone()));
+        settle(shared, key, Answer::Stop(why.clone()));
     }
     let mut s = shared.lock();
     for key in &record.keys {
@@ -265,7 +298,7 @@ async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, 
     let keys: Vec<String> = lines.iter().map(|(k, _)| k.clone()).collect();
     let fail = |why: String| {
         for key in &keys {
-            settle(shared, key, Answer::Failed(why.clone()));
+            settle(shared, key, Answer::Stop(why.clone()));
         }
     };
     let mut record = Record {
@@ -355,21 +388,18 @@ async fn submit(place: &Place, shared: &Arc<Mutex<Shared>>, lines: Vec<(String, 
     mark(shared, &keys, &batch);
     let (place, shared) = (place.clone(), shared.clone());
     tokio::spawn(async move {
-        let taken = follow(&place, &shared, record).await;
-        shared
-            .lock()
-            .uncharged
-            .extend(taken.into_iter().map(|(key, _)| key));
+        follow(&place, &shared, record).await;
     });
 }
 
 /// A record found in the warehouse: its batch followed (taken now where it has ended); one
 /// without a batch found by its metadata, or given up where none can have been made.
 async fn resume_one(
-    place: &Place,
-    shared: &Arc<Mutex<Shared>>,
+    place: Place,
+    shared: Arc<Mutex<Shared>>,
     mut record: Record,
 ) -> Vec<(String, String)> {
+    let (place, shared) = (&place, &shared);
     if record.batch.is_none() {
         let found = match tokio::time::timeout(LOOK, place.provider.find(&record.record)).await {
             Ok(found) => found,
@@ -381,9 +411,11 @@ async fn resume_one(
                 let _ = place.records.write(&record).await;
                 mark(shared, &record.keys, &batch);
             }
-            // No batch was asked for yet (its process is uploading, or was killed while it
-            // did), or none was made in an hour: its requests are submitted again.
-            Ok(None) if !record.creating || now() > record.created + MAKING => {
+            // No batch was asked for (its process was killed while it uploaded), or none was
+            // made in an hour: its requests are submitted again.
+            Ok(None)
+                if now() > record.created + if record.creating { MAKING } else { UPLOADING } =>
+            {
                 place.records.remove(&record.record).await;
                 for key in &record.keys {
                     settle(
@@ -399,7 +431,8 @@ async fn resume_one(
                     shared,
                     &record,
                     "its batch is being made by another process, or was by one that stopped \
-                     (after an hour without it, its requests are submitted again)",
+                     (left 15 minutes to its upload and an hour to its making, after which its \
+                     requests are submitted again)",
                 );
                 return Vec::new();
             }
@@ -437,11 +470,7 @@ async fn resume_one(
     }
     let (place, shared) = (place.clone(), shared.clone());
     tokio::spawn(async move {
-        let taken = follow(&place, &shared, record).await;
-        shared
-            .lock()
-            .uncharged
-            .extend(taken.into_iter().map(|(key, _)| key));
+        follow(&place, &shared, record).await;
     });
     Vec::new()
 }
@@ -521,6 +550,11 @@ async fn finish(
         if !settle(shared, key, answer)
             && let Some(raw) = reply
         {
+            let mut s = shared.lock();
+            if s.uncharged.len() < MOST_UNCHARGED {
+                s.uncharged.insert(key.clone());
+            }
+            drop(s);
             unwaited.push((key.clone(), raw));
         }
     }
@@ -563,9 +597,11 @@ async fn results(
         .into_iter()
         .flatten()
     {
-        let Ok(content) = place.provider.content(file).await else {
-            continue;
-        };
+        let content = place
+            .provider
+            .content(file)
+            .await
+            .map_err(|e| format!("its file {file}: {}", e.why()))?;
         for line in content.split(|b| *b == b'\n') {
             let Ok(line) = serde_json::from_slice::<Value>(line) else {
                 continue;

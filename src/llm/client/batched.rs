@@ -17,6 +17,14 @@ impl EndpointModel {
         if !on || self.endpoint.kind != crate::llm::Kind::Chat {
             return Ok(false);
         }
+        if call.on_cluster {
+            return Err(LlmError::Request {
+                model: self.name.clone(),
+                problem: "batch mode runs in one process, not on a cluster (--remote): run the \
+                          statement without --remote, or SET batchinfer.llm_batch = 'off'"
+                    .into(),
+            });
+        }
         if self.cache.is_none() || call.cache != Mode::On {
             return Err(LlmError::Request {
                 model: self.name.clone(),
@@ -58,13 +66,23 @@ impl EndpointModel {
             .map(Duration::from_secs_f64);
         // The batches that ended since the statement began (or before this process), taken
         // now: the statement pays for those nobody was waiting for.
-        for raw in self.batches.resume(&place, call.statement).await {
-            self.charge_batched(call, &Value::Null, &raw);
+        let taken = self
+            .batches
+            .resume(&place, call.statement)
+            .await
+            .map_err(|why| LlmError::Request {
+                model: self.name.clone(),
+                problem: format!("{why}: nothing is submitted until they can be"),
+            })?;
+        for (_, raw) in taken {
+            self.charge_batched(call, None, &raw);
         }
         // At most what the request costs, held against the statement's budgets from its
         // submission (it is paid whatever the statement does next) until it is charged.
         let (input, output) = self.endpoint.batch_prices();
-        let prompt = self.prompt_estimate(body);
+        let (prompt, _) = self
+            .calibrated_prompt_tokens(self.prompt_estimate(body))
+            .await;
         let most = u64::from(self.endpoint.max_tokens);
         let _reserved = spend::reserve(
             call.ledger,
@@ -79,7 +97,7 @@ impl EndpointModel {
             spend::check(call.ledger, call.options)?;
             if let Some(raw) = cache.get(key).await {
                 if self.batches.take_uncharged(key) {
-                    self.charge_batched(call, body, &raw);
+                    self.charge_batched(call, Some(body), &raw);
                 } else {
                     self.count(call, &Usage::cache_hit());
                 }
@@ -119,17 +137,27 @@ impl EndpointModel {
             };
             match done {
                 Some(Progress::Done(Answer::Reply(raw))) => {
-                    self.charge_batched(call, body, &raw);
+                    self.charge_batched(call, Some(body), &raw);
                     return Ok(Ok(raw));
+                }
+                Some(Progress::Done(Answer::Stop(why))) => {
+                    return Err(LlmError::Request {
+                        model: self.name.clone(),
+                        problem: why,
+                    });
                 }
                 Some(Progress::Done(Answer::Again(why))) => last = why,
                 Some(Progress::Done(Answer::Failed(why))) => {
                     return Ok(Err(Unanswered::Failed(why)));
                 }
                 _ => {
-                    return Ok(Err(Unanswered::Failed(
-                        "the batch's task ended without an answer".into(),
-                    )));
+                    return Err(LlmError::Request {
+                        model: self.name.clone(),
+                        problem: "the task following its batch ended without an answer: the \
+                                  statement stops, and its batch (recorded) is read again by the \
+                                  next"
+                            .into(),
+                    });
                 }
             }
         }
@@ -171,11 +199,15 @@ impl EndpointModel {
     }
 
     /// A batch's reply charged to the statement at the batch prices.
-    pub(super) fn charge_batched(&self, call: &Call<'_>, body: &Value, raw: &str) {
-        let estimated = self.prompt_estimate(body);
+    /// `body`: the request, where this statement has it (None: an answer it collected for
+    /// another), whose estimate the calibration learns from.
+    pub(super) fn charge_batched(&self, call: &Call<'_>, body: Option<&Value>, raw: &str) {
+        let estimated = body.map_or(0, |b| self.prompt_estimate(b));
         let (prompt, completion) = match Reply::parse(raw.to_string()) {
             Ok(reply) if !reply.estimated => {
-                self.calibrate(call, estimated, reply.prompt_tokens);
+                if body.is_some() {
+                    self.calibrate(call, estimated, reply.prompt_tokens);
+                }
                 (reply.prompt_tokens, reply.completion_tokens)
             }
             Ok(reply) => (estimated + 1, reply.completion_tokens),

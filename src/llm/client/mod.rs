@@ -193,6 +193,8 @@ pub struct Call<'a> {
     pub part: &'a str,
     pub options: Option<&'a BatchInferOptions>,
     pub cache: Mode,
+    /// Whether it runs on a cluster's executor (batch mode is refused there).
+    pub on_cluster: bool,
 }
 
 impl<'a> Call<'a> {
@@ -207,6 +209,7 @@ impl<'a> Call<'a> {
             part: &statement.part,
             options,
             cache: options.map(|o| o.cache).unwrap_or_default(),
+            on_cluster: statement.executors > 0,
         }
     }
 }
@@ -631,9 +634,14 @@ impl EndpointModel {
         let batch = self.batch_mode(call)?;
         if let Some(cache) = cache
             && let Some(raw) = cache.get(key).await
-            && let Ok(reply) = Reply::parse(raw)
+            && let Ok(reply) = Reply::parse(raw.clone())
         {
-            self.count(call, &Usage::cache_hit());
+            // An answer a batch brought that no statement paid for yet is this one's.
+            if batch && self.batches.take_uncharged(key) {
+                self.charge_batched(call, Some(body), &raw);
+            } else {
+                self.count(call, &Usage::cache_hit());
+            }
             return Ok(Ok(Arc::new(reply.scrubbed(api_key.as_deref()))));
         }
         let prompt = self.prompt_estimate(body);

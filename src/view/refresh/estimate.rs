@@ -19,6 +19,11 @@ impl Views<'_> {
             format!("EXPLAIN COST REFRESH MATERIALIZED VIEW {name}"),
             Some(warehouse),
         )?;
+        // As the refresh does: a model file changed on disk is a new model.
+        let used = || manifest.current.iter().chain(manifest.pending.iter());
+        used().try_for_each(|generation| crate::view::files::check_paths(name, generation))?;
+        let models = used().flat_map(|g| g.models.keys());
+        self.catalog.reload_changed_folder_models(models).await?;
         let planned = self.plan_view(name, &manifest).await?;
         let target = choose_target(&manifest, &planned.models, &planned.schema)?;
         let generation = generation_of(&manifest, &target)?;
