@@ -1121,6 +1121,14 @@ fn a_refresh_submits_its_batch_and_comes_back_later() {
     let count = |sql: &str| assert_ok(&common::query_with(&wh, &[], sql));
     assert!(count("SELECT count(*) AS n FROM fruits").contains("n\n10"));
     assert_eq!(api.count("batches"), 2);
+    // The requests in the batch are not to be sent again: EXPLAIN COST counts them answered.
+    let cost = assert_ok(&query(&wh, "EXPLAIN COST REFRESH MATERIALIZED VIEW fruits"));
+    let row = cost_row(&cost, "b");
+    assert_eq!(
+        (row["requests"].as_str(), row["answered_already"].as_str()),
+        ("0", "30"),
+        "{cost}"
+    );
     std::fs::write(state.join("release"), "").unwrap();
     common::poll_until(Duration::from_secs(120), "the batch's end", || {
         emulator_state(&state).0["batches"]

@@ -6,7 +6,7 @@
 //! its requests here instead of sending them, and returns no answer (NULL; `ai_filter` keeps
 //! every row, so that what a later call is asked is counted at most). The count is each
 //! model's: the rows that reach its calls, the requests it would send (a request the statement
-//! asked already, or the cache answers, is not sent), their tokens (estimated: a token per four
+//! asked already, the cache answers, or a recorded batch holds, is not sent), their tokens (estimated: a token per four
 //! characters of the request's messages, corrected by what the server counted of the model's
 //! earlier prompts ([`super::calibration`]); a reply at `max_tokens`, the most it may be), the cost at the model's prices, and the time its rate limits imply.
 //! Local models (`predict`, `embed` of a model file) are not run: they return NULL.
@@ -27,6 +27,9 @@ use crate::statement_context::StatementContext;
 pub struct Estimates {
     on: AtomicBool,
     models: Mutex<BTreeMap<String, Counted>>,
+    /// By model in batch mode: the requests its recorded batches hold (answered when they
+    /// end, never sent again), read once.
+    in_batches: tokio::sync::Mutex<BTreeMap<String, Arc<HashSet<String>>>>,
 }
 
 /// What one model would be asked.
@@ -127,6 +130,20 @@ impl Estimates {
     pub async fn chat(&self, model: &EndpointModel, call: &Call<'_>, requests: &[Option<Value>]) {
         let batched = model.batch_mode(call).unwrap_or(false);
         self.counted(model, |c| c.batched = batched);
+        let in_batches = match batched {
+            true => {
+                let mut known = self.in_batches.lock().await;
+                match known.get(&model.name) {
+                    Some(keys) => keys.clone(),
+                    None => {
+                        let keys = Arc::new(model.recorded_batch_keys().await);
+                        known.insert(model.name.clone(), keys.clone());
+                        keys
+                    }
+                }
+            }
+            false => Arc::default(),
+        };
         for body in requests.iter().flatten() {
             let key = model.cache_key(body);
             let first = self.counted(model, |c| {
@@ -137,7 +154,7 @@ impl Estimates {
                 self.counted(model, |c| c.answered += 1);
                 continue;
             }
-            let cached = model.is_answered(call, &key).await;
+            let cached = in_batches.contains(&key) || model.is_answered(call, &key).await;
             let estimated = model.prompt_estimate(body);
             let (prompt, calibrated_on) = model.calibrated_prompt_tokens(estimated).await;
             let completion = body["max_tokens"].as_u64().unwrap_or(0);

@@ -166,6 +166,22 @@ impl EndpointModel {
         ))))
     }
 
+    /// The keys of the requests the warehouse's records say are in batches (submitted, not yet
+    /// taken), read without changing anything; none where the model has no cache.
+    pub async fn recorded_batch_keys(&self) -> std::collections::HashSet<String> {
+        let Some(cache) = &self.cache else {
+            return Default::default();
+        };
+        let records = cache.batch_records(&self.endpoint.endpoint, &self.endpoint.model);
+        records
+            .all()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .collect()
+    }
+
     /// The claim of the request `key` ([`Cache::claim`]); in batch mode, waited for no longer
     /// than the statement waits for its batches (another process's batch may take hours).
     pub(super) async fn claimed(
