@@ -15,7 +15,6 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The pairs an estimate needs before it is corrected.
 pub const LEAST: u64 = 10;
@@ -132,17 +131,10 @@ impl Kept {
         endpoint: &str,
         model: &str,
     ) -> Kept {
-        let mut parts: Vec<String> = cache_prefix
-            .parts()
-            .map(|p| p.as_ref().to_string())
-            .collect();
-        parts.pop();
-        parts.push(FOLDER.to_string());
-        let name = hex::encode(Sha256::digest(format!("{endpoint}\u{0}{model}").as_bytes()));
-        parts.push(format!("{name}.json"));
+        let (folder, name) = super::cache::beside(cache_prefix, FOLDER, endpoint, model);
         Kept {
             store,
-            path: Path::from_iter(parts),
+            path: folder.join(format!("{name}.json").as_str()),
         }
     }
 

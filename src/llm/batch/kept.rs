@@ -10,7 +10,6 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The warehouse's folder of records, beside `llm-cache`.
 pub const FOLDER: &str = "llm-batches";
@@ -64,18 +63,10 @@ impl Records {
         endpoint: &str,
         model: &str,
     ) -> Records {
-        let mut parts: Vec<String> = cache_prefix
-            .parts()
-            .map(|p| p.as_ref().to_string())
-            .collect();
-        parts.pop();
-        parts.push(FOLDER.to_string());
-        parts.push(hex::encode(Sha256::digest(
-            format!("{endpoint}\u{0}{model}").as_bytes(),
-        )));
+        let (folder, name) = crate::llm::cache::beside(cache_prefix, FOLDER, endpoint, model);
         Records {
             store,
-            folder: Path::from_iter(parts),
+            folder: folder.join(name.as_str()),
         }
     }
 

@@ -85,6 +85,20 @@ pub struct Cache {
     claim_said: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The folder `folder` beside the cache `cache_prefix` (the warehouse's `llm-cache`), and the
+/// name there of the model `model` at `endpoint` (the sha256 of both): where what the warehouse
+/// keeps of a model beside its answers goes (its calibration, its batches' records).
+pub fn beside(cache_prefix: &Path, folder: &str, endpoint: &str, model: &str) -> (Path, String) {
+    let mut parts: Vec<String> = cache_prefix
+        .parts()
+        .map(|p| p.as_ref().to_string())
+        .collect();
+    parts.pop();
+    parts.push(folder.to_string());
+    let name = hex::encode(Sha256::digest(format!("{endpoint}\u{0}{model}").as_bytes()));
+    (Path::from_iter(parts), name)
+}
+
 /// The key of `request` sent to `endpoint`.
 pub fn key(endpoint: &str, request: &Value) -> String {
     let text = super::canonical(&json!({"endpoint": endpoint, "request": request}));

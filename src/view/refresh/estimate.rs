@@ -43,18 +43,7 @@ impl Views<'_> {
             let plan = self.unit_plan(&planned, work).await?;
             let plan = crate::rules::estimate_rows::keeping_rows(plan)?;
             // A cascade reads the thresholds the generation keeps, as its refresh would.
-            let mut statement = self.session.statement();
-            statement.keeps = folder
-                .join(&format!("cascades/{}/", target.id))
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            let mut state = self.session.ctx().state();
-            state
-                .config_mut()
-                .options_mut()
-                .extensions
-                .insert(statement);
-            state.mark_start_execution();
+            let state = self.state_of(self.unit_statement(&folder, &target.id));
             let mut stream = DataFrame::new(state, plan).execute_stream().await?;
             while let Some(batch) = stream.next().await {
                 rows += batch?.num_rows() as u64;

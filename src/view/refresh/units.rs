@@ -154,6 +154,39 @@ impl Views<'_> {
         reading(&planned.plan, table)
     }
 
+    /// The statement a unit of the generation `generation` runs as: what its calls learn is
+    /// kept for the generation's next refreshes, apart from any other generation's (another
+    /// query, another model).
+    pub(super) fn unit_statement(
+        &self,
+        folder: &Url,
+        generation: &str,
+    ) -> crate::statement_context::StatementContext {
+        let mut statement = self.session.statement();
+        statement.keeps = folder
+            .join(&format!("cascades/{generation}/"))
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        statement
+    }
+
+    /// The session's state with `statement` as the statement at hand, for a unit's plan: what
+    /// the functions of its plan are given (the options as they were when the state was
+    /// taken) is taken again.
+    pub(super) fn state_of(
+        &self,
+        statement: crate::statement_context::StatementContext,
+    ) -> datafusion::execution::SessionState {
+        let mut state = self.session.ctx().state();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(statement);
+        state.mark_start_execution();
+        state
+    }
+
     /// Scores the inputs of `work` into a folder of their own under the view's `data/`; `None`
     /// where it has none (its files are gone).
     pub(super) async fn score_unit(
@@ -170,25 +203,10 @@ impl Views<'_> {
         let plan = self.unit_plan(planned, work).await?;
         // The unit is a part of the refresh of its own: what endpoint models do for it is
         // counted apart, for its files.
-        let mut statement = self.session.statement();
+        let mut statement = self.unit_statement(folder, generation);
         statement.part = id.clone();
-        // What its calls learn is kept for the generation's next refreshes, apart from any
-        // other generation's (another query, another model).
-        statement.keeps = folder
-            .join(&format!("cascades/{generation}/"))
-            .map(|u| u.to_string())
-            .unwrap_or_default();
         let usage = crate::lineage::UsageRecord::of(self.session.registry(), &plan, &statement);
-        let mut state = self.session.ctx().state();
-        state
-            .config_mut()
-            .options_mut()
-            .extensions
-            .insert(statement);
-        // What the functions of its plan are given (the options as they were when the state
-        // was taken) is taken again.
-        state.mark_start_execution();
-        let df = DataFrame::new(state, plan);
+        let df = DataFrame::new(self.state_of(statement), plan);
         let mut options = self.session.parquet_options(df.schema().as_arrow());
         let inputs = serde_json::to_string(&work.inputs).unwrap_or_default();
         for (key, value) in [
