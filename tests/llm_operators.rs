@@ -1413,3 +1413,50 @@ fn a_classifier_as_the_proxy_answers_the_rows_it_is_sure_of() {
         "{err}"
     );
 }
+
+/// A model's 'tokenizer' is a local path the process reads: a confined session may name none
+/// outside its folders, written plainly or through '..' (refused before anything is read), and
+/// a file that is no tokenizer is one clear error that shows nothing of it.
+#[test]
+fn a_tokenizer_path_is_confined_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let define = |tokenizer: &str| {
+        format!(
+            "CREATE MODEL t OPTIONS ('endpoint' 'http://127.0.0.1:9/v1', 'model' 'm', \
+             'tokenizer' '{tokenizer}')"
+        )
+    };
+    let through = format!("{}/../../../../etc/passwd", dir.path().display());
+    for hostile in ["/etc/passwd", through.as_str()] {
+        let out = common::query_with(
+            &wh,
+            &[],
+            &format!(
+                "SET batchinfer.allowed_directories = '{}'; {}",
+                dir.path().display(),
+                define(hostile)
+            ),
+        );
+        let err = assert_failure(&out, &["passwd"]);
+        assert!(
+            (err.contains("outside the folders") || err.contains("refused"))
+                && !err.contains("root:"),
+            "{err}"
+        );
+    }
+    let out = common::query_with(&wh, &[], &define("/etc/passwd"));
+    let err = assert_failure(
+        &out,
+        &[
+            "'tokenizer' /etc/passwd cannot be used",
+            "not a Hugging Face tokenizer.json",
+        ],
+    );
+    assert!(!err.contains("root:"), "{err}");
+    assert!(
+        common::stdout(&query(&wh, "SHOW MODELS"))
+            .lines()
+            .all(|l| !l.starts_with("t,"))
+    );
+}

@@ -277,3 +277,27 @@ fn id_of(reply: &Value, what: &str) -> Result<String, String> {
             )
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider's ids become parts of URLs: anything but letters, digits, `-` and `_` is
+    /// dropped, and an id that holds any is refused.
+    #[test]
+    fn hostile_ids_never_reach_a_url() {
+        assert_eq!(url_part("../../files/x?y=1#z"), "filesxy1z");
+        assert_eq!(url_part("batch_abc-1"), "batch_abc-1");
+        for hostile in ["../etc", "a/b", "id?x=1", "", "a b", "é"] {
+            assert!(
+                id_of(&json!({"id": hostile}), "batch").is_err(),
+                "{hostile}"
+            );
+        }
+        assert!(id_of(&json!({"id": "x".repeat(201)}), "batch").is_err());
+        assert_eq!(
+            id_of(&json!({"id": "batch_1"}), "batch").unwrap(),
+            "batch_1"
+        );
+    }
+}
